@@ -1,0 +1,28 @@
+"""umst_plugin: multiscale encoders for fairseq.
+
+Load with ``fairseq-train --user-dir umst_plugin``. Importing the package
+registers the ``multiscale_translation`` task and every architecture in
+``umst_plugin/models`` (each module is imported here so that registration
+happens exactly once), and allow-lists the classes fairseq checkpoints contain
+so they load under torch>=2.6's ``weights_only=True`` default.
+"""
+import importlib
+import os
+
+from umst_plugin.checkpoint_safety import allow_fairseq_checkpoint_classes
+
+allow_fairseq_checkpoint_classes()
+
+__version__ = "0.1.0"
+
+
+def _import_all(subpackage):
+    pkg_dir = os.path.join(os.path.dirname(__file__), subpackage)
+    for name in sorted(os.listdir(pkg_dir)):
+        if name.endswith(".py") and not name.startswith("_"):
+            importlib.import_module(f"umst_plugin.{subpackage}.{name[:-3]}")
+
+
+# Registration side effects: tasks first, then models (models may look up tasks).
+_import_all("tasks")
+_import_all("models")
