@@ -29,6 +29,7 @@ from umst_plugin.preprocess.text import iter_parser_words
 logger = logging.getLogger("umst_plugin.preprocess")
 
 CHUNK_NAME = "chunk-{:06d}.tsv"
+DEFAULT_WORK_ROOT = ".umst-work"
 
 
 def shard_range(n_lines, chunk_size, shard, n_shards):
@@ -232,5 +233,8 @@ class ChunkedParse:
         try:
             if not any(n.startswith("chunk-") for n in os.listdir(self.work_dir)):
                 shutil.rmtree(self.work_dir, ignore_errors=True)
-        except FileNotFoundError:
+            root = os.path.dirname(self.work_dir)
+            if os.path.basename(root) == DEFAULT_WORK_ROOT:
+                os.rmdir(root)  # the default work root, once no split is left in it
+        except OSError:
             pass

@@ -22,7 +22,7 @@ import time
 
 from umst_plugin.data.word_boundaries import SCHEMES, detect_scheme
 from umst_plugin.preprocess import parsers
-from umst_plugin.preprocess.chunks import ChunkedParse, shard_range
+from umst_plugin.preprocess.chunks import DEFAULT_WORK_ROOT, ChunkedParse, shard_range
 from umst_plugin.preprocess.conllu_reader import read_conllu
 from umst_plugin.preprocess.errors import ParserSetupError, SideDataError
 from umst_plugin.preprocess.sidefiles import (HEADS, LABELS, AtomicWriter, ParseArrays, check_against_binarized,
@@ -178,7 +178,7 @@ class Run:
                                       check_forms=not args.no_check_forms, start=start, stop=stop)
         if args.parser == "none":
             return ParseArrays.fallback(scan.n_words, source="--parser none")
-        work_root = args.work_dir or os.path.join(self.text_dir, ".umst-work")
+        work_root = args.work_dir or os.path.join(self.text_dir, DEFAULT_WORK_ROOT)
         chunked = ChunkedParse(args, bpe_path, scheme, start, stop, os.path.join(work_root, f"{split}.{self.src}"))
         self.chunked.append(chunked)
         return chunked.run(self.progress(split))

@@ -55,6 +55,9 @@ class ParserBackend:
 
     name = None
 
+    def __init__(self, args=None):
+        pass
+
     @classmethod
     def add_args(cls, parser):
         pass
@@ -66,9 +69,6 @@ class ParserBackend:
 @register_backend("none")
 class NoParser(ParserBackend):
     """Every sentence gets the fallback graph (no dependency edges)."""
-
-    def __init__(self, args=None):
-        pass
 
     def parse(self, sentences):
         return [fallback_parse(words) for words in sentences]
