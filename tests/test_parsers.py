@@ -141,14 +141,15 @@ def test_safe_parse_isolates_failures():
     assert out[6].heads == [0] and out[6].fallback is None
 
 
-def test_fallbacks_counted_in_side_files_and_summary(tmp_path, caplog):
+def test_fallbacks_counted_in_side_files_and_summary(tmp_path, caplog, capsys):
     parsers.BACKENDS.setdefault("flaky", Flaky)
     (tmp_path / "train.en").write_text("a b@@ c\nboom x\nshort y z\nd\n")
     with caplog.at_level("INFO", logger="umst_plugin.preprocess"):
         rc = cli.main(["-s", "en", "-t", "de", "--trainpref", str(tmp_path / "train"), "--destdir",
-                       str(tmp_path / "bin"), "--parser", "flaky", "--no-check-binarized", "--no-progress",
-                       "--chunk-size", "2"])
+                       str(tmp_path / "bin"), "--parser", "flaky", "--no-check-binarized", "--chunk-size", "2"])
     assert rc == 0
+    progress = capsys.readouterr().err
+    assert "parsing train: 100%" in progress and "4/4" in progress and "sent/s" in progress
     assert (tmp_path / "bin" / "train.en.heads").read_text() == "0 1\n0 0\n0 0 0\n0\n"
     assert (tmp_path / "bin" / "train.en.labels").read_text() == "x x\n_ _\n_ _ _\nx\n"
     assert (tmp_path / "bin" / "train.en.wordids").read_text() == "1 2 2\n1 2\n1 2 3\n1\n"

@@ -64,9 +64,23 @@ def test_mmap_index_is_fairseqs(tmp_path):
     assert (tmp_path / "ours.idx").read_bytes() == (tmp_path / "theirs.idx").read_bytes()
 
 
-def test_int_lines():
+def test_int_lines_matches_str_formatting():
     assert int_lines(np.array([1, 1, 2, 3, 4]), [3, 2]) == "1 1 2\n3 4\n"
     assert int_lines(np.array([5]), [0, 1]) == "\n5\n"
+    rng = np.random.default_rng(0)
+    for high in (0, 9, 10, 99, 1000, 123456, 2 ** 33):
+        sizes = rng.integers(1, 8, size=50)
+        flat = rng.integers(0, high + 1, size=int(sizes.sum()))
+        rows = np.split(flat, np.cumsum(sizes)[:-1])
+        assert int_lines(flat, sizes) == "".join(" ".join(map(str, r.tolist())) + "\n" for r in rows)
+
+
+def test_unicode_space_detection_matches_python():
+    spaces = [chr(c) for c in range(128, 0x110000) if chr(c).isspace()]
+    others = ["é", "\u201c", "\u2014", "\u200b", "\u1681", "\u3001", "\u2060", "a"]
+    for ch in spaces + others:
+        data = f"x{ch}y".encode("utf-8")
+        assert text._has_unicode_space(np.frombuffer(data, np.uint8)) == (ch in spaces), repr(ch)
 
 
 def test_shard_ranges_cover_on_chunk_boundaries():

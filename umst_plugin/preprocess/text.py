@@ -81,28 +81,42 @@ class BpeScan:
                        self.first_line + a)
 
 
+_UTF8_LEAD = np.zeros(256, dtype=bool)
+_UTF8_LEAD[[0xC2, 0xE1, 0xE2, 0xE3]] = True
+
+
+def _has_unicode_space(buf):
+    """Vectorised ``_UNICODE_SPACE.search``: only the rare candidate lead bytes are looked at closely."""
+    cand = np.flatnonzero(_UTF8_LEAD[buf])
+    if len(cand) == 0:
+        return False
+    padded = np.concatenate([buf, np.zeros(2, np.uint8)])
+    b0, b1, b2 = padded[cand], padded[cand + 1], padded[cand + 2]
+    hit = (b0 == 0xC2) & ((b1 == 0x85) | (b1 == 0xA0))
+    hit |= (b0 == 0xE1) & (b1 == 0x9A) & (b2 == 0x80)
+    hit |= (b0 == 0xE2) & (b1 == 0x80) & (((b2 >= 0x80) & (b2 <= 0x8A)) | (b2 == 0xA8) | (b2 == 0xA9) | (b2 == 0xAF))
+    hit |= (b0 == 0xE2) & (b1 == 0x81) & (b2 == 0x9F)
+    hit |= (b0 == 0xE3) & (b1 == 0x80) & (b2 == 0x80)
+    return bool(hit.any())
+
+
 def _scan_block(data, scheme):
     """(word_ids, n_tokens, n_words) of whole lines in ``data`` (bytes ending with b'\\n')."""
     buf = np.frombuffer(data, dtype=np.uint8)
     is_space = _ASCII_SPACE[buf]
-    is_nl = buf == 10
-    prev_space = np.empty_like(is_space)
-    prev_space[0] = True
-    prev_space[1:] = is_space[:-1]
-    starts = np.flatnonzero(~is_space & prev_space)
-    line_of_byte = np.cumsum(is_nl, dtype=np.int64)  # a line's bytes come before its newline
-    n_lines = int(line_of_byte[-1])
-    tok_line = line_of_byte[starts]
+    starts = np.flatnonzero(is_space[:-1] & ~is_space[1:]) + 1
+    if not is_space[0]:
+        starts = np.concatenate([[0], starts])
+    newlines = np.flatnonzero(buf == 10)
+    n_lines = len(newlines)
+    tok_line = np.searchsorted(newlines, starts)  # a line's bytes come before its newline
     n_tokens = np.bincount(tok_line, minlength=n_lines).astype(np.int64)
     if len(starts) == 0:
         return np.zeros(0, np.int32), n_tokens, np.zeros(n_lines, np.int64)
     first = np.ones(len(starts), dtype=bool)
     first[1:] = tok_line[1:] != tok_line[:-1]
     if scheme == SUBWORD_NMT:
-        next_space = np.empty_like(is_space)
-        next_space[-1] = True
-        next_space[:-1] = is_space[1:]
-        ends = np.flatnonzero(~is_space & next_space)
+        ends = np.flatnonzero(~is_space[:-1] & is_space[1:])  # data ends with a newline: every token ends
         continues = (buf[ends] == 64) & (buf[np.maximum(ends - 1, 0)] == 64) & (ends >= 1)
         new_word = first.copy()
         new_word[1:] |= ~continues[:-1]
@@ -183,7 +197,7 @@ def scan_bpe(path, scheme, start=0, stop=None):
                     line = line_base + lo + whole.count(b"\n", 0, e.start) + 1
                     raise SideDataError(path, line, f"not valid UTF-8 ({e.reason}); expected UTF-8 text, one "
                                         "sentence per line") from None
-                if _UNICODE_SPACE.search(whole):
+                if _has_unicode_space(np.frombuffer(whole, dtype=np.uint8)):
                     part = _scan_exact(path, whole.split(b"\n")[:-1], scheme, line_base + lo + 1)
                 else:
                     part = _scan_block(whole, scheme)
