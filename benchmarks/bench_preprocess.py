@@ -93,9 +93,16 @@ def bench_writer(n, repeats, rows):
             write_split(w, scan, parse, os.path.join(d, "train.en"), os.path.join(d, "train.en-de.en"))
             w.commit()
 
+        def cli_none():
+            from umst_plugin.preprocess import cli
+
+            assert cli.main(["-s", "en", "-t", "de", "--trainpref", os.path.join(d, "train"), "--destdir",
+                             os.path.join(d, "bin"), "--parser", "none", "--no-check-binarized", "--no-progress"]) == 0
+
         for name, fn in [("BPE -> word ids (scan)", scan_only),
                          ("BPE -> word ids -> binarized (parse given)", binarized),
-                         ("... + text side files (wordids/heads/labels)", everything)]:
+                         ("... + text side files (wordids/heads/labels)", everything),
+                         ("umst-preprocess --parser none (whole CLI run)", cli_none)]:
             t = best_of(repeats, fn)
             rows.append((f"writer: {name}", n, f"{t:.2f}", f"{n / t:,.0f}", f"{mb:.0f} MiB BPE"))
 
@@ -147,9 +154,12 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-parsers", action="store_true")
     args = p.parse_args(argv)
+    import logging
+
     import torch
 
     torch.set_num_threads(1)
+    logging.disable(logging.INFO)
     rows = []
     bench_writer(args.sentences, args.repeats, rows)
     if not args.no_parsers:
