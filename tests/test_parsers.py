@@ -2,7 +2,6 @@
 and the fallback graph for sentences a parser fails on."""
 import os
 import re
-import sys
 from argparse import Namespace
 
 import pytest

@@ -136,9 +136,10 @@ def _scan_block(data, scheme):
     return word_ids.astype(np.int32), n_tokens, n_words
 
 
-def _scan_exact(path, lines, scheme, first_line):
+def _scan_exact(lines, scheme):
+    """Line-by-line scan with ``str.split()`` (for files with non-ASCII whitespace)."""
     ids, n_tokens, n_words = [], [], []
-    for k, raw in enumerate(lines):
+    for raw in lines:
         pieces = raw.decode("utf-8").split()
         w = word_ids_from_pieces(pieces, scheme)
         ids.extend(w)
@@ -198,7 +199,7 @@ def scan_bpe(path, scheme, start=0, stop=None):
                     raise SideDataError(path, line, f"not valid UTF-8 ({e.reason}); expected UTF-8 text, one "
                                         "sentence per line") from None
                 if _has_unicode_space(np.frombuffer(whole, dtype=np.uint8)):
-                    part = _scan_exact(path, whole.split(b"\n")[:-1], scheme, line_base + lo + 1)
+                    part = _scan_exact(whole.split(b"\n")[:-1], scheme)
                 else:
                     part = _scan_block(whole, scheme)
                 empty = np.flatnonzero(part[1] == 0)
