@@ -235,3 +235,29 @@ def test_spacy_missing_model_message():
     pytest.importorskip("spacy")
     with pytest.raises(ParserSetupError, match=r"python -m spacy download xx_no_such_model"):
         parsers.build_backend("spacy", Namespace(parser_model="xx_no_such_model", device="cpu"))
+
+
+def test_task_parses_interactive_input_with_spacy():
+    """The task's --source-parser spacy path (fairseq-interactive) through build_backend(Namespace(parser_model))."""
+    pytest.importorskip("spacy")
+    import torch
+    from fairseq.data import Dictionary
+
+    from umst_plugin import dev
+
+    try:
+        parsers.build_backend("spacy", Namespace(parser_model="en_core_web_md", device="cpu"))
+    except ParserSetupError as e:
+        pytest.skip(str(e))
+    d = Dictionary()
+    for sym in "The c@@ at sat on the mat . &quot; no".split():
+        d.add_symbol(sym)
+    _, task = dev.build_model("transformer", {"source_parser": "spacy", "source_parser_model": "en_core_web_md",
+                                              "encoder_layers": 1, "decoder_layers": 1, "encoder_embed_dim": 8,
+                                              "decoder_embed_dim": 8, "encoder_ffn_embed_dim": 8,
+                                              "decoder_ffn_embed_dim": 8, "encoder_attention_heads": 1,
+                                              "decoder_attention_heads": 1}, dictionary=d)
+    tokens = torch.tensor([d.index(s) for s in "The c@@ at sat on the mat .".split()] + [d.eos()])
+    item = task.build_dataset_for_inference([tokens], [len(tokens)])[0]
+    assert item["src_word_ids"].tolist() == [1, 2, 2, 3, 4, 5, 6, 7, 8]
+    assert item["src_word_heads"].tolist() == [2, 3, 0, 3, 6, 4, 3, 0]  # "cat" rebuilt from c@@ at
