@@ -105,6 +105,20 @@ def bench_writer(n, repeats, rows):
                          ("umst-preprocess --parser none (whole CLI run)", cli_none)]:
             t = best_of(repeats, fn)
             rows.append((f"writer: {name}", n, f"{t:.2f}", f"{n / t:,.0f}", f"{mb:.0f} MiB BPE"))
+        # peak memory of a whole run, in its own process (imports included)
+        import resource
+        import subprocess
+
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "umst_plugin.preprocess", "-s", "en", "-t", "de", "--trainpref",
+                        os.path.join(d, "train"), "--destdir", os.path.join(d, "bin2"), "--parser", "none",
+                        "--no-check-binarized", "--no-progress"], check=True, cwd=root, capture_output=True,
+                       env={**os.environ, "PYTHONPATH": root})
+        t = time.perf_counter() - t
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2 ** 10
+        rows.append(("writer: the same CLI run as a new process", n, f"{t:.2f}", f"{n / t:,.0f}",
+                     f"peak RSS {peak:,.0f} MiB (imports included)"))
 
 
 def english_sentences(n):

@@ -11,9 +11,12 @@ from umst_plugin.preprocess.conllu_reader import SurfaceParse
 from umst_plugin.preprocess.errors import ParserSetupError
 from umst_plugin.preprocess.stanza_backend import StanzaBackend, download_command, parses_from_document
 
-stanza = pytest.importorskip("stanza")
-from stanza.models.common.doc import Document  # noqa: E402
-from stanza.utils.conll import CoNLL  # noqa: E402
+try:
+    from stanza.models.common.doc import Document
+    from stanza.utils.conll import CoNLL
+except ImportError:  # stanza is an optional extra; only its tests need it
+    Document = CoNLL = None
+needs_stanza = pytest.mark.skipif(CoNLL is None, reason="stanza not installed")
 
 MWT_CONLLU = """# text = zum Haus gehen
 1-2\tzum\t_\t_\t_\t_\t_\t_\t_\t_
@@ -25,6 +28,7 @@ MWT_CONLLU = """# text = zum Haus gehen
 """
 
 
+@needs_stanza
 def test_stanza_document_with_multiword_token():
     doc = CoNLL.conll2doc(input_str=MWT_CONLLU)
     [parse] = parses_from_document(doc, [["zum", "Haus", "gehen"]])
@@ -33,6 +37,7 @@ def test_stanza_document_with_multiword_token():
     assert parse.labels == ["case", "obl", "root"]
 
 
+@needs_stanza
 def test_stanza_document_from_token_dicts_and_misalignment():
     doc = Document([[{"id": 1, "text": "the", "head": 2, "deprel": "det"},
                      {"id": 2, "text": "dog", "head": 3, "deprel": "nsubj"},
@@ -50,6 +55,7 @@ def test_stanza_document_from_token_dicts_and_misalignment():
         parses_from_document(no_heads, [["hi"]])
 
 
+@needs_stanza
 def test_stanza_missing_model_names_the_download_command(tmp_path):
     with pytest.raises(ParserSetupError) as err:
         StanzaBackend(Namespace(parser_model="en", stanza_dir=str(tmp_path), device="cpu"))
@@ -62,6 +68,7 @@ def test_stanza_missing_model_names_the_download_command(tmp_path):
     compile(code, "<download>", "exec")
 
 
+@needs_stanza
 def test_stanza_missing_model_cli(tmp_path, toy_raw):
     import e2e
 
@@ -92,6 +99,7 @@ class GoldStanzaPipeline:
         return CoNLL.conll2doc(input_str="\n\n".join(self.blocks[tuple(s)] for s in sentences) + "\n\n")
 
 
+@needs_stanza
 def test_stanza_heads_and_labels_survive_into_side_files(tmp_path, toy_raw, monkeypatch):
     import e2e
 

@@ -75,6 +75,8 @@ def get_parser():
     p.add_argument("--no-check-binarized", action="store_true", help="do not require fairseq-preprocess output "
                    "in --destdir (the task still checks alignment when it loads the data)")
     g = p.add_argument_group("scale and resume (model parsers)")
+    g.add_argument("--device", default="auto", help="device for model parsers: auto (GPU when available), cpu, "
+                   "cuda, cuda:1 ... (default: auto)")
     g.add_argument("--batch-size", type=int, default=256, help="sentences per parser call (default: 256)")
     g.add_argument("--batch-tokens", type=int, default=0, help="also cap the words per parser call (0 = no cap; "
                    "stanza additionally uses it, or 5000, as its internal pos/depparse batch size)")

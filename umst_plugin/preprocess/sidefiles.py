@@ -93,7 +93,7 @@ def check_parses(scan, parses, parse_path=None):
         i = int(bad[0])
         raise SideDataError(scan.path, scan.first_line + i, f"{scan.n_words[i]} words in the BPE text but "
                             f"{parses.sizes[i]} tokens in {where} (sentence {i + 1}); expected equal counts")
-    limit = np.repeat(scan.n_words, scan.n_words)
+    limit = np.repeat(scan.n_words.astype(np.int32), scan.n_words)
     bad = np.flatnonzero((parses.heads < 0) | (parses.heads > limit))
     if len(bad):
         line = int(np.searchsorted(np.cumsum(scan.n_words), bad[0], side="right"))
@@ -202,18 +202,8 @@ def write_binarized(writer, prefix, flat, sizes):
     write_mmap_index(writer.path(prefix + ".idx"), sizes)
 
 
-def int_lines(flat, sizes):
-    """Rows of non-negative ints as text ('1 1 2\\n3 4\\n'), formatted in bulk with numpy.
-
-    Digits are written straight into one byte buffer (a few vectorised passes, one per
-    digit position) instead of formatting each number in Python: the text side files
-    would otherwise dominate the writer's time.
-    """
-    flat = np.asarray(flat, dtype=np.int64)
-    sizes = np.asarray(sizes, dtype=np.int64)
-    if len(flat) == 0 or (sizes == 0).any() or flat.min() < 0:  # never in side files; keep it simple
-        bounds = np.cumsum(sizes)
-        return "".join(" ".join(map(str, flat[b - n:b].tolist())) + "\n" for n, b in zip(sizes, bounds))
+def _int_lines_bytes(flat, sizes):
+    """ASCII bytes of rows of non-negative ints ('1 1 2\\n3 4\\n'), every row non-empty."""
     value = flat.astype(np.int32 if flat.max() < 2 ** 31 else np.int64)
     n_digits = np.ones(len(value), dtype=np.int64)
     power = 10
@@ -229,17 +219,49 @@ def int_lines(flat, sizes):
         value //= 10
         more = np.flatnonzero(value)  # numbers with digits left (a shrinking set)
         value, pos = value[more], pos[more] - 1
-    return out.tobytes().decode("ascii")
+    return out.tobytes()
 
 
-def write_text(path, text):
+def iter_int_lines(flat, sizes, rows_per_block=1 << 16):
+    """Rows of non-negative ints as ASCII text, in blocks of rows (bounded memory on WMT-size splits).
+
+    Digits are written straight into a byte buffer (a few vectorised passes, one per digit
+    position) instead of formatting each number in Python: the text side files would
+    otherwise dominate the writer's time.
+    """
+    flat = np.asarray(flat)
+    sizes = np.asarray(sizes, dtype=np.int64)
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    for a in range(0, len(sizes), rows_per_block):
+        b = min(a + rows_per_block, len(sizes))
+        block, block_sizes = flat[bounds[a]:bounds[b]].astype(np.int64), sizes[a:b]
+        if len(block) == 0 or (block_sizes == 0).any() or block.min() < 0:  # never in side files
+            yield "".join(" ".join(map(str, flat[e - n:e].tolist())) + "\n"
+                          for n, e in zip(block_sizes, bounds[a + 1:b + 1])).encode("ascii")
+        else:
+            yield _int_lines_bytes(block, block_sizes)
+
+
+def int_lines(flat, sizes):
+    """All of ``iter_int_lines`` as one str."""
+    return b"".join(iter_int_lines(flat, sizes)).decode("ascii")
+
+
+def write_int_lines(path, flat, sizes):
+    with open(path, "wb") as f:
+        for chunk in iter_int_lines(flat, sizes):
+            f.write(chunk)
+
+
+def write_labels(path, labels, rows_per_block=1 << 16):
     with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+        for a in range(0, len(labels), rows_per_block):
+            f.write("".join(label + "\n" for label in labels[a:a + rows_per_block]))
 
 
 def write_split(writer, scan, parses, text_prefix, bin_prefix):
     """Stage the text and binarized files of one split in ``writer``."""
-    write_text(writer.path(f"{text_prefix}.{WORD_IDS}"), int_lines(scan.word_ids, scan.n_tokens))
+    write_int_lines(writer.path(f"{text_prefix}.{WORD_IDS}"), scan.word_ids, scan.n_tokens)
     write_parse_text(writer, text_prefix, parses)
     if bin_prefix is not None:
         write_binarized(writer, f"{bin_prefix}.{WORD_IDS}", scan.word_ids, scan.n_tokens)
@@ -247,8 +269,8 @@ def write_split(writer, scan, parses, text_prefix, bin_prefix):
 
 
 def write_parse_text(writer, text_prefix, parses):
-    write_text(writer.path(f"{text_prefix}.{HEADS}"), int_lines(parses.heads, parses.sizes))
-    write_text(writer.path(f"{text_prefix}.{LABELS}"), "".join(label + "\n" for label in parses.labels))
+    write_int_lines(writer.path(f"{text_prefix}.{HEADS}"), parses.heads, parses.sizes)
+    write_labels(writer.path(f"{text_prefix}.{LABELS}"), parses.labels)
 
 
 def read_parse_text(heads_path, labels_path):

@@ -81,8 +81,6 @@ class StanzaBackend(ParserBackend):
         g.add_argument("--stanza-processors", default=DEFAULT_PROCESSORS,
                        help=f"stanza processors (default: {DEFAULT_PROCESSORS}; add mwt for languages with "
                        "multi-word tokens)")
-        g.add_argument("--device", default="auto", help="torch device for model parsers: auto (GPU when "
-                       "available), cpu, cuda, cuda:1 ... (default: auto)")
 
     def __init__(self, args=None, pipeline=None):
         """``pipeline``: a callable taking a list of word lists and returning a stanza
