@@ -116,34 +116,53 @@ stage_bpe() {
     mark_stage "bpe$MERGES"
 }
 
-stage_binarize() {
-    done_stage "binarize$MERGES" && { say "binarize: done before"; return; }
-    rm -rf "$DATABIN"
-    "$PY" -c 'from fairseq_cli.preprocess import cli_main; cli_main()' \
-        --source-lang "$SRC" --target-lang "$TGT" \
-        --trainpref "$BPE_DIR/train" --validpref "$BPE_DIR/valid" --testpref "$BPE_DIR/test" \
-        --destdir "$DATABIN" --joined-dictionary --workers "$WORKERS"
-    mark_stage "binarize$MERGES"
-}
-
-stage_parse() {
-    local key="$PARSER:$PARSER_ARGS"
-    done_stage "parse$MERGES" "$key" && { say "parse ($PARSER): done before"; return; }
-    local args=(--parser "$PARSER")
-    # shellcheck disable=SC2206  # word splitting of the user's extra arguments is intended
-    [[ -n "$PARSER_ARGS" ]] && args+=($PARSER_ARGS)
-    if [[ "$PARSER" == conllu ]]; then
-        "$PY" "$PREP" filter-conllu --keep "$WORK/tok/train.clean.keep" \
-            "$CONLLU_DIR/train.$SRC.conllu" "$BPE_DIR/train.$SRC.conllu"
-        cp "$CONLLU_DIR/valid.$SRC.conllu" "$BPE_DIR/valid.$SRC.conllu"
-        cp "$CONLLU_DIR/test.$SRC.conllu" "$BPE_DIR/test.$SRC.conllu"
+# Binarize and parse run in one Python process (importing fairseq once; it takes seconds), each
+# still its own stage with its own stamp.
+stage_binarize_and_parse() {
+    local key="$PARSER:$PARSER_ARGS" binarize=() parse=()
+    if done_stage "binarize$MERGES"; then
+        say "binarize: done before"
+    else
+        rm -rf "$DATABIN"
+        binarize=(--source-lang "$SRC" --target-lang "$TGT" --trainpref "$BPE_DIR/train"
+                  --validpref "$BPE_DIR/valid" --testpref "$BPE_DIR/test" --destdir "$DATABIN"
+                  --joined-dictionary --workers "$WORKERS")
     fi
-    local cmd=("$PY" -m umst_plugin.preprocess)
-    say "dependency side data with --parser $PARSER"
-    "${cmd[@]}" --source-lang "$SRC" --target-lang "$TGT" \
-        --trainpref "$BPE_DIR/train" --validpref "$BPE_DIR/valid" --testpref "$BPE_DIR/test" \
-        --destdir "$DATABIN" --text-dir "$BPE_DIR/side" "${args[@]}"
-    mark_stage "parse$MERGES" "$key"
+    if [[ ${#binarize[@]} -eq 0 ]] && done_stage "parse$MERGES" "$key"; then
+        say "parse ($PARSER): done before"
+    else
+        if [[ "$PARSER" == conllu ]]; then
+            "$PY" "$PREP" filter-conllu --keep "$WORK/tok/train.clean.keep" \
+                "$CONLLU_DIR/train.$SRC.conllu" "$BPE_DIR/train.$SRC.conllu"
+            cp "$CONLLU_DIR/valid.$SRC.conllu" "$BPE_DIR/valid.$SRC.conllu"
+            cp "$CONLLU_DIR/test.$SRC.conllu" "$BPE_DIR/test.$SRC.conllu"
+        fi
+        parse=(--source-lang "$SRC" --target-lang "$TGT" --trainpref "$BPE_DIR/train"
+               --validpref "$BPE_DIR/valid" --testpref "$BPE_DIR/test" --destdir "$DATABIN"
+               --text-dir "$BPE_DIR/side" --parser "$PARSER")
+        # shellcheck disable=SC2206  # word splitting of the user's extra arguments is intended
+        [[ -n "$PARSER_ARGS" ]] && parse+=($PARSER_ARGS)
+        say "dependency side data with --parser $PARSER"
+    fi
+    [[ ${#binarize[@]} -eq 0 && ${#parse[@]} -eq 0 ]] && return
+    rm -f "$WORK/.stamps/parse$MERGES"
+    local nb=${#binarize[@]}
+    "$PY" - "$WORK/.stamps/binarize$MERGES" "$nb" "${binarize[@]}" "${parse[@]}" <<'PYEOF'
+import sys
+stamp, nb = sys.argv[1], int(sys.argv[2])
+binarize, parse = sys.argv[3:3 + nb], sys.argv[3 + nb:]
+if binarize:  # fairseq-preprocess
+    from fairseq_cli.preprocess import cli_main
+    sys.argv = ["fairseq-preprocess"] + binarize
+    cli_main()
+    with open(stamp, "w") as f:
+        f.write("done\n")
+if parse:  # umst-preprocess
+    from umst_plugin.preprocess.cli import main
+    sys.exit(main(parse))
+PYEOF
+    [[ ${#parse[@]} -gt 0 ]] && mark_stage "parse$MERGES" "$key"
+    return 0
 }
 
 stage_stats() {
@@ -165,7 +184,6 @@ run_all_stages() {
     stage_tokenize
     stage_clean
     stage_bpe
-    stage_binarize
-    stage_parse
+    stage_binarize_and_parse
     stage_stats
 }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Train one table row: fairseq-hydra-train with configs/ROW.yaml.
+# Train one table row: fairseq-hydra-train with configs/ROW.yaml (through scripts/hydra_train.py,
+# which fills argparse-style models' add_args defaults that a YAML does not list).
 #
 #   bash scripts/train.sh ROW --data DATA_BIN [--save-dir DIR] [--gpus N] [-- HYDRA_OVERRIDES...]
 #   bash scripts/train.sh umst-t2-umst-base --data data/wmt14_en_de/data-bin/wmt14_en_de_bpe32000
@@ -59,7 +60,7 @@ else
 fi
 
 set -x
-exec "$PY" -c 'from fairseq_cli.hydra_train import cli_main; cli_main()' \
+exec "$PY" "$ROOT/scripts/hydra_train.py" \
     --config-dir "$ROOT/configs" --config-name "$ROW" \
     task.data="$DATA" common.user_dir="$ROOT/umst_plugin" checkpoint.save_dir="$SAVE" hydra.run.dir="$SAVE" \
     "${ARGS[@]}" "${OVERRIDES[@]}"
