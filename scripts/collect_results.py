@@ -15,13 +15,14 @@ import json
 import os
 import sys
 
-# GPU-hours: what the paper states, else "n/s" (not stated) and our estimate with its basis.
-_UMST_GPU = "8 (max-tokens 9600 x update-freq 8 x 8 GPUs = Ott et al.'s 128-GPU batch)"
-_H_UMST_BASE = "n/s; est. ~150 V100-h (50K updates of 614K tokens at ~55K tok/s/GPU fp16)"
-_H_UMST_BIG = "n/s; est. ~400 V100-h (50K updates of 614K tokens at ~20K tok/s/GPU fp16)"
-_H_RO = "n/s; est. ~60 V100-h (610K pairs)"
-_H_MSC = "n/s; 8 P100 x 100K updates of 65K tokens"
-_H_MSC_BIG = "n/s; 8 P100 x 300K updates of 65K tokens"
+# GPU-hours: what the paper states, else "n/s" (not stated) and a rough estimate = tokens the config
+# processes / an assumed per-GPU throughput (fairseq fp16: V100 ~55K tok/s base, ~20K big; P100 ~15K base,
+# ~6K big). Order of magnitude only; see docs/recipes.md.
+_H_UMST_BASE = "n/s; est. ~150 V100-h (50K updates x 614K tokens)"
+_H_UMST_BIG = "n/s; est. ~430 V100-h (50K updates x 614K tokens)"
+_H_RO = "n/s; est. ~10 V100-h (60K updates x 33K tokens)"
+_H_MSC = "n/s (8 P100); est. ~120 P100-h for 6 layers, 3-5x for 36/48 (100K updates x 65K tokens)"
+_H_MSC_BIG = "n/s (8 P100); est. ~900 P100-h for 6 layers (300K updates x 65K tokens)"
 _H_PRIME = "stated: 2-3 days on 4 Titan RTX = 190-290 GPU-h"
 
 

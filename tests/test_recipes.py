@@ -8,6 +8,7 @@
   a markdown table; the En-Ro baseline goes through the shell scripts end to end
   (train.sh -> umst-average-checkpoints -> evaluate.sh -> collect_results.py).
 """
+import argparse
 import glob
 import json
 import os
@@ -44,7 +45,7 @@ TINY_FAMILY = {
     "lightconv": dict(encoder_layers=2, decoder_layers=2, encoder_conv_dim=16, decoder_conv_dim=16,
                       encoder_kernel_size_list=[3, 5], decoder_kernel_size_list=[3, 5]),
     "transformer_sf": dict(fast_embed_dim=8, fast_ffn_embed_dim=16, fast_attention_heads=2),
-    "msc": dict(encoder_blocks=2, encoder_layers_per_block=1),
+    "msc": dict(encoder_blocks=2, encoder_layers_per_block=1, decoder_layers=2),  # one decoder layer per block
 }
 
 
@@ -249,8 +250,9 @@ def test_config_composes_and_trains_one_update(prepared, row, tmp_path):
     require_arch(meta["arch"])
     state = train_row(row, databin_for(prepared, row)["databin"], str(tmp_path), max_update=1,
                       extra=["checkpoint.no_epoch_checkpoints=true"])
-    model_cfg = state["cfg"]["model"]
-    assert model_cfg["_name"] == meta["arch"]
+    model_cfg = state["cfg"]["model"]  # a Namespace for argparse-style models, as fairseq-train stores it
+    name = model_cfg._name if isinstance(model_cfg, argparse.Namespace) else model_cfg["_name"]
+    assert name == meta["arch"]
     # The row's own settings survived composition (and were not replaced by arch defaults).
     assert list(state["cfg"]["optimizer"]["adam_betas"])[1] in (0.997, 0.98, 0.998)
     assert state["cfg"]["criterion"]["label_smoothing"] == 0.1
@@ -345,22 +347,24 @@ def test_shell_scripts_end_to_end_en_ro(prepared, tmp_path):
 
 # ---- unit checks of the scoring and averaging -------------------------------------------------
 
-def test_legacy_defaults_are_the_ones_fairseq_train_sets():
-    """Filled keys equal what fairseq-train's real argument parsing gives; YAML values stay."""
-    from omegaconf import OmegaConf
+def test_legacy_model_gets_the_namespace_fairseq_train_builds(prepared):
+    """A legacy arch's hydra model config becomes fairseq-train's flat Namespace: YAML values kept,
+    add_args defaults added (lightconv's weight_softmax), other groups' keys visible."""
+    from fairseq.dataclass.utils import omegaconf_no_object_check
 
-    from umst_plugin import dev
-    from umst_plugin.legacy_hydra import fill_argparse_defaults
+    from umst_plugin.legacy_hydra import is_legacy_arch, use_legacy_namespace
 
-    cfg = OmegaConf.create({"_name": "lightconv_wmt_en_de_big", "weight_softmax": False, "dropout": 0.3})
-    fill_argparse_defaults(cfg)
-    assert cfg.weight_softmax is False
-    assert "encoder_embed_dim" not in cfg  # no explicit add_args default: left to the arch function
-    args = dev.parse_args("lightconv_wmt_en_de_big", task="translation")
-    filled = [k for k in cfg if k not in ("_name", "weight_softmax", "dropout")]
-    assert filled
-    for key in filled:
-        assert getattr(args, key) == cfg[key], key
+    cfg = compose_row("prime-t1-dynamicconv-big", [f"task.data={prepared['wmt14-en-de']['databin']}",
+                                                   f"common.user_dir={e2e.PLUGIN}"])
+    with omegaconf_no_object_check():
+        use_legacy_namespace(cfg)
+    ns = cfg.model
+    assert isinstance(ns, argparse.Namespace)
+    assert ns.arch == ns._name == "lightconv_wmt_en_de_big"
+    assert ns.encoder_glu is True and ns.dropout == 0.3 and ns.encoder_conv_type == "dynamic"  # from the YAML
+    assert ns.weight_softmax is True  # lightconv's add_args default, not in the YAML
+    assert ns.max_source_positions == 1024 and ns.share_all_embeddings is True  # task group / model
+    assert is_legacy_arch("lightconv_wmt_en_de_big") and not is_legacy_arch("transformer_lm")  # dataclass model
 
 
 def test_compound_splitting_matches_the_perl_regex():
