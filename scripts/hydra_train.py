@@ -1,11 +1,10 @@
 #!/usr/bin/env python3
-"""fairseq-hydra-train, with argparse-style models' add_args defaults filled in.
+"""fairseq-hydra-train, giving argparse-style models the Namespace fairseq-train would.
 
 Same command line as fairseq-hydra-train (scripts/train.sh uses it). Plain
-``fairseq-hydra-train --config-dir configs --config-name ROW`` works for the rows
-whose model keeps all its defaults in its arch function; this wrapper also covers
-legacy models that read ``add_args`` defaults directly (fairseq's lightconv, for
-one). See umst_plugin/legacy_hydra.py.
+fairseq-hydra-train hands legacy models the YAML's DictConfig, which fails for
+fairseq's lightconv (add_args defaults missing) and for TransformerModel
+subclasses with their own flags (transformer_sf). See umst_plugin/legacy_hydra.py.
 """
 import os
 import sys

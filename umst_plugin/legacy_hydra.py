@@ -42,10 +42,11 @@ def legacy_model_namespace(cfg):
             # the task's own defaults (max_source_positions, ...), as fairseq-train's parser has them
             node = merge_with_parent(TASK_DATACLASS_REGISTRY[node._name](), node)
         if group != "model" and isinstance(node, DictConfig):
-            for key, value in OmegaConf.to_container(node, resolve=True).items():
+            for key, value in OmegaConf.to_container(node, resolve=True, enum_to_str=True).items():
                 if key != "_name":
                     flat.setdefault(key, value)
-    flat.update({k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k != "_name"})
+    model = OmegaConf.to_container(cfg.model, resolve=True, enum_to_str=True)
+    flat.update({k: v for k, v in model.items() if k != "_name"})
     ns = Namespace(**flat)
     ns.arch = name
     _set_legacy_defaults(ns, ARCH_MODEL_REGISTRY[name])
