@@ -45,11 +45,13 @@ def make_toy_corpus(raw_dir, n_train=400, n_valid=40, n_test=40, seed=1, merges=
     return raw_dir
 
 
-def binarize(raw_dir, destdir, splits=("train", "valid", "test"), srcdict=None):
+def binarize(raw_dir, destdir, splits=("train", "valid", "test"), dicts_from=None):
+    """fairseq-preprocess (joined dictionary, or the dictionaries of data-bin ``dicts_from``) + umst-preprocess."""
     prefs = []
     for split in splits:
         prefs += [f"--{split}pref", os.path.join(raw_dir, split)]
-    dict_args = ["--srcdict", srcdict] if srcdict else ["--joined-dictionary"]
+    dict_args = (["--srcdict", os.path.join(dicts_from, f"dict.{SRC}.txt"), "--tgtdict",
+                  os.path.join(dicts_from, f"dict.{TGT}.txt")] if dicts_from else ["--joined-dictionary"])
     fairseq("preprocess", "--source-lang", SRC, "--target-lang", TGT, *prefs, "--destdir", destdir,
             *dict_args, "--workers", "1")
     umst_preprocess("--source-lang", SRC, "--target-lang", TGT, *prefs, "--destdir", destdir)
