@@ -432,3 +432,25 @@ def test_72_layer_model_trains_and_plot(toy_data, tmp_path):
     _run([sys.executable, "scripts/plot_grad_norms.py", str(save / "encoder_grad_norms.jsonl"),
           "-o", str(png)])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_trains_through_multiscale_translation_task_with_side_inputs():
+    """The multiscale_translation task's batches carry src_word_ids/src_word_heads: accepted and ignored."""
+    from umst_plugin import dev
+    model, task = dev.build_model("msc_iwslt_de_en", dict(encoder_blocks=2, encoder_layers_per_block=2,
+                                                          encoder_embed_dim=16, decoder_embed_dim=16,
+                                                          encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32,
+                                                          encoder_attention_heads=2, decoder_attention_heads=2,
+                                                          encoder_l2=1e-4))
+    sample = dev.random_sample(task, bsz=4, src_len=7, tgt_len=6)
+    assert "src_word_ids" in sample["net_input"]
+    criterion = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
+    model.train()
+    loss, _, _ = criterion(model, sample)
+    loss.backward()
+    assert torch.isfinite(loss) and model.encoder.layers[0].self_attn.q_proj.weight.grad is not None
+    model.eval()
+    with torch.no_grad():
+        a = model(**sample["net_input"])[0]
+        b = model(**{k: v for k, v in sample["net_input"].items() if not k.startswith("src_word")})[0]
+    assert torch.equal(a, b)
