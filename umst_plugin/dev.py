@@ -39,11 +39,17 @@ def overrides_to_argv(overrides):
     return argv
 
 
-def parse_args(arch, overrides=None, task="multiscale_translation"):
+def parse_args(arch, overrides=None, task="multiscale_translation", data="/nonexistent-data"):
     parser = options.get_training_parser(default_task=task)
-    argv = ["/nonexistent-data", "--user-dir", PLUGIN_DIR, "--task", task, "--arch", arch,
-            "--source-lang", "src", "--target-lang", "tgt"] + overrides_to_argv(overrides)
+    argv = [data, "--user-dir", PLUGIN_DIR, "--task", task, "--arch", arch] + overrides_to_argv(
+        {"source_lang": "src", "target_lang": "tgt", **(overrides or {})})
     return options.parse_args_and_arch(parser, input_args=argv)
+
+
+def setup_task(data, overrides=None, task="multiscale_translation", arch="transformer"):
+    """A task set up on a real data-bin, from command-line style overrides."""
+    cfg = convert_namespace_to_omegaconf(parse_args(arch, overrides, task, data))
+    return tasks.setup_task(cfg.task)
 
 
 def build_model(arch, overrides=None, task="multiscale_translation", vocab=60, seed=0, dictionary=None):
