@@ -2,7 +2,6 @@
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -19,8 +18,6 @@ from fairseq.tasks.translation import TranslationTask
 import umst_plugin  # noqa: F401  (registers the models)
 from umst_plugin.models.msc import MSCEncoder, MSCModel
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.dirname(sys.executable)
 
 TINY = ["--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
         "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
@@ -329,108 +326,57 @@ def test_grad_norm_logger_writes_per_layer_norms(tmp_path):
 # ---------------------------------------------------------------------------
 
 
-def _toy_corpus(directory, n_train=200, n_valid=20, seed=0):
-    """Reverse-copy task over a 20-word vocabulary (words with and without @@)."""
-    import random
-    rng = random.Random(seed)
-    words = [f"w{i}" for i in range(16)] + ["ab@@", "cd@@", "e@@", "f@@"]
-    for split, n in (("train", n_train), ("valid", n_valid), ("test", n_valid)):
-        src_lines, tgt_lines = [], []
-        for _ in range(n):
-            s = [rng.choice(words[:16]) for _ in range(rng.randint(3, 8))]
-            src_lines.append(" ".join(s))
-            tgt_lines.append(" ".join(reversed(s)))
-        with open(os.path.join(directory, f"{split}.src"), "w") as f:
-            f.write("\n".join(src_lines) + "\n")
-        with open(os.path.join(directory, f"{split}.tgt"), "w") as f:
-            f.write("\n".join(tgt_lines) + "\n")
-
-
-def _run(cmd, **kwargs):
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, **kwargs)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return res
-
-
-@pytest.fixture(scope="module")
-def toy_data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("msc_toy")
-    raw = root / "raw"
-    raw.mkdir()
-    _toy_corpus(str(raw))
-    _run([f"{BIN}/fairseq-preprocess", "-s", "src", "-t", "tgt", "--joined-dictionary",
-          "--trainpref", f"{raw}/train", "--validpref", f"{raw}/valid", "--testpref", f"{raw}/test",
-          "--destdir", f"{root}/bin", "--workers", "1"])
-    return root
-
-
-def _train(toy_data, save, extra, max_update):
-    return _run([f"{BIN}/fairseq-train", f"{toy_data}/bin", "--user-dir", "umst_plugin", "--cpu",
-                 "--task", "translation", "--arch", "msc_iwslt_de_en", "--share-all-embeddings",
-                 "--optimizer", "adam", "--lr", "0.003", "--lr-scheduler", "inverse_sqrt",
-                 "--warmup-updates", "20", "--criterion", "label_smoothed_cross_entropy",
-                 "--label-smoothing", "0.1", "--max-tokens", "600", "--max-update", str(max_update),
-                 "--save-dir", str(save), "--no-epoch-checkpoints", "--log-format", "json",
-                 "--log-interval", "1", "--num-workers", "0", "--seed", "1", "--dropout", "0.0",
-                 *extra])
-
-
-def _losses(stdout_stderr):
-    losses = []
-    for line in stdout_stderr.splitlines():
-        if "train_inner" in line or '"train_loss"' in line:
-            try:
-                payload = json.loads(line[line.index("{"):])
-            except ValueError:
-                continue
-            if "loss" in payload:
-                losses.append(float(payload["loss"]))
-    return losses
+def _grad_norm_records(save_dir):
+    with open(os.path.join(save_dir, "encoder_grad_norms.jsonl")) as f:
+        return [json.loads(line) for line in f]
 
 
 @pytest.mark.slow
-def test_end_to_end_train_generate_interactive(toy_data, tmp_path):
-    save = tmp_path / "ckpt"
-    res = _train(toy_data, save, TINY + ["--encoder-l2", "1e-5", "--log-encoder-grad-norms"], 60)
-    losses = _losses(res.stdout + res.stderr)
-    assert len(losses) >= 50 and all(map(lambda v: v == v, losses))
-    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5, losses
-    records = [json.loads(l) for l in (save / "encoder_grad_norms.jsonl").read_text().splitlines()]
-    assert [r["update"] for r in records] == list(range(1, len(records) + 1)) and len(records) >= 59
-    assert all(len(r["grad_norms"]) == 6 for r in records)
-    gen = _run([f"{BIN}/fairseq-generate", f"{toy_data}/bin", "--user-dir", "umst_plugin", "--cpu",
-                "--path", f"{save}/checkpoint_last.pt", "--beam", "3", "--batch-size", "16",
-                "--gen-subset", "test", "--scoring", "sacrebleu",
-                # fairseq drops a final batch smaller than the multiple (default 8) here
-                "--required-batch-size-multiple", "1"])
-    assert "BLEU" in gen.stdout
-    assert sorted(int(l.split("\t")[0][2:]) for l in gen.stdout.splitlines() if l.startswith("H-")) == list(range(20))
-    inter = _run([f"{BIN}/fairseq-interactive", f"{toy_data}/bin", "--user-dir", "umst_plugin",
-                  "--cpu", "--path", f"{save}/checkpoint_last.pt", "--beam", "2", "-s", "src", "-t", "tgt"],
-                 input="w1 w2 w3\nw4 w5\n")
-    assert len([l for l in inter.stdout.splitlines() if l.startswith("H-")]) == 2
+def test_end_to_end_translation_task(toy_raw, toy_databin, tmp_path):
+    """Plain fairseq `translation` task: train (with --encoder-l2 and grad-norm logging) -> generate -> interactive."""
+    import e2e
+    save = str(tmp_path / "ckpt")
+    lang = ["--source-lang", e2e.SRC, "--target-lang", e2e.TGT]
+    log = e2e.train(toy_databin, save, "msc_iwslt_de_en", *TINY, *lang, "--share-all-embeddings",
+                    "--encoder-l2", "1e-5", "--log-encoder-grad-norms", task="translation", max_update=40)
+    losses = e2e.train_losses(log)
+    assert len(losses) >= 5 and all(v == v for v in losses), log[-3000:]
+    assert losses[-1] < losses[0] - 0.5, losses
+    assert "encoder_l2" in log
+    records = _grad_norm_records(save)
+    assert [r["update"] for r in records] == list(range(1, len(records) + 1)) and len(records) >= 39
+    assert all(len(r["grad_norms"]) == 6 and all(n > 0 for n in r["grad_norms"]) for r in records)
+    ckpt = os.path.join(save, "checkpoint_last.pt")
+    out = e2e.generate(toy_databin, ckpt, *lang, "--max-len-b", "40", task="translation")
+    assert "BLEU" in e2e.bleu_line(out) and "Translated 40 sentences" in out.replace(",", "")
+    with open(os.path.join(toy_raw, "test.tok.kel"), encoding="utf-8") as f:
+        lines = [next(f).strip(), next(f).strip()]
+    out = e2e.interactive(toy_databin, ckpt, lines, "--bpe", "subword_nmt", "--bpe-codes",
+                          os.path.join(toy_raw, "bpe.codes"), task="translation")
+    assert len(e2e.hypotheses(out)) == 2, out[-3000:]
 
 
 @pytest.mark.slow
-def test_72_layer_model_trains_and_plot(toy_data, tmp_path):
+def test_72_layer_model_trains_and_plot(toy_databin, tmp_path):
     """6 x 12 = 72 encoder layers, toy width: finite loss, gradients reach layer 1, figure-5 PNG."""
+    import e2e
     save = tmp_path / "deep"
     deep = ["--encoder-embed-dim", "8", "--decoder-embed-dim", "8", "--encoder-ffn-embed-dim", "16",
             "--decoder-ffn-embed-dim", "16", "--encoder-attention-heads", "2",
             "--decoder-attention-heads", "2", "--encoder-blocks", "6", "--encoder-layers-per-block", "12",
             "--log-encoder-grad-norms", "--encoder-l2", "1e-5"]
-    res = _train(toy_data, save, deep, 4)
-    losses = _losses(res.stdout + res.stderr)
-    assert len(losses) >= 3 and all(torch.isfinite(torch.tensor(losses)))
-    records = [json.loads(l) for l in (save / "encoder_grad_norms.jsonl").read_text().splitlines()]
+    log = e2e.train(toy_databin, str(save), "msc_iwslt_de_en", *deep, "--share-all-embeddings",
+                    "--log-interval", "1", max_update=4)
+    losses = e2e.train_losses(log)
+    assert len(losses) >= 3 and all(torch.isfinite(torch.tensor(losses))), log[-3000:]
+    records = _grad_norm_records(save)
     assert len(records) >= 3
     for r in records:
         assert len(r["grad_norms"]) == 72
         assert all(n is not None and n > 0 for n in r["grad_norms"])  # layer 1 included
     png = tmp_path / "fig5.png"
-    _run([sys.executable, "scripts/plot_grad_norms.py", str(save / "encoder_grad_norms.jsonl"),
-          "-o", str(png)])
+    e2e.run([sys.executable, "scripts/plot_grad_norms.py", str(save / "encoder_grad_norms.jsonl"),
+             "-o", str(png), "--heatmap"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -454,3 +400,18 @@ def test_trains_through_multiscale_translation_task_with_side_inputs():
         a = model(**sample["net_input"])[0]
         b = model(**{k: v for k, v in sample["net_input"].items() if not k.startswith("src_word")})[0]
     assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_end_to_end_multiscale_translation_task(toy_databin, tmp_path):
+    """toy corpus -> umst/fairseq-preprocess -> fairseq-train (multiscale_translation) -> generate."""
+    import e2e
+    save = str(tmp_path / "ckpt")
+    log = e2e.train(toy_databin, save, "msc_iwslt_de_en", *TINY, "--share-all-embeddings", max_update=20)
+    losses = e2e.train_losses(log)
+    assert len(losses) >= 3 and all(v == v for v in losses) and losses[-1] < losses[0], log[-3000:]
+    ckpt = os.path.join(save, "checkpoint_last.pt")
+    out = e2e.generate(toy_databin, ckpt, "--max-len-b", "40")
+    assert "BLEU" in e2e.bleu_line(out) and "Translated 40 sentences" in out.replace(",", "")
+    # fairseq-interactive through multiscale_translation is covered by the translation-task test above
+    # and by tests/test_end_to_end.py; MSC ignores the side inputs it would rebuild.
