@@ -156,8 +156,29 @@ def test_encoder_out_carries_blocks_and_contexts_and_reorders(name):
     assert torch.equal(re["src_lengths"][0], lengths[order])
 
 
+def test_context_recurrence_and_gate_formulas():
+    """C^n = GRU(C^{n-1}, B^n) (Eq. 9) and the gate of Eqs. 12-13."""
+    from umst_plugin.modules.msc_layers import FeatureFusion
+    model, _, _ = build("msc_iwslt_de_en", TINY)
+    model.eval()
+    src, lengths, _, _ = random_batch()
+    with torch.no_grad():
+        out = model.encoder(src, lengths)
+        b, c = out["msc_block_out"], out["msc_context"]
+        gru = model.encoder.context_cell.gru
+        for n in (1, 2):
+            expected = gru(b[n].reshape(-1, 16), c[n - 1].reshape(-1, 16)).view_as(c[n])
+            torch.testing.assert_close(c[n], expected)
+        fusion = FeatureFusion(16, "gate")
+        a_h, a_c = torch.randn(5, 2, 16), torch.randn(5, 2, 16)
+        w1, w2 = fusion.gate_proj.weight[:, :16], fusion.gate_proj.weight[:, 16:]
+        g = torch.sigmoid(a_h @ w1.T + a_c @ w2.T + fusion.gate_proj.bias)
+        torch.testing.assert_close(fusion(a_h, a_c), g * a_h + (1 - g) * a_c)
+        torch.testing.assert_close(FeatureFusion(16, "add")(a_h, a_c), a_h + a_c)
+
+
 def test_blocks_differ_and_decoder_reads_each_block():
-    """Block collaboration: perturbing the input of block 1's output changes decoder layer 1 input memory."""
+    """Block collaboration: decoder layer 1 reads block 1, so changing only block 1's output changes the output."""
     model, _, _ = build("msc_iwslt_de_en", TINY)
     model.eval()
     src, lengths, prev, _ = random_batch()
