@@ -365,7 +365,7 @@ def test_end_to_end_translation_task(toy_raw, toy_databin, tmp_path):
     assert losses[-1] < losses[0] - 0.5, losses
     assert "encoder_l2" in log
     records = _grad_norm_records(save)
-    assert [r["update"] for r in records] == list(range(1, len(records) + 1)) and len(records) >= 39
+    assert [r["update"] for r in records] == list(range(1, 41))  # the 40th is written at exit
     assert all(len(r["grad_norms"]) == 6 and all(n > 0 for n in r["grad_norms"]) for r in records)
     ckpt = os.path.join(save, "checkpoint_last.pt")
     out = e2e.generate(toy_databin, ckpt, *lang, "--max-len-b", "40", task="translation")

@@ -38,7 +38,6 @@ import json
 import logging
 import math
 import os
-import weakref
 from functools import partial
 from typing import Dict, List, Optional
 
@@ -359,8 +358,8 @@ class EncoderGradNormLogger:
         for i, layer in enumerate(layers):
             for j, param in enumerate(layer.parameters()):
                 param.register_post_accumulate_grad_hook(partial(self._on_grad, i, j))
-        ref = weakref.ref(self)
-        atexit.register(lambda: ref() is not None and ref().flush())
+        # fairseq-train has no end-of-training hook: write the last update at exit.
+        atexit.register(self.flush)
 
     def _on_grad(self, layer_idx: int, param_idx: int, param: Tensor):
         if self.recording and param.grad is not None:
