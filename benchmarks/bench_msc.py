@@ -20,14 +20,14 @@ compares equal work.
 
 import argparse
 import contextlib
-import statistics
+import os
 import sys
-import time
 
 import torch
 
-sys.path.insert(0, __file__.rsplit("/benchmarks/", 1)[0])
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import common  # noqa: E402  (benchmarks/common.py: puts the repo root on sys.path)
 from fairseq.criterions.label_smoothed_cross_entropy import (  # noqa: E402
     LabelSmoothedCrossEntropyCriterion,
 )
@@ -103,24 +103,6 @@ def run_params():
 # ----------------------------------------------------------------------------
 
 
-def _sync(device):
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _median_time(fn, device, warmup, repeat):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def build(arch, overrides, vocab, device, dtype):
     model, task = dev.build_model(arch, dict(overrides, share_all_embeddings=True, dropout=0.1),
                                   task="translation", vocab=vocab)
@@ -145,7 +127,7 @@ def train_step_time(arch, overrides, args):
     autocast = (torch.autocast("cuda", dtype=torch.float16) if args.device.startswith("cuda") and args.fp16
                 else contextlib.nullcontext())
     with autocast:
-        t = _median_time(step, args.device, args.warmup, args.repeat)
+        t = common.median_time(step, iters=args.iters, warmup=args.warmup, device=args.device)
     tokens = int(sample["ntokens"])
     del model, optimizer
     return t, tokens
@@ -167,7 +149,7 @@ def decode_speed(arch, overrides, args):
             hyps = generator.generate([model], {"net_input": net_input})
         decode.tokens = sum(len(h[0]["tokens"]) for h in hyps)
 
-    t = _median_time(decode, args.device, 1, args.repeat)
+    t = common.median_time(decode, iters=args.iters, warmup=1, device=args.device)
     del model
     return decode.tokens / t
 
@@ -194,12 +176,13 @@ def run_speed(args):
         d_ref = decode_speed(*ref, args)
         d_msc = decode_speed(*ours, args)
         rows.append((label, t_ref, t_msc, d_ref, d_msc, tokens))
-    print("| depth | Transformer train step | MSC train step | step ratio MSC/T | "
-          "Transformer decode tok/s | MSC decode tok/s | decode ratio MSC/T |")
-    print("|---|---|---|---|---|---|---|")
-    for label, t_ref, t_msc, d_ref, d_msc, tokens in rows:
-        print(f"| {label} | {t_ref * 1000:.0f} ms | {t_msc * 1000:.0f} ms | {t_msc / t_ref:.2f} | "
-              f"{d_ref:.0f} | {d_msc:.0f} | {d_msc / d_ref:.2f} |")
+    common.print_table(
+        "MSC vs pre-norm Transformer of the same depth",
+        ["depth", "Transformer train step (ms)", "MSC train step (ms)", "step ratio MSC/T",
+         "Transformer decode tok/s", "MSC decode tok/s", "decode ratio MSC/T"],
+        [[label, round(t_ref * 1000), round(t_msc * 1000), round(t_msc / t_ref, 2), round(d_ref),
+          round(d_msc), round(d_msc / d_ref, 2)] for label, t_ref, t_msc, d_ref, d_msc, _ in rows],
+        json_path=args.json)
     for label, ref, ours in DECODE_ONLY:
         d_ref = decode_speed(*ref, args)
         d_msc = decode_speed(*ours, args)
@@ -211,9 +194,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("params")
-    sp = sub.add_parser("speed")
-    sp.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    sp = sub.add_parser("speed", parents=[common.base_argparser(__doc__)], add_help=False,
+                        conflict_handler="resolve")
     sp.add_argument("--threads", type=int, default=1)
+    sp.add_argument("--iters", type=int, default=3)
+    sp.add_argument("--warmup", type=int, default=1)
     sp.add_argument("--vocab", type=int, default=10000)
     sp.add_argument("--bsz", type=int, default=16)
     sp.add_argument("--src-len", type=int, default=24)
@@ -221,10 +206,7 @@ def main(argv=None):
     sp.add_argument("--decode-bsz", type=int, default=8)
     sp.add_argument("--decode-len", type=int, default=20)
     sp.add_argument("--beam", type=int, default=5)
-    sp.add_argument("--warmup", type=int, default=1)
-    sp.add_argument("--repeat", type=int, default=3)
     sp.add_argument("--fp16", action="store_true", help="CUDA only: autocast training, fp16 decoding")
-    sp.add_argument("--quick", action="store_true", help="tiny batch, 1 repeat (smoke test)")
     args = parser.parse_args(argv)
     if args.cmd == "params":
         torch.set_num_threads(1)
@@ -233,9 +215,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     if args.quick:
         args.bsz, args.src_len, args.tgt_len, args.decode_bsz, args.decode_len = 2, 6, 6, 2, 4
-        args.warmup, args.repeat, args.beam = 0, 1, 2
-    if args.device.startswith("cuda") and args.fp16 is False:
-        args.fp16 = False
+        args.warmup, args.iters, args.beam = 0, 1, 2
     run_speed(args)
 
 
