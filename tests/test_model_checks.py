@@ -15,6 +15,9 @@ ARCH_CASES = [
     pytest.param("transformer", TINY_TRANSFORMER, id="transformer"),
     pytest.param("transformer", {**TINY_TRANSFORMER, "encoder_normalize_before": True,
                                  "decoder_normalize_before": True}, id="transformer-prenorm"),
+    pytest.param("msc_iwslt_de_en", dict(encoder_blocks=2, encoder_layers_per_block=2, **{k: v for k, v in TINY_TRANSFORMER.items() if k not in ("encoder_layers", "decoder_layers")}), id="msc_iwslt_de_en"),
+    pytest.param("msc_base", dict(encoder_blocks=2, encoder_layers_per_block=2, msc_fusion="add", context_cell="ffn", **{k: v for k, v in TINY_TRANSFORMER.items() if k not in ("encoder_layers", "decoder_layers")}), id="msc_base-add-ffn"),
+    pytest.param("msc_big", dict(encoder_blocks=2, encoder_layers_per_block=2, no_block_collaboration=True, no_context_attention=True, **{k: v for k, v in TINY_TRANSFORMER.items() if k not in ("encoder_layers", "decoder_layers")}), id="msc_big-noblock-noctxattn"),
 ]
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
