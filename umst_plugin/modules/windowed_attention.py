@@ -184,32 +184,35 @@ def windowed_attention(
     training: bool = False,
     need_weights: bool = False,
     min_block: int = 16,
+    block_factor: float = 1.0,
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """Attention of heads that share one scale.
 
     q: B x G x Tq x D (already scaled), k/v: B x G x Tk x D, the queries being
     the last Tq keys (Tq < Tk only in incremental decoding). key_padding_mask:
-    B x Tk, True at padding. Returns the output B x G x Tq x D and, if asked,
+    B x Tk, True at padding. Returns the output as Tq x B x G x D (fairseq's
+    time-first order, ready to be concatenated over head groups) and, if asked,
     the attention weights B x G x Tq x Tk.
     """
-    batch, _, tgt_len, _ = q.shape
+    batch, groups, tgt_len, _ = q.shape
     src_len = k.size(2)
     query_offset = src_len - tgt_len
     if query_offset < 0:
         raise ValueError(f"windowed self-attention needs at least as many keys ({src_len}) as queries ({tgt_len})")
-    positions, lengths = _token_positions(key_padding_mask, batch, src_len, q.device)
     hmax = scale.max_half_width(src_len)
-    if causal:  # window of the prefix ending at the query
-        half = scale.half_width(positions[:, query_offset:] + 1)  # B x Tq
-    else:
-        half = scale.half_width(lengths)  # B x 1
+    if hmax == 0:  # every window is the query alone: softmax over one key is 1, the output is its value
+        return _self_only(v[:, :, query_offset:], dropout_p, training, need_weights, query_offset)
     if scale.kind == "fixed":
-        half = hmax  # constant: a Python int keeps the band mask free of batch dimensions
+        half = hmax  # a Python int keeps the band mask free of batch dimensions
     elif scale.kind == "global":
         half = src_len
+    else:
+        positions, lengths = _token_positions(key_padding_mask, batch, src_len, q.device)
+        # causal: window of the prefix ending at the query (B x Tq); else of the whole sentence (B x 1)
+        half = scale.half_width(positions[:, query_offset:] + 1 if causal else lengths)
     key_valid = None if key_padding_mask is None else ~key_padding_mask
     reach_right = 0 if causal else hmax
-    block = max(hmax, min_block)
+    block = max(min_block, int(block_factor * hmax))
     if tgt_len == src_len and block + hmax + reach_right < src_len:
         return _blocked(q, k, v, half, hmax, reach_right, block, causal, key_valid, dropout_p, training, need_weights)
     # Dense path; in incremental decoding only the keys a window can reach are sliced out.
@@ -220,22 +223,49 @@ def windowed_attention(
     out, weights = _dense(q, k, v, half, causal, key_valid, query_offset - start, dropout_p, training, need_weights)
     if weights is not None and start > 0:
         weights = F.pad(weights, (start, 0))
-    return out, weights
+    return out.permute(2, 0, 1, 3), weights
 
 
-def _allowed(offset: Tensor, half, causal: bool, key_valid: Optional[Tensor]) -> Tensor:
-    """Window (and padding) mask from key-minus-query offsets; ``half`` is an int or broadcasts to offset."""
-    allowed = (offset >= -half) & (offset <= (0 if causal else half))
+def _self_only(v, dropout_p, training, need_weights, query_offset):
+    """Scale 1: output = value (attention dropout, if any, drops the single weight of a query)."""
+    batch, groups, length, _ = v.shape
+    weight = v.new_ones(batch, groups, length, 1)
+    if training and dropout_p > 0:
+        weight = F.dropout(weight, p=dropout_p, training=True)
+        v = v * weight
+    weights = None
+    if need_weights:
+        weights = torch.diag_embed(weight[..., 0])
+        weights = F.pad(weights, (query_offset, 0))
+    return v.permute(2, 0, 1, 3), weights
+
+
+def _window_bias(offset: Tensor, half, causal: bool, key_valid: Optional[Tensor], dtype) -> Tensor:
+    """Additive attention mask from key-minus-query offsets: -inf outside the window; a large finite
+    negative at padding/out-of-range keys, so that a padding query whose window holds only padding still
+    has a finite softmax (the query itself is always in its window) while real queries give padding exactly
+    zero weight. ``half`` is an int or a tensor broadcasting to offset."""
+    band = (offset >= -half) & (offset <= (0 if causal else half))
+    bias = torch.zeros(band.shape, dtype=dtype, device=offset.device).masked_fill_(~band, float("-inf"))
     if key_valid is not None:
-        allowed = allowed & (key_valid | (offset == 0))
-    return allowed
+        pad_value = -1e4 if dtype == torch.float16 else -1e9
+        bias = bias + torch.zeros(key_valid.shape, dtype=dtype, device=offset.device).masked_fill_(~key_valid, pad_value)
+    return bias
 
 
-def _softmax_dropout(scores: Tensor, allowed: Tensor, dropout_p: float, training: bool) -> Tensor:
-    scores = scores.masked_fill(~allowed, float("-inf"))
+def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, dropout_p: float, training: bool,
+            need_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
+    """softmax(q k^T + bias) v. Without weights to return this is torch's fused
+    scaled_dot_product_attention (no score matrix is stored for backward); ``q`` is already scaled."""
+    if not need_weights:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p if training else 0.0,
+                                             scale=1.0)
+        return out, None
+    scores = q @ k.transpose(-1, -2) + bias
     # fp16/bf16 scores are normalised in fp32 (as fairseq does)
     probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).type_as(scores)
-    return F.dropout(probs, p=dropout_p, training=training)
+    probs = F.dropout(probs, p=dropout_p, training=training)
+    return probs @ v, probs
 
 
 def _dense(q, k, v, half, causal, key_valid, query_offset, dropout_p, training, need_weights):
@@ -245,45 +275,60 @@ def _dense(q, k, v, half, causal, key_valid, query_offset, dropout_p, training, 
     if isinstance(half, Tensor):  # B x 1 (per sentence) or B x Tq (per query)
         half = half[:, None, :, None]
     kv = None if key_valid is None else key_valid[:, None, None, :]
-    allowed = _allowed(offset, half, causal, kv)
-    probs = _softmax_dropout(q @ k.transpose(-1, -2), allowed, dropout_p, training)
-    return probs @ v, (probs if need_weights else None)
+    bias = _window_bias(offset, half, causal, kv, q.dtype)
+    if bias.dim() == 2:
+        bias = bias[None, None]
+    return _attend(q, k, v, bias, dropout_p, training, need_weights)
 
 
 def _blocked(q, k, v, half, reach_left, reach_right, block, causal, key_valid, dropout_p, training, need_weights):
-    """Query block i (positions i*b .. i*b+b-1) attends to keys i*b - L .. i*b + b - 1 + R."""
-    batch, groups, length, dim = q.shape
-    n_blocks = -(-length // block)
-    padded = n_blocks * block
-    span = block + reach_left + reach_right
-    # Chunks of padded keys overlap; unfold is a strided view, copied once by the matmul.
-    pad_keys = (0, 0, reach_left, padded - length + reach_right)
-    k_chunks = F.pad(k, pad_keys).unfold(2, span, block)  # B x G x nb x D x span
-    v_chunks = F.pad(v, pad_keys).unfold(2, span, block).transpose(-1, -2)  # B x G x nb x span x D
-    q_blocks = F.pad(q, (0, 0, 0, padded - length)).view(batch, groups, n_blocks, block, dim)
+    """Blocked band attention: query block i attends to the ``b + L + R`` keys around it.
 
+    Each batch row is laid out in a buffer of ``S = nb * b`` positions (nb = query blocks plus enough
+    spare blocks to hold the ``L + R`` positions of key padding), rows back to back. Query block i of row
+    n is then buffer block ``n * nb + i``, and its key window is the ``span = b + L + R`` buffer positions
+    starting there: ``unfold`` over the flat buffer gives every window at once as an overlapping
+    strided *view* (no copy of the keys per window), laid out (B*nb) x G x span x D, which torch's fused
+    attention reads directly. The spare blocks' queries (windows reaching into the next row) are
+    computed and discarded: (L + R) / T extra work. The window bias (B*nb) x 1 x b x span broadcasts
+    over the heads.
+    """
+    batch, groups, length, dim = q.shape
+    reach = reach_left + reach_right
+    span = block + reach
+    n_blocks = -(-length // block) + -(-reach // block)
+    row = n_blocks * block  # S >= L + T + R
     device = q.device
-    # column c of block i is key i*b - L + c; row r is query i*b + r; offset = c - L - r
-    offset = torch.arange(span, device=device)[None, :] - reach_left - torch.arange(block, device=device)[:, None]
+
+    def buffer(x, lead, tail):  # B x G x T x D -> flat (B*S + tail) x G x D, row n holds x[n] at lead..lead+T
+        x = F.pad(x.permute(0, 2, 1, 3), (0, 0, 0, 0, lead, row - lead - length))
+        return F.pad(x.reshape(batch * row, groups, dim), (0, 0, 0, 0, 0, tail))
+
+    q_blocks = buffer(q, 0, 0).view(batch * n_blocks, block, groups, dim).transpose(1, 2)
+    k_windows = buffer(k, reach_left, reach).unfold(0, span, block).permute(0, 1, 3, 2)
+    v_windows = buffer(v, reach_left, reach).unfold(0, span, block).permute(0, 1, 3, 2)
+
     valid = torch.ones(batch, length, dtype=torch.bool, device=device) if key_valid is None else key_valid
-    valid = F.pad(valid, (reach_left, padded - length + reach_right), value=False).unfold(1, span, block)
-    valid = valid[:, None, :, None, :]  # B x 1 x nb x 1 x span; also drops keys outside the sequence
+    valid = F.pad(valid, (reach_left, row - reach_left - length), value=False).reshape(-1)
+    valid = F.pad(valid, (0, reach), value=False).unfold(0, span, block)[:, None, None, :]  # B*nb x 1 x 1 x span
+    # column c of a window is buffer position i*b + c, i.e. key i*b + c - L; row r is query i*b + r
+    offset = torch.arange(span, device=device)[None, :] - reach_left - torch.arange(block, device=device)[:, None]
     if isinstance(half, Tensor):
-        if half.size(1) == 1:
-            half = half[:, None, :, None, None]
+        if half.size(1) == 1:  # per sentence
+            half = half.repeat_interleave(n_blocks, dim=0)[:, :, None, None]
         else:  # per query (causal relative scales)
-            half = F.pad(half, (0, padded - length)).view(batch, 1, n_blocks, block, 1)
-    allowed = _allowed(offset, half, causal, valid)
-    probs = _softmax_dropout(q_blocks @ k_chunks, allowed, dropout_p, training)
-    out = (probs @ v_chunks).view(batch, groups, padded, dim)[:, :, :length]
+            half = F.pad(half, (0, row - length)).view(batch * n_blocks, 1, block, 1)
+    bias = _window_bias(offset, half, causal, valid, q.dtype)
+    out, probs = _attend(q_blocks, k_windows, v_windows, bias, dropout_p, training, need_weights)
+    out = out.reshape(batch, n_blocks, groups, block, dim).permute(1, 3, 0, 2, 4).reshape(row, batch, groups, dim)
     weights = None
     if need_weights:  # scatter the bands back to a dense matrix (inspection only)
-        rows = probs.reshape(batch, groups, padded, span)
-        columns = (torch.arange(padded, device=device) // block * block)[:, None] + torch.arange(span, device=device)
-        dense = rows.new_zeros(batch, groups, padded, padded + reach_left + reach_right)
+        rows = probs.reshape(batch, n_blocks, groups, block, span).transpose(1, 2).reshape(batch, groups, row, span)
+        columns = (torch.arange(row, device=device) // block * block)[:, None] + torch.arange(span, device=device)
+        dense = rows.new_zeros(batch, groups, row, row + reach)
         dense.scatter_(-1, columns.expand(batch, groups, -1, -1), rows)
         weights = dense[:, :, :length, reach_left:reach_left + length]
-    return out, weights
+    return out[:length], weights
 
 
 class MultiScaleSelfAttention(nn.Module):
@@ -297,7 +342,7 @@ class MultiScaleSelfAttention(nn.Module):
     """
 
     def __init__(self, embed_dim: int, num_heads: int, head_scales: Sequence[Scale], dropout: float = 0.0,
-                 bias: bool = True, causal: bool = False, min_block: int = 16):
+                 bias: bool = True, causal: bool = False, min_block: int = 16, block_factor: float = 1.0):
         super().__init__()
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
@@ -311,6 +356,7 @@ class MultiScaleSelfAttention(nn.Module):
         self.causal = causal
         self.dropout = dropout
         self.min_block = min_block
+        self.block_factor = block_factor
         self.groups: List[Tuple[Scale, int, int]] = []  # (scale, first head, end head) of runs of equal scales
         for index, scale in enumerate(self.head_scales):
             if self.groups and self.groups[-1][0] == scale:
@@ -345,7 +391,9 @@ class MultiScaleSelfAttention(nn.Module):
         updated in place with the keys/values of all steps so far, for incremental decoding.
         Returns T x B x C and, if need_weights, per-head weights B x H x T x S."""
         tgt_len, batch, _ = x.shape
-        q = self._heads(self.q_proj(x) * self.scaling)
+        q = self.q_proj(x)
+        q *= self.scaling  # in place: the projection's output is not needed by autograd
+        q = self._heads(q)
         k = self._heads(self.k_proj(x))
         v = self._heads(self.v_proj(x))
         if key_padding_mask is not None:
@@ -368,9 +416,9 @@ class MultiScaleSelfAttention(nn.Module):
         for scale, start, end in self.groups:
             out, w = windowed_attention(
                 q[:, start:end], k[:, start:end], v[:, start:end], scale, key_padding_mask, self.causal,
-                self.dropout, self.training, need_weights, self.min_block)
+                self.dropout, self.training, need_weights, self.min_block, self.block_factor)
             outputs.append(out)
             weights.append(w)
-        out = torch.cat(outputs, dim=1) if len(outputs) > 1 else outputs[0]
-        out = out.permute(2, 0, 1, 3).reshape(tgt_len, batch, self.embed_dim)
+        # T x B x G x D per group -> T x B x C (one copy)
+        out = (torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]).reshape(tgt_len, batch, self.embed_dim)
         return self.out_proj(out), (torch.cat(weights, dim=1) if need_weights else None)
