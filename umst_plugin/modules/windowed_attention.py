@@ -42,6 +42,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 DEFAULT_SCALES = "1,3,N/16,N/8,N/4"
 
@@ -185,6 +186,7 @@ def windowed_attention(
     need_weights: bool = False,
     min_block: int = 16,
     block_factor: float = 1.0,
+    recompute: bool = True,
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """Attention of heads that share one scale.
 
@@ -214,7 +216,8 @@ def windowed_attention(
     reach_right = 0 if causal else hmax
     block = max(min_block, int(block_factor * hmax))
     if tgt_len == src_len and block + hmax + reach_right < src_len:
-        return _blocked(q, k, v, half, hmax, reach_right, block, causal, key_valid, dropout_p, training, need_weights)
+        return _blocked(q, k, v, half, hmax, reach_right, block, causal, key_valid, dropout_p, training, need_weights,
+                        recompute)
     # Dense path; in incremental decoding only the keys a window can reach are sliced out.
     start = max(0, query_offset - hmax) if causal else 0
     if start > 0:
@@ -281,7 +284,8 @@ def _dense(q, k, v, half, causal, key_valid, query_offset, dropout_p, training, 
     return _attend(q, k, v, bias, dropout_p, training, need_weights)
 
 
-def _blocked(q, k, v, half, reach_left, reach_right, block, causal, key_valid, dropout_p, training, need_weights):
+def _blocked(q, k, v, half, reach_left, reach_right, block, causal, key_valid, dropout_p, training, need_weights,
+             recompute=True):
     """Blocked band attention: query block i attends to the ``b + L + R`` keys around it.
 
     Each batch row is laid out in a buffer of ``S = nb * b`` positions (nb = query blocks plus enough
@@ -301,8 +305,9 @@ def _blocked(q, k, v, half, reach_left, reach_right, block, causal, key_valid, d
     device = q.device
 
     def buffer(x, lead, tail):  # B x G x T x D -> flat (B*S + tail) x G x D, row n holds x[n] at lead..lead+T
-        x = F.pad(x.permute(0, 2, 1, 3), (0, 0, 0, 0, lead, row - lead - length))
-        return F.pad(x.reshape(batch * row, groups, dim), (0, 0, 0, 0, 0, tail))
+        flat = x.new_zeros(batch * row + tail, groups, dim)
+        flat[:batch * row].view(batch, row, groups, dim)[:, lead:lead + length] = x.permute(0, 2, 1, 3)
+        return flat
 
     q_blocks = buffer(q, 0, 0).view(batch * n_blocks, block, groups, dim).transpose(1, 2)
     k_windows = buffer(k, reach_left, reach).unfold(0, span, block).permute(0, 1, 3, 2)
@@ -318,8 +323,19 @@ def _blocked(q, k, v, half, reach_left, reach_right, block, causal, key_valid, d
             half = half.repeat_interleave(n_blocks, dim=0)[:, :, None, None]
         else:  # per query (causal relative scales)
             half = F.pad(half, (0, row - length)).view(batch * n_blocks, 1, block, 1)
-    bias = _window_bias(offset, half, causal, valid, q.dtype)
-    out, probs = _attend(q_blocks, k_windows, v_windows, bias, dropout_p, training, need_weights)
+
+    def attend(q_blocks, k_windows, v_windows, valid, half):
+        bias = _window_bias(offset, half, causal, valid, q.dtype)
+        return _attend(q_blocks, k_windows, v_windows, bias, dropout_p, training, need_weights)
+
+    if need_weights or not (recompute and torch.is_grad_enabled()
+                            and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        out, probs = attend(q_blocks, k_windows, v_windows, valid, half)
+    else:
+        # Backward rebuilds the window bias and this group's attention output (as fused attention
+        # rebuilds its scores) instead of keeping them: only the q/k/v buffers stay alive between
+        # forward and backward.
+        out, probs = checkpoint(attend, q_blocks, k_windows, v_windows, valid, half, use_reentrant=False)
     out = out.reshape(batch, n_blocks, groups, block, dim).permute(1, 3, 0, 2, 4).reshape(row, batch, groups, dim)
     weights = None
     if need_weights:  # scatter the bands back to a dense matrix (inspection only)
@@ -342,7 +358,8 @@ class MultiScaleSelfAttention(nn.Module):
     """
 
     def __init__(self, embed_dim: int, num_heads: int, head_scales: Sequence[Scale], dropout: float = 0.0,
-                 bias: bool = True, causal: bool = False, min_block: int = 16, block_factor: float = 1.0):
+                 bias: bool = True, causal: bool = False, min_block: int = 16, block_factor: float = 1.0,
+                 recompute: bool = True):
         super().__init__()
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
@@ -357,6 +374,7 @@ class MultiScaleSelfAttention(nn.Module):
         self.dropout = dropout
         self.min_block = min_block
         self.block_factor = block_factor
+        self.recompute = recompute
         self.groups: List[Tuple[Scale, int, int]] = []  # (scale, first head, end head) of runs of equal scales
         for index, scale in enumerate(self.head_scales):
             if self.groups and self.groups[-1][0] == scale:
@@ -413,10 +431,13 @@ class MultiScaleSelfAttention(nn.Module):
             cache["prev_key"], cache["prev_value"] = k, v
             cache["prev_key_padding_mask"] = key_padding_mask
         outputs, weights = [], []
-        for scale, start, end in self.groups:
+        # split (not slicing) so that backward concatenates the groups' gradients once
+        sizes = [end - start for _, start, end in self.groups]
+        for (scale, _, _), q_group, k_group, v_group in zip(
+                self.groups, q.split(sizes, dim=1), k.split(sizes, dim=1), v.split(sizes, dim=1)):
             out, w = windowed_attention(
-                q[:, start:end], k[:, start:end], v[:, start:end], scale, key_padding_mask, self.causal,
-                self.dropout, self.training, need_weights, self.min_block, self.block_factor)
+                q_group, k_group, v_group, scale, key_padding_mask, self.causal,
+                self.dropout, self.training, need_weights, self.min_block, self.block_factor, self.recompute)
             outputs.append(out)
             weights.append(w)
         # T x B x G x D per group -> T x B x C (one copy)
