@@ -15,6 +15,11 @@ ARCH_CASES = [
     pytest.param("transformer", TINY_TRANSFORMER, id="transformer"),
     pytest.param("transformer", {**TINY_TRANSFORMER, "encoder_normalize_before": True,
                                  "decoder_normalize_before": True}, id="transformer-prenorm"),
+    pytest.param("msmsa_base", {**TINY_TRANSFORMER, "msmsa_scales": "1,3,N/4,N/2", "msmsa_min_block": 2},
+                 id="msmsa_base"),
+    pytest.param("msmsa_big", {**TINY_TRANSFORMER, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+                               "msmsa_scales": "1,3,N/4,N/2", "msmsa_min_block": 2, "msmsa_decoder": True},
+                 id="msmsa_big-decoder"),
 ]
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]

@@ -187,6 +187,7 @@ def windowed_attention(
     min_block: int = 16,
     block_factor: float = 1.0,
     recompute: bool = True,
+    self_shortcut: bool = True,
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """Attention of heads that share one scale.
 
@@ -202,7 +203,10 @@ def windowed_attention(
     if query_offset < 0:
         raise ValueError(f"windowed self-attention needs at least as many keys ({src_len}) as queries ({tgt_len})")
     hmax = scale.max_half_width(src_len)
-    if hmax == 0:  # every window is the query alone: softmax over one key is 1, the output is its value
+    if hmax == 0 and scale.kind == "fixed" and self_shortcut:
+        # scale 1: every window is the query alone, softmax over one key is 1 and the output is its value.
+        # (Only for fixed scales: a relative head that is 1 wide on a short batch still goes through q and k,
+        # so their projections get a (zero) gradient every step, as DDP without unused-parameter search needs.)
         return _self_only(v[:, :, query_offset:], dropout_p, training, need_weights, query_offset)
     if scale.kind == "fixed":
         half = hmax  # a Python int keeps the band mask free of batch dimensions
@@ -381,6 +385,8 @@ class MultiScaleSelfAttention(nn.Module):
                 self.groups[-1] = (scale, self.groups[-1][1], index + 1)
             else:
                 self.groups.append((scale, index, index + 1))
+        # a layer of scale-1 heads only still routes through q and k (weights 1), so no parameter is unused
+        self.all_self_only = all(scale == Scale("fixed", 1) for scale in self.head_scales)
         self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
@@ -437,7 +443,8 @@ class MultiScaleSelfAttention(nn.Module):
                 self.groups, q.split(sizes, dim=1), k.split(sizes, dim=1), v.split(sizes, dim=1)):
             out, w = windowed_attention(
                 q_group, k_group, v_group, scale, key_padding_mask, self.causal,
-                self.dropout, self.training, need_weights, self.min_block, self.block_factor, self.recompute)
+                self.dropout, self.training, need_weights, self.min_block, self.block_factor, self.recompute,
+                self_shortcut=not self.all_self_only)
             outputs.append(out)
             weights.append(w)
         # T x B x G x D per group -> T x B x C (one copy)
