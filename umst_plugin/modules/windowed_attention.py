@@ -19,20 +19,27 @@ Causal (decoder) heads see the left half of the same window, ``j - h .. j``;
 for relative scales ``n`` is then the prefix length ``j + 1`` (the only length
 known while decoding), so incremental decoding equals full decoding.
 
-Cost. Heads are grouped by scale. A group whose window is small against the
-sequence is computed *blocked*: queries are cut into blocks of ``b`` positions
-and each block attends to the ``b + 2h`` keys around it (unfolded from the
-padded key tensor), so time and memory are O(N x (b + 2h)) instead of O(N^2);
-``b = max(h, min_block)`` keeps the redundant part of each block below ~3x the
-window. A group whose window reaches across the sequence uses the dense
-path (N x N scores restricted by a band mask).
+Cost. Heads are grouped by scale; each group is one call of torch's fused
+``scaled_dot_product_attention`` (no score matrix is kept for backward). A
+group whose window is small against the sequence is computed *banded*: queries
+are cut into blocks of ``b = max(h, min_block)`` positions and each block
+attends only to the ``b + 2h`` keys around it, read as overlapping windows of
+one padded key buffer (an ``unfold`` view, no per-window copies), so time and
+memory are O(N x (b + 2h)) = O(N x 3h) instead of O(N^2). In training the
+window bias and the group's attention output are rebuilt in backward
+(checkpointed) rather than kept. Fixed scale-1 heads skip attention (softmax
+over one key is 1: the output is the value). A group whose window reaches
+across the sequence (b + 2h >= N) and incremental decoding use the dense path:
+scores against all (resp. the last h + 1) keys restricted by a window bias.
 
 Masking. A query sees a key iff it lies in its window and is not padding. Pads
 are contiguous at one end of a row (fairseq pads left or right), so position
 differences inside a row are differences of sentence positions and padding on
-either side gives the same windows. Every query may always see *itself*: real
-queries see themselves anyway, and padding queries whose window holds only
-padding get a one-element softmax instead of NaN (their outputs are discarded).
+either side gives the same windows. Keys outside the window get -inf; padding
+(and out-of-sequence) keys get a large finite negative, so a padding query
+whose window holds only padding still has a finite softmax (its own position is
+always in its window) while real queries give padding exactly zero weight: no
+NaN in fp16/bf16 on padded rows.
 """
 import math
 import re
