@@ -18,6 +18,11 @@ ARCH_CASES = [
     pytest.param("msc_iwslt_de_en", dict(encoder_blocks=2, encoder_layers_per_block=2, **{k: v for k, v in TINY_TRANSFORMER.items() if k not in ("encoder_layers", "decoder_layers")}), id="msc_iwslt_de_en"),
     pytest.param("msc_base", dict(encoder_blocks=2, encoder_layers_per_block=2, msc_fusion="add", context_cell="ffn", **{k: v for k, v in TINY_TRANSFORMER.items() if k not in ("encoder_layers", "decoder_layers")}), id="msc_base-add-ffn"),
     pytest.param("msc_big", dict(encoder_blocks=2, encoder_layers_per_block=2, no_block_collaboration=True, no_context_attention=True, **{k: v for k, v in TINY_TRANSFORMER.items() if k not in ("encoder_layers", "decoder_layers")}), id="msc_big-noblock-noctxattn"),
+    pytest.param("msmsa_base", {**TINY_TRANSFORMER, "msmsa_scales": "1,3,N/4,N/2", "msmsa_min_block": 2},
+                 id="msmsa_base"),
+    pytest.param("msmsa_big", {**TINY_TRANSFORMER, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+                               "msmsa_scales": "1,3,N/4,N/2", "msmsa_min_block": 2, "msmsa_decoder": True},
+                 id="msmsa_big-decoder"),
 ]
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]

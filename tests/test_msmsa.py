@@ -1,0 +1,327 @@
+"""MSMSA (issue 8): scales and windows, head allocation (Eq. 11-12), banded cost, fairseq model, CLIs."""
+import os
+
+import pytest
+import torch
+
+import e2e
+import model_checks as checks
+from umst_plugin import dev
+from umst_plugin.modules.windowed_attention import (
+    MultiScaleSelfAttention,
+    Scale,
+    alpha_head_allocation,
+    cumulative_ceil_round,
+    heads_from_counts,
+    parse_head_allocation,
+    parse_scale,
+    parse_scales,
+    windowed_attention,
+)
+
+TINY = dict(encoder_layers=2, decoder_layers=2, encoder_embed_dim=16, decoder_embed_dim=16, encoder_ffn_embed_dim=32,
+            decoder_ffn_embed_dim=32, encoder_attention_heads=4, decoder_attention_heads=4)
+# scales whose windows are smaller than the test sentences, small blocks: the banded path is exercised
+TINY_WINDOWS = dict(TINY, msmsa_scales="1,3,N/4,N/2", msmsa_min_block=2)
+
+
+# ---------------------------------------------------------------- scales
+
+
+def test_scale_parsing_and_odd_sizes():
+    assert parse_scales("1,3,N/16,N/8,N/4") == [Scale("fixed", 1), Scale("fixed", 3), Scale("relative", 16),
+                                                 Scale("relative", 8), Scale("relative", 4)]
+    assert parse_scale("N") == Scale("relative", 1) and parse_scale("global") == Scale("global")
+    with pytest.raises(ValueError, match="odd"):
+        parse_scale("4")
+    with pytest.raises(ValueError, match="cannot parse"):
+        parse_scale("N/x")
+    with pytest.raises(ValueError, match="duplicate"):
+        parse_scales("3,3")
+
+
+@pytest.mark.parametrize("spec,length,width", [
+    ("N/16", 31, 1), ("N/16", 32, 3), ("N/16", 63, 3), ("N/16", 64, 5), ("N/8", 100, 13), ("N/4", 7, 1),
+    ("N/4", 8, 3), ("5", 3, 5), ("1", 50, 1)])
+def test_window_width_is_odd_and_follows_own_length(spec, length, width):
+    half = parse_scale(spec).half_width(torch.tensor([length]))
+    assert 2 * int(half) + 1 == width
+
+
+# ---------------------------------------------------------------- head allocation
+
+
+def test_paper_worked_example():
+    """alpha = 0.5, 10 heads, 3 layers, five scales: {5,2,2,1,0}, {4,2,2,1,1}, {2,2,2,2,2}."""
+    assert alpha_head_allocation(10, 5, 3, 0.5) == [[5, 2, 2, 1, 0], [4, 2, 2, 1, 1], [2, 2, 2, 2, 2]]
+
+
+def test_rounding_rule_is_cumulative_ceiling():
+    # the softmax shares of the example's first layer (step alpha / 1): 4.29, 2.60, 1.58, 0.96, 0.58 heads
+    shares = [4.2857, 2.5994, 1.5766, 0.9563, 0.5800]
+    assert cumulative_ceil_round(shares, 10) == [5, 2, 2, 1, 0]
+    assert [round(s) for s in shares] == [4, 3, 2, 1, 1]  # plain rounding would not give the paper's numbers
+    assert cumulative_ceil_round([2.0] * 5, 10) == [2] * 5  # exact shares are kept (no spurious ceil)
+
+
+@pytest.mark.parametrize("heads,scales,layers,alpha", [(8, 5, 6, 0.5), (16, 5, 6, 1.0), (8, 3, 4, -0.5), (4, 5, 2, 0.0)])
+def test_allocation_sums_and_trend(heads, scales, layers, alpha):
+    allocation = alpha_head_allocation(heads, scales, layers, alpha)
+    assert len(allocation) == layers and all(sum(c) == heads and min(c) >= 0 for c in allocation)
+    assert max(allocation[-1]) - min(allocation[-1]) <= 1  # top layer uniform
+    if alpha > 0:  # lower layers hold at least as many smallest-scale heads as the top
+        assert allocation[0][0] >= allocation[-1][0]
+    if alpha < 0:
+        assert allocation[0][-1] >= allocation[-1][-1]
+
+
+def test_explicit_allocation_and_errors():
+    assert parse_head_allocation("2,1,1", 3, 4, 2) == [[2, 1, 1], [2, 1, 1]]
+    assert parse_head_allocation("2,1,1;0,0,4", 3, 4, 2) == [[2, 1, 1], [0, 0, 4]]
+    with pytest.raises(ValueError, match="summing to 4"):
+        parse_head_allocation("2,1,2", 3, 4, 2)
+    with pytest.raises(ValueError, match="3 layers"):
+        parse_head_allocation("2,1,1;2,1,1;2,1,1", 3, 4, 2)
+
+
+# ---------------------------------------------------------------- windows
+
+
+def reference_window(scale, sentence_len, pos, causal):
+    """Sentence positions the query at sentence position ``pos`` may see (written out from Eq. 6-7)."""
+    if scale.kind == "fixed":
+        half = (scale.value - 1) // 2
+    elif scale.kind == "relative":
+        half = ((pos + 1) if causal else sentence_len) // (2 * scale.value)
+    else:
+        half = sentence_len
+    return {p for p in range(sentence_len) if -half <= p - pos <= (0 if causal else half)}
+
+
+HEAD_SCALES = [parse_scale(s) for s in ("1", "3", "7", "N/8", "N/4", "global")]
+
+
+def padded_batch(lengths, total, left):
+    pad = torch.ones(len(lengths), total, dtype=torch.bool)
+    for b, n in enumerate(lengths):
+        if left:
+            pad[b, total - n:] = False
+        else:
+            pad[b, :n] = False
+    return pad
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("left", [True, False], ids=["left-pad", "right-pad"])
+def test_each_head_attends_exactly_its_window(left, causal):
+    torch.manual_seed(0)
+    lengths, total = [70, 45, 9], 76
+    attn = MultiScaleSelfAttention(24, 6, HEAD_SCALES, causal=causal, min_block=4).eval()
+    x = torch.randn(total, 3, 24)
+    pad = padded_batch(lengths, total, left)
+    out, weights = attn(x, key_padding_mask=pad, need_weights=True)
+    assert torch.isfinite(out).all()
+    for b, n in enumerate(lengths):
+        real = (~pad[b]).nonzero().squeeze(1).tolist()
+        for h, scale in enumerate(HEAD_SCALES):
+            for pos, i in enumerate(real):
+                row = weights[b, h, i]
+                seen = {real.index(j) for j in row.nonzero().squeeze(1).tolist()}
+                assert seen == reference_window(scale, n, pos, causal), (b, str(scale), pos)
+                assert abs(float(row.sum()) - 1) < 1e-5
+
+
+def naive_attention(q, k, v, scale, pad, causal):
+    out = torch.zeros_like(q)
+    for b in range(q.size(0)):
+        real = (~pad[b]).nonzero().squeeze(1).tolist()
+        for pos, i in enumerate(real):
+            keys = [real[p] for p in sorted(reference_window(scale, len(real), pos, causal))]
+            probs = (q[b, :, i:i + 1] @ k[b, :, keys].transpose(-1, -2)).softmax(-1)
+            out[b, :, i] = (probs @ v[b, :, keys])[:, 0]
+    return out
+
+
+@pytest.mark.parametrize("spec", ["1", "3", "9", "N/16", "N/4", "N/2", "N", "global"])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_banded_and_dense_paths_match_naive_attention(spec, causal):
+    torch.manual_seed(1)
+    lengths, total = [100, 61, 33, 5], 100
+    pad = padded_batch(lengths, total, left=True)
+    q, k, v = (torch.randn(4, 2, total, 8, dtype=torch.float64) for _ in range(3))
+    expected = naive_attention(q, k, v, parse_scale(spec), pad, causal)
+    for need_weights in (False, True):
+        out, _ = windowed_attention(q, k, v, parse_scale(spec), pad, causal, need_weights=need_weights, min_block=4)
+        out = out.permute(1, 2, 0, 3)
+        for b in range(4):
+            real = ~pad[b]
+            torch.testing.assert_close(out[b][:, real], expected[b][:, real])
+
+
+def test_padding_side_and_batch_do_not_change_a_sentence():
+    torch.manual_seed(2)
+    attn = MultiScaleSelfAttention(24, 6, HEAD_SCALES, min_block=4).eval()
+    sentence = torch.randn(40, 1, 24)
+    alone, _ = attn(sentence)
+    for left in (True, False):
+        x = torch.randn(64, 3, 24)
+        pad = padded_batch([64, 40, 12], 64, left)
+        x[~pad[1], 1] = sentence[:, 0]
+        out, _ = attn(x, key_padding_mask=pad)
+        torch.testing.assert_close(out[~pad[1], 1], alone[:, 0], atol=1e-5, rtol=1e-4)
+
+
+def test_incremental_decoding_matches_full_module():
+    torch.manual_seed(3)
+    attn = MultiScaleSelfAttention(24, 6, HEAD_SCALES, causal=True, min_block=4).eval()
+    x = torch.randn(50, 2, 24)
+    full, _ = attn(x)
+    cache, steps = {}, []
+    for t in range(50):
+        steps.append(attn(x[t:t + 1], cache=cache)[0])
+    torch.testing.assert_close(torch.cat(steps), full, atol=1e-5, rtol=1e-4)
+    assert cache["prev_key"].shape == (2, 6, 50, 4)
+
+
+def _peak_bytes(fn):
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    live = peak = 0
+    for event in sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                        key=lambda e: e.start_ns()):
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def test_small_windows_cost_grows_with_window_not_sentence():
+    """Forward + backward memory of fixed-window heads is linear in N (no N x N score or mask)."""
+    torch.manual_seed(4)
+    attn = MultiScaleSelfAttention(16, 2, [parse_scale("3"), parse_scale("9")]).train()
+
+    def step(length):
+        x = torch.randn(length, 1, 16, requires_grad=True)
+        return lambda: attn(x)[0].sum().backward()
+
+    small, large = _peak_bytes(step(1024)), _peak_bytes(step(4096))
+    dense_scores = 2 * 4096 * 4096 * 4  # what one fp32 N x N score matrix per head would take
+    assert large < dense_scores / 20, large
+    assert large / small < 4.6, (small, large)  # ~4x tokens -> ~4x memory, not 16x
+
+
+# ---------------------------------------------------------------- fairseq model
+
+
+def n_params(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_parameter_count_equals_transformer():
+    msmsa, _ = dev.build_model("msmsa_base")
+    transformer, _ = dev.build_model("transformer", {"encoder_normalize_before": True, "decoder_normalize_before": True})
+    assert n_params(msmsa) == n_params(transformer)
+    with_decoder, _ = dev.build_model("msmsa_base", {"msmsa_decoder": True})
+    assert n_params(with_decoder) == n_params(transformer)
+    big_overrides = {"encoder_layers": 1, "decoder_layers": 1}  # big widths, fewer layers to keep the test light
+    big, _ = dev.build_model("msmsa_big", big_overrides)
+    big_transformer, _ = dev.build_model("transformer_vaswani_wmt_en_de_big", {
+        **big_overrides, "encoder_normalize_before": True, "decoder_normalize_before": True})
+    assert n_params(big) == n_params(big_transformer)
+    assert big.encoder.layers[0].self_attn.num_heads == 16 and big.encoder.layers[0].embed_dim == 1024
+
+
+def test_arch_defaults_and_layer_allocation():
+    model, _ = dev.build_model("msmsa_base", {"msmsa_alpha": 0.5})
+    assert model.encoder.layers[0].normalize_before and model.decoder.layers[0].normalize_before
+    allocation = alpha_head_allocation(8, 5, 6, 0.5)
+    scales = parse_scales("1,3,N/16,N/8,N/4")
+    for layer, counts in zip(model.encoder.layers, allocation):
+        assert layer.self_attn.head_scales == heads_from_counts(scales, counts)
+    assert type(model.decoder.layers[0].self_attn).__name__ == "MultiheadAttention"  # standard decoder
+    explicit, _ = dev.build_model("msmsa_base", {**TINY, "msmsa_head_allocation": "4,0,0,0,0;0,0,0,0,4"})
+    assert [layer.self_attn.head_scales for layer in explicit.encoder.layers] == [
+        [Scale("fixed", 1)] * 4, [Scale("relative", 4)] * 4]
+
+
+def test_bad_options_fail_clearly():
+    with pytest.raises(ValueError, match="odd"):
+        dev.build_model("msmsa_base", {**TINY, "msmsa_scales": "1,2"})
+    with pytest.raises(ValueError, match="summing to 4"):
+        dev.build_model("msmsa_base", {**TINY, "msmsa_head_allocation": "1,1,1,0,0"})
+
+
+def test_no_ffn_layer_is_eq_10():
+    model, task = dev.build_model("msmsa_base", {**TINY, "msmsa_no_ffn": True})
+    model.eval()
+    layer = model.encoder.layers[0]
+    assert layer.fc1 is None and layer.fc2 is None
+    x = torch.randn(7, 2, 16)
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[1, :3] = True
+    attn, _ = layer.self_attn(query=layer.self_attn_layer_norm(x), key=None, value=None, key_padding_mask=pad)
+    torch.testing.assert_close(layer(x, pad), x + torch.relu(attn))
+    transformer, _ = dev.build_model("transformer", {**TINY, "encoder_normalize_before": True,
+                                                     "decoder_normalize_before": True})
+    ffn = sum(p.numel() for n, p in transformer.encoder.named_parameters() if ".fc" in n or "final_layer_norm" in n)
+    assert n_params(model) == n_params(transformer) - ffn
+
+
+@pytest.mark.parametrize("overrides", [TINY_WINDOWS, dict(TINY_WINDOWS, msmsa_decoder=True)],
+                         ids=["encoder", "encoder+decoder"])
+def test_model_invariance_and_incremental(overrides):
+    for left in (True, False):
+        checks.check_padding_invariance("msmsa_base", overrides, left_pad_source=left)
+    checks.check_incremental_decoding("msmsa_base", overrides)
+    checks.check_every_parameter_gets_gradient("msmsa_base", overrides)
+
+
+def test_decoder_heads_are_causal_multiscale():
+    model, task = dev.build_model("msmsa_base", dict(TINY_WINDOWS, msmsa_decoder=True,
+                                                     msmsa_decoder_scales="1,N/2"))
+    attn = model.decoder.layers[0].self_attn
+    assert attn.causal and set(attn.head_scales) <= {Scale("fixed", 1), Scale("relative", 2)}
+    model.eval()
+    sample = dev.random_sample(task, 2, 6, 9)
+    prev = sample["net_input"]["prev_output_tokens"]
+    inputs = dev.model_inputs(model, sample)
+    with torch.no_grad():
+        full = model(**inputs)[0]
+        changed = prev.clone()
+        changed[:, -1] = 5  # a later token must not change earlier outputs
+        inputs["prev_output_tokens"] = changed
+        other = model(**inputs)[0]
+    torch.testing.assert_close(full[:, :-1], other[:, :-1])
+
+
+def test_bf16_padded_rows_finite():
+    checks.check_low_precision("msmsa_base", dict(TINY_WINDOWS, msmsa_decoder=True), torch.bfloat16, "cpu")
+
+
+# ---------------------------------------------------------------- command line
+
+
+@pytest.mark.slow
+def test_train_generate_interactive(toy_raw, toy_databin, tmp_path):
+    save_dir = str(tmp_path / "ckpt")
+    log = e2e.train(toy_databin, save_dir, "msmsa_base", *e2e.TINY, "--share-all-embeddings", "--msmsa-decoder",
+                    "--msmsa-scales", "1,3,N/4,N/2", max_update=30)
+    losses = e2e.train_losses(log)
+    assert len(losses) >= 4 and losses[-1] < losses[0] - 0.5, log[-3000:]
+    ckpt = os.path.join(save_dir, "checkpoint_last.pt")
+    out = e2e.generate(toy_databin, ckpt)
+    assert "BLEU" in e2e.bleu_line(out) and "Translated 40 sentences" in out.replace(",", "")
+    with open(os.path.join(toy_raw, "test.tok.kel"), encoding="utf-8") as f:
+        lines = [next(f).strip(), next(f).strip()]
+    out = e2e.interactive(toy_databin, ckpt, lines, "--bpe", "subword_nmt", "--bpe-codes",
+                          os.path.join(toy_raw, "bpe.codes"))
+    assert len(e2e.hypotheses(out)) == 2, out[-3000:]
+
+
+@pytest.mark.parametrize("specs", [("1", "N/4"), ("1", "1")])
+def test_q_and_k_projections_always_get_a_gradient(specs):
+    """On a batch too short for any window to exceed 1 token, q/k still take part (DDP needs every parameter)."""
+    attn = MultiScaleSelfAttention(8, 2, [parse_scale(s) for s in specs]).train()
+    attn(torch.randn(5, 2, 8))[0].sum().backward()
+    assert attn.q_proj.weight.grad is not None and attn.k_proj.weight.grad is not None
