@@ -35,8 +35,9 @@ CONV_TYPES = ("dynamic", "standard")
 
 
 def same_padding_left(kernel_size: int) -> int:
-    """Left padding of a centred window; even kernels look one step further right than left."""
-    return (kernel_size - 1) // 2
+    """Left context of Eq. 6's window: tap j (1-based) reads position i + j - ceil((k+1)/2), so
+    ceil((k+1)/2) - 1 = k // 2 steps to the left (an even kernel sees one more step left than right)."""
+    return kernel_size // 2
 
 
 @with_incremental_state

@@ -317,14 +317,16 @@ class PrimeLayer(nn.Module):
         q = (q * self.scaling).contiguous().view(T, B * H, Dh).transpose(0, 1)
         k = k.contiguous().view(S, B * H, Dh).transpose(0, 1)
         v = v.contiguous().view(S, B * H, Dh).transpose(0, 1)
-        scores = torch.bmm(q, k.transpose(1, 2)).float()  # B*H x T x S
+        scores = torch.bmm(q, k.transpose(1, 2))  # B*H x T x S
+        # softmax in at least float32 (fp16/bf16 scores are upcast; float64 stays float64)
+        scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
         mask = None
         if key_padding_mask is not None:
             mask = key_padding_mask.view(B, 1, 1, S)
         if attn_mask is not None:
             mask = attn_mask.view(1, 1, T, S) if mask is None else (mask | attn_mask.view(1, 1, T, S))
         if mask is not None:
-            scores = scores.view(B, H, T, S).masked_fill(mask, torch.finfo(torch.float32).min).view(B * H, T, S)
+            scores = scores.view(B, H, T, S).masked_fill(mask, torch.finfo(scores.dtype).min).view(B * H, T, S)
         probs = torch.softmax(scores, dim=-1).to(v.dtype)
         out = torch.bmm(F.dropout(probs, p=self.attention_dropout, training=self.training), v)
         out = out.transpose(0, 1).contiguous().view(T, B, d)
