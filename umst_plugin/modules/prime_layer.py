@@ -191,14 +191,6 @@ class PrimeLayer(nn.Module):
                     if lin is not None:
                         nn.init.xavier_uniform_(lin.weight)
 
-    def _in_weight(self, name: str) -> Tuple[Tensor, Tensor]:
-        start = 0
-        for seg, width in self.in_segments:
-            if seg == name:
-                return self.in_proj_weight[start:start + width], self.in_proj_bias[start:start + width]
-            start += width
-        raise KeyError(name)
-
     # ------------------------------------------------------------------ forward
     def forward(
         self,
@@ -238,7 +230,10 @@ class PrimeLayer(nn.Module):
             proj = dict(zip((n for n, _ in self.in_segments),
                             F.linear(x, self.in_proj_weight, self.in_proj_bias).split(self.in_splits, dim=-1)))
         else:
-            proj = {name: F.linear(x, *self._in_weight(name)) for name, _ in self.in_segments}
+            # split (not one slice per segment): its backward assembles the full gradient in one concatenation
+            weights = self.in_proj_weight.split(self.in_splits, dim=0)
+            biases = self.in_proj_bias.split(self.in_splits, dim=0)
+            proj = {name: F.linear(x, w, b) for (name, _), w, b in zip(self.in_segments, weights, biases)}
 
         # ---- self-attention (Eq. 2)
         q, k, v = proj["q"], proj["k"], proj["v"]
@@ -284,11 +279,9 @@ class PrimeLayer(nn.Module):
             x = residual + y
         else:
             x = residual
-            start = 0
-            for i, (branch, width) in enumerate(zip(branches, self.out_splits)):
-                y = F.linear(branch, self.out_proj_weight[:, start:start + width], self.out_proj_bias[i])
-                x = x + F.dropout(y, p=self.dropout, training=self.training)
-                start += width
+            weights = self.out_proj_weight.split(self.out_splits, dim=1)
+            for branch, weight, bias in zip(branches, weights, self.out_proj_bias.unbind(0)):
+                x = x + F.dropout(F.linear(branch, weight, bias), p=self.dropout, training=self.training)
         return self.layer_norm(x), cross_weights
 
     def _cross_key_value(self, encoder_out: Tensor, incremental_state: IncrementalState) -> Tuple[Tensor, Tensor]:
