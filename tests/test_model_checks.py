@@ -15,6 +15,10 @@ ARCH_CASES = [
     pytest.param("transformer", TINY_TRANSFORMER, id="transformer"),
     pytest.param("transformer", {**TINY_TRANSFORMER, "encoder_normalize_before": True,
                                  "decoder_normalize_before": True}, id="transformer-prenorm"),
+    pytest.param("prime_base", {**TINY_TRANSFORMER, "prime_kernels": "3,15"}, id="prime_base"),
+    pytest.param("prime_big", {**TINY_TRANSFORMER, "prime_kernels": "3,7"}, id="prime_big"),
+    pytest.param("prime_simple_base", TINY_TRANSFORMER, id="prime_simple_base"),
+    pytest.param("prime_simple_big", TINY_TRANSFORMER, id="prime_simple_big"),
 ]
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
