@@ -150,7 +150,7 @@ def main(argv=None):
     quick = args.quick
     n_sent = 4 if quick else 12
     out_len = args.out_len or (16 if quick else 30)
-    repeats = 3 if quick else 7
+    repeats = 3 if quick else 5
     train_shape = (8, 16, 16) if quick else (16, 30, 30)
     pairs = args.pairs.split(",") if args.pairs else (["table3"] if quick else list(PAIRS))
     srcs = sources(n_sent, args.vocab, lengths=[12, 20, 16, 24] if quick else [15, 25, 20, 30, 35, 18])

@@ -388,6 +388,16 @@ def test_ablation_parameter_differences():
     assert base - n("prime_simple_base") == n_layers * (2 * 3 * d + d * d + d)
 
 
+def test_ablation_scope_encoder_only():
+    """Table 7's ablations were run in the encoder only (footnote 6): --prime-ablation-scope encoder."""
+    model, _ = tiny("prime_base", no_ffn=True, separate_projection=True, prime_ablation_scope="encoder")
+    assert all(not layer.has_ffn and not layer.shared_projection for layer in model.encoder.layers)
+    assert all(layer.has_ffn and layer.shared_projection for layer in model.decoder.layers)
+    model, _ = tiny("prime_base", prime_conv_type="standard", prime_ablation_scope="decoder")
+    assert [layer.conv.conv_type for layer in model.encoder.layers] == ["dynamic", "dynamic"]
+    assert [layer.conv.conv_type for layer in model.decoder.layers] == ["standard", "standard"]
+
+
 def test_invalid_flags_give_clear_errors():
     with pytest.raises(ValueError, match="post-norm"):
         build("prime_base", {**TINY, "encoder_normalize_before": True})

@@ -63,7 +63,11 @@ def layer_kernels(args, layer_index: int, num_layers: int) -> List[int]:
 def prime_layer_kwargs(args, layer_index: int, decoder: bool) -> dict:
     side = "decoder" if decoder else "encoder"
     num_layers = getattr(args, f"{side}_layers")
+    # the ablation flags act on the sides named by --prime-ablation-scope; elsewhere the layer is standard Prime
+    ablate = args.prime_ablation_scope in ("both", side)
     conv_type = None if args.prime_conv_type == "none" else args.prime_conv_type
+    if conv_type == "standard" and not ablate:
+        conv_type = "dynamic"
     heads = getattr(args, f"{side}_attention_heads")
     return dict(
         embed_dim=getattr(args, f"{side}_embed_dim"),
@@ -75,9 +79,9 @@ def prime_layer_kwargs(args, layer_index: int, decoder: bool) -> dict:
         conv_type=conv_type,
         conv_kernels=layer_kernels(args, layer_index, num_layers) if conv_type else (),
         conv_heads=args.prime_conv_heads or heads,
-        shared_projection=not args.separate_projection,
-        ffn=not args.no_ffn,
-        ffn_shares_conv_projection=args.ffn_shares_conv_projection,
+        shared_projection=not (ablate and args.separate_projection),
+        ffn=not (ablate and args.no_ffn),
+        ffn_shares_conv_projection=ablate and args.ffn_shares_conv_projection,
         dropout=args.dropout,
         attention_dropout=args.attention_dropout,
         activation_dropout=getattr(args, "activation_dropout", 0.0) or getattr(args, "relu_dropout", 0.0) or 0.0,
@@ -90,6 +94,8 @@ def prime_layer_kwargs(args, layer_index: int, decoder: bool) -> dict:
 
 def validate_prime_args(args):
     """Reject fairseq transformer options that Prime's layers do not implement."""
+    if args.prime_ablation_scope not in ("both", "encoder", "decoder"):
+        raise ValueError(f"--prime-ablation-scope must be both, encoder or decoder, got {args.prime_ablation_scope!r}")
     if args.prime_conv_type not in ("dynamic", "standard", "none"):
         raise ValueError(f"--prime-conv-type must be dynamic, standard or none, got {args.prime_conv_type!r}")
     if args.encoder_normalize_before or args.decoder_normalize_before:
@@ -216,6 +222,10 @@ class PrimeModel(TransformerModel):
         parser.add_argument("--ffn-shares-conv-projection", action="store_true",
                             help="the FFN reads relu(X W_1^C), sharing the convolution's input projection; the "
                                  "attention keeps its own value projection; FFN width = embed dim (table 7)")
+        parser.add_argument("--prime-ablation-scope", choices=["both", "encoder", "decoder"],
+                            help="layers that --separate-projection, --no-ffn, --ffn-shares-conv-projection and "
+                                 "--prime-conv-type standard act on (default both; the paper's table 7 ablations "
+                                 "were run on the encoder only, its footnote 6)")
         parser.add_argument("--prime-unfused-projections", action="store_true",
                             help="compute the input/output projections branch by branch instead of as one "
                                  "matrix multiply each (same parameters, same result; for speed comparison)")
@@ -294,6 +304,7 @@ def prime_defaults(args):
     args.no_ffn = getattr(args, "no_ffn", False)
     args.ffn_shares_conv_projection = getattr(args, "ffn_shares_conv_projection", False)
     args.prime_unfused_projections = getattr(args, "prime_unfused_projections", False)
+    args.prime_ablation_scope = getattr(args, "prime_ablation_scope", "both")
     args.prime_init = getattr(args, "prime_init", "pytorch")
     base_architecture(args)
 
