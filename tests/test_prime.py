@@ -82,7 +82,8 @@ ARCH_VARIANTS = [
     pytest.param("prime_base", {}, id="prime"),
     pytest.param("prime_simple_base", {}, id="prime_simple"),
     pytest.param("prime_base", {"prime_kernels": "3"}, id="single_k3"),
-    pytest.param("prime_base", {"prime_kernels": "4,6"}, id="even_kernels"),
+    pytest.param("prime_base", {"prime_kernels": "2,4"}, id="even_kernels"),
+    pytest.param("prime_base", {"prime_kernels": "1,3", "prime_conv_type": "standard"}, id="standard_k1"),
     pytest.param("prime_base", {"prime_layer_kernels": "3,7"}, id="growing"),
     pytest.param("prime_base", {"prime_conv_type": "standard", "separate_projection": True}, id="standard_conv"),
     pytest.param("prime_base", {"separate_projection": True}, id="separate_projection"),
@@ -109,7 +110,7 @@ def _reference_dynamic_conv(v, cell, padding_l):
     return out
 
 
-@pytest.mark.parametrize("kernels", [(3, 15), (4,), (1, 2, 5)])
+@pytest.mark.parametrize("kernels", [(3, 15), (4,), (2, 5, 6)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_multi_kernel_conv_matches_eq6_eq7(kernels, causal):
     torch.manual_seed(0)
@@ -409,6 +410,8 @@ def test_invalid_flags_give_clear_errors():
         build("prime_simple_base", {**TINY, "ffn_shares_conv_projection": True})
     with pytest.raises(ValueError, match="convolution heads"):
         build("prime_base", {**TINY, "prime_conv_heads": 3})
+    with pytest.raises(ValueError, match="kernel size 1"):
+        build("prime_base", {**TINY, "prime_kernels": "1,3"})
     with pytest.raises(ValueError, match="prime-layer-kernels"):
         build("prime_base", {**TINY, "prime_layer_kernels": "3,5,7"})
 

@@ -113,6 +113,9 @@ class MultiKernelConv(nn.Module):
             raise ValueError(f"kernel sizes must be >= 1, got {kernel_sizes}")
         if conv_type not in CONV_TYPES:
             raise ValueError(f"conv_type must be one of {CONV_TYPES}, got {conv_type!r}")
+        if conv_type == "dynamic" and 1 in kernel_sizes:
+            raise ValueError("a dynamic convolution of kernel size 1 is the identity (softmax over one tap) and its "
+                             "kernel predictor could never learn; use kernel sizes >= 2 (or --prime-conv-type standard)")
         if conv_type == "dynamic" and channels % num_heads != 0:
             raise ValueError(f"channels ({channels}) must be divisible by the convolution heads ({num_heads})")
         self.kernel_sizes: List[int] = kernel_sizes
