@@ -220,6 +220,22 @@ def test_fused_projection_equals_unfused(arch, extra):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+def test_cached_fused_bias_follows_parameter_updates():
+    """The inference-time cache of the summed branch biases is refreshed by in-place updates (optimizer, loading)."""
+    model, _ = tiny("prime_base")
+    src, lengths, prev = batch()
+    with torch.no_grad():
+        before = model(src, lengths, prev)[0]
+        for layer in model.decoder.layers:
+            layer.out_proj_bias.add_(0.5)
+        after = model(src, lengths, prev)[0]
+        for layer in list(model.encoder.layers) + list(model.decoder.layers):
+            layer.fused = False
+        unfused = model(src, lengths, prev)[0]
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(after, unfused, rtol=1e-5, atol=1e-5)
+
+
 def test_unfused_flag_reaches_layers():
     model, _ = tiny("prime_base", prime_unfused_projections=True)
     assert all(not layer.fused for layer in list(model.encoder.layers) + list(model.decoder.layers))
@@ -228,10 +244,11 @@ def test_unfused_flag_reaches_layers():
 # ----------------------------------------------------------------------------- decoding
 
 
+@pytest.mark.parametrize("bsz", [3, 1], ids=["padded", "unpadded"])
 @pytest.mark.parametrize("arch,extra", ARCH_VARIANTS)
-def test_incremental_decoding_equals_full(arch, extra):
+def test_incremental_decoding_equals_full(arch, extra, bsz):
     model, _ = tiny(arch, **extra)
-    src, lengths, prev = batch(tgt_len=7)
+    src, lengths, prev = batch(bsz=bsz, tgt_len=7)
     with torch.no_grad():
         enc = model.encoder(src, lengths)
         full = model.decoder(prev, enc)[0]

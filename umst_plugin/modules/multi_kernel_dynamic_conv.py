@@ -161,7 +161,9 @@ class MultiKernelConv(nn.Module):
             raise ValueError("incremental decoding needs a causal convolution")
         if self.gate_logits is None:
             return self.cells[0](x, incremental_state=incremental_state)
-        gates = torch.softmax(self.gate_logits, dim=0).to(x.dtype)
+        gates = torch.softmax(self.gate_logits, dim=0)
+        if gates.dtype != x.dtype:
+            gates = gates.to(x.dtype)
         out = None
         for i, cell in enumerate(self.cells):
             y = cell(x, incremental_state=incremental_state) * gates[i]

@@ -261,8 +261,8 @@ class PrimeLayer(nn.Module):
         # ---- cross-attention over the encoder output
         cross_weights = None
         if self.has_cross:
-            ck, cv = self._cross_key_value(encoder_out, incremental_state)
-            out, cross_weights = self._attend(proj["q_cross"], ck, cv, encoder_padding_mask, None,
+            ck, cv, cross_mask = self._cross_key_value(encoder_out, encoder_padding_mask, incremental_state)
+            out, cross_weights = self._attend(proj["q_cross"], ck, cv, cross_mask, None,
                                               need_weights=need_weights or need_head_weights)
             branches.append(out)
             if cross_weights is not None and not need_head_weights:
@@ -275,7 +275,7 @@ class PrimeLayer(nn.Module):
 
         # ---- output projections, one residual sum, one LayerNorm
         if self.fused and not (self.training and self.dropout > 0):
-            y = F.linear(torch.cat(branches, dim=-1), self.out_proj_weight, self.out_proj_bias.sum(0))
+            y = F.linear(torch.cat(branches, dim=-1), self.out_proj_weight, self._fused_out_bias())
             x = residual + y
         else:
             x = residual
@@ -284,15 +284,37 @@ class PrimeLayer(nn.Module):
                 x = x + F.dropout(F.linear(branch, weight, bias), p=self.dropout, training=self.training)
         return self.layer_norm(x), cross_weights
 
-    def _cross_key_value(self, encoder_out: Tensor, incremental_state: IncrementalState) -> Tuple[Tensor, Tensor]:
+    def _fused_out_bias(self) -> Tensor:
+        """Sum of the branch biases; cached while no gradient is recorded (inference), keyed on the parameter's
+        storage and version so that optimizer steps, loading and dtype/device moves refresh it."""
+        bias = self.out_proj_bias
+        if torch.is_grad_enabled():
+            return bias.sum(0)
+        key = (bias.data_ptr(), bias._version, bias.dtype, bias.device)
+        if getattr(self, "_fused_bias_key", None) != key:
+            self._fused_bias = bias.sum(0)
+            self._fused_bias_key = key
+        return self._fused_bias
+
+    def _cross_key_value(
+        self, encoder_out: Tensor, encoder_padding_mask: Optional[Tensor], incremental_state: IncrementalState
+    ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+        """Cross-attention keys, values and key mask; computed once per sentence when decoding step by step
+        (where a mask without any padding is dropped once, instead of being applied at every step)."""
         if incremental_state is not None:
             saved = self.get_incremental_state(incremental_state, "cross_attn")
             if saved is not None:
-                return saved["k"], saved["v"]
+                return saved["k"], saved["v"], saved.get("mask")
         ck, cv = self.cross_kv_proj(encoder_out).chunk(2, dim=-1)
+        mask = encoder_padding_mask
         if incremental_state is not None:
-            self.set_incremental_state(incremental_state, "cross_attn", {"k": ck, "v": cv})
-        return ck, cv
+            if mask is not None and not mask.any():
+                mask = None
+            saved = {"k": ck.contiguous(), "v": cv.contiguous()}
+            if mask is not None:
+                saved["mask"] = mask
+            self.set_incremental_state(incremental_state, "cross_attn", saved)
+        return ck, cv, mask
 
     def _attend(
         self,
@@ -307,12 +329,21 @@ class PrimeLayer(nn.Module):
         T, B, d = q.shape
         S = k.size(0)
         H, Dh = self.num_heads, self.head_dim
+        if (key_padding_mask is None and attn_mask is None and not need_weights
+                and not (self.training and self.attention_dropout > 0)):
+            # Nothing masked (incremental self-attention, unpadded cross-attention or encoder), so no row can
+            # be fully masked: one fused kernel for scaling, softmax and weighted sum (fewer ops per decoding step).
+            out = F.scaled_dot_product_attention(
+                q.reshape(T, B, H, Dh).permute(1, 2, 0, 3), k.reshape(S, B, H, Dh).permute(1, 2, 0, 3),
+                v.reshape(S, B, H, Dh).permute(1, 2, 0, 3), scale=self.scaling)
+            return out.permute(2, 0, 1, 3).reshape(T, B, d), None
         q = (q * self.scaling).contiguous().view(T, B * H, Dh).transpose(0, 1)
         k = k.contiguous().view(S, B * H, Dh).transpose(0, 1)
         v = v.contiguous().view(S, B * H, Dh).transpose(0, 1)
         scores = torch.bmm(q, k.transpose(1, 2))  # B*H x T x S
         # softmax in at least float32 (fp16/bf16 scores are upcast; float64 stays float64)
-        scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+        if scores.dtype in (torch.float16, torch.bfloat16):
+            scores = scores.float()
         mask = None
         if key_padding_mask is not None:
             mask = key_padding_mask.view(B, 1, 1, S)
@@ -320,7 +351,9 @@ class PrimeLayer(nn.Module):
             mask = attn_mask.view(1, 1, T, S) if mask is None else (mask | attn_mask.view(1, 1, T, S))
         if mask is not None:
             scores = scores.view(B, H, T, S).masked_fill(mask, torch.finfo(scores.dtype).min).view(B * H, T, S)
-        probs = torch.softmax(scores, dim=-1).to(v.dtype)
+        probs = torch.softmax(scores, dim=-1)
+        if probs.dtype != v.dtype:
+            probs = probs.to(v.dtype)
         out = torch.bmm(F.dropout(probs, p=self.attention_dropout, training=self.training), v)
         out = out.transpose(0, 1).contiguous().view(T, B, d)
         weights = probs.view(B, H, T, S).transpose(0, 1) if need_weights else None
@@ -331,9 +364,9 @@ class PrimeLayer(nn.Module):
         for key in ("self_attn", "cross_attn"):
             saved = self.get_incremental_state(incremental_state, key)
             if saved is not None:
-                self.set_incremental_state(
-                    incremental_state, key, {name: t.index_select(1, new_order) for name, t in saved.items()}
-                )
+                # caches are S x B x d; the cross-attention mask is B x S
+                self.set_incremental_state(incremental_state, key, {
+                    name: t.index_select(0 if name == "mask" else 1, new_order) for name, t in saved.items()})
 
 
 def _causal_mask(T: int, S: int, device) -> Tensor:
