@@ -30,9 +30,11 @@ weights and biases, instead of Xavier) applied per branch with that branch's own
 
 Attention is computed here rather than with ``fairseq.modules.MultiheadAttention``
 because that module owns its value projection: it cannot hand V_A to the convolution
-(Shared Projection) nor take part in the fused projection. Softmax is in float32 and
-masked scores are set to float32's minimum rather than -inf, so a fully masked row
-(e.g. a left-padded decoder position) gives finite values instead of NaN in fp16/bf16.
+(Shared Projection) nor take part in the fused projection. It uses PyTorch's
+``scaled_dot_product_attention`` (as fairseq's attention does); padded query rows of the causal
+self-attention are allowed to see every key so that no softmax row is fully blocked (a left-padded
+decoder position would otherwise give NaN in fp16/bf16). When the probabilities are requested
+(alignment) an explicit float32 softmax with finite masking is used.
 """
 import math
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -249,8 +251,10 @@ class PrimeLayer(nn.Module):
         else:
             v_attn = v
             self_mask = _causal_mask(q.size(0), k.size(0), x.device) if attn_causal else None
-        branches: List[Tensor] = [self._attend(q, k, v_attn, padding_mask if incremental_state is None else None,
-                                               self_mask)[0]]
+        self_pad = padding_mask if incremental_state is None else None
+        # only a causal row can be fully blocked (a left-padded decoder position), so only there padded rows are freed
+        branches: List[Tensor] = [self._attend(q, k, v_attn, self_pad, self_mask,
+                                               query_padding_mask=self_pad if self_mask is not None else None)[0]]
 
         # ---- convolution (Eqs. 5-7), on the shared V_A or its own V_C
         conv_input = None
@@ -324,40 +328,49 @@ class PrimeLayer(nn.Module):
         key_padding_mask: Optional[Tensor],
         attn_mask: Optional[Tensor],
         need_weights: bool = False,
+        query_padding_mask: Optional[Tensor] = None,
     ) -> Tuple[Tensor, Optional[Tensor]]:
-        """Multi-head scaled dot-product attention. q: T x B x d, k/v: S x B x d; masks True = blocked."""
+        """Multi-head scaled dot-product attention. q: T x B x d, k/v: S x B x d; masks True = blocked.
+
+        ``query_padding_mask`` (B x T) lets padded query rows see every key: under the causal mask such a row
+        can be fully blocked (a left-padded decoder position) and a fully blocked softmax row is NaN in some
+        kernels. Padded rows' outputs are never read by valid positions (their keys are blocked and
+        the convolution zeroes them), so this only keeps them finite.
+        """
         T, B, d = q.shape
         S = k.size(0)
         H, Dh = self.num_heads, self.head_dim
-        if (key_padding_mask is None and attn_mask is None and not need_weights
-                and not (self.training and self.attention_dropout > 0)):
-            # Nothing masked (incremental self-attention, unpadded cross-attention or encoder), so no row can
-            # be fully masked: one fused kernel for scaling, softmax and weighted sum (fewer ops per decoding step).
+        blocked = None
+        if key_padding_mask is not None:
+            blocked = key_padding_mask.view(B, 1, 1, S)
+        if attn_mask is not None:
+            blocked = attn_mask.view(1, 1, T, S) if blocked is None else (blocked | attn_mask.view(1, 1, T, S))
+        if blocked is not None and query_padding_mask is not None:
+            blocked = blocked & ~query_padding_mask.view(B, 1, T, 1)
+        if not need_weights:
+            # One fused kernel for scaling, masking, softmax (float32 accumulation in half precision), dropout and
+            # the weighted sum; fairseq's own attention takes the same kernel.
             out = F.scaled_dot_product_attention(
                 q.reshape(T, B, H, Dh).permute(1, 2, 0, 3), k.reshape(S, B, H, Dh).permute(1, 2, 0, 3),
-                v.reshape(S, B, H, Dh).permute(1, 2, 0, 3), scale=self.scaling)
+                v.reshape(S, B, H, Dh).permute(1, 2, 0, 3), attn_mask=None if blocked is None else ~blocked,
+                dropout_p=self.attention_dropout if self.training else 0.0, scale=self.scaling)
             return out.permute(2, 0, 1, 3).reshape(T, B, d), None
+        # Explicit path when the probabilities are wanted (alignment): float32 softmax, blocked scores at the
+        # dtype's minimum (finite), so even a fully blocked row is a finite uniform average rather than NaN.
         q = (q * self.scaling).contiguous().view(T, B * H, Dh).transpose(0, 1)
         k = k.contiguous().view(S, B * H, Dh).transpose(0, 1)
         v = v.contiguous().view(S, B * H, Dh).transpose(0, 1)
         scores = torch.bmm(q, k.transpose(1, 2))  # B*H x T x S
-        # softmax in at least float32 (fp16/bf16 scores are upcast; float64 stays float64)
         if scores.dtype in (torch.float16, torch.bfloat16):
             scores = scores.float()
-        mask = None
-        if key_padding_mask is not None:
-            mask = key_padding_mask.view(B, 1, 1, S)
-        if attn_mask is not None:
-            mask = attn_mask.view(1, 1, T, S) if mask is None else (mask | attn_mask.view(1, 1, T, S))
-        if mask is not None:
-            scores = scores.view(B, H, T, S).masked_fill(mask, torch.finfo(scores.dtype).min).view(B * H, T, S)
+        if blocked is not None:
+            scores = scores.view(B, H, T, S).masked_fill(blocked, torch.finfo(scores.dtype).min).view(B * H, T, S)
         probs = torch.softmax(scores, dim=-1)
         if probs.dtype != v.dtype:
             probs = probs.to(v.dtype)
         out = torch.bmm(F.dropout(probs, p=self.attention_dropout, training=self.training), v)
         out = out.transpose(0, 1).contiguous().view(T, B, d)
-        weights = probs.view(B, H, T, S).transpose(0, 1) if need_weights else None
-        return out, weights
+        return out, probs.view(B, H, T, S).transpose(0, 1)
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         """Beam search reordering of the attention caches (the convolution cells reorder their own)."""
