@@ -19,6 +19,9 @@ ARCH_CASES = [
     pytest.param("prime_big", {**TINY_TRANSFORMER, "prime_kernels": "3,7"}, id="prime_big"),
     pytest.param("prime_simple_base", TINY_TRANSFORMER, id="prime_simple_base"),
     pytest.param("prime_simple_big", TINY_TRANSFORMER, id="prime_simple_big"),
+    pytest.param("msc_iwslt_de_en", dict(encoder_blocks=2, encoder_layers_per_block=2, **{k: v for k, v in TINY_TRANSFORMER.items() if k not in ("encoder_layers", "decoder_layers")}), id="msc_iwslt_de_en"),
+    pytest.param("msc_base", dict(encoder_blocks=2, encoder_layers_per_block=2, msc_fusion="add", context_cell="ffn", **{k: v for k, v in TINY_TRANSFORMER.items() if k not in ("encoder_layers", "decoder_layers")}), id="msc_base-add-ffn"),
+    pytest.param("msc_big", dict(encoder_blocks=2, encoder_layers_per_block=2, no_block_collaboration=True, no_context_attention=True, **{k: v for k, v in TINY_TRANSFORMER.items() if k not in ("encoder_layers", "decoder_layers")}), id="msc_big-noblock-noctxattn"),
 ]
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
