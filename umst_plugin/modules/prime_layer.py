@@ -1,0 +1,399 @@
+"""The Prime module (Unified Transformer, Zhao et al.): one layer of the encoder or the decoder.
+
+Every branch reads the same input X_{i-1} and the results are summed in one
+residual connection followed by one LayerNorm (post-norm):
+
+    encoder:  X_i = LN(X_{i-1} + Attention(X) + Conv(X) + FFN(X))                (Eq. 4; Eq. 1 without Conv)
+    decoder:  X_i = LN(X_{i-1} + SelfAttn_causal(X) + Conv_causal(X) + CrossAttn(X, Z) + FFN(X))
+
+with Attention(X) = softmax(Q K^T / sqrt(d_k)) V_A W_2^A (Eq. 2), FFN(X) = max(0, X W_1^F) W_2^F
+(Eq. 3), Conv as in :mod:`multi_kernel_dynamic_conv` (Eqs. 5-7). Each branch has its own
+dropout on its output. Shared Projection (section 2.1): V_C = V_A, i.e. W_1^C = W_1^A.
+
+Fused form (section 3.3.1): all input projections that read X (W^Q, W^K, W_1^A, [W_1^C],
+[decoder W^Q of cross-attention], W_1^F) are rows of one matrix, applied with one matrix
+multiply; all output projections (W_2^A, W_2^C, [cross W_2], W_2^F) are columns of one
+matrix, applied to the concatenated branch activations with one matrix multiply, which is
+the sum of the per-branch projections. The parameters are stored in this fused layout in
+both forms, so ``fused`` only selects how it is computed and can be flipped on a trained
+model. Per-branch output dropout cannot pass through a single matrix multiply, so while
+training with dropout > 0 the output projections are applied branch by branch (still
+reading the same fused parameters); the input projection is always fused.
+
+Biases: one per branch (kept as rows of ``out_proj_bias``) so that the unfused form is
+the equations as written; the fused form adds their sum.
+
+Initialisation: ``init="pytorch"`` (default, section 2.1 of the paper: the re-scaled
+d=384 model uses PyTorch's default ``nn.Linear`` initialisation, U(+-1/sqrt(fan_in)) for
+weights and biases, instead of Xavier) applied per branch with that branch's own fan-in;
+``init="xavier"`` gives fairseq's Xavier-uniform weights and zero biases, per branch.
+
+Attention is computed here rather than with ``fairseq.modules.MultiheadAttention``
+because that module owns its value projection: it cannot hand V_A to the convolution
+(Shared Projection) nor take part in the fused projection. It uses PyTorch's
+``scaled_dot_product_attention`` (as fairseq's attention does); padded query rows of the causal
+self-attention are allowed to see every key so that no softmax row is fully blocked (a left-padded
+decoder position would otherwise give NaN in fp16/bf16). When the probabilities are requested
+(alignment) an explicit float32 softmax with finite masking is used.
+"""
+import math
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from fairseq.incremental_decoding_utils import with_incremental_state
+from torch import Tensor
+
+from umst_plugin.modules.multi_kernel_dynamic_conv import MultiKernelConv
+
+IncrementalState = Optional[Dict[str, Dict[str, Optional[Tensor]]]]
+
+
+@with_incremental_state
+class PrimeLayer(nn.Module):
+    """One Prime layer (encoder when ``cross_attention`` is False and ``causal`` is False).
+
+    Args:
+        embed_dim: model width d.
+        num_heads: attention heads (self- and cross-attention).
+        ffn_dim: FFN hidden width (ignored when ``ffn_shares_conv_projection``: then d).
+        causal: decoder self-attention / convolution only look left; enables incremental decoding.
+        cross_attention: add attention over the encoder output as a further parallel branch.
+        encoder_dim: width of the encoder output (defaults to ``embed_dim``).
+        conv_type: "dynamic" (Prime), "standard" (table 6 ablation) or None (Prime-simple).
+        conv_kernels: kernel sizes of the convolution cells mixed by Eq. 7.
+        conv_heads: dynamic-convolution heads (default ``num_heads``).
+        shared_projection: V_C = V_A (section 2.1). False is table 6's "without Shared Projection".
+        ffn: include the FFN branch (False is table 7's "Prime without FFN").
+        ffn_shares_conv_projection: table 7's "Share input Projection of FFN with DepthConv": the FFN
+            reads relu(V_C) with V_C = X W_1^C its own projection (the attention keeps its own W_1^A,
+            so this implies a separate convolution projection), FFN hidden width d.
+        dropout: dropout on every branch output (applied separately per branch).
+        attention_dropout: dropout on attention probabilities.
+        activation_dropout: dropout after the FFN activation.
+        conv_weight_dropout: DropConnect on the dynamic kernels.
+        activation_fn: the FFN nonlinearity (ReLU in Eq. 3).
+        fused: compute the projections in the fused form (section 3.3.1).
+        init: "pytorch" or "xavier" (see module docstring).
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        ffn_dim: int,
+        *,
+        causal: bool = False,
+        cross_attention: bool = False,
+        encoder_dim: Optional[int] = None,
+        conv_type: Optional[str] = "dynamic",
+        conv_kernels: Sequence[int] = (3, 15),
+        conv_heads: Optional[int] = None,
+        shared_projection: bool = True,
+        ffn: bool = True,
+        ffn_shares_conv_projection: bool = False,
+        dropout: float = 0.0,
+        attention_dropout: float = 0.0,
+        activation_dropout: float = 0.0,
+        conv_weight_dropout: float = 0.0,
+        activation_fn: Callable[[Tensor], Tensor] = F.relu,
+        fused: bool = True,
+        init: str = "pytorch",
+    ):
+        super().__init__()
+        if embed_dim % num_heads != 0:
+            raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
+        if ffn_shares_conv_projection and conv_type is None:
+            raise ValueError("ffn_shares_conv_projection needs a convolution branch")
+        if ffn_shares_conv_projection and not ffn:
+            raise ValueError("ffn_shares_conv_projection contradicts ffn=False")
+        if init not in ("pytorch", "xavier"):
+            raise ValueError(f"init must be 'pytorch' or 'xavier', got {init!r}")
+        self.embed_dim = d = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = d // num_heads
+        self.scaling = self.head_dim ** -0.5
+        self.causal = causal
+        self.has_conv = conv_type is not None
+        self.has_cross = cross_attention
+        self.has_ffn = ffn
+        self.ffn_shares_conv_projection = ffn_shares_conv_projection
+        # the FFN-shares-conv ablation keeps the attention path unchanged, so V_C needs its own W_1^C
+        self.shared_projection = shared_projection and not ffn_shares_conv_projection
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.activation_dropout = activation_dropout
+        self.activation_fn = activation_fn
+        self.fused = fused
+        self.init = init
+
+        # Input projection segments (name -> width), all reading X.
+        in_segments: List[Tuple[str, int]] = [("q", d), ("k", d), ("v", d)]
+        if self.has_conv and not self.shared_projection:
+            in_segments.append(("v_conv", d))
+        if self.has_cross:
+            in_segments.append(("q_cross", d))
+        ffn_hidden = d if ffn_shares_conv_projection else ffn_dim
+        if ffn and not ffn_shares_conv_projection:
+            in_segments.append(("ffn_in", ffn_dim))
+        # Output projection segments (branch name -> width of the branch activation).
+        out_segments: List[Tuple[str, int]] = [("attn", d)]
+        if self.has_conv:
+            out_segments.append(("conv", d))
+        if self.has_cross:
+            out_segments.append(("cross", d))
+        if ffn:
+            out_segments.append(("ffn", ffn_hidden))
+        self.in_segments = in_segments
+        self.out_segments = out_segments
+        self.in_splits = [w for _, w in in_segments]
+        self.out_splits = [w for _, w in out_segments]
+
+        self.in_proj_weight = nn.Parameter(torch.empty(sum(self.in_splits), d))
+        self.in_proj_bias = nn.Parameter(torch.empty(sum(self.in_splits)))
+        self.out_proj_weight = nn.Parameter(torch.empty(d, sum(self.out_splits)))
+        self.out_proj_bias = nn.Parameter(torch.empty(len(out_segments), d))
+        if self.has_cross:
+            self.cross_kv_proj = nn.Linear(encoder_dim or d, 2 * d)
+        if self.has_conv:
+            self.conv = MultiKernelConv(
+                d,
+                conv_kernels,
+                num_heads=conv_heads or num_heads,
+                causal=causal,
+                conv_type=conv_type,
+                weight_dropout=conv_weight_dropout,
+            )
+        self.layer_norm = nn.LayerNorm(d)
+        self.reset_parameters()
+
+    # ------------------------------------------------------------------ parameters
+    def reset_parameters(self):
+        d = self.embed_dim
+        with torch.no_grad():
+            start = 0
+            for _, width in self.in_segments:
+                _init_linear_(self.in_proj_weight[start:start + width], self.in_proj_bias[start:start + width],
+                              fan_in=d, fan_out=width, init=self.init)
+                start += width
+            start = 0
+            for i, (_, width) in enumerate(self.out_segments):
+                _init_linear_(self.out_proj_weight[:, start:start + width], self.out_proj_bias[i],
+                              fan_in=width, fan_out=d, init=self.init)
+                start += width
+            if self.has_cross:
+                # K and V of cross-attention are two projections, each initialised as its own Linear
+                w, b = self.cross_kv_proj.weight, self.cross_kv_proj.bias
+                for half in (slice(0, d), slice(d, 2 * d)):
+                    _init_linear_(w[half], b[half], fan_in=w.size(1), fan_out=d, init=self.init)
+            if self.has_conv and self.init == "xavier":
+                for cell in self.conv.cells:
+                    lin = getattr(cell, "weight_linear", None)
+                    if lin is not None:
+                        nn.init.xavier_uniform_(lin.weight)
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        x: Tensor,
+        padding_mask: Optional[Tensor] = None,
+        encoder_out: Optional[Tensor] = None,
+        encoder_padding_mask: Optional[Tensor] = None,
+        incremental_state: IncrementalState = None,
+        attn_causal: Optional[bool] = None,
+        need_weights: bool = False,
+        need_head_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """
+        Args:
+            x: T x B x d input.
+            padding_mask: B x T, True at padding of x (None: no padding).
+            encoder_out: S x B x d_enc (decoder only).
+            encoder_padding_mask: B x S, True at encoder padding.
+            incremental_state: decoder step-by-step state (x holds the newest step only).
+            attn_causal: mask future positions in self-attention; defaults to ``self.causal``
+                (fairseq's ``full_context_alignment`` switches it off for the full-sequence pass).
+            need_weights / need_head_weights: return the cross-attention probabilities averaged
+                over heads (B x T x S) / per head (H x B x T x S).
+
+        Returns: (T x B x d output, cross-attention weights or None)
+        """
+        if incremental_state is not None and not self.causal:
+            raise ValueError("incremental decoding is only defined for a causal (decoder) Prime layer")
+        if self.has_cross and encoder_out is None:
+            raise ValueError("this Prime layer has cross-attention and needs encoder_out")
+        if attn_causal is None:
+            attn_causal = self.causal
+        residual = x
+
+        # ---- all input projections that read X
+        if self.fused:
+            proj = dict(zip((n for n, _ in self.in_segments),
+                            F.linear(x, self.in_proj_weight, self.in_proj_bias).split(self.in_splits, dim=-1)))
+        else:
+            # split (not one slice per segment): its backward assembles the full gradient in one concatenation
+            weights = self.in_proj_weight.split(self.in_splits, dim=0)
+            biases = self.in_proj_bias.split(self.in_splits, dim=0)
+            proj = {name: F.linear(x, w, b) for (name, _), w, b in zip(self.in_segments, weights, biases)}
+
+        # ---- self-attention (Eq. 2)
+        q, k, v = proj["q"], proj["k"], proj["v"]
+        if incremental_state is not None:
+            saved = self.get_incremental_state(incremental_state, "self_attn")
+            if saved is not None:
+                k = torch.cat([saved["k"], k], dim=0)
+                v_attn = torch.cat([saved["v"], v], dim=0)
+            else:
+                v_attn = v
+            self.set_incremental_state(incremental_state, "self_attn", {"k": k, "v": v_attn})
+            self_mask = None  # the cache only holds the past
+        else:
+            v_attn = v
+            self_mask = _causal_mask(q.size(0), k.size(0), x.device) if attn_causal else None
+        self_pad = padding_mask if incremental_state is None else None
+        # only a causal row can be fully blocked (a left-padded decoder position), so only there padded rows are freed
+        branches: List[Tensor] = [self._attend(q, k, v_attn, self_pad, self_mask,
+                                               query_padding_mask=self_pad if self_mask is not None else None)[0]]
+
+        # ---- convolution (Eqs. 5-7), on the shared V_A or its own V_C
+        conv_input = None
+        if self.has_conv:
+            conv_input = v if self.shared_projection else proj["v_conv"]
+            branches.append(self.conv(conv_input, padding_mask=padding_mask, incremental_state=incremental_state))
+
+        # ---- cross-attention over the encoder output
+        cross_weights = None
+        if self.has_cross:
+            ck, cv, cross_mask = self._cross_key_value(encoder_out, encoder_padding_mask, incremental_state)
+            out, cross_weights = self._attend(proj["q_cross"], ck, cv, cross_mask, None,
+                                              need_weights=need_weights or need_head_weights)
+            branches.append(out)
+            if cross_weights is not None and not need_head_weights:
+                cross_weights = cross_weights.mean(dim=0)
+
+        # ---- point-wise FFN (Eq. 3): the hidden activation; W_2^F comes with the output projection
+        if self.has_ffn:
+            hidden = self.activation_fn(conv_input if self.ffn_shares_conv_projection else proj["ffn_in"])
+            branches.append(F.dropout(hidden, p=self.activation_dropout, training=self.training))
+
+        # ---- output projections, one residual sum, one LayerNorm
+        if self.fused and not (self.training and self.dropout > 0):
+            y = F.linear(torch.cat(branches, dim=-1), self.out_proj_weight, self._fused_out_bias())
+            x = residual + y
+        else:
+            x = residual
+            weights = self.out_proj_weight.split(self.out_splits, dim=1)
+            for branch, weight, bias in zip(branches, weights, self.out_proj_bias.unbind(0)):
+                x = x + F.dropout(F.linear(branch, weight, bias), p=self.dropout, training=self.training)
+        return self.layer_norm(x), cross_weights
+
+    def _fused_out_bias(self) -> Tensor:
+        """Sum of the branch biases; cached while no gradient is recorded (inference), keyed on the parameter's
+        storage and version so that optimizer steps, loading and dtype/device moves refresh it."""
+        bias = self.out_proj_bias
+        if torch.is_grad_enabled():
+            return bias.sum(0)
+        key = (bias.data_ptr(), bias._version, bias.dtype, bias.device)
+        if getattr(self, "_fused_bias_key", None) != key:
+            self._fused_bias = bias.sum(0)
+            self._fused_bias_key = key
+        return self._fused_bias
+
+    def _cross_key_value(
+        self, encoder_out: Tensor, encoder_padding_mask: Optional[Tensor], incremental_state: IncrementalState
+    ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+        """Cross-attention keys, values and key mask; computed once per sentence when decoding step by step
+        (where a mask without any padding is dropped once, instead of being applied at every step)."""
+        if incremental_state is not None:
+            saved = self.get_incremental_state(incremental_state, "cross_attn")
+            if saved is not None:
+                return saved["k"], saved["v"], saved.get("mask")
+        ck, cv = self.cross_kv_proj(encoder_out).chunk(2, dim=-1)
+        mask = encoder_padding_mask
+        if incremental_state is not None:
+            if mask is not None and not mask.any():
+                mask = None
+            saved = {"k": ck.contiguous(), "v": cv.contiguous()}
+            if mask is not None:
+                saved["mask"] = mask
+            self.set_incremental_state(incremental_state, "cross_attn", saved)
+        return ck, cv, mask
+
+    def _attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        key_padding_mask: Optional[Tensor],
+        attn_mask: Optional[Tensor],
+        need_weights: bool = False,
+        query_padding_mask: Optional[Tensor] = None,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Multi-head scaled dot-product attention. q: T x B x d, k/v: S x B x d; masks True = blocked.
+
+        ``query_padding_mask`` (B x T) lets padded query rows see every key: under the causal mask such a row
+        can be fully blocked (a left-padded decoder position) and a fully blocked softmax row is NaN in some
+        kernels. Padded rows' outputs are never read by valid positions (their keys are blocked and
+        the convolution zeroes them), so this only keeps them finite.
+        """
+        T, B, d = q.shape
+        S = k.size(0)
+        H, Dh = self.num_heads, self.head_dim
+        blocked = None
+        if key_padding_mask is not None:
+            blocked = key_padding_mask.view(B, 1, 1, S)
+        if attn_mask is not None:
+            blocked = attn_mask.view(1, 1, T, S) if blocked is None else (blocked | attn_mask.view(1, 1, T, S))
+        if blocked is not None and query_padding_mask is not None:
+            blocked = blocked & ~query_padding_mask.view(B, 1, T, 1)
+        if not need_weights:
+            # One fused kernel for scaling, masking, softmax (float32 accumulation in half precision), dropout and
+            # the weighted sum; fairseq's own attention takes the same kernel.
+            out = F.scaled_dot_product_attention(
+                q.reshape(T, B, H, Dh).permute(1, 2, 0, 3), k.reshape(S, B, H, Dh).permute(1, 2, 0, 3),
+                v.reshape(S, B, H, Dh).permute(1, 2, 0, 3), attn_mask=None if blocked is None else ~blocked,
+                dropout_p=self.attention_dropout if self.training else 0.0, scale=self.scaling)
+            return out.permute(2, 0, 1, 3).reshape(T, B, d), None
+        # Explicit path when the probabilities are wanted (alignment): float32 softmax, blocked scores at the
+        # dtype's minimum (finite), so even a fully blocked row is a finite uniform average rather than NaN.
+        q = (q * self.scaling).contiguous().view(T, B * H, Dh).transpose(0, 1)
+        k = k.contiguous().view(S, B * H, Dh).transpose(0, 1)
+        v = v.contiguous().view(S, B * H, Dh).transpose(0, 1)
+        scores = torch.bmm(q, k.transpose(1, 2))  # B*H x T x S
+        if scores.dtype in (torch.float16, torch.bfloat16):
+            scores = scores.float()
+        if blocked is not None:
+            scores = scores.view(B, H, T, S).masked_fill(blocked, torch.finfo(scores.dtype).min).view(B * H, T, S)
+        probs = torch.softmax(scores, dim=-1)
+        if probs.dtype != v.dtype:
+            probs = probs.to(v.dtype)
+        out = torch.bmm(F.dropout(probs, p=self.attention_dropout, training=self.training), v)
+        out = out.transpose(0, 1).contiguous().view(T, B, d)
+        return out, probs.view(B, H, T, S).transpose(0, 1)
+
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        """Beam search reordering of the attention caches (the convolution cells reorder their own)."""
+        for key in ("self_attn", "cross_attn"):
+            saved = self.get_incremental_state(incremental_state, key)
+            if saved is not None:
+                # caches are S x B x d; the cross-attention mask is B x S
+                self.set_incremental_state(incremental_state, key, {
+                    name: t.index_select(0 if name == "mask" else 1, new_order) for name, t in saved.items()})
+
+
+def _causal_mask(T: int, S: int, device) -> Tensor:
+    """True above the diagonal: position t may not see positions > t (S may exceed T by a prefix)."""
+    return torch.ones(T, S, dtype=torch.bool, device=device).triu(S - T + 1)
+
+
+def _init_linear_(weight: Tensor, bias: Tensor, fan_in: int, fan_out: int, init: str):
+    """Initialise a (view of a) linear map as nn.Linear's default, or Xavier-uniform with zero bias."""
+    if init == "pytorch":
+        bound = 1.0 / math.sqrt(fan_in)  # = kaiming_uniform(a=sqrt(5)) used by nn.Linear
+        weight.uniform_(-bound, bound)
+        bias.uniform_(-bound, bound)
+    else:
+        bound = math.sqrt(6.0 / (fan_in + fan_out))
+        weight.uniform_(-bound, bound)
+        bias.zero_()
