@@ -10,9 +10,7 @@ Peak memory on CPU: the high-water mark of live tensor bytes during one forward+
 call (gradients cleared before it), replayed from every allocation and free the profiler records
 (``profile_memory=True``, the raw per-allocation events, in time order): activations kept for
 backward, temporaries inside fused kernels, and gradients; not the process RSS, which the
-allocator's caching makes meaningless for one call. (``benchmarks.common.peak_memory`` replays
-each op's *net* allocation instead, which hides temporaries allocated and freed inside one op, e.g.
-inside fused attention's backward; it is printed too for comparison.) On CUDA:
+allocator's caching makes meaningless for one call. (``benchmarks.common.peak_memory``.) On CUDA:
 ``torch.cuda.max_memory_allocated``.
 
 Timing: median over ``--iters`` calls, the two modules called alternately so that load on a
@@ -67,18 +65,7 @@ def step_fn(module, x, pad, fairseq_mha):
 def peak_memory(reset, step, device):
     """High-water mark of live tensor bytes during one step, above what was live before it."""
     reset()
-    if str(device).startswith("cuda"):
-        return common.peak_memory(step, device)
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    live = peak = 0
-    for event in sorted(events, key=lambda e: e.start_ns()):
-        live += event.nbytes()  # > 0 allocation, < 0 free
-        peak = max(peak, live)
-    return peak
+    return common.peak_memory(step, device)
 
 
 def alternating_times(step_a, step_b, iters, warmup, device):
@@ -127,25 +114,23 @@ def main():
         base_reset, base_step = step_fn(mha, x, pad, fairseq_mha=True)
         base_step()
         base_mem = peak_memory(base_reset, base_step, args.device) / 2 ** 20
-        base_mem_op = common.peak_memory(base_step, args.device) / 2 ** 20
-        sums = [0.0] * 5
+        sums = [0.0] * 4
         for index, (layer, counts) in enumerate(zip(layers, allocation)):
             reset, step = step_fn(layer, x, pad, fairseq_mha=False)
             base_time, t = alternating_times(base_step, step, args.iters, args.warmup, args.device)
             mem = peak_memory(reset, step, args.device) / 2 ** 20
-            mem_op = common.peak_memory(step, args.device) / 2 ** 20
-            for i, value in enumerate((base_time, t, base_mem, mem, mem_op)):
+            for i, value in enumerate((base_time, t, base_mem, mem)):
                 sums[i] += value
             rows.append([n, x.size(1), f"layer {index + 1} {counts}", base_time * 1e3, t * 1e3, base_time / t,
-                         base_mem, mem, mem / base_mem, f"{base_mem_op:.1f} / {mem_op:.1f}"])
-        base_time, t, base_total, total, total_op = sums
+                         base_mem, mem, mem / base_mem])
+        base_time, t, base_total, total = sums
         rows.append([n, x.size(1), f"all {len(layers)}", base_time * 1e3, t * 1e3, base_time / t, base_total, total,
-                     total / base_total, f"{base_mem_op * len(layers):.1f} / {total_op:.1f}"])
+                     total / base_total])
     common.print_table(
         f"MSMSA self-attention vs fairseq MultiheadAttention, fwd+bwd, d={args.dim}, {args.heads} heads, "
         f"{args.tokens} tokens/batch, {args.dtype}, device={args.device}, threads={torch.get_num_threads()}",
         ["N", "batch", "MSMSA layer (heads per scale)", "MHA ms", "MSMSA ms", "speed-up", "MHA peak MiB",
-         "MSMSA peak MiB", "memory ratio", "net-per-op peak MiB (MHA / MSMSA)"], rows, args.json)
+         "MSMSA peak MiB", "memory ratio"], rows, args.json)
 
 
 if __name__ == "__main__":

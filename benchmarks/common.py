@@ -2,9 +2,10 @@
 
 Timings are medians over ``iters`` repetitions after ``warmup``. Peak memory:
 on CUDA, ``torch.cuda.max_memory_allocated``; on CPU, the high-water mark of
-the live tensor bytes reconstructed from the profiler's allocation events
+the live tensor bytes replayed from the profiler's raw allocation/free records
 (``profile_memory=True``), i.e. activations + gradients allocated during the
-measured call, not the process RSS.
+measured call, not the process RSS (which the allocator's caching makes
+meaningless for one call).
 """
 import argparse
 import json
@@ -53,13 +54,13 @@ def peak_memory(fn, device="cpu"):
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    # Ops carry the bytes they allocated themselves (self_cpu_memory_usage, children excluded);
-    # "[memory]" records carry frees (negative) and allocations outside any op. Replayed in
-    # time order they give the live-bytes curve.
-    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    # The raw "[memory]" records are single allocations (+bytes) and frees (-bytes); replayed in
+    # time order they give the live-bytes curve, temporaries inside fused kernels included
+    # (per-op summaries net those out and undercount).
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     live = peak = 0
-    for e in events:
-        live += e.cpu_memory_usage if e.name == "[memory]" else e.self_cpu_memory_usage
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        live += event.nbytes()
         peak = max(peak, live)
     return peak
 
