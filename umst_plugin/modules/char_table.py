@@ -31,6 +31,8 @@ from typing import List, Optional, Sequence
 import torch
 import torch.nn as nn
 
+from umst_plugin.data.word_boundaries import SENTENCEPIECE, SUBWORD_NMT, word_ids_from_tokens
+
 CHAR_PAD = 0
 CHAR_SEP = 1
 STYLES = ("auto", "subword-nmt", "sentencepiece", "word")
@@ -92,7 +94,8 @@ def split_symbol(symbol: str, style: str):
 class CharTable(nn.Module):
     """Per-dictionary-entry character table; ``forward(src_tokens) -> CharBatch``."""
 
-    def __init__(self, symbols: Sequence[str], pad_index: int, num_special: int, style: str = "auto"):
+    def __init__(self, symbols: Sequence[str], pad_index: int, eos_index: int, num_special: int,
+                 style: str = "auto"):
         super().__init__()
         if style not in STYLES:
             raise ValueError(f"unknown subword style {style!r}; expected one of {STYLES}")
@@ -100,7 +103,7 @@ class CharTable(nn.Module):
         if style == "auto":
             style = detect_style(symbols[num_special:])
         self.style = style
-        self.pad_index = pad_index
+        self.pad_index, self.eos_index = pad_index, eos_index
 
         specials = [i for i, s in enumerate(symbols) if _is_special(i, s, num_special)]
         pieces = {}
@@ -140,7 +143,7 @@ class CharTable(nn.Module):
 
     @classmethod
     def from_dictionary(cls, dictionary, style="auto"):
-        return cls(dictionary.symbols, dictionary.pad(), dictionary.nspecial, style=style)
+        return cls(dictionary.symbols, dictionary.pad(), dictionary.eos(), dictionary.nspecial, style=style)
 
     @property
     def num_chars(self):
@@ -149,17 +152,13 @@ class CharTable(nn.Module):
 
     # ------------------------------------------------------------------ device-side derivation
     def word_ids(self, src_tokens):
-        """B x T 1-based word index per subword (0 = pad); any padding side."""
-        valid = src_tokens.ne(self.pad_index)
-        joins_next = self.token_joins_next[src_tokens]
-        joins_prev = self.token_joins_prev[src_tokens]
-        prev_valid = torch.zeros_like(valid)
-        prev_valid[:, 1:] = valid[:, :-1]
-        prev_joins_next = torch.zeros_like(joins_next)
-        prev_joins_next[:, 1:] = joins_next[:, :-1]
-        continues = valid & prev_valid & (prev_joins_next | joins_prev)
-        new_word = valid & ~continues
-        return torch.cumsum(new_word.long(), dim=1) * valid.long()
+        """B x T 1-based word index per subword (0 = pad); any padding side.
+
+        Delegates to the task's own rule (``umst_plugin.data.word_boundaries``) so
+        these ids equal the ``src_word_ids`` that multiscale_translation provides."""
+        scheme = SENTENCEPIECE if self.style == "sentencepiece" else SUBWORD_NMT
+        return word_ids_from_tokens(src_tokens, self.pad_index, self.eos_index, self.token_joins_next,
+                                    ~self.token_joins_prev, scheme)
 
     def forward(self, src_tokens) -> CharBatch:
         batch, seq_len = src_tokens.shape
