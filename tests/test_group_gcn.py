@@ -50,6 +50,9 @@ def test_group_mean_equals_dense_product(time_first):
         got = got.transpose(0, 1)
     torch.testing.assert_close(got, expected)
     assert torch.all(got[GROUP_IDS == 0] == 0)
+    # A static upper bound on the ids (no device sync) gives the same result.
+    bounded = group_mean(inp, GROUP_IDS, time_first=time_first, num_groups=2 * GROUP_IDS.size(1) + 1)
+    torch.testing.assert_close(bounded, got.transpose(0, 1) if time_first else got)
 
 
 def test_group_mean_half_precision_no_overflow():

@@ -404,3 +404,31 @@ def test_trains_generates_interacts_on_toy_corpus(toy_data, tmp_path):
     out = _run([os.path.join(BIN, "fairseq-interactive"), data_bin, "--user-dir", "umst_plugin", "--path", ckpt,
                 "--beam", "2", "-s", toy.SRC, "-t", toy.TGT, "--remove-bpe"], input=inputs)
     assert len(re.findall(r"^H-\d+\t", out, flags=re.M)) == 3, out[-2000:]
+
+
+@pytest.mark.parametrize("kv_dim,heads", [(8, 2), (64, 4)])
+def test_width_changing_attention_equals_standard_attention(kv_dim, heads):
+    """Both contraction orders compute fairseq's cross-attention with kdim = vdim = kv_dim."""
+    from fairseq.modules import MultiheadAttention
+
+    from umst_plugin.modules.slowfast_fusion import WidthChangingAttention
+
+    torch.manual_seed(0)
+    attn = WidthChangingAttention(32, kv_dim, heads, dropout=0.2).double()
+    assert attn.reassociate == (heads * kv_dim < 32)
+    ref = MultiheadAttention(32, heads, kdim=kv_dim, vdim=kv_dim, encoder_decoder_attention=True).double().eval()
+    for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        getattr(ref, name).load_state_dict(getattr(attn, name).state_dict())
+    query, kv = torch.randn(5, 3, 32, dtype=torch.float64), torch.randn(11, 3, kv_dim, dtype=torch.float64)
+    mask = torch.zeros(3, 11, dtype=torch.bool)
+    mask[0, :4] = True
+    attn.eval()
+    expected, _ = ref(query, kv, kv, key_padding_mask=mask, need_weights=False)
+    torch.testing.assert_close(attn(query, kv, mask), expected)
+    # with dropout on, the other contraction order gives the same output for the same mask
+    attn.train()
+    torch.manual_seed(5)
+    a = attn(query, kv, mask)
+    attn.reassociate = not attn.reassociate
+    torch.manual_seed(5)
+    torch.testing.assert_close(attn(query, kv, mask), a)

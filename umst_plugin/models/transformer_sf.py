@@ -49,7 +49,7 @@ class TransformerSlowFastModel(TransformerModel):
         parser.add_argument("--fast-ffn-embed-dim", type=int, metavar="N",
                             help="fast branch FFN width (paper: 4 x H_f, 128 for H_f = 32)")
         parser.add_argument("--fast-attention-heads", type=int, metavar="N",
-                            help="fast branch heads (paper does not say; default H_f / 8, head dim 8)")
+                            help="fast branch heads (paper does not say; default H_f / 16, i.e. head dim 16)")
         parser.add_argument("--fast-input", choices=("char", "subword"),
                             help="fast branch input granularity (table 4d: char 28.56, subword 27.50)")
         parser.add_argument("--sf-subword-style", choices=STYLES,
@@ -203,6 +203,10 @@ class SlowFastEncoder(FairseqEncoder):
             "fast_pe_groups": fast_groups,
             "fast_pe_boundary": True,
             "char_token_index": char_token_index,
+            # Static upper bounds on the group ids (no device sync): words <= T, char groups <= 2 T.
+            "slow_num_groups": src_tokens.size(1) + 1,
+            "fast_num_groups": (fast_tokens.size(1) if self.random_char_boundary else
+                                2 * src_tokens.size(1) if self.fast_input == "char" else src_tokens.size(1)) + 1,
         }
         slow_out, fast_out = self.stack(x_slow, x_fast, side)
         if self.cfg.encoder_output == "slow":
@@ -230,7 +234,7 @@ def _slowfast_defaults(args):
     args.activation_dropout = getattr(args, "activation_dropout", 0.1)
     args.fast_embed_dim = getattr(args, "fast_embed_dim", 32)
     args.fast_ffn_embed_dim = getattr(args, "fast_ffn_embed_dim", 4 * args.fast_embed_dim)
-    args.fast_attention_heads = getattr(args, "fast_attention_heads", max(1, args.fast_embed_dim // 8))
+    args.fast_attention_heads = getattr(args, "fast_attention_heads", max(1, args.fast_embed_dim // 16))
     args.fast_input = getattr(args, "fast_input", "char")
     args.sf_subword_style = getattr(args, "sf_subword_style", "auto")
     args.sf_fusion = getattr(args, "sf_fusion", "cga")

@@ -23,16 +23,18 @@ API (stable; UMST reuses it)
 ----------------------------
 ``normalized_group_adjacency(group_ids) -> FloatTensor B x L x L``
     D^-1/2 (A + I) D^-1/2 for the same-group graph, dense (reference / tests).
-``group_mean(x, group_ids) -> Tensor like x``
+``group_mean(x, group_ids, time_first=False, num_groups=None) -> Tensor like x``
     D^-1/2 (A + I) D^-1/2 @ x without the dense matrix. ``x`` is B x L x C
     (batch-first) or, with ``time_first=True``, L x B x C (fairseq's layout).
+    ``num_groups``: optional int greater than every id (e.g. L + 1 for word ids);
+    passing it avoids a device->host sync to read ``group_ids.max()``.
 ``GroupGCN(embed_dim, dropout=0.0, activation_dropout=0.0)``
     Pre-norm residual block of UMST Eq. 2 with the extra left multiplication:
 
         y = x + Dropout( Â · Dropout_act( ReLU( Â · LN(x) W + b ) ) ),
         Â = D^-1/2 (A + I) D^-1/2.
 
-    ``forward(x, group_ids, time_first=False)``; padded positions of the output
+    ``forward(x, group_ids, time_first=False, num_groups=None)``; padded positions of the output
     equal the input (the GCN adds zero there). Dropouts follow ``self.training``
     (the authors' code leaves them on at inference; we do not).
 """
@@ -64,7 +66,7 @@ def normalized_group_adjacency(group_ids, dtype=torch.float32):
     return inv_sqrt.unsqueeze(2) * adj * inv_sqrt.unsqueeze(1)
 
 
-def group_mean(x, group_ids, time_first=False):
+def group_mean(x, group_ids, time_first=False, num_groups=None):
     """Apply D^-1/2 (A + I) D^-1/2 (same-group graph) to ``x`` as a segment mean.
 
     x: B x L x C (or L x B x C with ``time_first``); group_ids: B x L, 0 = padding.
@@ -76,7 +78,10 @@ def group_mean(x, group_ids, time_first=False):
     batch, length, channels = x.shape
     _check_group_ids(group_ids, length, batch)
     group_ids = group_ids.long()
-    num_slots = int(group_ids.max().item()) + 1 if group_ids.numel() > 0 else 1
+    if num_groups is None:
+        num_slots = int(group_ids.max().item()) + 1 if group_ids.numel() > 0 else 1
+    else:
+        num_slots = int(num_groups)
     # Flatten (sentence, group) into one slot index so sentences never share slots.
     slot = group_ids + torch.arange(batch, device=x.device).unsqueeze(1) * num_slots  # B x L
     slot = slot.reshape(-1)
@@ -106,9 +111,11 @@ class GroupGCN(nn.Module):
         self.dropout = dropout
         self.activation_dropout = activation_dropout
 
-    def forward(self, x, group_ids, time_first=False):
-        h = group_mean(self.layer_norm(x), group_ids, time_first=time_first)
+    def forward(self, x, group_ids, time_first=False, num_groups=None):
+        if num_groups is None and group_ids.numel() > 0:
+            num_groups = int(group_ids.max().item()) + 1  # once for both products
+        h = group_mean(self.layer_norm(x), group_ids, time_first=time_first, num_groups=num_groups)
         h = F.relu(self.linear(h))
         h = F.dropout(h, p=self.activation_dropout, training=self.training)
-        h = group_mean(h, group_ids, time_first=time_first)
+        h = group_mean(h, group_ids, time_first=time_first, num_groups=num_groups)
         return x + F.dropout(h, p=self.dropout, training=self.training)

@@ -24,6 +24,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+def _upcast(t):
+    """fp16/bf16 scores go through softmax in fp32 (as fairseq does); fp32/fp64 stay as they are."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
 def boundary_band(groups, max_distance, use_boundary=True):
     """Band indices and validity for relative offsets d = -k..k.
 
@@ -92,13 +97,15 @@ class BoundaryRelativeSelfAttention(nn.Module):
         q = split(self.q_proj(x)) * self.scaling
         k = split(self.k_proj(x))
         v = split(self.v_proj(x))
-        logits = torch.matmul(q, k.transpose(-1, -2)).float()  # B x H x L x L, fp32 softmax like fairseq
+        logits = _upcast(torch.matmul(q, k.transpose(-1, -2)))  # B x H x L x L, fp32 softmax like fairseq
+        # In-place updates of the fresh logits avoid two extra L x L copies (autograd-safe:
+        # matmul's backward does not need its output).
         if self.rel_keys is not None:
             cols, valid = boundary_band(groups, self.max_distance, use_boundary)
-            rel = torch.matmul(q, self.rel_keys.t()).float() * valid.unsqueeze(1)  # B x H x L x (2k+1)
+            rel = _upcast(torch.matmul(q, self.rel_keys.t())) * valid.unsqueeze(1)  # B x H x L x (2k+1)
             band_cols = cols.unsqueeze(1).expand(-1, heads, -1, -1)
-            logits = logits.scatter_add(-1, band_cols, rel)
-        logits = logits.masked_fill(key_padding_mask.view(batch, 1, 1, length), float("-inf"))
+            logits.scatter_add_(-1, band_cols, rel)
+        logits.masked_fill_(key_padding_mask.view(batch, 1, 1, length), float("-inf"))
         weights = F.softmax(logits, dim=-1)
         weights = F.dropout(weights, p=self.dropout, training=self.training)
         out = torch.matmul(weights.to(v.dtype), v)

@@ -172,14 +172,16 @@ class SlowFastLayer(nn.Module):
     def forward(self, x_slow, x_fast, side):
         if self.slow_attn is not None:
             if self.slow_gcn is not None:
-                x_slow = self.slow_gcn(x_slow, side["slow_groups"], time_first=True)
+                x_slow = self.slow_gcn(x_slow, side["slow_groups"], time_first=True,
+                                       num_groups=side.get("slow_num_groups"))
             h = self.slow_attn_norm(x_slow)
             h, _ = self.slow_attn(query=h, key=h, value=h, key_padding_mask=side["slow_padding_mask"],
                                   need_weights=False)
             x_slow = x_slow + self._drop(h)
         if self.fast_attn is not None:
             if self.fast_gcn is not None:
-                x_fast = self.fast_gcn(x_fast, side["fast_gcn_groups"], time_first=True)
+                x_fast = self.fast_gcn(x_fast, side["fast_gcn_groups"], time_first=True,
+                                       num_groups=side.get("fast_num_groups"))
             h = self.fast_attn(self.fast_attn_norm(x_fast), side["fast_padding_mask"], side["fast_pe_groups"],
                                use_boundary=side["fast_pe_boundary"])
             x_fast = x_fast + self._drop(h)
@@ -203,7 +205,8 @@ class SlowFastEncoderStack(nn.Module):
     forward(x_slow [T x B x Hs], x_fast [Lf x B x Hf], side) -> (slow_out or None, fast_out or None)
     ``side`` holds: slow_padding_mask, fast_padding_mask (B x T / B x Lf bool),
     slow_groups (A_s ids, B x T), fast_gcn_groups and fast_pe_groups (A_f ids, B x Lf),
-    fast_pe_boundary (bool), char_token_index (B x Lf).
+    fast_pe_boundary (bool), char_token_index (B x Lf); optional slow_num_groups /
+    fast_num_groups (upper bounds on the group ids, to skip a device sync).
     """
 
     def __init__(self, cfg: SlowFastConfig):
@@ -221,7 +224,8 @@ class SlowFastEncoderStack(nn.Module):
 
     def forward(self, x_slow, x_fast, side):
         if self.slow_input_gcn is not None:
-            x_slow = self.slow_input_gcn(x_slow, side["slow_groups"], time_first=True)
+            x_slow = self.slow_input_gcn(x_slow, side["slow_groups"], time_first=True,
+                                         num_groups=side.get("slow_num_groups"))
         for layer in self.layers:
             x_slow, x_fast = layer(x_slow, x_fast, side)
         slow_out = self.slow_layer_norm(x_slow) if self.slow_layer_norm is not None else None

@@ -18,9 +18,22 @@ caption). Ablations of table 4b:
 
 Every module returns the update that the caller adds to the residual stream
 (after dropout). Tensors are time-first (L x B x C).
+
+Efficiency of CGA: when the receiver is the slow branch, the keys/values are the
+~5x longer, 16x thinner character states. Projecting them up to H_s
+(L_f x H_f x H_s per map) is the bulk of TranSFormer's extra cost (paper 4.3,
+"upsampling ... within the cross-granularity attention"). ``WidthChangingAttention``
+computes the *same* function in the cheaper order when ``heads * H_kv < H_q``:
+per head, q_h (x̂ W^k_h)^T = (q_h W^k_h) x̂^T and A (x̂ W^v_h + b^v_h) =
+(A x̂) W^v_h + (A 1) b^v_h; the key bias adds a per-query constant, which softmax
+ignores. Nothing of length L_f x H_s is formed. The order is fixed per module
+(not per batch), so results never depend on batch composition.
 """
+import math
+
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from fairseq.modules import MultiheadAttention
 
@@ -52,6 +65,64 @@ def tokens_to_chars(x_slow, char_token_index):
     return gathered.transpose(0, 1)
 
 
+def _upcast(t):
+    """fp16/bf16 scores go through softmax in fp32 (as fairseq does); fp32/fp64 stay as they are."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+class WidthChangingAttention(nn.Module):
+    """Multi-head cross-attention whose keys/values have another width (Eq. 2).
+
+    forward(query [Lq x B x Cq], kv [Lk x B x Ckv], key_padding_mask [B x Lk] bool) -> Lq x B x Cq.
+    Parameters: q_proj Cq->Cq, k_proj / v_proj Ckv->Cq (W^k, W^v in R^{Ckv x Cq}), out_proj Cq->Cq.
+    """
+
+    def __init__(self, embed_dim, kv_dim, num_heads, dropout=0.0):
+        super().__init__()
+        if embed_dim % num_heads != 0:
+            raise ValueError(f"cross-attention width {embed_dim} is not divisible by its {num_heads} heads")
+        self.embed_dim, self.kv_dim, self.num_heads = embed_dim, kv_dim, num_heads
+        self.head_dim = embed_dim // num_heads
+        self.scaling = self.head_dim ** -0.5
+        self.dropout = dropout
+        self.q_proj = nn.Linear(embed_dim, embed_dim)
+        self.k_proj = nn.Linear(kv_dim, embed_dim)
+        self.v_proj = nn.Linear(kv_dim, embed_dim)
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+        # Contract through the thin side when it is cheaper (see module docstring).
+        self.reassociate = num_heads * kv_dim < embed_dim
+        for proj in (self.q_proj, self.k_proj, self.v_proj):
+            nn.init.xavier_uniform_(proj.weight, gain=1 / math.sqrt(2))
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.constant_(self.out_proj.bias, 0.0)
+
+    def forward(self, query, kv, key_padding_mask):
+        len_q, batch, _ = query.shape
+        heads, head_dim = self.num_heads, self.head_dim
+        q = (self.q_proj(query) * self.scaling).view(len_q, batch, heads, head_dim).permute(1, 2, 0, 3)
+        kv_b = kv.transpose(0, 1)  # B x Lk x Ckv
+        if self.reassociate:
+            w_k = self.k_proj.weight.view(heads, head_dim, self.kv_dim)
+            q_k = torch.einsum("bhqd,hdc->bhqc", q, w_k)  # query mapped into the key input space
+            logits = torch.einsum("bhqc,bkc->bhqk", q_k, kv_b)
+        else:
+            k = self.k_proj(kv).view(-1, batch, heads, head_dim).permute(1, 2, 3, 0)  # B x H x d x Lk
+            logits = torch.matmul(q, k)
+        logits = _upcast(logits).masked_fill(key_padding_mask.view(batch, 1, 1, -1), float("-inf"))
+        weights = F.dropout(F.softmax(logits, dim=-1), p=self.dropout, training=self.training).to(q.dtype)
+        if self.reassociate:
+            context = torch.einsum("bhqk,bkc->bhqc", weights, kv_b)
+            w_v = self.v_proj.weight.view(heads, head_dim, self.kv_dim)
+            out = torch.einsum("bhqc,hdc->bhqd", context, w_v)
+            # the value bias is weighted by the (dropped-out) attention mass of each query
+            out = out + weights.sum(-1, keepdim=True) * self.v_proj.bias.view(1, heads, 1, head_dim)
+        else:
+            v = self.v_proj(kv).view(-1, batch, heads, head_dim).permute(1, 2, 0, 3)
+            out = torch.matmul(weights, v)
+        out = out.permute(2, 0, 1, 3).reshape(len_q, batch, self.embed_dim)
+        return self.out_proj(out)
+
+
 class CrossGranularityFusion(nn.Module):
     """One direction of fusion: ``receiver`` ('slow' or 'fast') reads the other branch.
 
@@ -68,8 +139,7 @@ class CrossGranularityFusion(nn.Module):
         self.other_layer_norm = nn.LayerNorm(other_dim)
         self.self_layer_norm = nn.LayerNorm(self_dim) if kind != "ds-sum" else None
         if kind == "cga":
-            self.attn = MultiheadAttention(self_dim, num_heads, kdim=other_dim, vdim=other_dim,
-                                           dropout=attention_dropout, encoder_decoder_attention=True)
+            self.attn = WidthChangingAttention(self_dim, other_dim, num_heads, attention_dropout)
         elif kind == "linear-attention":
             self.other_proj = nn.Linear(other_dim, self_dim)
             self.attn = MultiheadAttention(self_dim, num_heads, dropout=attention_dropout,
@@ -81,9 +151,10 @@ class CrossGranularityFusion(nn.Module):
 
     def forward(self, x_self, x_other, other_padding_mask, char_token_index):
         other = self.other_layer_norm(x_other)
-        if self.kind in ("cga", "linear-attention"):
-            if self.kind == "linear-attention":
-                other = self.other_proj(other)
+        if self.kind == "cga":
+            return self.attn(self.self_layer_norm(x_self), other, other_padding_mask)
+        if self.kind == "linear-attention":
+            other = self.other_proj(other)
             out, _ = self.attn(query=self.self_layer_norm(x_self), key=other, value=other,
                                key_padding_mask=other_padding_mask, need_weights=False)
             return out
