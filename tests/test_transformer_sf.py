@@ -326,84 +326,52 @@ def test_parameter_counts_match_paper_ratio_at_40k_vocab():
 
 # ----------------------------------------------------------------------------- toy corpus and CLIs
 import os  # noqa: E402
-import re  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 
+import e2e  # noqa: E402  (tests/e2e.py: the shared CLI helpers)
 from umst_plugin import toy  # noqa: E402
 from umst_plugin.data.word_boundaries import word_ids_from_pieces  # noqa: E402
 
-BIN = os.path.dirname(sys.executable)
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SF_TINY = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
+           "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128", "--encoder-attention-heads", "4",
+           "--decoder-attention-heads", "4", "--fast-embed-dim", "16", "--share-all-embeddings", "--dropout", "0.1"]
 
 
-@pytest.fixture(scope="module")
-def toy_data(tmp_path_factory):
-    """Toy corpus -> subword-nmt BPE -> fairseq-preprocess (joined dictionary)."""
-    raw = str(tmp_path_factory.mktemp("sf_toy"))
-    toy.write_toy_corpus(raw, seed=3, n_train=400, n_valid=40, n_test=20)
-    toy.bpe_toy_corpus(raw, merges=150)
-    data_bin = os.path.join(raw, "bin")
-    subprocess.run([os.path.join(BIN, "fairseq-preprocess"), "-s", toy.SRC, "-t", toy.TGT,
-                    "--trainpref", f"{raw}/train", "--validpref", f"{raw}/valid", "--testpref", f"{raw}/test",
-                    "--destdir", data_bin, "--joined-dictionary", "--workers", "1"],
-                   check=True, capture_output=True)
-    return raw, data_bin
-
-
-def test_char_table_round_trips_on_toy_corpus(toy_data):
-    raw, data_bin = toy_data
-    d = Dictionary.load(os.path.join(data_bin, f"dict.{toy.SRC}.txt"))
+def test_char_table_round_trips_on_toy_corpus(toy_raw, toy_databin):
+    d = Dictionary.load(os.path.join(toy_databin, f"dict.{toy.SRC}.txt"))
     table = CharTable.from_dictionary(d)
     assert table.style == "subword-nmt"
-    with open(os.path.join(raw, f"valid.{toy.SRC}"), encoding="utf-8") as f:
+    with open(os.path.join(toy_raw, f"valid.{toy.SRC}"), encoding="utf-8") as f:
         lines = [line.split() for line in f][:40]
     tokens = torch.full((len(lines), max(map(len, lines)) + 1), d.pad(), dtype=torch.long)
     for i, pieces in enumerate(lines):  # left-padded like LanguagePairDataset
         ids = [d.index(p) for p in pieces] + [d.eos()]
         tokens[i, tokens.size(1) - len(ids):] = torch.tensor(ids)
     cb = table(tokens)
+    assert sum(p.endswith("@@") for line in lines for p in line) > 0  # multi-piece words are exercised
     for i, pieces in enumerate(lines):
         words = " ".join(pieces).replace("@@ ", "").split()
-        assert table.decode_words(cb.chars[i].tolist()) == words + ["</s>"]
-        assert table.resegment(cb, i) == pieces + ["</s>"]
+        assert table.decode_words(cb.chars[i].tolist()) == words + ["</s>"]  # chars -> words
+        assert table.resegment(cb, i) == pieces + ["</s>"]  # chars -> subwords
         # A_s groups equal the task's src_word_ids rule on text
         real = cb.token_word_ids[i][tokens[i] != d.pad()].tolist()
         assert real == word_ids_from_pieces(pieces) + [len(words) + 1]
 
 
-def _run(cmd, **kw):
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, **kw)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout + proc.stderr
-
-
 @pytest.mark.slow
-def test_trains_generates_interacts_on_toy_corpus(toy_data, tmp_path):
-    raw, data_bin = toy_data
+def test_trains_generates_interacts_on_toy_corpus(toy_raw, toy_databin, tmp_path):
     save = str(tmp_path / "ckpt")
-    log = _run([os.path.join(BIN, "fairseq-train"), data_bin, "--user-dir", "umst_plugin", "--task", "translation",
-                "--arch", "transformer_sf_base", "--encoder-layers", "2", "--decoder-layers", "2",
-                "--encoder-embed-dim", "64", "--decoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128",
-                "--decoder-ffn-embed-dim", "128", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
-                "--fast-embed-dim", "16", "--share-all-embeddings", "--optimizer", "adam",
-                "--adam-betas", "(0.9, 0.997)", "--lr", "0.003", "--lr-scheduler", "inverse_sqrt",
-                "--warmup-updates", "30", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-                "--max-tokens", "2000", "--max-epoch", "6", "--save-dir", save, "--no-epoch-checkpoints",
-                "--log-format", "simple", "--log-interval", "1", "--seed", "1", "--num-workers", "0",
-                "--dropout", "0.1"],
-               env={**os.environ, "OMP_NUM_THREADS": "1"})
-    losses = [float(m) for m in re.findall(r"\| train \|.* loss ([0-9.]+)", log)]
-    assert len(losses) == 6 and losses[-1] < losses[0] - 1.0, losses
-    ckpt = os.path.join(save, "checkpoint_best.pt")
-    gen = _run([os.path.join(BIN, "fairseq-generate"), data_bin, "--user-dir", "umst_plugin", "--path", ckpt,
-                "--beam", "4", "--batch-size", "16", "--remove-bpe", "--scoring", "sacrebleu"])
-    assert re.search(r"BLEU = [0-9.]+", gen), gen[-2000:]
-    with open(os.path.join(raw, f"test.{toy.SRC}"), encoding="utf-8") as f:
-        inputs = "".join(f.readlines()[:3])
-    out = _run([os.path.join(BIN, "fairseq-interactive"), data_bin, "--user-dir", "umst_plugin", "--path", ckpt,
-                "--beam", "2", "-s", toy.SRC, "-t", toy.TGT, "--remove-bpe"], input=inputs)
-    assert len(re.findall(r"^H-\d+\t", out, flags=re.M)) == 3, out[-2000:]
+    log = e2e.train(toy_databin, save, "transformer_sf_base", *SF_TINY, "--adam-betas", "(0.9, 0.997)",
+                    max_update=40, lr="3e-3")
+    losses = e2e.train_losses(log)
+    assert len(losses) >= 3 and losses[-1] < losses[0] - 1.0, losses
+    ckpt = os.path.join(save, "checkpoint_last.pt")
+    # the checkpoint is self-contained: both the side-data task and plain translation can decode with it
+    for task in ("multiscale_translation", "translation"):
+        e2e.bleu_line(e2e.generate(toy_databin, ckpt, task=task))
+    with open(os.path.join(toy_raw, f"test.{toy.SRC}"), encoding="utf-8") as f:
+        lines = [line.strip() for line in f][:3]
+    out = e2e.interactive(toy_databin, ckpt, lines, task="translation")
+    assert len(e2e.hypotheses(out)) == 3, out[-2000:]
 
 
 @pytest.mark.parametrize("kv_dim,heads", [(8, 2), (64, 4)])

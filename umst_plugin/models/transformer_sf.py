@@ -83,6 +83,16 @@ class TransformerSlowFastModel(TransformerModel):
     def build_encoder(cls, args, src_dict, embed_tokens):
         return SlowFastEncoder(args, src_dict, embed_tokens)
 
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,
+                features_only: bool = False, alignment_layer=None, alignment_heads=None, **side_inputs):
+        """fairseq's encoder-decoder forward, also accepting (and passing on) the side inputs that
+        multiscale_translation puts in net_input; the Slow-Fast encoder derives its own and ignores them."""
+        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens,
+                                   **side_inputs)
+        return self.decoder(prev_output_tokens, encoder_out=encoder_out, features_only=features_only,
+                            alignment_layer=alignment_layer, alignment_heads=alignment_heads,
+                            src_lengths=src_lengths, return_all_hiddens=return_all_hiddens)
+
 
 def slowfast_config_from_args(args):
     return SlowFastConfig(
