@@ -15,6 +15,10 @@ ARCH_CASES = [
     pytest.param("transformer", TINY_TRANSFORMER, id="transformer"),
     pytest.param("transformer", {**TINY_TRANSFORMER, "encoder_normalize_before": True,
                                  "decoder_normalize_before": True}, id="transformer-prenorm"),
+    pytest.param("transformer_sf_base", {**TINY_TRANSFORMER, "fast_embed_dim": 8, "fast_ffn_embed_dim": 16,
+                                         "fast_attention_heads": 2}, id="transformer_sf_base"),
+    pytest.param("transformer_sf_big", {**TINY_TRANSFORMER, "fast_embed_dim": 8, "fast_ffn_embed_dim": 16,
+                                        "fast_attention_heads": 2, "dropout": 0.3}, id="transformer_sf_big"),
 ]
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
