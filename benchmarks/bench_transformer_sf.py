@@ -3,9 +3,10 @@
 Slow-only baseline = fairseq ``transformer_wmt_en_de`` / ``transformer_vaswani_wmt_en_de_big`` with the
 same pre-norm setting, built in the same run from the same 40K shared dictionary.
 
-    python benchmarks/bench_transformer_sf.py                 # everything, CPU-friendly sizes
+    python benchmarks/bench_transformer_sf.py                       # params, FLOPs, speed+memory (base)
     python benchmarks/bench_transformer_sf.py --only params flops
-    python benchmarks/bench_transformer_sf.py --time-batch 16 --src-len 25 --repeats 5
+    python benchmarks/bench_transformer_sf.py --only speed --batch 16 --src-len 25 --iters 3
+    python benchmarks/bench_transformer_sf.py --only speed --device cuda --batch 64 --size big
 
 Paper figures: params 66M vs 63M (table 1), table 4a widths 16..256 -> 66.6/66.9/67.6/69.7/76.1M vs 63.1M;
 FLOPs 1.1G -> 1.4G (base), 3.9G -> 5.0G (big) (table 8, sentence length not stated); +15% training cost.
@@ -15,19 +16,17 @@ import json
 import os
 import random
 import re
-import resource
-import statistics
-import subprocess
 import sys
-import time
 
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import common  # noqa: E402  (benchmarks/common.py)
 import umst_plugin  # noqa: E402,F401
 from fairseq import options  # noqa: E402
+from umst_plugin import dev  # noqa: E402
 from fairseq.data import Dictionary  # noqa: E402
 from fairseq.tasks.translation import TranslationTask  # noqa: E402
 
@@ -145,97 +144,97 @@ def bench_flops(d, src_len, tgt_len):
     return rows
 
 
-def _train_step_time(model, d, batch, src_len, tgt_len, repeats, warmup=2):
-    model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    src, lengths, prev, target = sample(d, batch, src_len, tgt_len)
-    times = []
-    for i in range(warmup + repeats):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        logits, _ = model(src, lengths, prev)
-        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)).float(), target.view(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def _fixed_length_sample(task, batch, src_len, tgt_len, device):
+    dataset = dev.random_dataset(task, batch, src_len, tgt_len, seed=0, min_len=src_len)
+    sample_ = dev.collate(dataset, range(batch))
+    for key in ("src_word_ids", "src_word_heads"):  # neither model reads side data (plain translation)
+        sample_["net_input"].pop(key, None)
+    return dev.move_sample(sample_, device)
 
 
-def bench_time(d, batch, src_len, tgt_len, repeats, size="base"):
-    """Alternate the two models several rounds so load on the shared CPU hits both alike."""
+def bench_speed_memory(d, batch, src_len, tgt_len, iters, warmup, device, size="base", rounds=3):
+    """Train step (forward + backward) time, generation time (beam 4) and peak memory of one train
+    step, TranSFormer vs slow-only, on the same fixed-length batch. Timing alternates the two models
+    for ``rounds`` rounds and keeps each model's best median, so load on a shared CPU hits both alike."""
     sf_arch, base_arch = PAIRS[size]
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    models = {"transformer_sf": build(sf_arch, d).to(device), "slow_only": build(base_arch, d).to(device)}
-    d_dev = d
-    samples = {name: [] for name in models}
-    for _ in range(3):
-        for name, model in models.items():
-            samples[name].append(_train_step_time(model, d_dev, batch, src_len, tgt_len, repeats))
-    sf, base = min(samples["transformer_sf"]), min(samples["slow_only"])
-    src, *_ = sample(d, batch, src_len, tgt_len)
-    return {"device": device, "batch": batch, "src_len": src_len, "tgt_len": tgt_len,
-            "char_len": char_length(models["transformer_sf"], src),
-            "transformer_sf_s": sf, "slow_only_s": base, "ratio": sf / base, "paper_ratio": 1.15}
-
-
-def _peak_memory_child(arch, batch, src_len, tgt_len):
-    d = synthetic_dictionary()
-    model = build(arch, d)
-    src, lengths, prev, target = sample(d, batch, src_len, tgt_len)
-    model.train()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    logits, _ = model(src, lengths, prev)
-    torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), target.view(-1)).backward()
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"peak_rss_mb": after / 1024, "step_rss_increase_mb": (after - before) / 1024}))
-
-
-def bench_memory(batch, src_len, tgt_len, size="base"):
-    """CPU: peak RSS of one forward+backward in a fresh process (ru_maxrss), model included."""
-    out = {}
-    for name, arch in zip(("transformer_sf", "slow_only"), PAIRS[size]):
-        proc = subprocess.run([sys.executable, __file__, "--memory-child", arch, str(batch), str(src_len),
-                               str(tgt_len)], capture_output=True, text=True, check=True,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
-        out[name] = json.loads(proc.stdout.strip().splitlines()[-1])
-    out["ratio_step_increase"] = out["transformer_sf"]["step_rss_increase_mb"] / out["slow_only"]["step_rss_increase_mb"]
-    out.update(batch=batch, src_len=src_len, tgt_len=tgt_len)
-    return out
+    built = {}
+    for name, arch in (("transformer_sf", sf_arch), ("slow_only", base_arch)):
+        model, task = dev.build_model(arch, {**PRE_NORM, "share_all_embeddings": True}, task="translation",
+                                      dictionary=d)
+        built[name] = (model.to(device), task)
+    sample_ = _fixed_length_sample(built["slow_only"][1], batch, src_len, tgt_len, device)
+    step_times = {name: [] for name in built}
+    gen_times = {name: [] for name in built}
+    for _ in range(rounds):
+        for name, (model, task) in built.items():
+            model.train()
+            step_times[name].append(common.median_time(common.train_step_fn(model, sample_), iters, warmup, device))
+            model.eval()
+            gen, _ = common.generate_fn(model, task, sample_, beam=4, max_len_b=10)
+            gen_times[name].append(common.median_time(gen, max(1, iters // 2), 1, device))
+    memory = {}
+    for name, (model, _) in built.items():
+        model.train()
+        memory[name] = common.peak_memory(common.train_step_fn(model, sample_), device) / 2 ** 20
+    sf_model = built["transformer_sf"][0]
+    char_len = int(sf_model.encoder.char_table(sample_["net_input"]["src_tokens"]).chars.size(1))
+    step = {k: min(v) for k, v in step_times.items()}
+    gen = {k: min(v) for k, v in gen_times.items()}
+    return {
+        "device": str(device), "threads": torch.get_num_threads(), "batch": batch, "src_len": src_len,
+        "tgt_len": tgt_len, "char_len": char_len,
+        "train_step_s": step, "train_step_ratio": step["transformer_sf"] / step["slow_only"],
+        "paper_train_ratio": 1.15,
+        "generate_s": gen, "generate_ratio": gen["transformer_sf"] / gen["slow_only"],
+        "peak_train_step_MiB": memory, "memory_ratio": memory["transformer_sf"] / memory["slow_only"],
+    }
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", nargs="*", default=["params", "flops", "time", "memory"])
+    parser = common.base_argparser(__doc__)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--only", nargs="*", default=["params", "flops", "speed"])
     parser.add_argument("--src-len", type=int, default=25, help="source/target subwords per sentence")
-    parser.add_argument("--time-batch", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--memory-child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, default=16, help="sentences per train step / generate call")
+    parser.add_argument("--size", choices=tuple(PAIRS), default="base", help="model size for the speed section")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    if args.memory_child:
-        arch, batch, src_len, tgt_len = args.memory_child
-        _peak_memory_child(arch, int(batch), int(src_len), int(tgt_len))
-        return
+    if args.threads is None and args.device == "cpu":
+        args.threads = 1  # the shared 2-core box; pass --threads to change
+    common.setup(args)
     d = synthetic_dictionary()
     results = {}
     if "params" in args.only:
-        results["params"] = bench_params(d)
-        print(json.dumps({"params": results["params"]}, indent=1), flush=True)
+        p = results["params"] = bench_params(d)
+        common.print_table("Parameters at a 40K shared vocabulary (paper: 66M vs 63M, ratio 1.048)",
+                           ["size", "transformer_sf", "slow-only", "ratio", "ratio / paper ratio"],
+                           [[k, p[k]["transformer_sf"], p[k]["slow_only"], p[k]["ratio"],
+                             p[k].get("ratio_vs_paper", "-")] for k in PAIRS])
+        common.print_table("Fast width (table 4a): added parameters vs slow-only",
+                           ["H_f", "params", "added (M)", "paper added (M)"],
+                           [[w, v["params"], v["delta_vs_slow_only_M"], v["paper_delta_M"]]
+                            for w, v in p["width_4a"].items()])
     if "flops" in args.only:
-        results["flops"] = bench_flops(d, args.src_len, args.src_len)
-        print(json.dumps({"flops": results["flops"]}, indent=1), flush=True)
-    if "time" in args.only:
-        results["time"] = bench_time(d, args.time_batch, args.src_len, args.src_len, args.repeats)
-        print(json.dumps({"time": results["time"]}, indent=1), flush=True)
-    if "memory" in args.only:
-        results["memory"] = bench_memory(args.time_batch, args.src_len, args.src_len)
-        print(json.dumps({"memory": results["memory"]}, indent=1), flush=True)
+        f = results["flops"] = bench_flops(d, args.src_len, args.src_len)
+        common.print_table(f"Forward FLOPs, one sentence of {args.src_len} subwords (table 8)",
+                           ["size", "chars", "slow-only enc G", "sf enc G", "enc ratio", "paper ratio",
+                            "slow-only full G", "sf full G", "full ratio", "fast branch G", "slow CGA G"],
+                           [[k, v["char_len"], v["slow_only_encoder_G"], v["transformer_sf_encoder_G"],
+                             v["encoder_ratio"], v["paper_ratio"], v["slow_only_full_G"],
+                             v["transformer_sf_full_G"], v["full_ratio"], v["fast_branch_G"], v["slow_cga_G"]]
+                            for k, v in f.items()])
+    if "speed" in args.only:
+        t = results["speed"] = bench_speed_memory(d, args.batch, args.src_len, args.src_len, args.iters,
+                                                  args.warmup, args.device, args.size)
+        common.print_table(
+            f"{args.size}: train step / generate (beam 4) / peak train-step memory, batch {args.batch} x "
+            f"{args.src_len} subwords ({t['char_len']} chars), {t['device']}, {t['threads']} thread(s)",
+            ["model", "train step s", "generate s", "peak MiB"],
+            [[k, t["train_step_s"][k], t["generate_s"][k], t["peak_train_step_MiB"][k]]
+             for k in ("transformer_sf", "slow_only")]
+            + [["ratio", t["train_step_ratio"], t["generate_ratio"], t["memory_ratio"]]])
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=1, default=str)
 
 
 if __name__ == "__main__":
