@@ -383,7 +383,7 @@ def test_width_changing_attention_equals_standard_attention(kv_dim, heads):
 
     torch.manual_seed(0)
     attn = WidthChangingAttention(32, kv_dim, heads, dropout=0.2).double()
-    assert attn.reassociate == (heads * kv_dim < 32)
+    assert attn.reassociate == (heads * kv_dim <= 32)
     ref = MultiheadAttention(32, heads, kdim=kv_dim, vdim=kv_dim, encoder_decoder_attention=True).double().eval()
     for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
         getattr(ref, name).load_state_dict(getattr(attn, name).state_dict())
@@ -400,3 +400,9 @@ def test_width_changing_attention_equals_standard_attention(kv_dim, heads):
     attn.reassociate = not attn.reassociate
     torch.manual_seed(5)
     torch.testing.assert_close(attn(query, kv, mask), a)
+    # every parameter is on the gradient path in both orders (DDP with find_unused_parameters=False)
+    for order in (True, False):
+        attn.reassociate = order
+        attn.zero_grad(set_to_none=True)
+        attn(query, kv, mask).sum().backward()
+        assert all(p.grad is not None for p in attn.parameters())

@@ -23,10 +23,10 @@ Efficiency of CGA: when the receiver is the slow branch, the keys/values are the
 ~5x longer, 16x thinner character states. Projecting them up to H_s
 (L_f x H_f x H_s per map) is the bulk of TranSFormer's extra cost (paper 4.3,
 "upsampling ... within the cross-granularity attention"). ``WidthChangingAttention``
-computes the *same* function in the cheaper order when ``heads * H_kv < H_q``:
+computes the *same* function in the cheaper order when ``heads * H_kv <= H_q``:
 per head, q_h (x̂ W^k_h)^T = (q_h W^k_h) x̂^T and A (x̂ W^v_h + b^v_h) =
-(A x̂) W^v_h + (A 1) b^v_h; the key bias adds a per-query constant, which softmax
-ignores. Nothing of length L_f x H_s is formed. The order is fixed per module
+(A x̂) W^v_h + (A 1) b^v_h; the key bias adds a per-query constant (kept, though
+softmax ignores it). Nothing of length L_f x H_s is formed. The order is fixed per module
 (not per batch), so results never depend on batch composition.
 """
 import math
@@ -90,7 +90,7 @@ class WidthChangingAttention(nn.Module):
         self.v_proj = nn.Linear(kv_dim, embed_dim)
         self.out_proj = nn.Linear(embed_dim, embed_dim)
         # Contract through the thin side when it is cheaper (see module docstring).
-        self.reassociate = num_heads * kv_dim < embed_dim
+        self.reassociate = num_heads * kv_dim <= embed_dim
         for proj in (self.q_proj, self.k_proj, self.v_proj):
             nn.init.xavier_uniform_(proj.weight, gain=1 / math.sqrt(2))
         nn.init.xavier_uniform_(self.out_proj.weight)
@@ -105,10 +105,14 @@ class WidthChangingAttention(nn.Module):
             w_k = self.k_proj.weight.view(heads, head_dim, self.kv_dim)
             q_k = torch.einsum("bhqd,hdc->bhqc", q, w_k)  # query mapped into the key input space
             logits = torch.einsum("bhqc,bkc->bhqk", q_k, kv_b)
+            # q_h . b^k_h is the same for every key, so softmax ignores it; adding it keeps the exact
+            # function and gives k_proj.bias its (zero) gradient, as DDP needs every parameter used.
+            logits = logits + (q * self.k_proj.bias.view(1, heads, 1, head_dim)).sum(-1, keepdim=True)
         else:
             k = self.k_proj(kv).view(-1, batch, heads, head_dim).permute(1, 2, 3, 0)  # B x H x d x Lk
             logits = torch.matmul(q, k)
-        logits = _upcast(logits).masked_fill(key_padding_mask.view(batch, 1, 1, -1), float("-inf"))
+        logits = _upcast(logits)
+        logits.masked_fill_(key_padding_mask.view(batch, 1, 1, -1), float("-inf"))  # fresh tensor: in place
         weights = F.dropout(F.softmax(logits, dim=-1), p=self.dropout, training=self.training).to(q.dtype)
         if self.reassociate:
             context = torch.einsum("bhqk,bkc->bhqc", weights, kv_b)
