@@ -107,7 +107,7 @@ class WidthChangingAttention(nn.Module):
             logits = torch.einsum("bhqc,bkc->bhqk", q_k, kv_b)
             # q_h . b^k_h is the same for every key, so softmax ignores it; adding it keeps the exact
             # function and gives k_proj.bias its (zero) gradient, as DDP needs every parameter used.
-            logits = logits + (q * self.k_proj.bias.view(1, heads, 1, head_dim)).sum(-1, keepdim=True)
+            logits += (q * self.k_proj.bias.view(1, heads, 1, head_dim)).sum(-1, keepdim=True)  # fresh tensor
         else:
             k = self.k_proj(kv).view(-1, batch, heads, head_dim).permute(1, 2, 3, 0)  # B x H x d x Lk
             logits = torch.matmul(q, k)
