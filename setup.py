@@ -39,6 +39,7 @@ setup(
         "console_scripts": [
             "umst-preprocess=umst_plugin.preprocess.cli:main",
             "umst-toy-corpus=umst_plugin.toy:main",
+            "umst-average-checkpoints=umst_plugin.average_checkpoints:main",
         ],
     },
 )

@@ -20,7 +20,7 @@ def test_generate_prints_sacrebleu(toy_databin, transformer_checkpoint):
     out = e2e.generate(toy_databin, transformer_checkpoint)
     line = e2e.bleu_line(out)
     assert "BLEU" in line
-    assert f"Translated {40} sentences" in out.replace(",", "")
+    assert f"Translated {37} sentences" in out.replace(",", "")
 
 
 def test_interactive_on_raw_lines(toy_raw, toy_databin, transformer_checkpoint):

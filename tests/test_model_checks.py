@@ -19,6 +19,9 @@ ARCH_CASES = [
                                          "fast_attention_heads": 2}, id="transformer_sf_base"),
     pytest.param("transformer_sf_big", {**TINY_TRANSFORMER, "fast_embed_dim": 8, "fast_ffn_embed_dim": 16,
                                         "fast_attention_heads": 2, "dropout": 0.3}, id="transformer_sf_big"),
+    pytest.param("msc_iwslt_de_en", dict(encoder_blocks=2, encoder_layers_per_block=2, **{k: v for k, v in TINY_TRANSFORMER.items() if k not in ("encoder_layers", "decoder_layers")}), id="msc_iwslt_de_en"),
+    pytest.param("msc_base", dict(encoder_blocks=2, encoder_layers_per_block=2, msc_fusion="add", context_cell="ffn", **{k: v for k, v in TINY_TRANSFORMER.items() if k not in ("encoder_layers", "decoder_layers")}), id="msc_base-add-ffn"),
+    pytest.param("msc_big", dict(encoder_blocks=2, encoder_layers_per_block=2, no_block_collaboration=True, no_context_attention=True, **{k: v for k, v in TINY_TRANSFORMER.items() if k not in ("encoder_layers", "decoder_layers")}), id="msc_big-noblock-noctxattn"),
 ]
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]

@@ -52,7 +52,7 @@ def test_line_count_mismatch(workspace):
     raw, databin = workspace
     with open(os.path.join(raw, "test.kel"), "a", encoding="utf-8") as f:
         f.write("se iso talo\n")
-    assert_clean_failure(raw, databin, "test.kel:41:", "test.kel.conllu ended before this line")
+    assert_clean_failure(raw, databin, "test.kel:38:", "test.kel.conllu ended before this line")
 
 
 def test_words_vs_parse_mismatch(workspace):

@@ -6,12 +6,15 @@ side data is checked token by token against the binarized source::
     fairseq-preprocess --source-lang en --target-lang de --trainpref bpe/train \\
         --validpref bpe/valid --testpref bpe/test --destdir data-bin --joined-dictionary
     umst-preprocess --source-lang en --target-lang de --trainpref bpe/train \\
-        --validpref bpe/valid --testpref bpe/test --destdir data-bin --parser conllu
+        --validpref bpe/valid --testpref bpe/test --destdir data-bin --parser stanza
 
 Input per split: the BPE source ``{pref}.{src}`` and, for ``--parser conllu``, its
-parse ``{pref}.{src}{--conllu-suffix}``. Output: see ``sidefiles``.
+parse ``{pref}.{src}{--conllu-suffix}``. Output: see ``sidefiles``. Model parsers
+run in resumable chunks (``chunks``); ``--shard I/N`` parses one part of every
+split and ``--merge-shards N`` joins the parts (see docs/preprocessing.md).
 """
 import argparse
+import collections
 import logging
 import os
 import sys
@@ -19,13 +22,27 @@ import time
 
 from umst_plugin.data.word_boundaries import SCHEMES, detect_scheme
 from umst_plugin.preprocess import parsers
+from umst_plugin.preprocess.chunks import DEFAULT_WORK_ROOT, ChunkedParse, shard_range
 from umst_plugin.preprocess.conllu_reader import read_conllu
-from umst_plugin.preprocess.errors import SideDataError
-from umst_plugin.preprocess.sidefiles import (AtomicWriter, check_against_binarized, collect_split,
-                                              side_prefix, write_split)
-from umst_plugin.preprocess.text import parser_words, read_bpe_lines
+from umst_plugin.preprocess.errors import ParserSetupError, SideDataError
+from umst_plugin.preprocess.sidefiles import (HEADS, LABELS, AtomicWriter, ParseArrays, check_against_binarized,
+                                              check_parses, parses_from_conllu, read_parse_text, side_prefix,
+                                              write_parse_text, write_split)
+from umst_plugin.preprocess.text import count_lines, read_bpe_lines, scan_bpe
 
 logger = logging.getLogger("umst_plugin.preprocess")
+
+MODEL_PARSERS = ("stanza", "spacy")
+
+
+def shard_spec(value):
+    try:
+        i, n = (int(x) for x in value.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shard {value!r}: expected I/N with integers, e.g. 2/8") from None
+    if not 1 <= i <= n:
+        raise argparse.ArgumentTypeError(f"--shard {value!r}: expected 1 <= I <= N")
+    return i, n
 
 
 def get_parser():
@@ -40,10 +57,14 @@ def get_parser():
     p.add_argument("--testpref", help="comma-separated test prefixes (test, test1, ...)")
     p.add_argument("--destdir", default="data-bin", help="fairseq data-bin directory to write the binarized "
                    "side data into (default: data-bin)")
-    p.add_argument("--text-dir", default=None, help="where the text side files go (default: --destdir)")
-    p.add_argument("--parser", default="conllu", choices=sorted(set(parsers.BACKENDS) | {"conllu"}),
-                   help="where heads come from: conllu = read {pref}.{src}{--conllu-suffix}; "
-                   "none = fallback graph without edges; model backends parse the words (default: conllu)")
+    p.add_argument("--text-dir", default=None, help="where the text side files (and shard outputs) go "
+                   "(default: --destdir)")
+    p.add_argument("--parser", default="auto", choices=["auto", "conllu"] + sorted(parsers.BACKENDS),
+                   help="where heads come from: stanza = stanza Pipeline (the default parser); spacy = a spaCy "
+                   "pipeline; conllu = read {pref}.{src}{--conllu-suffix}; none = fallback graph without edges; "
+                   "auto = conllu when every split has its CoNLL-U file, else stanza (default: auto)")
+    p.add_argument("--parser-model", default=None, help="model for the parser: a stanza language code or a "
+                   "spaCy pipeline name/path (same as the task's --source-parser-model)")
     p.add_argument("--conllu-suffix", default=".conllu", help="suffix of the CoNLL-U parse files after "
                    "{pref}.{src} (default: .conllu)")
     p.add_argument("--bpe", default="auto", choices=("auto",) + SCHEMES,
@@ -53,6 +74,28 @@ def get_parser():
                    "not that the CoNLL-U forms equal the words rebuilt from the BPE text")
     p.add_argument("--no-check-binarized", action="store_true", help="do not require fairseq-preprocess output "
                    "in --destdir (the task still checks alignment when it loads the data)")
+    g = p.add_argument_group("scale and resume (model parsers)")
+    g.add_argument("--device", default="auto", help="device for model parsers: auto (GPU when available), cpu, "
+                   "cuda, cuda:1 ... (default: auto)")
+    g.add_argument("--batch-size", type=int, default=256, help="sentences per parser call (default: 256)")
+    g.add_argument("--batch-tokens", type=int, default=0, help="also cap the words per parser call (0 = no cap; "
+                   "stanza additionally uses it, or 5000, as its internal pos/depparse batch size)")
+    g.add_argument("--max-words", type=int, default=0, help="sentences with more words get the fallback graph "
+                   "instead of a parse (0 = parse all; default: 0)")
+    g.add_argument("--workers", type=int, default=1, help="parser processes (CPU parsing; each loads its own "
+                   "model; default: 1)")
+    g.add_argument("--chunk-size", type=int, default=5000, help="sentences per resumable chunk (default: 5000); "
+                   "keep it the same across the shards of one split")
+    g.add_argument("--work-dir", default=None, help="where finished chunks are kept until the split is written "
+                   "(default: {text-dir}/.umst-work)")
+    g.add_argument("--shard", type=shard_spec, default=None, metavar="I/N",
+                   help="parse only part I of N (1-based) of every split and write "
+                   "{text-dir}/{split}.{src}.shard{I}of{N}.heads/.labels; join with --merge-shards N")
+    g.add_argument("--merge-shards", type=int, default=None, metavar="N",
+                   help="concatenate the N shard outputs of every split in order, check them line by line "
+                   "against the BPE source and write the side files")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--stop-after-chunks", type=int, default=None, help=argparse.SUPPRESS)  # tests: interrupt
     for backend in parsers.BACKENDS.values():
         backend.add_args(p)
     return p
@@ -76,54 +119,153 @@ def sniff_scheme(path):
     return detect_scheme([])
 
 
-def parses_for(args, backend, pref, bpe_path, scheme):
-    """(iterable of parses, name of their source) for one split."""
-    if args.parser == "conllu":
-        path = f"{pref}.{args.source_lang}{args.conllu_suffix}"
-        if not os.path.exists(path):
-            raise SideDataError(path, None, "no such CoNLL-U file; expected the parse of "
-                                f"{bpe_path} (or choose another --parser)")
-        return read_conllu(path), path
-    sentences = [parser_words(pieces, scheme) for _, pieces in read_bpe_lines(bpe_path)]
-    return backend.parse(sentences), f"parser {args.parser!r}"
+def resolve_parser(args, splits):
+    if args.parser != "auto":
+        return args.parser
+    if all(os.path.exists(f"{pref}.{args.source_lang}{args.conllu_suffix}") for _, pref in splits):
+        return "conllu"
+    return "stanza"
 
 
-def run(args):
-    src, tgt = args.source_lang, args.target_lang
-    splits = splits_from_args(args)
-    if not splits:
-        raise SystemExit("umst-preprocess: give at least one of --trainpref, --validpref, --testpref")
-    os.makedirs(args.destdir, exist_ok=True)
-    text_dir = args.text_dir or args.destdir
-    os.makedirs(text_dir, exist_ok=True)
-    backend = None if args.parser == "conllu" else parsers.build_backend(args.parser, args)
-    writer = AtomicWriter()
-    start = time.time()
-    try:
-        for split, pref in splits:
-            bpe_path = f"{pref}.{src}"
-            if not os.path.exists(bpe_path):
-                raise SideDataError(bpe_path, None, "no such file; expected the BPE source text of split "
-                                    f"{split!r}")
-            scheme = sniff_scheme(bpe_path) if args.bpe == "auto" else args.bpe
-            parses, parse_source = parses_for(args, backend, pref, bpe_path, scheme)
-            data = collect_split(bpe_path, parses, scheme, parse_source,
-                                 check_forms=args.parser == "conllu" and not args.no_check_forms)
-            bin_prefix = side_prefix(args.destdir, split, src, tgt)
-            checked = check_against_binarized(data, bin_prefix, bpe_path)
+def shard_paths(text_dir, split, src, shard, n_shards):
+    base = os.path.join(text_dir, f"{split}.{src}.shard{shard}of{n_shards}")
+    return f"{base}.{HEADS}", f"{base}.{LABELS}"
+
+
+class Summary:
+    def __init__(self):
+        self.sentences = self.words = self.subwords = 0
+        self.fallbacks = collections.Counter()
+        self.start = time.time()
+
+    def add(self, scan, parses):
+        self.sentences += len(scan)
+        self.words += int(scan.n_words.sum())
+        self.subwords += len(scan.word_ids)
+        self.fallbacks.update(parses.fallbacks)
+
+    def line(self):
+        took = time.time() - self.start
+        n_fb = sum(self.fallbacks.values())
+        why = f" ({', '.join(f'{k}: {v}' for k, v in sorted(self.fallbacks.items()))})" if n_fb else ""
+        return (f"summary: {self.sentences} sentences, {self.words} words, {self.subwords} subwords, "
+                f"{n_fb} fallback graphs{why}, {took:.1f}s ({self.sentences / max(took, 1e-9):.0f} sentences/s)")
+
+
+class Run:
+    def __init__(self, args):
+        self.args = args
+        self.src, self.tgt = args.source_lang, args.target_lang
+        self.text_dir = args.text_dir or args.destdir
+        self.writer = AtomicWriter()
+        self.summary = Summary()
+        self.chunked = []
+
+    def progress(self, split):
+        from tqdm import tqdm
+
+        def make(total, initial=0):
+            return tqdm(total=total, initial=initial, unit="sent", desc=f"parsing {split}", mininterval=1.0,
+                        smoothing=0.05, disable=self.args.no_progress, dynamic_ncols=True)
+        return make
+
+    def parses(self, split, pref, bpe_path, scheme, scan, start, stop):
+        args = self.args
+        if args.parser == "conllu":
+            path = f"{pref}.{self.src}{args.conllu_suffix}"
+            if not os.path.exists(path):
+                raise SideDataError(path, None, "no such CoNLL-U file; expected the parse of "
+                                    f"{bpe_path} (or choose another --parser)")
+            return parses_from_conllu(bpe_path, read_conllu(path), path, scheme,
+                                      check_forms=not args.no_check_forms, start=start, stop=stop)
+        if args.parser == "none":
+            return ParseArrays.fallback(scan.n_words, source="--parser none")
+        work_root = args.work_dir or os.path.join(self.text_dir, DEFAULT_WORK_ROOT)
+        chunked = ChunkedParse(args, bpe_path, scheme, start, stop, os.path.join(work_root, f"{split}.{self.src}"))
+        self.chunked.append(chunked)
+        return chunked.run(self.progress(split))
+
+    def split(self, split, pref):
+        args = self.args
+        bpe_path = f"{pref}.{self.src}"
+        if not os.path.exists(bpe_path):
+            raise SideDataError(bpe_path, None, f"no such file; expected the BPE source text of split {split!r}")
+        scheme = sniff_scheme(bpe_path) if args.bpe == "auto" else args.bpe
+        if args.shard:
+            shard, n_shards = args.shard
+            start, stop = shard_range(count_lines(bpe_path), args.chunk_size, shard, n_shards)
+        else:
+            start, stop = 0, None
+        scan = scan_bpe(bpe_path, scheme, start, stop)
+        stop = start + len(scan)
+        if args.merge_shards:
+            parses = self.merged_shards(split, scan)
+        else:
+            parses = self.parses(split, pref, bpe_path, scheme, scan, start, stop)
+            check_parses(scan, parses)
+        if args.shard:
+            heads_path, _ = shard_paths(self.text_dir, split, self.src, *args.shard)
+            write_parse_text(self.writer, heads_path[:-len(HEADS) - 1], parses)
+            where = f"lines {start + 1}-{stop} -> {heads_path}"
+        else:
+            bin_prefix = side_prefix(args.destdir, split, self.src, self.tgt)
+            checked = check_against_binarized(scan, bin_prefix, bpe_path)
             if not checked and not args.no_check_binarized:
                 raise SideDataError(bin_prefix + ".bin", None, "binarized source not found; run "
                                     "fairseq-preprocess first with the same prefixes and --destdir, or pass "
                                     "--no-check-binarized")
-            write_split(writer, data, os.path.join(text_dir, f"{split}.{src}"), bin_prefix)
-            n_words = sum(data.head_sizes)
-            logger.info(f"{split}: {len(data)} sentences, {n_words} words, {len(data.word_ids)} subwords "
-                        f"({scheme}; heads from {parse_source})")
-        writer.commit()
-    except BaseException:
-        writer.abort()
-        raise
-    logger.info(f"done in {time.time() - start:.1f}s; side data in {args.destdir}")
+            write_split(self.writer, scan, parses, os.path.join(self.text_dir, f"{split}.{self.src}"), bin_prefix)
+            where = args.destdir
+        self.summary.add(scan, parses)
+        n_fb = sum(parses.fallbacks.values())
+        logger.info(f"{split}: {len(scan)} sentences, {int(scan.n_words.sum())} words, {len(scan.word_ids)} "
+                    f"subwords, {n_fb} fallback graphs ({scheme}; heads from {parses.source}; {where})")
+
+    def merged_shards(self, split, scan):
+        n = self.args.merge_shards
+        parts, offset = [], 0
+        for shard in range(1, n + 1):
+            heads_path, labels_path = shard_paths(self.text_dir, split, self.src, shard, n)
+            for path in (heads_path, labels_path):
+                if not os.path.exists(path):
+                    raise SideDataError(path, None, f"shard {shard} of {n} missing; expected the output of "
+                                        f"umst-preprocess ... --shard {shard}/{n} (copied into {self.text_dir})")
+            part = read_parse_text(heads_path, labels_path)
+            if offset + len(part) > len(scan):
+                raise SideDataError(heads_path, len(scan) - offset + 1, f"shards 1-{shard} have more lines than "
+                                    f"the {len(scan)} lines of {scan.path}; expected shards of this file, in order")
+            check_parses(scan.slice(offset, offset + len(part)), part, parse_path=heads_path)
+            parts.append(part)
+            offset += len(part)
+        if offset != len(scan):
+            raise SideDataError(scan.path, offset + 1, f"the {n} shards hold {offset} lines but the BPE text has "
+                                f"{len(scan)}; expected all shards of this file")
+        return ParseArrays.concatenate(parts, source=f"{n} shards")
+
+    def __call__(self):
+        args = self.args
+        splits = splits_from_args(args)
+        if not splits:
+            raise SystemExit("umst-preprocess: give at least one of --trainpref, --validpref, --testpref")
+        if args.shard and args.merge_shards:
+            raise SystemExit("umst-preprocess: --shard and --merge-shards exclude each other")
+        args.parser = resolve_parser(args, splits)
+        os.makedirs(args.destdir, exist_ok=True)
+        os.makedirs(self.text_dir, exist_ok=True)
+        try:
+            for split, pref in splits:
+                self.split(split, pref)
+            self.writer.commit()
+        except BaseException:
+            self.writer.abort()
+            raise
+        for chunked in self.chunked:
+            chunked.cleanup()
+        logger.info(self.summary.line())
+
+
+def run(args):
+    Run(args)()
 
 
 def main(argv=None):
@@ -132,9 +274,13 @@ def main(argv=None):
     args = get_parser().parse_args(argv)
     try:
         run(args)
-    except SideDataError as e:
+    except (SideDataError, ParserSetupError) as e:
         print(f"umst-preprocess: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:
+        print(f"umst-preprocess: interrupted{': ' + str(e) if str(e) else ''}; finished chunks are kept, "
+              "rerun the same command to continue", file=sys.stderr)
+        return 130
     return 0
 
 

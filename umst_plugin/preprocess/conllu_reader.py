@@ -12,10 +12,43 @@ from umst_plugin.preprocess.errors import SideDataError
 
 
 class SurfaceParse:
-    __slots__ = ("forms", "heads", "labels")
+    """One sentence's parse over its surface words: 1-based heads (0 = root) and labels.
 
-    def __init__(self, forms, heads, labels):
-        self.forms, self.heads, self.labels = forms, heads, labels
+    ``fallback`` is None for a real parse, else why the sentence got the
+    fallback graph (see ``parsers.safe_parse``).
+    """
+
+    __slots__ = ("forms", "heads", "labels", "fallback")
+
+    def __init__(self, forms, heads, labels, fallback=None):
+        self.forms, self.heads, self.labels, self.fallback = forms, heads, labels, fallback
+
+
+def collapse_multiword(tokens):
+    """Surface (heads, labels) from syntactic words grouped by surface token.
+
+    ``tokens``: per surface token, its syntactic words as (word_id, head, label);
+    a plain token has one word, a multi-word token (``zum`` = ``zu dem``) several.
+    The token takes the head and label of its syntactic head word (the member
+    whose head lies outside the token), with heads mapped to surface indices.
+    Raises ValueError naming the word whose head is not in the sentence.
+    """
+    surface_of = {}
+    for t, words in enumerate(tokens):
+        for wid, _, _ in words:
+            surface_of[wid] = t + 1
+    heads, labels = [], []
+    for words in tokens:
+        inside = {wid for wid, _, _ in words}
+        wid, head, label = next((w for w in words if w[1] not in inside), words[0])
+        if head == 0:
+            heads.append(0)
+        elif head not in surface_of:
+            raise ValueError(f"word {wid} points to head {head}, which is not a word of the sentence")
+        else:
+            heads.append(surface_of[head])
+        labels.append(label or "_")
+    return heads, labels
 
 
 def _collapse(tokenlist, path, start):

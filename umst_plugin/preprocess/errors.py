@@ -10,3 +10,7 @@ class SideDataError(ValueError):
         self.path, self.line = path, line
         where = f"{path}:{line}" if line is not None else f"{path}"
         super().__init__(f"{where}: {message}")
+
+
+class ParserSetupError(RuntimeError):
+    """A parser backend cannot start (library or model missing); the message says how to fix it."""

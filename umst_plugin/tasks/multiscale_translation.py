@@ -143,6 +143,17 @@ class MultiscaleTranslationTask(TranslationTask):
             word_ids, heads = ConcatDataset(word_id_sets, ratios), ConcatDataset(head_sets, ratios)
         self.datasets[split] = SideDataLanguagePairDataset(self.datasets[split], word_ids, heads)
 
+    def get_batch_iterator(self, dataset, *args, **kwargs):
+        """fairseq-fixed drops a last batch that is not a multiple of --required-batch-size-multiple
+        (default 8), i.e. up to 7 sentences of every valid/test set, silently. Outside training we
+        ask for multiples of 1, so generate/validate/interactive see every sentence."""
+        if dataset is not self.datasets.get(self.cfg.train_subset):
+            if len(args) >= 5:  # passed positionally (after max_tokens ... ignore_invalid_inputs)
+                args = args[:4] + (1,) + args[5:]
+            else:
+                kwargs["required_batch_size_multiple"] = 1
+        return super().get_batch_iterator(dataset, *args, **kwargs)
+
     # ---- models that take no side inputs (e.g. fairseq's own transformer) ------------------
 
     def _strip_side_inputs(self, sample, models):
@@ -174,9 +185,9 @@ class MultiscaleTranslationTask(TranslationTask):
                                "Set --source-parser (e.g. spacy or stanza) to parse the input.")
                 self._warned_fallback = True
             return None
-        if self._parser is None:
-            from umst_plugin.preprocess import parsers
+        from umst_plugin.preprocess import parsers
 
+        if self._parser is None:
             self._parser = parsers.build_backend(
                 self.cfg.source_parser, Namespace(parser_model=self.cfg.source_parser_model or None))
         scheme = self.boundaries[0]
@@ -184,7 +195,7 @@ class MultiscaleTranslationTask(TranslationTask):
         for tokens in src_tokens:
             pieces = [self.src_dict[int(t)] for t in tokens if int(t) not in (self.src_dict.eos(), self.src_dict.pad())]
             sentences.append([moses_unescape(w) for w in words_from_pieces(pieces, scheme)])
-        return [torch.tensor(p.heads, dtype=torch.long) for p in self._parser.parse(sentences)]
+        return [torch.tensor(p.heads, dtype=torch.long) for p in parsers.safe_parse(self._parser, sentences)]
 
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
         dataset = LanguagePairDataset(src_tokens, src_lengths, self.source_dictionary,

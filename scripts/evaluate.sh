@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Translate a test set and report BLEU as the papers do.
+#
+#   bash scripts/evaluate.sh --data DATA_BIN --checkpoint CKPT [--row ROW] [--out DIR]
+#        [--beam 4] [--lenpen 0.6] [--subset test] [--max-tokens 8192] [-- EXTRA_GENERATE_ARGS...]
+#
+# Runs fairseq-generate (beam 4, lenpen 0.6 unless --row or the flags say
+# otherwise; --row ROW takes them from scripts/collect_results.py), then
+# scripts/score.py: tokenized BLEU multi-bleu style (with compound splitting
+# when the target is German) and detokenized sacreBLEU with its signature,
+# against the references prepare-*.sh put in DATA_BIN/ref/. Writes
+# OUT/generate-SUBSET.txt, OUT/hyp.detok.txt and OUT/results.json (read by
+# collect_results.py). Default OUT: the checkpoint's directory.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-python3}"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+
+usage() { sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+DATA=""; CKPT=""; ROW=""; OUT=""; BEAM=""; LENPEN=""; SUBSET=test; MAX_TOKENS=8192; EXTRA=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --data) DATA="$2"; shift 2 ;;
+        --checkpoint) CKPT="$2"; shift 2 ;;
+        --row) ROW="$2"; shift 2 ;;
+        --out) OUT="$2"; shift 2 ;;
+        --beam) BEAM="$2"; shift 2 ;;
+        --lenpen) LENPEN="$2"; shift 2 ;;
+        --subset) SUBSET="$2"; shift 2 ;;
+        --max-tokens) MAX_TOKENS="$2"; shift 2 ;;
+        -h|--help) usage; exit 0 ;;
+        --) shift; EXTRA=("$@"); break ;;
+        *) echo "unknown option $1" >&2; usage >&2; exit 2 ;;
+    esac
+done
+[[ -n "$DATA" && -n "$CKPT" ]] || { usage >&2; exit 2; }
+[[ -f "$CKPT" ]] || { echo "no checkpoint $CKPT" >&2; exit 2; }
+OUT="${OUT:-$(dirname "$CKPT")}"
+mkdir -p "$OUT"
+if [[ -n "$ROW" ]]; then
+    info() { "$PY" "$ROOT/scripts/collect_results.py" --row-info "$ROW" "$1"; }
+    BEAM="${BEAM:-$(info beam)}"; LENPEN="${LENPEN:-$(info lenpen)}"
+fi
+BEAM="${BEAM:-4}"; LENPEN="${LENPEN:-0.6}"
+
+# Language pair from the binarized test set (SUBSET.SRC-TGT.SRC.bin).
+PAIR="$(cd "$DATA" && ls "$SUBSET".*-*.*.bin 2>/dev/null | head -1 | sed -E "s/^$SUBSET\.([^.]+)\..*/\1/")"
+[[ -n "$PAIR" ]] || { echo "no binarized $SUBSET set in $DATA" >&2; exit 2; }
+SRC="${PAIR%-*}"; TGT="${PAIR#*-}"
+
+GEN="$OUT/generate-$SUBSET.txt"
+"$PY" -c 'from fairseq_cli.generate import cli_main; cli_main()' "$DATA" \
+    --user-dir "$ROOT/umst_plugin" --task multiscale_translation --source-lang "$SRC" --target-lang "$TGT" \
+    --path "$CKPT" --gen-subset "$SUBSET" --beam "$BEAM" --lenpen "$LENPEN" --max-tokens "$MAX_TOKENS" \
+    --remove-bpe --results-path "$OUT" --required-batch-size-multiple 1 "${EXTRA[@]}"
+# --results-path writes OUT/generate-SUBSET.txt. --required-batch-size-multiple 1: fairseq-fixed
+# 0.12.3.1's batch_by_size drops a final batch smaller than the multiple (default 8), i.e. up to 7
+# test sentences would silently go untranslated.
+
+SCORE=(--generate "$GEN" --lang "$TGT" --json "$OUT/results.json" --detok-out "$OUT/hyp.detok.txt")
+[[ -f "$DATA/ref/$SUBSET.tok.$TGT" ]] && SCORE+=(--tok-ref "$DATA/ref/$SUBSET.tok.$TGT")
+[[ -f "$DATA/ref/$SUBSET.detok.$TGT" ]] && SCORE+=(--detok-ref "$DATA/ref/$SUBSET.detok.$TGT")
+[[ "$TGT" == de ]] && SCORE+=(--compound-split)
+rm -f "$OUT/results.json"
+"$PY" "$ROOT/scripts/score.py" "${SCORE[@]}" \
+    --extra "row=${ROW:-$(basename "$OUT")}" --extra "checkpoint=$(cd "$(dirname "$CKPT")" && pwd)/$(basename "$CKPT")" \
+    --extra "checkpoint_name=$(basename "$CKPT")" --extra "data=$DATA" --extra "data_name=$(basename "$DATA")" \
+    --extra "subset=$SUBSET" --extra "beam=$BEAM" --extra "lenpen=$LENPEN"
+echo "results: $OUT/results.json"

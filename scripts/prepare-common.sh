@@ -1,0 +1,189 @@
+# Shared stages of prepare-wmt14-en-de.sh and prepare-wmt16-en-ro.sh (sourced, not run).
+#
+# Every stage writes its outputs, then a stamp in $WORK/.stamps; a stage whose
+# stamp exists (with the same parameters) is skipped, so re-running after an
+# interruption resumes where it stopped. Stage outputs that depend on a choice
+# (BPE merges, parser) live in directories named after it.
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-python3}"
+PREP="$ROOT/scripts/wmt_prep.py"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+
+usage_common() {
+    cat <<EOF
+Options:
+  --raw-dir DIR      already downloaded and extracted archives (or a mirror); skips the download stage
+  --work-dir DIR     where every stage writes (default: $DEFAULT_WORK)
+  --bpe-merges N     joint subword-nmt BPE merges (default: $DEFAULT_MERGES)
+  --parser NAME      source dependency parser for umst-preprocess: stanza | spacy | conllu | none
+                     (default: stanza; conllu reads gold parses from --conllu-dir)
+  --parser-args "A"  extra umst-preprocess arguments for the parser backend (e.g. its model name)
+  --conllu-dir DIR   with --parser conllu: {train,valid,test}.$SRC.conllu, parses of the extracted
+                     (uncleaned) source text in corpus order; cleaning filters them along
+  --workers N        parallel workers for tokenization, BPE and binarization (default: nproc)
+  -h, --help         this help
+Environment: PYTHON (interpreter with fairseq, sacremoses, subword-nmt; default python3).
+EOF
+}
+
+parse_common_args() {
+    RAW_DIR=""; WORK="$DEFAULT_WORK"; MERGES="$DEFAULT_MERGES"; PARSER="stanza"; PARSER_ARGS=""
+    CONLLU_DIR=""; WORKERS="$(nproc 2>/dev/null || echo 4)"
+    while [[ $# -gt 0 ]]; do
+        case "$1" in
+            --raw-dir) RAW_DIR="$2"; shift 2 ;;
+            --work-dir) WORK="$2"; shift 2 ;;
+            --bpe-merges) MERGES="$2"; shift 2 ;;
+            --parser) PARSER="$2"; shift 2 ;;
+            --parser-args) PARSER_ARGS="$2"; shift 2 ;;
+            --conllu-dir) CONLLU_DIR="$2"; shift 2 ;;
+            --workers) WORKERS="$2"; shift 2 ;;
+            -h|--help) usage; exit 0 ;;
+            *) echo "unknown option $1" >&2; usage >&2; exit 2 ;;
+        esac
+    done
+    if [[ "$PARSER" == conllu && -z "$CONLLU_DIR" ]]; then
+        echo "--parser conllu needs --conllu-dir" >&2; exit 2
+    fi
+    mkdir -p "$WORK/.stamps"
+    WORK="$(cd "$WORK" && pwd)"
+    BPE_DIR="$WORK/bpe$MERGES"
+    DATABIN="$WORK/data-bin/${NAME}_bpe$MERGES"
+}
+
+# done_stage NAME [PARAMS]: true when the stage already ran with the same parameters.
+done_stage() { [[ -f "$WORK/.stamps/$1" && "$(cat "$WORK/.stamps/$1")" == "${2:-done}" ]]; }
+mark_stage() { echo "${2:-done}" > "$WORK/.stamps/$1"; }
+say() { echo "[$NAME] $*" >&2; }
+
+stage_download() {
+    if [[ -n "$RAW_DIR" ]]; then
+        RAW_DIR="$(cd "$RAW_DIR" && pwd)"; say "download: skipped (--raw-dir $RAW_DIR)"; return
+    fi
+    RAW_DIR="$WORK/raw"
+    bash "$ROOT/scripts/download-wmt.sh" "$NAME_DL" "$RAW_DIR"
+}
+
+need_file() { [[ -f "$1" ]] || { echo "[$NAME] missing $1 (expected in --raw-dir; see scripts/wmt-sources.txt)" >&2; exit 1; }; }
+
+# concat_corpora OUT_PREFIX LANG PREFIX...: concatenate PREFIX.LANG files
+concat_corpora() {
+    local out="$1" lang="$2"; shift 2
+    local files=() p
+    for p in "$@"; do need_file "$p.$lang"; files+=("$p.$lang"); done
+    cat "${files[@]}" > "$out.$lang.tmp" && mv "$out.$lang.tmp" "$out.$lang"
+}
+
+stage_tokenize() {
+    done_stage tokenize && { say "tokenize: done before"; return; }
+    mkdir -p "$WORK/tok"
+    local split lang extra
+    for split in train valid test; do
+        for lang in "$SRC" "$TGT"; do
+            extra=(); [[ "$lang" == ro ]] && extra=(--romanian)
+            say "tokenize $split.$lang"
+            "$PY" "$PREP" tokenize --lang "$lang" "${extra[@]}" --workers "$WORKERS" \
+                "$WORK/orig/$split.$lang" "$WORK/tok/$split.$lang"
+        done
+    done
+    mark_stage tokenize
+}
+
+stage_clean() {
+    done_stage clean && { say "clean: done before"; return; }
+    "$PY" "$PREP" clean --ratio 1.5 --min 1 --max 250 --keep-file "$WORK/tok/train.clean.keep" \
+        "$WORK/tok/train" "$SRC" "$TGT" "$WORK/tok/train.clean"
+    mark_stage clean
+}
+
+stage_bpe() {
+    done_stage "bpe$MERGES" && { say "bpe ($MERGES merges): done before"; return; }
+    mkdir -p "$BPE_DIR"
+    say "learn joint BPE, $MERGES merges"
+    cat "$WORK/tok/train.clean.$SRC" "$WORK/tok/train.clean.$TGT" \
+        | "$PY" -m subword_nmt.learn_bpe -s "$MERGES" > "$BPE_DIR/codes.tmp"
+    mv "$BPE_DIR/codes.tmp" "$BPE_DIR/codes"
+    local split lang input
+    for split in train valid test; do
+        input="$WORK/tok/$split"; [[ "$split" == train ]] && input="$WORK/tok/train.clean"
+        for lang in "$SRC" "$TGT"; do
+            "$PY" -m subword_nmt.apply_bpe -c "$BPE_DIR/codes" --num-workers "$WORKERS" \
+                < "$input.$lang" > "$BPE_DIR/$split.$lang.tmp"
+            mv "$BPE_DIR/$split.$lang.tmp" "$BPE_DIR/$split.$lang"
+        done
+    done
+    mark_stage "bpe$MERGES"
+}
+
+# Binarize and parse run in one Python process (importing fairseq once; it takes seconds), each
+# still its own stage with its own stamp.
+stage_binarize_and_parse() {
+    local key="$PARSER:$PARSER_ARGS" binarize=() parse=()
+    if done_stage "binarize$MERGES"; then
+        say "binarize: done before"
+    else
+        rm -rf "$DATABIN"
+        binarize=(--source-lang "$SRC" --target-lang "$TGT" --trainpref "$BPE_DIR/train"
+                  --validpref "$BPE_DIR/valid" --testpref "$BPE_DIR/test" --destdir "$DATABIN"
+                  --joined-dictionary --workers "$WORKERS")
+    fi
+    if [[ ${#binarize[@]} -eq 0 ]] && done_stage "parse$MERGES" "$key"; then
+        say "parse ($PARSER): done before"
+    else
+        if [[ "$PARSER" == conllu ]]; then
+            "$PY" "$PREP" filter-conllu --keep "$WORK/tok/train.clean.keep" \
+                "$CONLLU_DIR/train.$SRC.conllu" "$BPE_DIR/train.$SRC.conllu"
+            cp "$CONLLU_DIR/valid.$SRC.conllu" "$BPE_DIR/valid.$SRC.conllu"
+            cp "$CONLLU_DIR/test.$SRC.conllu" "$BPE_DIR/test.$SRC.conllu"
+        fi
+        parse=(--source-lang "$SRC" --target-lang "$TGT" --trainpref "$BPE_DIR/train"
+               --validpref "$BPE_DIR/valid" --testpref "$BPE_DIR/test" --destdir "$DATABIN"
+               --text-dir "$BPE_DIR/side" --parser "$PARSER")
+        # shellcheck disable=SC2206  # word splitting of the user's extra arguments is intended
+        [[ -n "$PARSER_ARGS" ]] && parse+=($PARSER_ARGS)
+        say "dependency side data with --parser $PARSER"
+    fi
+    [[ ${#binarize[@]} -eq 0 && ${#parse[@]} -eq 0 ]] && return
+    rm -f "$WORK/.stamps/parse$MERGES"
+    local nb=${#binarize[@]}
+    "$PY" - "$WORK/.stamps/binarize$MERGES" "$nb" "${binarize[@]}" "${parse[@]}" <<'PYEOF'
+import sys
+stamp, nb = sys.argv[1], int(sys.argv[2])
+binarize, parse = sys.argv[3:3 + nb], sys.argv[3 + nb:]
+if binarize:  # fairseq-preprocess
+    from fairseq_cli.preprocess import cli_main
+    sys.argv = ["fairseq-preprocess"] + binarize
+    cli_main()
+    with open(stamp, "w") as f:
+        f.write("done\n")
+if parse:  # umst-preprocess
+    from umst_plugin.preprocess.cli import main
+    sys.exit(main(parse))
+PYEOF
+    [[ ${#parse[@]} -gt 0 ]] && mark_stage "parse$MERGES" "$key"
+    return 0
+}
+
+stage_stats() {
+    "$PY" "$PREP" stats --name "$NAME (bpe $MERGES)" --src "$SRC" --tgt "$TGT" --bpe-dir "$BPE_DIR" \
+        --databin "$DATABIN" --output "$DATABIN/corpus-stats.json"
+    # Everything evaluate.sh needs next to the data-bin: references and the BPE codes.
+    mkdir -p "$DATABIN/ref"
+    cp "$WORK/tok/test.$TGT" "$DATABIN/ref/test.tok.$TGT"
+    cp "$WORK/tok/valid.$TGT" "$DATABIN/ref/valid.tok.$TGT"
+    cp "$WORK/ref/test.$TGT" "$DATABIN/ref/test.detok.$TGT"
+    cp "$WORK/ref/valid.$TGT" "$DATABIN/ref/valid.detok.$TGT"
+    cp "$BPE_DIR/codes" "$DATABIN/bpe.codes"
+    say "data-bin ready: $DATABIN"
+}
+
+run_all_stages() {
+    stage_download
+    stage_extract
+    stage_tokenize
+    stage_clean
+    stage_bpe
+    stage_binarize_and_parse
+    stage_stats
+}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# WMT16 English-Romanian as in UMST table 3 and TranSFormer table 3 (the Lee et
+# al. 2018 / Kasai et al. 2020 setup): Europarl v8 + SETimes2 for training,
+# newsdev2016 for validation, newstest2016 for test; Moses punctuation
+# normalisation, Romanian normalisation and diacritic removal (Sennrich's
+# wmt16-scripts), Moses tokenization, clean-corpus-n, joint subword-nmt BPE
+# (40K merges, a ~40K joined vocabulary), binarize, dependency side data.
+#
+#   bash scripts/prepare-wmt16-en-ro.sh
+#   bash scripts/prepare-wmt16-en-ro.sh --raw-dir /data/wmt16-enro
+#
+# Output: WORK/data-bin/wmt16_en_ro_bpe40000 (+ ref/, bpe.codes). The detokenized
+# reference keeps the normalisation (no diacritics), like the training targets.
+set -euo pipefail
+NAME=wmt16_en_ro; NAME_DL=wmt16-en-ro; SRC=en; TGT=ro
+DEFAULT_WORK=data/wmt16_en_ro; DEFAULT_MERGES=40000
+source "$(dirname "${BASH_SOURCE[0]}")/prepare-common.sh"
+usage() { sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; usage_common; }
+
+TRAIN_CORPORA=(training-parallel-ep-v8/europarl-v8.ro-en SETIMES.en-ro)
+VALID_SGM=(dev/newsdev2016-enro-src.en.sgm dev/newsdev2016-enro-ref.ro.sgm)
+TEST_SGM=(test/newstest2016-enro-src.en.sgm test/newstest2016-enro-ref.ro.sgm)
+
+stage_extract() {
+    done_stage extract && { say "extract: done before"; return; }
+    mkdir -p "$WORK/orig" "$WORK/ref"
+    local lang prefixes=()
+    for p in "${TRAIN_CORPORA[@]}"; do prefixes+=("$RAW_DIR/$p"); done
+    for lang in "$SRC" "$TGT"; do concat_corpora "$WORK/orig/train" "$lang" "${prefixes[@]}"; done
+    need_file "$RAW_DIR/${VALID_SGM[0]}"; need_file "$RAW_DIR/${VALID_SGM[1]}"
+    need_file "$RAW_DIR/${TEST_SGM[0]}"; need_file "$RAW_DIR/${TEST_SGM[1]}"
+    "$PY" "$PREP" sgm "$RAW_DIR/${VALID_SGM[0]}" "$WORK/orig/valid.$SRC"
+    "$PY" "$PREP" sgm "$RAW_DIR/${VALID_SGM[1]}" "$WORK/orig/valid.$TGT"
+    "$PY" "$PREP" sgm "$RAW_DIR/${TEST_SGM[0]}" "$WORK/orig/test.$SRC"
+    "$PY" "$PREP" sgm "$RAW_DIR/${TEST_SGM[1]}" "$WORK/orig/test.$TGT"
+    "$PY" "$PREP" normalize-ro "$WORK/orig/test.$TGT" "$WORK/ref/test.$TGT"
+    "$PY" "$PREP" normalize-ro "$WORK/orig/valid.$TGT" "$WORK/ref/valid.$TGT"
+    mark_stage extract
+}
+
+parse_common_args "$@"
+run_all_stages

@@ -1,0 +1,271 @@
+"""Parser backends: stanza (Document conversion, real Pipeline construction errors), spaCy on real English,
+and the fallback graph for sentences a parser fails on."""
+import os
+import re
+from argparse import Namespace
+
+import pytest
+
+from umst_plugin.preprocess import cli, parsers
+from umst_plugin.preprocess.conllu_reader import SurfaceParse
+from umst_plugin.preprocess.errors import ParserSetupError
+from umst_plugin.preprocess.stanza_backend import StanzaBackend, download_command, parses_from_document
+
+try:
+    from stanza.models.common.doc import Document
+    from stanza.utils.conll import CoNLL
+except ImportError:  # stanza is an optional extra; only its tests need it
+    Document = CoNLL = None
+needs_stanza = pytest.mark.skipif(CoNLL is None, reason="stanza not installed")
+
+MWT_CONLLU = """# text = zum Haus gehen
+1-2\tzum\t_\t_\t_\t_\t_\t_\t_\t_
+1\tzu\tzu\tADP\t_\t_\t3\tcase\t_\t_
+2\tdem\tder\tDET\t_\t_\t3\tdet\t_\t_
+3\tHaus\tHaus\tNOUN\t_\t_\t4\tobl\t_\t_
+4\tgehen\tgehen\tVERB\t_\t_\t0\troot\t_\t_
+
+"""
+
+
+@needs_stanza
+def test_stanza_document_with_multiword_token():
+    doc = CoNLL.conll2doc(input_str=MWT_CONLLU)
+    [parse] = parses_from_document(doc, [["zum", "Haus", "gehen"]])
+    # zum takes the head/label of its syntactic head word (dem -> Haus, zu -> Haus; first outside = zu)
+    assert parse.heads == [2, 3, 0]
+    assert parse.labels == ["case", "obl", "root"]
+
+
+@needs_stanza
+def test_stanza_document_from_token_dicts_and_misalignment():
+    doc = Document([[{"id": 1, "text": "the", "head": 2, "deprel": "det"},
+                     {"id": 2, "text": "dog", "head": 3, "deprel": "nsubj"},
+                     {"id": 3, "text": "barks", "head": 0, "deprel": "root"}]])
+    [parse] = parses_from_document(doc, [["the", "dog", "barks"]])
+    assert (parse.heads, parse.labels) == ([2, 3, 0], ["det", "nsubj", "root"])
+    with pytest.raises(ValueError, match="3 tokens for 2 words"):
+        parses_from_document(doc, [["the", "dog"]])
+    with pytest.raises(ValueError, match="1 sentences for 2 input lines"):
+        parses_from_document(doc, [["a"], ["b"]])
+    with pytest.raises(ValueError, match="stanza token 'dog' for word 'cat'"):
+        parses_from_document(doc, [["the", "cat", "barks"]])
+    no_heads = Document([[{"id": 1, "text": "hi"}]])
+    with pytest.raises(ValueError, match="no heads"):
+        parses_from_document(no_heads, [["hi"]])
+
+
+@needs_stanza
+def test_stanza_missing_model_names_the_download_command(tmp_path):
+    with pytest.raises(ParserSetupError) as err:
+        StanzaBackend(Namespace(parser_model="en", stanza_dir=str(tmp_path), device="cpu"))
+    message = str(err.value)
+    command = download_command("en", str(tmp_path), "tokenize,pos,lemma,depparse")
+    assert command in message
+    assert str(tmp_path) in message and "'en'" in message
+    # the command is one valid python -c invocation
+    code = re.search(r'python -c "(.*)"', command).group(1)
+    compile(code, "<download>", "exec")
+
+
+@needs_stanza
+def test_stanza_missing_model_cli(tmp_path, toy_raw):
+    import e2e
+
+    proc = e2e.umst_preprocess("-s", e2e.SRC, "-t", e2e.TGT, "--validpref", os.path.join(toy_raw, "valid"),
+                               "--destdir", tmp_path / "bin", "--parser", "stanza", "--parser-model", "en",
+                               "--stanza-dir", tmp_path / "stanza", "--no-check-binarized", "--no-progress",
+                               check=False)
+    assert proc.returncode == 2
+    assert "stanza.download('en'" in proc.stderr and str(tmp_path / "stanza") in proc.stderr
+    assert not os.path.exists(tmp_path / "bin" / f"valid.{e2e.SRC}.heads")
+
+
+class GoldStanzaPipeline:
+    """Stands in for the stanza *model* only: returns the real stanza Document that stanza's own CoNLL-U
+    reader builds from the gold parse of each requested sentence. Records what it was called with."""
+
+    def __init__(self, conllu_path):
+        text = open(conllu_path, encoding="utf-8").read()
+        self.blocks = {}
+        for block in text.strip().split("\n\n"):
+            words = [line.split("\t")[1] for line in block.splitlines() if line and not line.startswith("#")]
+            self.blocks[tuple(words)] = block
+        self.calls = []
+
+    def __call__(self, sentences):
+        assert all(isinstance(s, list) and all(isinstance(w, str) for w in s) for s in sentences)  # pretokenized
+        self.calls.append(len(sentences))
+        return CoNLL.conll2doc(input_str="\n\n".join(self.blocks[tuple(s)] for s in sentences) + "\n\n")
+
+
+@needs_stanza
+def test_stanza_heads_and_labels_survive_into_side_files(tmp_path, toy_raw, monkeypatch):
+    import e2e
+
+    valid = os.path.join(toy_raw, "valid")
+    gold = GoldStanzaPipeline(f"{valid}.{e2e.SRC}.conllu")
+    monkeypatch.setattr(StanzaBackend, "build_pipeline", lambda self, args: gold)
+    common = ["-s", e2e.SRC, "-t", e2e.TGT, "--validpref", valid, "--no-check-binarized", "--no-progress"]
+    assert cli.main(common + ["--destdir", str(tmp_path / "stanza"), "--parser", "stanza", "--batch-size", "8",
+                              "--chunk-size", "16"]) == 0
+    assert gold.calls and max(gold.calls) <= 8
+    assert cli.main(common + ["--destdir", str(tmp_path / "conllu"), "--parser", "conllu"]) == 0
+    for kind in ("heads", "labels", "wordids"):
+        a = (tmp_path / "stanza" / f"valid.{e2e.SRC}.{kind}").read_bytes()
+        assert a == (tmp_path / "conllu" / f"valid.{e2e.SRC}.{kind}").read_bytes(), kind
+    labels = (tmp_path / "stanza" / f"valid.{e2e.SRC}.labels").read_text().split()
+    assert {"nsubj", "obj", "root"} <= set(labels)
+    assert not os.path.exists(tmp_path / "stanza" / ".umst-work")
+
+
+# ---- fallbacks ---------------------------------------------------------------------------------------
+
+class Flaky(parsers.ParserBackend):
+    """A parser that fails on sentences containing 'boom' and misaligns on 'short' (chain heads otherwise)."""
+
+    name = "flaky"
+
+    def parse(self, sentences):
+        out = []
+        for words in sentences:
+            if "boom" in words:
+                raise RuntimeError("parser crashed")
+            n = len(words) - 1 if "short" in words else len(words)
+            out.append(SurfaceParse(words, [0] + list(range(1, n)), ["x"] * n))
+        return out
+
+
+def test_safe_parse_isolates_failures():
+    sentences = [["a", "b"], ["boom", "c"], [], ["short", "d", "e"], ["x"] * 5, ["a", ""], ["c"]]
+    out = parsers.safe_parse(Flaky(), sentences, max_words=4)
+    assert out[0].heads == [0, 1] and out[0].fallback is None
+    assert out[1].heads == [0, 0] and out[1].fallback == "error: RuntimeError"
+    assert out[2].fallback == "empty" and out[2].heads == []
+    assert out[3].heads == [0, 0, 0] and out[3].fallback.startswith("misaligned")
+    assert out[4].fallback == "too long" and out[4].heads == [0] * 5 and out[4].labels == ["_"] * 5
+    assert out[5].fallback == "empty"
+    assert out[6].heads == [0] and out[6].fallback is None
+
+
+def test_fallbacks_counted_in_side_files_and_summary(tmp_path, caplog, capsys):
+    parsers.BACKENDS.setdefault("flaky", Flaky)
+    (tmp_path / "train.en").write_text("a b@@ c\nboom x\nshort y z\nd\n")
+    with caplog.at_level("INFO", logger="umst_plugin.preprocess"):
+        rc = cli.main(["-s", "en", "-t", "de", "--trainpref", str(tmp_path / "train"), "--destdir",
+                       str(tmp_path / "bin"), "--parser", "flaky", "--no-check-binarized", "--chunk-size", "2"])
+    assert rc == 0
+    progress = capsys.readouterr().err
+    assert "parsing train: 100%" in progress and "4/4" in progress and "sent/s" in progress
+    assert (tmp_path / "bin" / "train.en.heads").read_text() == "0 1\n0 0\n0 0 0\n0\n"
+    assert (tmp_path / "bin" / "train.en.labels").read_text() == "x x\n_ _\n_ _ _\nx\n"
+    assert (tmp_path / "bin" / "train.en.wordids").read_text() == "1 2 2\n1 2\n1 2 3\n1\n"
+    summary = [r.message for r in caplog.records if r.message.startswith("summary:")]
+    assert summary and "4 sentences, 8 words, 9 subwords, 2 fallback graphs (error: RuntimeError: 1, " \
+        "misaligned: 1)" in summary[0]
+
+
+# ---- spaCy on real English --------------------------------------------------------------------------
+
+# Moses-tokenized (with its escapes) and BPE'd (subword-nmt '@@ ') English.
+ENGLISH_BPE = """The cat sat on the mat .
+He said &quot; no &quot; to the new pro@@ posal .
+I don &apos;t think the commit@@ tee will agree .
+AT &amp; T re@@ ported higher prof@@ its in the third quarter .
+The price is &lt; 5 dollars and &gt; 2 dollars .
+Use the pipe &#124; character in the sh@@ ell .
+The results &#91; see table 2 &#93; were sur@@ pr@@ ising .
+She gave the children three small books yesterday .
+Par@@ liament approved the budget on Tuesday .
+The company &apos;s chief executive resigned last week .
+We must protect the environ@@ ment for future generations .
+Mr. Smith &apos;s dog barked loudly at the post@@ man .
+"""
+
+
+@pytest.fixture(scope="module")
+def spacy_parsed(tmp_path_factory):
+    pytest.importorskip("spacy")
+    from umst_plugin.preprocess.spacy_backend import load_pipeline
+
+    try:
+        load_pipeline("en_core_web_md")
+    except ParserSetupError as e:
+        pytest.skip(str(e))
+    d = tmp_path_factory.mktemp("spacy")
+    (d / "train.en").write_text(ENGLISH_BPE)
+    assert cli.main(["-s", "en", "-t", "de", "--trainpref", str(d / "train"), "--destdir", str(d / "bin"),
+                     "--parser", "spacy", "--no-check-binarized", "--no-progress", "--chunk-size", "5"]) == 0
+    read = lambda kind: [line.split() for line in (d / "bin" / f"train.en.{kind}").read_text().splitlines()]
+    return d, read("wordids"), read("heads"), read("labels")
+
+
+def test_spacy_side_files_align_with_bpe(spacy_parsed):
+    d, wordids, heads, labels = spacy_parsed
+    bpe = [line.split() for line in ENGLISH_BPE.splitlines()]
+    assert len(wordids) == len(heads) == len(labels) == 12
+    for pieces, ids, hs, ls in zip(bpe, wordids, heads, labels):
+        ids = list(map(int, ids))
+        assert len(ids) == len(pieces)
+        n_words = sum(not p.endswith("@@") for p in pieces)
+        assert ids[-1] == n_words == len(hs) == len(ls)
+        assert all(0 <= int(h) <= n_words for h in hs)
+        assert sum(int(h) == 0 for h in hs) == 1  # one tree per line
+
+
+def test_spacy_known_heads(spacy_parsed):
+    _, _, heads, labels = spacy_parsed
+    h = [list(map(int, x)) for x in heads]
+    assert h[0] == [2, 3, 0, 3, 6, 4, 3]  # The->cat, cat->sat, sat=root, on->sat, the->mat, mat->on, .->sat
+    assert labels[0][1] == "nsubj" and labels[0][2] == "ROOT"
+    # escapes are undone for the parser: &quot; is punctuation; BPE'd "proposal" is one word, object of "to"
+    assert labels[1][2] == labels[1][4] == "punct"
+    assert h[1][0] == 2 and labels[1][1] == "ROOT"
+    assert h[1][8] == 6 and labels[1][8] == "pobj"
+    # &apos;s is read as the possessive 's of "company" / "Smith"
+    assert h[9][2] == 2 and labels[9][2] == "case"
+    assert h[11][2] == 2 and labels[11][2] == "case"
+    # "Parliament" (two BPE pieces) is the subject of "approved"
+    assert h[8][0] == 2 and labels[8][0] == "nsubj"
+
+
+def test_spacy_backend_as_the_task_builds_it():
+    pytest.importorskip("spacy")
+    try:
+        backend = parsers.build_backend("spacy", Namespace(parser_model="en_core_web_md"))
+    except ParserSetupError as e:
+        pytest.skip(str(e))
+    [p] = backend.parse([["The", "dog", "barked", "."]])
+    assert p.heads == [2, 3, 0, 3]
+
+
+def test_spacy_missing_model_message():
+    pytest.importorskip("spacy")
+    with pytest.raises(ParserSetupError, match=r"python -m spacy download xx_no_such_model"):
+        parsers.build_backend("spacy", Namespace(parser_model="xx_no_such_model", device="cpu"))
+
+
+def test_task_parses_interactive_input_with_spacy():
+    """The task's --source-parser spacy path (fairseq-interactive) through build_backend(Namespace(parser_model))."""
+    pytest.importorskip("spacy")
+    import torch
+    from fairseq.data import Dictionary
+
+    from umst_plugin import dev
+
+    try:
+        parsers.build_backend("spacy", Namespace(parser_model="en_core_web_md", device="cpu"))
+    except ParserSetupError as e:
+        pytest.skip(str(e))
+    d = Dictionary()
+    for sym in "The c@@ at sat on the mat . &quot; no".split():
+        d.add_symbol(sym)
+    _, task = dev.build_model("transformer", {"source_parser": "spacy", "source_parser_model": "en_core_web_md",
+                                              "encoder_layers": 1, "decoder_layers": 1, "encoder_embed_dim": 8,
+                                              "decoder_embed_dim": 8, "encoder_ffn_embed_dim": 8,
+                                              "decoder_ffn_embed_dim": 8, "encoder_attention_heads": 1,
+                                              "decoder_attention_heads": 1}, dictionary=d)
+    tokens = torch.tensor([d.index(s) for s in "The c@@ at sat on the mat .".split()] + [d.eos()])
+    item = task.build_dataset_for_inference([tokens], [len(tokens)])[0]
+    assert item["src_word_ids"].tolist() == [1, 2, 2, 3, 4, 5, 6, 7, 8]
+    assert item["src_word_heads"].tolist() == [2, 3, 0, 3, 6, 4, 3, 0]  # "cat" rebuilt from c@@ at

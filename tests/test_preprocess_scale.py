@@ -1,0 +1,275 @@
+"""umst-preprocess at scale: vectorised BPE scan and writer, resumable chunks, shards + merge, bad inputs."""
+import os
+import random
+
+import numpy as np
+import pytest
+
+from umst_plugin.preprocess import cli, text
+from umst_plugin.preprocess.chunks import shard_range
+from umst_plugin.preprocess.sidefiles import int_lines, write_mmap_index
+from umst_plugin.preprocess.text import read_bpe_lines, scan_bpe, word_ids_from_pieces
+
+from test_parsers import ENGLISH_BPE
+
+
+# ---- the vectorised scan and writer -----------------------------------------------------------------
+
+@pytest.mark.parametrize("scheme", ["subword-nmt", "sentencepiece"])
+def test_scan_bpe_matches_line_by_line(tmp_path, monkeypatch, scheme):
+    rng = random.Random(0)
+    pool = ["a", "b@@", "@@", "c@@", "&apos;", "x", "\u2581a", "\u2581b", "c", "\u2581", "é@@", "ü", "@", "a@"]
+    lines = []
+    for _ in range(700):
+        line = "  ".join(rng.choice(pool) for _ in range(rng.randint(1, 12)))
+        lines.append((" " if rng.random() < 0.1 else "") + line + ("\t\r" if rng.random() < 0.1 else ""))
+    path = tmp_path / "f"
+    path.write_text("\n".join(lines), encoding="utf-8")  # no final newline
+    monkeypatch.setattr(text, "BLOCK_BYTES", 997)  # many blocks, lines cut at block edges
+    reference = [pieces for _, pieces in read_bpe_lines(path)]
+    for start, stop in [(0, None), (5, 17), (100, 699), (690, None), (3, 3)]:
+        scan = scan_bpe(path, scheme, start, stop)
+        ref = reference[start:stop]
+        assert scan.word_ids.tolist() == [i for p in ref for i in word_ids_from_pieces(p, scheme)]
+        assert scan.n_tokens.tolist() == [len(p) for p in ref]
+        assert scan.n_words.tolist() == [word_ids_from_pieces(p, scheme)[-1] for p in ref]
+        assert scan.first_line == start + 1
+
+
+def test_scan_bpe_unicode_whitespace_takes_the_exact_path(tmp_path):
+    path = tmp_path / "f"
+    path.write_text("a\u00a0b c@@ d\ne\u2009f\n", encoding="utf-8")  # str.split() splits on these too
+    scan = scan_bpe(path, "subword-nmt")
+    assert scan.word_ids.tolist() == [1, 2, 3, 3, 1, 2] and scan.n_tokens.tolist() == [4, 2]
+
+
+def test_scan_bpe_errors_name_file_and_line(tmp_path):
+    bad = tmp_path / "bad"
+    bad.write_bytes(b"a b\nc \xff d\n")
+    with pytest.raises(ValueError, match=rf"{bad}:2: not valid UTF-8"):
+        scan_bpe(bad, "subword-nmt")
+    empty = tmp_path / "empty"
+    empty.write_text("a b\nc\n  \nd\n")
+    with pytest.raises(ValueError, match=rf"{empty}:3: empty line"):
+        scan_bpe(empty, "subword-nmt")
+
+
+def test_mmap_index_is_fairseqs(tmp_path):
+    from fairseq.data.indexed_dataset import MMapIndexedDataset
+
+    sizes = [3, 1, 7, 2]
+    write_mmap_index(tmp_path / "ours.idx", sizes)
+    with MMapIndexedDataset.Index.writer(str(tmp_path / "theirs.idx"), np.int32) as w:
+        w.write(sizes)
+    assert (tmp_path / "ours.idx").read_bytes() == (tmp_path / "theirs.idx").read_bytes()
+
+
+def test_int_lines_matches_str_formatting():
+    assert int_lines(np.array([1, 1, 2, 3, 4]), [3, 2]) == "1 1 2\n3 4\n"
+    assert int_lines(np.array([5]), [0, 1]) == "\n5\n"
+    rng = np.random.default_rng(0)
+    for high in (0, 9, 10, 99, 1000, 123456, 2 ** 33):
+        sizes = rng.integers(1, 8, size=50)
+        flat = rng.integers(0, high + 1, size=int(sizes.sum()))
+        rows = np.split(flat, np.cumsum(sizes)[:-1])
+        assert int_lines(flat, sizes) == "".join(" ".join(map(str, r.tolist())) + "\n" for r in rows)
+
+
+def test_unicode_space_detection_matches_python():
+    spaces = [chr(c) for c in range(128, 0x110000) if chr(c).isspace()]
+    others = ["é", "\u201c", "\u2014", "\u200b", "\u1681", "\u3001", "\u2060", "a"]
+    for ch in spaces + others:
+        data = f"x{ch}y".encode("utf-8")
+        assert text._has_unicode_space(np.frombuffer(data, np.uint8)) == (ch in spaces), repr(ch)
+
+
+def test_shard_ranges_cover_on_chunk_boundaries():
+    for n_lines, chunk, n in [(100, 10, 3), (7, 10, 3), (1001, 7, 8), (30, 10, 3)]:
+        ranges = [shard_range(n_lines, chunk, i, n) for i in range(1, n + 1)]
+        assert ranges[0][0] == 0 and ranges[-1][1] == n_lines
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+        assert all(a % chunk == 0 or a == n_lines for a, _ in ranges)
+
+
+# ---- resume and shards with a real parser ------------------------------------------------------------
+
+def _english_corpus(d, copies=5):
+    """60 distinct lines of Moses-tokenized, BPE'd English."""
+    lines = ENGLISH_BPE.splitlines()
+    out = [f"{line[:-2]} , number {k} ." if k else line for k in range(copies) for line in lines]
+    (d / "train.en").write_text("\n".join(out) + "\n")
+    return out
+
+
+def _files(d):
+    return {name: (d / name).read_bytes() for name in sorted(os.listdir(d)) if not name.startswith(".")}
+
+
+@pytest.fixture(scope="module")
+def spacy_ok():
+    pytest.importorskip("spacy")
+    from umst_plugin.preprocess.errors import ParserSetupError
+    from umst_plugin.preprocess.spacy_backend import load_pipeline
+
+    try:
+        load_pipeline("en_core_web_md")
+    except ParserSetupError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def english(tmp_path_factory, spacy_ok):
+    """The corpus and one uninterrupted, unsharded spaCy run over it."""
+    d = tmp_path_factory.mktemp("english")
+    _english_corpus(d)
+    args = ["-s", "en", "-t", "de", "--trainpref", str(d / "train"), "--parser", "spacy", "--no-check-binarized",
+            "--no-progress", "--chunk-size", "7"]
+    assert cli.main(args + ["--destdir", str(d / "full")]) == 0
+    return d, args
+
+
+@pytest.mark.slow  # two spawned parser processes, each importing fairseq and loading spaCy
+def test_resume_after_interrupt_is_byte_identical(english, capsys):
+    d, args = english
+    dest = d / "resumed"
+    # a previously written data-bin (no parse) that the interrupted run must leave untouched
+    no_parse = [("none" if a == "spacy" else a) for a in args]
+    assert cli.main(no_parse + ["--destdir", str(dest)]) == 0
+    before = _files(dest)
+    assert cli.main(args + ["--destdir", str(dest), "--stop-after-chunks", "3"]) == 130
+    assert "rerun the same command to continue" in capsys.readouterr().err
+    assert _files(dest) == before
+    chunks = sorted(os.listdir(dest / ".umst-work" / "train.en"))
+    assert chunks == ["chunk-000000.tsv", "chunk-000001.tsv", "chunk-000002.tsv", "manifest.json"]
+    # a half-written chunk from the kill is never taken for a finished one
+    (dest / ".umst-work" / "train.en" / "chunk-000003.tsv.tmp-999").write_text("0 0\tx x\t\n")
+    assert cli.main(args + ["--destdir", str(dest), "--workers", "2"]) == 0
+    assert _files(dest) == _files(d / "full")
+    assert _files(dest) != before
+    assert not os.path.exists(dest / ".umst-work")
+
+
+def test_changed_input_discards_stale_chunks(english, tmp_path):
+    d, args = english
+    src = tmp_path / "train.en"
+    lines = _english_corpus(tmp_path)
+    a = ["-s", "en", "-t", "de", "--trainpref", str(tmp_path / "train"), "--parser", "spacy",
+         "--no-check-binarized", "--no-progress", "--chunk-size", "7", "--destdir", str(tmp_path / "bin")]
+    assert cli.main(a + ["--stop-after-chunks", "1"]) == 130
+    src.write_text("\n".join(lines[1:] + lines[:1]) + "\n")  # same size, other content -> new mtime
+    os.utime(src, ns=(1, 1))
+    assert cli.main(a) == 0
+    heads = (tmp_path / "bin" / "train.en.heads").read_text().splitlines()
+    full = (d / "full" / "train.en.heads").read_text().splitlines()
+    assert heads == full[1:] + full[:1]
+
+
+def test_three_shards_merged_equal_unsharded(english):
+    d, args = english
+    text_dir = d / "shards"
+    for i in (1, 2, 3):
+        assert cli.main(args + ["--destdir", str(d / "unused"), "--text-dir", str(text_dir), "--shard", f"{i}/3"]) == 0
+    names = sorted(os.listdir(text_dir))
+    assert names == [f"train.en.shard{i}of3.{k}" for i in (1, 2, 3) for k in ("heads", "labels")]
+    sizes = [len((text_dir / f"train.en.shard{i}of3.heads").read_text().splitlines()) for i in (1, 2, 3)]
+    assert sum(sizes) == 60 and all(s % 7 == 0 for s in sizes[:-1]) and min(sizes) > 0
+    merged = d / "merged"
+    assert cli.main(args + ["--destdir", str(merged), "--text-dir", str(text_dir), "--merge-shards", "3"]) == 0
+    ours = {k: v for k, v in _files(merged).items()}
+    ours.update({k: v for k, v in _files(text_dir).items() if ".shard" not in k})
+    assert ours == _files(d / "full")
+
+
+def test_merge_checks_shards_line_by_line(english, capsys):
+    d, args = english
+    text_dir = d / "badshards"
+    for i in (1, 2):
+        assert cli.main(args + ["--destdir", str(d / "unused"), "--text-dir", str(text_dir), "--shard", f"{i}/2"]) == 0
+    merge = args + ["--destdir", str(d / "badmerged"), "--text-dir", str(text_dir), "--merge-shards", "2"]
+    shard2 = text_dir / "train.en.shard2of2.heads"
+    good = shard2.read_text()
+    lines = good.splitlines()
+    lines[4] += " 0"
+    shard2.write_text("\n".join(lines) + "\n")
+    assert cli.main(merge) == 2
+    err = capsys.readouterr().err
+    assert f"shard2of2.labels:5: 10 labels but 11 heads in {shard2}:5" in err
+    labels2 = text_dir / "train.en.shard2of2.labels"
+    good_labels = labels2.read_text()
+    label_lines = good_labels.splitlines()
+    label_lines[4] += " punct"
+    labels2.write_text("\n".join(label_lines) + "\n")
+    assert cli.main(merge) == 2
+    err = capsys.readouterr().err
+    n1 = len((text_dir / "train.en.shard1of2.heads").read_text().splitlines())
+    assert f"train.en:{n1 + 5}:" in err and str(shard2) in err and "expected equal counts" in err
+    shard2.write_text("\n".join(good.splitlines()[:-1]) + "\n")
+    labels2.write_text("\n".join(good_labels.splitlines()[:-1]) + "\n")
+    assert cli.main(merge) == 2
+    assert "the 2 shards hold 59 lines but the BPE text has 60" in capsys.readouterr().err
+    os.remove(shard2)
+    assert cli.main(merge) == 2
+    assert f"{shard2}: shard 2 of 2 missing" in capsys.readouterr().err
+    assert not os.path.exists(d / "badmerged" / "train.en.heads")
+
+
+# ---- bad inputs ------------------------------------------------------------------------------------
+
+def test_conllu_token_count_mismatch_names_both_files_and_line(tmp_path, capsys):
+    (tmp_path / "train.en").write_text("the dog@@ s bark\na cat\n")
+    rows = lambda words: "".join(f"{k + 1}\t{w}\t_\t_\t_\t_\t0\troot\t_\t_\n" for k, w in enumerate(words))
+    (tmp_path / "train.en.conllu").write_text(rows(["the", "dogs", "bark"]) + "\n" + rows(["a", "cat", "x"]) + "\n")
+    rc = cli.main(["-s", "en", "-t", "de", "--trainpref", str(tmp_path / "train"), "--destdir", str(tmp_path / "b"),
+                   "--no-check-binarized", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert f"{tmp_path / 'train.en'}:2: 2 words in the BPE text but 3 tokens in {tmp_path / 'train.en.conllu'}" in err
+
+
+def test_failed_run_keeps_previous_databin(tmp_path, capsys):
+    (tmp_path / "train.en").write_text("a b\nc d@@ e\n")
+    (tmp_path / "valid.en").write_text("a b\n")
+    common = ["-s", "en", "-t", "de", "--trainpref", str(tmp_path / "train"), "--validpref", str(tmp_path / "valid"),
+              "--destdir", str(tmp_path / "bin"), "--parser", "none", "--no-check-binarized", "--no-progress"]
+    assert cli.main(common) == 0
+    before = _files(tmp_path / "bin")
+    (tmp_path / "train.en").write_text("x y z\nw\n")
+    (tmp_path / "valid.en").write_text("a\n\nb\n")  # the later split fails after train was staged
+    assert cli.main(common) == 2
+    assert f"{tmp_path / 'valid.en'}:2: empty line" in capsys.readouterr().err
+    assert _files(tmp_path / "bin") == before
+    assert not [n for n in os.listdir(tmp_path / "bin") if ".tmp-" in n]
+
+
+def _binarized_source(prefix, token_counts):
+    """A fairseq mmap source dataset as fairseq-preprocess writes it (tokens + </s> per line)."""
+    import torch
+    from fairseq.data.indexed_dataset import MMapIndexedDatasetBuilder
+
+    builder = MMapIndexedDatasetBuilder(f"{prefix}.bin", dtype=np.int32)
+    for n in token_counts:
+        builder.add_item(torch.arange(4, 4 + n + 1, dtype=torch.int32))
+    builder.finalize(f"{prefix}.idx")
+
+
+def test_binarized_mismatch_and_missing_inputs(tmp_path, capsys):
+    (tmp_path / "valid.en").write_text("a b@@ c\nd e\nf\n")
+    os.makedirs(tmp_path / "bin")
+    _binarized_source(tmp_path / "bin" / "valid.en-de.en", [3, 2, 1])
+    common = ["-s", "en", "-t", "de", "--destdir", str(tmp_path / "bin"), "--no-progress"]
+    assert cli.main(common + ["--validpref", str(tmp_path / "valid"), "--parser", "none"]) == 0
+    assert (tmp_path / "bin" / "valid.en.wordids").read_text() == "1 2 2\n1 2\n1\n"
+    (tmp_path / "valid.en").write_text("a b@@ c\nd e x\nf\n")
+    assert cli.main(common + ["--validpref", str(tmp_path / "valid"), "--parser", "none"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'valid.en'}:2: 3 tokens in the BPE text but 2 in the binarized source" in err
+    (tmp_path / "valid.en").write_text("a b@@ c\nd e\n")
+    assert cli.main(common + ["--validpref", str(tmp_path / "valid"), "--parser", "none"]) == 2
+    assert "2 lines, but the binarized source" in capsys.readouterr().err
+    assert cli.main(common + ["--validpref", str(tmp_path / "nope"), "--parser", "none"]) == 2
+    assert f"{tmp_path / 'nope.en'}: no such file" in capsys.readouterr().err
+    assert cli.main(common + ["--validpref", str(tmp_path / "valid"), "--parser", "conllu"]) == 2
+    assert f"{tmp_path / 'valid.en.conllu'}: no such CoNLL-U file" in capsys.readouterr().err
+    assert cli.main(common + ["--validpref", str(tmp_path / "valid"), "--parser", "none", "--destdir",
+                              str(tmp_path / "empty")]) == 2
+    assert "binarized source not found" in capsys.readouterr().err

@@ -1,0 +1,401 @@
+"""The WMT recipes on local stand-in data (the toy corpus under the WMT file names).
+
+* Both prepare scripts run from their post-download stage (--raw-dir), twice (idempotent).
+* Every configs/*.yaml composes through fairseq-hydra-train's own path, names a registered
+  arch and runs 1 update with tiny overrides; rows whose arch is not registered yet SKIP.
+* Smoke: one row per registered architecture family trained a handful of updates, averaged
+  with umst-average-checkpoints, decoded and scored (tokenized + sacreBLEU), collected into
+  a markdown table; the En-Ro baseline goes through the shell scripts end to end
+  (train.sh -> umst-average-checkpoints -> evaluate.sh -> collect_results.py).
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import e2e
+import recipe_toy
+
+ROOT = e2e.ROOT
+CONFIGS = os.path.join(ROOT, "configs")
+SCRIPTS = os.path.join(ROOT, "scripts")
+sys.path.insert(0, SCRIPTS)
+
+import collect_results  # noqa: E402
+import score  # noqa: E402
+import umst_plugin  # noqa: E402,F401  (registers the plugin's archs)
+from umst_plugin import average_checkpoints  # noqa: E402
+
+ROW_NAMES = sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(CONFIGS, "*.yaml")))
+MERGES = 300  # toy BPE
+
+# Tiny model overrides per model family (argparse dests of the family's add_args).
+TINY = dict(encoder_layers=1, decoder_layers=1, encoder_embed_dim=16, decoder_embed_dim=16,
+            encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32, encoder_attention_heads=2,
+            decoder_attention_heads=2)
+TINY_FAMILY = {
+    # one kernel size per layer: a 1-element list would be repeated with list * n, which a hydra
+    # ListConfig does not support
+    "lightconv": dict(encoder_layers=2, decoder_layers=2, encoder_conv_dim=16, decoder_conv_dim=16,
+                      encoder_kernel_size_list=[3, 5], decoder_kernel_size_list=[3, 5]),
+    "transformer_sf": dict(fast_embed_dim=8, fast_ffn_embed_dim=16, fast_attention_heads=2),
+    "msc": dict(encoder_blocks=2, encoder_layers_per_block=1, decoder_layers=2),  # one decoder layer per block
+}
+
+
+def env():
+    e = e2e.cli_env()
+    e["PYTHON"] = sys.executable
+    e["PATH"] = os.path.dirname(sys.executable) + os.pathsep + e.get("PATH", "")
+    return e
+
+
+def sh(*cmd, check=True):
+    proc = subprocess.run(list(map(str, cmd)), env=env(), capture_output=True, text=True, cwd=ROOT)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"failed ({proc.returncode}): {' '.join(map(str, cmd))}\n--- stdout\n"
+                             f"{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}")
+    return proc.stdout + proc.stderr
+
+
+# ---- data preparation -------------------------------------------------------------------------
+
+PREPARE = {"wmt14-en-de": ("prepare-wmt14-en-de.sh", "wmt14_en_de", "de"),
+           "wmt16-en-ro": ("prepare-wmt16-en-ro.sh", "wmt16_en_ro", "ro")}
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """Both prepare scripts on toy stand-in data, run concurrently; then run again (must skip)."""
+    top = tmp_path_factory.mktemp("recipes")
+    jobs, out = {}, {}
+    for dataset, (script, name, tgt) in PREPARE.items():
+        raw, conllu, work = top / f"{dataset}-raw", top / f"{dataset}-conllu", top / f"{dataset}-work"
+        kept = recipe_toy.write_toy_wmt(dataset, str(raw), str(conllu))
+        cmd = ["bash", os.path.join(SCRIPTS, script), "--raw-dir", raw, "--work-dir", work, "--bpe-merges", MERGES,
+               "--parser", "conllu", "--conllu-dir", conllu, "--workers", "1"]
+        jobs[dataset] = (subprocess.Popen(list(map(str, cmd)), env=env(), cwd=ROOT, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True), cmd)
+        out[dataset] = dict(work=str(work), databin=str(work / "data-bin" / f"{name}_bpe{MERGES}"), kept=kept,
+                            tgt=tgt, cmd=cmd)
+    for dataset, (proc, cmd) in jobs.items():
+        log, _ = proc.communicate()
+        assert proc.returncode == 0, f"{' '.join(map(str, cmd))}\n{log[-6000:]}"
+        out[dataset]["log"] = log
+    return out
+
+
+@pytest.mark.parametrize("dataset", sorted(PREPARE))
+def test_prepare_writes_databin_with_side_data_and_stats(prepared, dataset):
+    p = prepared[dataset]
+    tgt, db = p["tgt"], p["databin"]
+    for split in ("train", "valid", "test"):
+        for suffix in ("bin", "idx", "wordids.bin", "heads.bin"):
+            assert os.path.exists(os.path.join(db, f"{split}.en-{tgt}.en.{suffix}")), (split, suffix)
+        assert os.path.exists(os.path.join(db, f"{split}.en-{tgt}.{tgt}.bin"))
+    with open(os.path.join(db, "corpus-stats.json")) as f:
+        stats = json.load(f)
+    # The toy's deliberately unbalanced pair is cleaned away; the CoNLL-U parses follow.
+    assert stats["splits"]["train"]["sentences"] == p["kept"]
+    assert stats["splits"]["test"]["sentences"] == 30
+    assert stats["joined_dictionary"] > 50
+    assert re.search(rf"train\s+{p['kept']} sentence pairs", p["log"]), p["log"][-2000:]
+    assert "joined dictionary" in p["log"]
+    for ref in ("test.tok", "test.detok"):
+        assert os.path.exists(os.path.join(db, "ref", f"{ref}.{tgt}"))
+
+
+def test_prepare_is_idempotent_and_reparses_for_another_parser(prepared):
+    """A re-run skips every finished stage; changing --parser re-runs only the parse stage
+    (its stamp records the parser)."""
+    p = prepared["wmt14-en-de"]
+    before = os.path.getmtime(os.path.join(p["databin"], "train.en-de.en.bin"))
+    cmd = list(p["cmd"])
+    cmd[cmd.index("--parser") + 1] = "none"
+    log = sh(*cmd)
+    for stage in ("extract", "tokenize", "clean", "bpe", "binarize"):
+        assert re.search(rf"\] {stage}[^\n]*: done before", log), (stage, log[-3000:])
+    assert "dependency side data with --parser none" in log
+    assert os.path.getmtime(os.path.join(p["databin"], "train.en-de.en.bin")) == before
+    with open(os.path.join(p["work"], ".stamps", f"parse{MERGES}")) as f:
+        assert f.read().strip() == "none:"
+
+
+def _fake_archive(path, member):
+    import tarfile
+    import zipfile
+
+    src = path.parent / "payload.txt"
+    src.write_text("toy\n")
+    if path.name.endswith(".zip"):
+        with zipfile.ZipFile(path, "w") as z:
+            z.write(src, member)
+    else:
+        with tarfile.open(path, "w:gz") as t:
+            t.add(src, member)
+
+
+def test_download_stage_verifies_checksums(tmp_path):
+    """Through a file:// mirror: unpublished checksums are recorded on first download and enforced
+    afterwards; a pinned checksum (sacrebleu's md5 of the WMT16 dev set) rejects a wrong file."""
+    mirror, raw = tmp_path / "mirror", tmp_path / "raw"
+    mirror.mkdir()
+    for name in ("training-parallel-ep-v8.tgz", "SETIMES.en-ro.txt.zip", "wmt16-dev.tgz", "wmt16-test.tgz"):
+        _fake_archive(mirror / name, f"fake/{name}.txt")
+    e = {**env(), "WMT_MIRROR": f"file://{mirror}"}
+    cmd = ["bash", os.path.join(SCRIPTS, "download-wmt.sh"), "wmt16-en-ro", str(raw)]
+    proc = subprocess.run(cmd, env=e, capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "wmt16-dev.tgz: md5" in proc.stderr and "expected 4a3dc2760bb077f4308cce96b06e6af6" in proc.stderr
+    recorded = (raw / "CHECKSUMS.recorded").read_text()
+    assert "training-parallel-ep-v8.tgz sha256:" in recorded and "SETIMES.en-ro.txt.zip sha256:" in recorded
+    assert (raw / "fake" / "training-parallel-ep-v8.tgz.txt").exists()  # verified, then extracted
+    # A changed archive no longer matches what the first download recorded.
+    _fake_archive(raw / "training-parallel-ep-v8.tgz", "fake/other.txt")
+    proc = subprocess.run(cmd, env=e, capture_output=True, text=True)
+    assert proc.returncode != 0 and "training-parallel-ep-v8.tgz has sha256:" in proc.stderr, proc.stderr
+
+
+# ---- configs ----------------------------------------------------------------------------------
+
+def test_every_row_has_a_config_and_paper_numbers():
+    assert ROW_NAMES == sorted(collect_results.ROWS), "configs/*.yaml and collect_results.ROWS differ"
+    from omegaconf import OmegaConf
+
+    for row in ROW_NAMES:
+        cfg = OmegaConf.load(os.path.join(CONFIGS, row + ".yaml"))
+        meta = collect_results.ROWS[row]
+        assert cfg.model._name == meta["arch"], row
+        assert cfg.task.target_lang == ("ro" if meta["dataset"] == "wmt16_en_ro" else "de"), row
+        assert cfg.distributed_training.distributed_world_size == meta["gpus"], row
+        assert isinstance(meta["bleu"], float) and 20 < meta["bleu"] < 40, row
+
+
+def model_family(arch):
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+
+    return ARCH_MODEL_NAME_REGISTRY[arch]
+
+
+def require_arch(arch):
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    if arch not in ARCH_MODEL_REGISTRY:
+        pytest.skip(f"arch {arch!r} is not registered yet (it lands with its architecture's branch)")
+
+
+def _value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list):
+        return "[" + ",".join(map(str, v)) + "]"
+    return str(v)
+
+
+def tiny_overrides(arch):
+    family = model_family(arch)
+    model = {**TINY, **TINY_FAMILY.get(family, {})}
+    if family == "msc":
+        model = {k: v for k, v in model.items() if k != "encoder_layers"}
+    return [f"++model.{k}={_value(v)}" for k, v in model.items()]
+
+
+def compose_row(row, overrides):
+    """What fairseq-hydra-train --config-dir configs --config-name ROW does before training."""
+    from fairseq.dataclass.initialize import hydra_init
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    hydra_init(row)
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONFIGS, version_base="1.1"):
+        return compose(config_name=row, overrides=overrides)
+
+
+def train_row(row, databin, save_dir, max_update=1, extra=()):
+    """Train ROW in-process via fairseq_cli.hydra_train with tiny overrides; returns checkpoint_last's state."""
+    from fairseq_cli.hydra_train import _hydra_main
+
+    from umst_plugin.legacy_hydra import install
+
+    install()  # what scripts/hydra_train.py (train.sh) does
+    arch = collect_results.ROWS[row]["arch"]
+    overrides = [f"task.data={databin}", f"common.user_dir={e2e.PLUGIN}", "common.cpu=true", "common.fp16=false",
+                 "common.log_interval=1", "common.seed=1", "distributed_training.distributed_world_size=1",
+                 "dataset.max_tokens=500", "dataset.num_workers=0", "dataset.disable_validation=true",
+                 "optimization.update_freq=[1]", f"optimization.max_update={max_update}",
+                 f"checkpoint.save_dir={save_dir}", *tiny_overrides(arch), *extra]
+    cfg = compose_row(row, overrides)
+    assert cfg.model._name == arch
+    _hydra_main(cfg)
+    state = torch.load(os.path.join(save_dir, "checkpoint_last.pt"), map_location="cpu")
+    assert state["optimizer_history"][-1]["num_updates"] == max_update
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+    return state
+
+
+def databin_for(prepared, row):
+    return prepared["wmt16-en-ro" if collect_results.ROWS[row]["dataset"] == "wmt16_en_ro" else "wmt14-en-de"]
+
+
+@pytest.mark.parametrize("row", ROW_NAMES)
+def test_config_composes_and_trains_one_update(prepared, row, tmp_path):
+    meta = collect_results.ROWS[row]
+    require_arch(meta["arch"])
+    state = train_row(row, databin_for(prepared, row)["databin"], str(tmp_path), max_update=1,
+                      extra=["checkpoint.no_epoch_checkpoints=true"])
+    model_cfg = state["cfg"]["model"]  # a Namespace for argparse-style models, as fairseq-train stores it
+    name = model_cfg._name if isinstance(model_cfg, argparse.Namespace) else model_cfg["_name"]
+    assert name == meta["arch"]
+    # The row's own settings survived composition (and were not replaced by arch defaults).
+    assert list(state["cfg"]["optimizer"]["adam_betas"])[1] in (0.997, 0.98, 0.998)
+    assert state["cfg"]["criterion"]["label_smoothing"] == 0.1
+
+
+# ---- smoke: one row per architecture, train -> average -> evaluate -> collect ------------------
+
+def smoke_rows():
+    """The first En-De row of every registered model family (covers new archs as they land)."""
+    rows, seen = [], set()
+    for row, meta in collect_results.ROWS.items():
+        if meta["dataset"] != "wmt14_en_de":
+            continue
+        try:
+            family = model_family(meta["arch"])
+        except KeyError:
+            continue
+        if family not in seen:
+            seen.add(family)
+            rows.append(row)
+    return rows
+
+
+def generate_in_process(databin, ckpt, out_dir, beam, lenpen):
+    from fairseq import options
+    from fairseq_cli.generate import main as generate_main
+
+    parser = options.get_generation_parser()
+    args = options.parse_args_and_arch(parser, input_args=[
+        databin, "--user-dir", e2e.PLUGIN, "--task", "multiscale_translation", "--path", ckpt, "--gen-subset",
+        "test", "--beam", str(beam), "--lenpen", str(lenpen), "--max-tokens", "4000", "--remove-bpe",
+        "--results-path", out_dir, "--required-batch-size-multiple", "1", "--max-len-a", "1.2", "--max-len-b", "5",
+        "--num-workers", "0", "--cpu"])
+    generate_main(args)
+    return os.path.join(out_dir, "generate-test.txt")
+
+
+def test_smoke_one_row_per_architecture(prepared, tmp_path):
+    p = prepared["wmt14-en-de"]
+    db = p["databin"]
+    rows = smoke_rows()
+    assert "umst-t2-transformer-base" in rows
+    for row in rows:
+        meta = collect_results.ROWS[row]
+        save = tmp_path / row
+        # 4 updates, a checkpoint every 2: average the two update checkpoints
+        train_row(row, db, str(save), max_update=4, extra=["checkpoint.save_interval_updates=2",
+                                                           "checkpoint.no_epoch_checkpoints=true"])
+        assert len(glob.glob(str(save / "checkpoint_*_*.pt"))) == 2
+        avg = str(save / "checkpoint_avg2.pt")
+        assert average_checkpoints.main(["--inputs", str(save), "--num-update-checkpoints", "2",
+                                         "--output", avg]) == 0
+        gen = generate_in_process(db, avg, str(save), meta["beam"], meta["lenpen"])
+        assert score.main(["--generate", gen, "--lang", "de", "--compound-split",
+                           "--tok-ref", os.path.join(db, "ref", "test.tok.de"),
+                           "--detok-ref", os.path.join(db, "ref", "test.detok.de"),
+                           "--json", str(save / "results.json"), "--extra", f"row={row}",
+                           "--extra", "checkpoint_name=checkpoint_avg2.pt"]) == 0
+        with open(save / "results.json") as f:
+            res = json.load(f)
+        assert res["sentences"] == 30  # every test sentence translated
+        assert 0.0 <= res["tok_bleu"] <= 100.0 and "tok:13a" in res["sacrebleu_signature"]
+    table = collect_results.markdown_table(collect_results.find_results([str(tmp_path)]))
+    for row in rows:
+        assert re.search(rf"^\| {re.escape(row)} \| .* \| checkpoint_avg2\.pt \|", table, flags=re.M), table
+    print("\n" + table)
+
+
+def test_shell_scripts_end_to_end_en_ro(prepared, tmp_path):
+    """train.sh -> umst-average-checkpoints -> evaluate.sh -> collect_results.py on the En-Ro baseline."""
+    p = prepared["wmt16-en-ro"]
+    row = "umst-t3-transformer-base"
+    save = tmp_path / "runs" / row
+    tiny = tiny_overrides(collect_results.ROWS[row]["arch"])
+    sh("bash", os.path.join(SCRIPTS, "train.sh"), row, "--data", p["databin"], "--save-dir", save, "--gpus", "0",
+       "--", "optimization.max_epoch=2", "dataset.max_tokens=1500", "dataset.disable_validation=true",
+       "dataset.num_workers=0", *tiny)
+    # (in-process: the same main() as the console script, without another torch import)
+    assert average_checkpoints.main(["--inputs", str(save), "--num-epoch-checkpoints", "2",
+                                     "--output", str(save / "checkpoint_avg2.pt")]) == 0
+    log = sh("bash", os.path.join(SCRIPTS, "evaluate.sh"), "--data", p["databin"], "--checkpoint",
+             save / "checkpoint_avg2.pt", "--row", row, "--", "--max-len-a", "1.2", "--max-len-b", "5", "--cpu")
+    assert "signature: nrefs:1|case:mixed" in log and "tokenized BLEU:" in log  # no compound split for Ro
+    with open(save / "results.json") as f:
+        res = json.load(f)
+    assert res["sentences"] == 30 and res["row"] == row and res["beam"] == "4" and res["lenpen"] == "0.6"
+    table = sh(sys.executable, os.path.join(SCRIPTS, "collect_results.py"), tmp_path / "runs", "--all-rows")
+    line = next(x for x in table.splitlines() if x.startswith(f"| {row} |"))
+    assert "| 34.21 |" in line and f"| {res['tok_bleu']:.2f} |" in line
+    assert "| umst-t2-umst-base |" in table and "not run" in table
+
+
+# ---- unit checks of the scoring and averaging -------------------------------------------------
+
+def test_legacy_model_gets_the_namespace_fairseq_train_builds(prepared):
+    """A legacy arch's hydra model config becomes fairseq-train's flat Namespace: YAML values kept,
+    add_args defaults added (lightconv's weight_softmax), other groups' keys visible."""
+    from fairseq.dataclass.utils import omegaconf_no_object_check
+
+    from umst_plugin.legacy_hydra import is_legacy_arch, use_legacy_namespace
+
+    cfg = compose_row("prime-t1-dynamicconv-big", [f"task.data={prepared['wmt14-en-de']['databin']}",
+                                                   f"common.user_dir={e2e.PLUGIN}"])
+    with omegaconf_no_object_check():
+        use_legacy_namespace(cfg)
+    ns = cfg.model
+    assert isinstance(ns, argparse.Namespace)
+    assert ns.arch == ns._name == "lightconv_wmt_en_de_big"
+    assert ns.encoder_glu is True and ns.dropout == 0.3 and ns.encoder_conv_type == "dynamic"  # from the YAML
+    assert ns.weight_softmax is True  # lightconv's add_args default, not in the YAML
+    assert ns.max_source_positions == 1024 and ns.share_all_embeddings is True  # task group / model
+    assert is_legacy_arch("lightconv_wmt_en_de_big") and not is_legacy_arch("transformer_lm")  # dataclass model
+
+
+def test_compound_splitting_matches_the_perl_regex():
+    assert score.compound_split("state @-@ of") == "state @ ##AT##-##AT## @ of"
+    assert score.compound_split("Gesundheits-Reform a-b-c") == "Gesundheits ##AT##-##AT## Reform a ##AT##-##AT## b-c"
+
+
+def test_tokenized_bleu_is_multi_bleu_style():
+    hyp, ref = ["the cat sat on the mat"], ["the cat sat on the mat"]
+    assert score.tokenized_bleu(hyp, ref).score == pytest.approx(100.0)
+    # no smoothing: a missing 4-gram order gives 0 like multi-bleu.perl
+    assert score.tokenized_bleu(["the cat"], ["the cat sat"]).score == 0.0
+    # case-sensitive and no re-tokenization
+    assert score.tokenized_bleu(["The cat sat on the mat"], ref).score < 100.0
+    assert score.tokenized_bleu(["the cat sat on the mat ."], ["the cat sat on the mat."]).score < 100.0
+
+
+def test_average_checkpoints_averages_and_picks_the_newest(tmp_path):
+    for epoch in (1, 2, 3):
+        torch.save({"model": {"w": torch.full((2,), float(epoch)), "step": torch.tensor(7)},
+                    "cfg": {"epoch": epoch}, "extra_state": {}, "optimizer_history": [],
+                    "last_optimizer_state": {"x": 1}}, tmp_path / f"checkpoint{epoch}.pt")
+    torch.save({"model": {}}, tmp_path / "checkpoint_last.pt")
+    paths = average_checkpoints.last_n_checkpoints(str(tmp_path), 2)
+    assert [os.path.basename(x) for x in paths] == ["checkpoint3.pt", "checkpoint2.pt"]
+    out = tmp_path / "avg.pt"
+    assert average_checkpoints.main(["--inputs", str(tmp_path), "--num-epoch-checkpoints", "2",
+                                     "--output", str(out)]) == 0
+    state = torch.load(out, map_location="cpu")
+    assert torch.equal(state["model"]["w"], torch.full((2,), 2.5))
+    assert state["model"]["step"].item() == 7 and state["cfg"]["epoch"] == 3
+    assert state["last_optimizer_state"] is None
+    assert average_checkpoints.main(["--inputs", str(tmp_path), "--num-epoch-checkpoints", "5",
+                                     "--output", str(out)]) == 2

@@ -1,0 +1,617 @@
+"""MSC: Multiscale Collaborative deep models for NMT (Wei et al., ACL 2020).
+
+Registered model ``msc`` with architectures ``msc_iwslt_de_en``, ``msc_base``
+and ``msc_big`` (pre-norm).  The encoder is N blocks of M layers
+(``--encoder-blocks N --encoder-layers-per-block M``); the decoder has N layers,
+one per block.
+
+* Block-scale collaboration (section 3.1, Eqs. 5-7): decoder layer n attends
+  the output of encoder block n.
+* Contextual collaboration (section 3.2, Eqs. 9-13): ``C^0`` = source
+  embedding, ``C^n = GRU(C^{n-1}, B^n)`` position-wise; every layer of encoder
+  block n fuses self-attention with attention over ``C^{n-1}`` (Eq. 12 gate);
+  decoder layer n fuses attention over ``B^n`` with attention over ``C^n``
+  (Eq. 13 gate).
+* ``--encoder-l2``: L2 penalty on encoder weight matrices (table 2 row 6),
+  added to the training loss through :meth:`MSCModel.get_normalized_probs`,
+  the hook every fairseq NLL criterion calls.
+* ``--log-encoder-grad-norms``: per-layer encoder gradient norms (figure 5)
+  written as JSONL during fairseq-train; plot with scripts/plot_grad_norms.py.
+
+Deliberate choices where the paper is silent (also in docs/msc.md):
+* Block outputs are layer-normalised (one LayerNorm per block) before the
+  decoder and the context cell see them, as a pre-norm encoder normalises its
+  top output; the residual stream entering block n+1 is the raw B^n (Eq. 6).
+* One GRU cell is shared by all blocks: "a GRU cell Q" (Eq. 9); this is what
+  reproduces table 2's 10.5M -> 15.6M parameter count (per-block cells would
+  give 17.6M).
+* C^0 is the encoder input of block 1 (scaled token embedding + positions,
+  after dropout).
+
+MSC needs no side data: the encoder and model accept and ignore extra
+keyword inputs (``src_word_ids``, ``src_word_heads`` of the
+``multiscale_translation`` task), so it also trains with plain ``translation``.
+"""
+
+import atexit
+import json
+import logging
+import math
+import os
+from functools import partial
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from fairseq import utils
+from fairseq.distributed import utils as distributed_utils
+from fairseq.logging import metrics
+from fairseq.models import (
+    FairseqEncoder,
+    FairseqEncoderDecoderModel,
+    register_model,
+    register_model_architecture,
+)
+from fairseq.models.transformer import Embedding, TransformerModel
+from fairseq.models.transformer.transformer_decoder import TransformerDecoder
+from fairseq.models.transformer import transformer_legacy
+from fairseq.modules import FairseqDropout, LayerNorm, PositionalEmbedding
+
+from umst_plugin.modules.msc_layers import (
+    CONTEXT_CELLS,
+    FUSIONS,
+    ContextCell,
+    MSCDecoderLayer,
+    MSCEncoderLayer,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_POSITIONS = 1024
+GRAD_NORMS_FILENAME = "encoder_grad_norms.jsonl"
+
+
+# ----------------------------------------------------------------------------
+# Encoder
+# ----------------------------------------------------------------------------
+
+
+class MSCEncoder(FairseqEncoder):
+    """N blocks x M pre-norm layers with block outputs and context states.
+
+    ``forward`` returns fairseq's encoder-out dict plus
+    ``msc_block_out``: the N layer-normalised block outputs (T x B x C; only
+    the top one with ``--no-block-collaboration``) and ``msc_context``:
+    C^1..C^N (T x B x C; empty with ``--no-contextual-collaboration``).
+    All of them share ``encoder_padding_mask`` (B x T), which is the padding
+    mask of every position-wise state.
+    """
+
+    def __init__(self, args, dictionary, embed_tokens):
+        super().__init__(dictionary)
+        self.register_buffer("version", torch.Tensor([3]))
+        embed_dim = embed_tokens.embedding_dim
+        self.padding_idx = embed_tokens.padding_idx
+        self.max_source_positions = args.max_source_positions
+        self.embed_tokens = embed_tokens
+        self.embed_scale = 1.0 if args.no_scale_embedding else math.sqrt(embed_dim)
+        self.embed_positions = (
+            PositionalEmbedding(args.max_source_positions, embed_dim, self.padding_idx,
+                                learned=args.encoder_learned_pos)
+            if not args.no_token_positional_embeddings else None
+        )
+        self.dropout_module = FairseqDropout(args.dropout, module_name=self.__class__.__name__)
+
+        self.num_blocks = args.encoder_blocks
+        self.layers_per_block = args.encoder_layers_per_block
+        self.block_collaboration = not args.no_block_collaboration
+        self.contextual_collaboration = not args.no_contextual_collaboration
+        encoder_context_attention = self.contextual_collaboration and not args.no_context_attention
+
+        # Flat list: layer i (0-based) belongs to block i // M.  Same state-dict
+        # names as fairseq's encoder ("encoder.layers.{i}.").
+        self.layers = nn.ModuleList([
+            MSCEncoderLayer(
+                embed_dim, args.encoder_ffn_embed_dim, args.encoder_attention_heads,
+                dropout=args.dropout, attention_dropout=args.attention_dropout,
+                activation_dropout=args.activation_dropout,
+                context_attention=encoder_context_attention, fusion=args.msc_fusion,
+            )
+            for _ in range(self.num_blocks * self.layers_per_block)
+        ])
+        self.num_layers = len(self.layers)
+
+        # Block n's output is normalised when someone reads it: the decoder
+        # (block collaboration), the context cell, or -- for the top block --
+        # always (the final LayerNorm of a pre-norm encoder).
+        self.block_layer_norms = nn.ModuleDict({
+            str(n): LayerNorm(embed_dim)
+            for n in range(self.num_blocks)
+            if n == self.num_blocks - 1 or self.block_collaboration or self.contextual_collaboration
+        })
+        self.context_cell = (
+            ContextCell(embed_dim, args.context_cell, args.encoder_ffn_embed_dim)
+            if self.contextual_collaboration else None
+        )
+
+    def forward(
+        self,
+        src_tokens: Tensor,
+        src_lengths: Optional[Tensor] = None,
+        return_all_hiddens: bool = False,
+        token_embeddings: Optional[Tensor] = None,
+        **unused_side_inputs,
+    ):
+        """src_tokens: B x T. Extra keyword inputs (side data of other models) are ignored."""
+        padding_mask = src_tokens.eq(self.padding_idx)
+        if token_embeddings is None:
+            token_embeddings = self.embed_tokens(src_tokens)
+        x = embedding = self.embed_scale * token_embeddings
+        if self.embed_positions is not None:
+            x = x + self.embed_positions(src_tokens)
+        x = self.dropout_module(x)
+        x = x.masked_fill(padding_mask.unsqueeze(-1), 0.0)
+        x = x.transpose(0, 1)  # T x B x C
+
+        context = x  # C^0 (Eq. 9)
+        block_outs: List[Tensor] = []
+        contexts: List[Tensor] = []
+        encoder_states: List[Tensor] = []
+        for n in range(self.num_blocks):
+            for layer in self.layers[n * self.layers_per_block:(n + 1) * self.layers_per_block]:
+                x = layer(x, padding_mask, context if layer.context_attn is not None else None)
+                if return_all_hiddens:
+                    encoder_states.append(x)
+            key = str(n)
+            if key not in self.block_layer_norms:
+                continue
+            block_out = self.block_layer_norms[key](x)
+            if self.block_collaboration or n == self.num_blocks - 1:
+                block_outs.append(block_out)
+            if self.context_cell is not None:
+                context = self.context_cell(context, block_out)  # C^{n+1} (1-based n+1)
+                contexts.append(context)
+
+        return {
+            "encoder_out": [block_outs[-1]],  # T x B x C, top block, normalised
+            "encoder_padding_mask": [padding_mask],  # B x T
+            "encoder_embedding": [embedding],  # B x T x C
+            "encoder_states": encoder_states,  # List[T x B x C]
+            "src_tokens": [],
+            "src_lengths": [src_lengths] if src_lengths is not None else [],
+            "msc_block_out": block_outs,  # N (or 1) x [T x B x C]
+            "msc_context": contexts,  # N (or 0) x [T x B x C]
+        }
+
+    @torch.jit.export
+    def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order):
+        """Reorder every batch-indexed tensor, block outputs and contexts included."""
+        time_major = ("encoder_out", "encoder_states", "msc_block_out", "msc_context")
+        reordered: Dict[str, List[Tensor]] = {}
+        for key, tensors in encoder_out.items():
+            dim = 1 if key in time_major else 0
+            reordered[key] = [t.index_select(dim, new_order) for t in tensors]
+        return reordered
+
+    def max_positions(self):
+        if self.embed_positions is None:
+            return self.max_source_positions
+        return min(self.max_source_positions, self.embed_positions.max_positions)
+
+
+# ----------------------------------------------------------------------------
+# Decoder
+# ----------------------------------------------------------------------------
+
+
+class MSCDecoder(TransformerDecoder):
+    """fairseq's pre-norm Transformer decoder whose layer n reads encoder block n and C^n."""
+
+    def __init__(self, args, dictionary, embed_tokens):
+        self.args = args
+        super().__init__(args, dictionary, embed_tokens, no_encoder_attn=False)
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        args = self.args
+        return MSCDecoderLayer(
+            args.decoder_embed_dim, args.decoder_ffn_embed_dim, args.decoder_attention_heads,
+            dropout=args.dropout, attention_dropout=args.attention_dropout,
+            activation_dropout=args.activation_dropout,
+            context_attention=not args.no_contextual_collaboration, fusion=args.msc_fusion,
+        )
+
+    def extract_features_scriptable(
+        self,
+        prev_output_tokens,
+        encoder_out: Optional[Dict[str, List[Tensor]]],
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        full_context_alignment: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+    ):
+        if encoder_out is None or "msc_block_out" not in encoder_out:
+            raise ValueError("MSCDecoder needs the encoder-out dict of MSCEncoder")
+        if alignment_layer is None:
+            alignment_layer = self.num_layers - 1
+        block_outs = encoder_out["msc_block_out"]
+        contexts = encoder_out["msc_context"]
+        padding_mask = encoder_out["encoder_padding_mask"][0]
+
+        positions = None
+        if self.embed_positions is not None:
+            positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
+        if incremental_state is not None:
+            prev_output_tokens = prev_output_tokens[:, -1:]
+            if positions is not None:
+                positions = positions[:, -1:]
+        prev_output_tokens = prev_output_tokens.contiguous()
+        x = self.embed_scale * self.embed_tokens(prev_output_tokens)
+        if self.project_in_dim is not None:
+            x = self.project_in_dim(x)
+        if positions is not None:
+            x += positions
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = self.dropout_module(x)
+        x = x.transpose(0, 1)
+
+        self_attn_padding_mask: Optional[Tensor] = None
+        if prev_output_tokens.eq(self.padding_idx).any():
+            self_attn_padding_mask = prev_output_tokens.eq(self.padding_idx)
+
+        attn: Optional[Tensor] = None
+        inner_states: List[Optional[Tensor]] = [x]
+        for idx, layer in enumerate(self.layers):
+            self_attn_mask = (
+                self.buffered_future_mask(x)
+                if incremental_state is None and not full_context_alignment else None
+            )
+            # Block-scale collaboration: layer n reads block n (Eq. 7); without
+            # it every layer reads the top block (plain encoder-decoder).
+            memory = block_outs[idx] if len(block_outs) == self.num_layers else block_outs[-1]
+            context = contexts[idx] if len(contexts) > 0 else None
+            x, layer_attn = layer(
+                x, memory, padding_mask, context,
+                incremental_state=incremental_state,
+                self_attn_mask=self_attn_mask,
+                self_attn_padding_mask=self_attn_padding_mask,
+                need_attn=bool(idx == alignment_layer),
+                need_head_weights=bool(idx == alignment_layer),
+            )
+            inner_states.append(x)
+            if layer_attn is not None and idx == alignment_layer:
+                attn = layer_attn.float().to(x)
+        if attn is not None:
+            if alignment_heads is not None:
+                attn = attn[:alignment_heads]
+            attn = attn.mean(dim=0)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        x = x.transpose(0, 1)
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
+        return x, {"attn": [attn], "inner_states": inner_states}
+
+
+# ----------------------------------------------------------------------------
+# Encoder L2 and gradient-norm logging, hooked into the criterion's log-probs
+# ----------------------------------------------------------------------------
+
+
+class _PerTokenLossTerm(torch.autograd.Function):
+    """Identity on the log-probs whose backward adds ``penalty`` once per target token.
+
+    Backward treats every log-prob as lowered by ``penalty``.  For NLL and
+    label-smoothed NLL the gradient w.r.t. each target position's log-probs
+    sums to -1 (times fairseq's loss scale), so d(loss)/d(penalty) =
+    -sum(grad) = number of target tokens (x loss scale).  After fairseq divides
+    the gradients by sample_size (= target tokens) the encoder weights receive
+    exactly the gradient of ``penalty``, under fp16 loss scaling, AMP, gradient
+    accumulation and DDP alike.  The reported loss value is unchanged (the
+    penalty is logged separately as ``encoder_l2``).  That same
+    -sum(grad) is the loss's token count x loss scale: the grad-norm logger
+    divides by it to report unscaled per-token gradients.
+    """
+
+    @staticmethod
+    def forward(ctx, lprobs, penalty, observer):
+        ctx.observer = observer
+        ctx.penalty_needs_grad = penalty.requires_grad
+        ctx.penalty_dtype = penalty.dtype
+        return lprobs.view_as(lprobs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        loss_weight = -grad.sum(dtype=torch.float32)
+        if ctx.observer is not None:
+            ctx.observer.add_loss_weight(loss_weight.detach())
+        grad_penalty = loss_weight.to(ctx.penalty_dtype) if ctx.penalty_needs_grad else None
+        return grad, grad_penalty, None
+
+
+class EncoderGradNormLogger:
+    """Records the gradient norm of each encoder layer per update (figure 5).
+
+    Post-accumulate hooks keep the squared norm of each parameter's
+    accumulated ``.grad`` (so gradient accumulation over ``--update-freq`` is
+    handled); the loss weight comes from :class:`_PerTokenLossTerm`.  When the
+    model is told a new update number (fairseq's task.train_step calls
+    ``model.set_num_updates`` before each forward) the previous update's norms
+    are written as one JSON line: ``{"update": u, "loss_weight": w,
+    "grad_norms": [layer 1, ..., layer N*M]}`` with each norm = ||grad of the
+    layer's parameters|| / w, i.e. the per-token gradient norm fairseq's
+    optimizer sees before clipping.  Only rank 0 writes.  A step that fp16
+    skips for overflow is logged with its non-finite norms as null.
+    """
+
+    def __init__(self, layers: nn.ModuleList, path: str, interval: int = 1):
+        self.path = path
+        self.interval = max(1, int(interval))
+        self.update: Optional[int] = None
+        self.recording = False
+        self.loss_weight: Optional[Tensor] = None
+        self.sq_norms: Dict[tuple, Tensor] = {}
+        self.num_layers = len(layers)
+        self._file = None
+        for i, layer in enumerate(layers):
+            for j, param in enumerate(layer.parameters()):
+                param.register_post_accumulate_grad_hook(partial(self._on_grad, i, j))
+        # fairseq-train has no end-of-training hook: write the last update at exit.
+        atexit.register(self.flush)
+
+    def _on_grad(self, layer_idx: int, param_idx: int, param: Tensor):
+        if self.recording and param.grad is not None:
+            self.sq_norms[(layer_idx, param_idx)] = param.grad.detach().float().pow(2).sum()
+
+    def add_loss_weight(self, weight: Tensor):
+        if self.recording:
+            self.loss_weight = weight if self.loss_weight is None else self.loss_weight + weight
+
+    def set_update(self, num_updates: int):
+        if num_updates != self.update:
+            self.flush()
+            self.update = num_updates
+
+    def flush(self):
+        if not self.sq_norms:
+            return
+        sq_norms, self.sq_norms = self.sq_norms, {}
+        loss_weight, self.loss_weight = self.loss_weight, None
+        update = (self.update or 0) + 1  # the gradient of update number update+1
+        if update % self.interval != 0 or distributed_utils.get_global_rank() != 0:
+            return
+        per_layer = torch.zeros(self.num_layers, dtype=torch.float64)
+        for (i, _), value in sq_norms.items():
+            per_layer[i] += float(value)
+        weight = float(loss_weight) if loss_weight is not None else 1.0
+        norms = (per_layer.sqrt() / (weight if weight > 0 else 1.0)).tolist()
+        record = {
+            "update": update,
+            "loss_weight": weight if loss_weight is not None else None,
+            "grad_norms": [n if math.isfinite(n) else None for n in norms],
+        }
+        if self._file is None:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            self._file = open(self.path, "a")
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+
+# ----------------------------------------------------------------------------
+# Model
+# ----------------------------------------------------------------------------
+
+
+@register_model("msc")
+class MSCModel(FairseqEncoderDecoderModel):
+    """Multiscale Collaborative deep model (Wei et al., ACL 2020)."""
+
+    def __init__(self, args, encoder, decoder):
+        super().__init__(encoder, decoder)
+        self.args = args
+        self.encoder_l2 = float(args.encoder_l2 or 0.0)
+        self.encoder_l2_params = self._encoder_weight_matrices(encoder) if self.encoder_l2 > 0 else []
+        self.grad_norm_logger: Optional[EncoderGradNormLogger] = None
+        if args.log_encoder_grad_norms:
+            path = args.encoder_grad_norms_file or os.path.join(
+                getattr(args, "save_dir", None) or ".", GRAD_NORMS_FILENAME)
+            self.grad_norm_logger = EncoderGradNormLogger(
+                encoder.layers, path, args.encoder_grad_norms_interval)
+
+    @staticmethod
+    def add_args(parser):
+        TransformerModel.add_args(parser)
+        parser.add_argument("--encoder-blocks", type=int, metavar="N",
+                            help="number of encoder blocks N (= decoder layers); paper: 6")
+        parser.add_argument("--encoder-layers-per-block", type=int, metavar="M",
+                            help="encoder layers per block M; encoder depth = N*M "
+                                 "(paper: 6x6=36, 6x8=48, 6x9=54, 6x12=72)")
+        parser.add_argument("--msc-fusion", choices=FUSIONS,
+                            help="fuse hidden and context attention with the sigmoid gate of "
+                                 "Eqs. 12-13 (gate) or by addition (add; table 5 ablation)")
+        parser.add_argument("--context-cell", choices=CONTEXT_CELLS,
+                            help="contextual collaboration cell Q of Eq. 9: gru, or ffn "
+                                 "(table 5 ablation)")
+        parser.add_argument("--no-context-attention", action="store_true",
+                            help="remove the encoder's attention over C^{n-1} (CXT-ENC "
+                                 "attention, table 5); the decoder still attends C^n")
+        parser.add_argument("--no-contextual-collaboration", action="store_true",
+                            help="remove the context cell and all context attention (table 5)")
+        parser.add_argument("--no-block-collaboration", action="store_true",
+                            help="every decoder layer attends the top encoder block; with "
+                                 "--no-contextual-collaboration this is the plain deep pre-norm "
+                                 "Transformer of figure 2")
+        parser.add_argument("--encoder-l2", type=float, metavar="LAMBDA",
+                            help="L2 penalty LAMBDA*sum ||W||^2 over encoder weight matrices "
+                                 "(not embeddings, biases or LayerNorm), added to the per-token "
+                                 "training loss; paper: 1e-5 for 72-layer IWSLT (table 2)")
+        parser.add_argument("--log-encoder-grad-norms", action="store_true",
+                            help="during training, write per-encoder-layer gradient norms "
+                                 "(figure 5) as JSONL to --encoder-grad-norms-file")
+        parser.add_argument("--encoder-grad-norms-file", type=str, metavar="PATH",
+                            help=f"default: <save-dir>/{GRAD_NORMS_FILENAME}")
+        parser.add_argument("--encoder-grad-norms-interval", type=int, metavar="K",
+                            help="log every K updates (default 1)")
+
+    @classmethod
+    def build_model(cls, args, task):
+        msc_base_architecture(args)
+        expected = args.encoder_blocks * args.encoder_layers_per_block
+        if args.encoder_layers != expected:
+            raise ValueError(
+                f"msc: --encoder-layers {args.encoder_layers} != --encoder-blocks "
+                f"{args.encoder_blocks} x --encoder-layers-per-block {args.encoder_layers_per_block}; "
+                "set the depth with --encoder-blocks/--encoder-layers-per-block")
+        if args.decoder_layers != args.encoder_blocks:
+            raise ValueError(
+                f"msc: the decoder has one layer per encoder block: --decoder-layers "
+                f"{args.decoder_layers} != --encoder-blocks {args.encoder_blocks}")
+        if args.encoder_embed_dim != args.decoder_embed_dim:
+            raise ValueError("msc: encoder and decoder embedding dims must match "
+                             "(the decoder attends encoder blocks and contexts directly)")
+        if getattr(args, "max_source_positions", None) is None:
+            args.max_source_positions = DEFAULT_MAX_POSITIONS
+        if getattr(args, "max_target_positions", None) is None:
+            args.max_target_positions = DEFAULT_MAX_POSITIONS
+
+        src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+
+        def build_embedding(dictionary, dim, path=None):
+            emb = Embedding(len(dictionary), dim, dictionary.pad())
+            if path:
+                utils.load_embedding(utils.parse_embedding(path), dictionary, emb)
+            return emb
+
+        if args.share_all_embeddings:
+            if src_dict != tgt_dict:
+                raise ValueError("--share-all-embeddings requires a joined dictionary")
+            if args.decoder_embed_path and args.decoder_embed_path != args.encoder_embed_path:
+                raise ValueError("--share-all-embeddings not compatible with --decoder-embed-path")
+            encoder_embed = build_embedding(src_dict, args.encoder_embed_dim, args.encoder_embed_path)
+            decoder_embed = encoder_embed
+            args.share_decoder_input_output_embed = True
+        else:
+            encoder_embed = build_embedding(src_dict, args.encoder_embed_dim, args.encoder_embed_path)
+            decoder_embed = build_embedding(tgt_dict, args.decoder_embed_dim, args.decoder_embed_path)
+        encoder = MSCEncoder(args, src_dict, encoder_embed)
+        decoder = MSCDecoder(args, tgt_dict, decoder_embed)
+        return cls(args, encoder, decoder)
+
+    @staticmethod
+    def _encoder_weight_matrices(encoder: MSCEncoder) -> List[nn.Parameter]:
+        """Encoder weights under --encoder-l2: every matrix except the (shared) token embedding."""
+        embed = {id(p) for p in encoder.embed_tokens.parameters()}
+        return [p for p in encoder.parameters() if p.dim() >= 2 and id(p) not in embed]
+
+    def encoder_l2_penalty(self) -> Tensor:
+        """LAMBDA * sum of squared encoder weight entries (fp32)."""
+        squares = [p.float().pow(2).sum() for p in self.encoder_l2_params]
+        return self.encoder_l2 * torch.stack(squares).sum()
+
+    def forward(
+        self,
+        src_tokens,
+        src_lengths,
+        prev_output_tokens,
+        return_all_hiddens: bool = False,
+        features_only: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+        **unused_side_inputs,
+    ):
+        """Side inputs of other models (src_word_ids, src_word_heads, ...) are ignored."""
+        if self.grad_norm_logger is not None:
+            self.grad_norm_logger.recording = self.training
+        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths,
+                                   return_all_hiddens=return_all_hiddens)
+        x, extra = self.decoder(
+            prev_output_tokens, encoder_out=encoder_out, features_only=features_only,
+            alignment_layer=alignment_layer, alignment_heads=alignment_heads,
+            src_lengths=src_lengths, return_all_hiddens=return_all_hiddens,
+        )
+        if self.training and self.encoder_l2 > 0 and torch.is_grad_enabled():
+            penalty = self.encoder_l2_penalty()
+            metrics.log_scalar("encoder_l2", penalty.detach(), round=4)
+            extra["msc_encoder_l2"] = [penalty]
+        return x, extra
+
+    def get_normalized_probs(self, net_output, log_probs: bool, sample=None):
+        lprobs = super().get_normalized_probs(net_output, log_probs, sample)
+        hooked = self.encoder_l2 > 0 or self.grad_norm_logger is not None
+        if not (hooked and self.training and log_probs and lprobs.requires_grad):
+            return lprobs
+        extra = net_output[1] if len(net_output) > 1 and isinstance(net_output[1], dict) else {}
+        penalty_list = extra.get("msc_encoder_l2") or [None]
+        penalty = penalty_list[0]
+        if penalty is None:
+            penalty = lprobs.new_zeros(())
+        return _PerTokenLossTerm.apply(lprobs, penalty, self.grad_norm_logger)
+
+    def set_num_updates(self, num_updates):
+        super().set_num_updates(num_updates)
+        if self.grad_norm_logger is not None:
+            self.grad_norm_logger.set_update(num_updates)
+
+
+# ----------------------------------------------------------------------------
+# Architectures
+# ----------------------------------------------------------------------------
+
+
+@register_model_architecture("msc", "msc")
+def msc_base_architecture(args):
+    args.encoder_blocks = getattr(args, "encoder_blocks", 6)
+    args.encoder_layers_per_block = getattr(args, "encoder_layers_per_block", 1)
+    args.encoder_layers = getattr(args, "encoder_layers",
+                                  args.encoder_blocks * args.encoder_layers_per_block)
+    args.decoder_layers = getattr(args, "decoder_layers", args.encoder_blocks)
+    # MSC layers are pre-norm by construction (section 2).
+    args.encoder_normalize_before = True
+    args.decoder_normalize_before = True
+    args.attention_dropout = getattr(args, "attention_dropout", 0.1)  # dp_a (table 2)
+    args.msc_fusion = getattr(args, "msc_fusion", "gate")
+    args.context_cell = getattr(args, "context_cell", "gru")
+    args.no_context_attention = getattr(args, "no_context_attention", False)
+    args.no_contextual_collaboration = getattr(args, "no_contextual_collaboration", False)
+    args.no_block_collaboration = getattr(args, "no_block_collaboration", False)
+    args.encoder_l2 = getattr(args, "encoder_l2", 0.0)
+    args.log_encoder_grad_norms = getattr(args, "log_encoder_grad_norms", False)
+    args.encoder_grad_norms_file = getattr(args, "encoder_grad_norms_file", None)
+    args.encoder_grad_norms_interval = getattr(args, "encoder_grad_norms_interval", 1)
+    transformer_legacy.base_architecture(args)
+
+
+@register_model_architecture("msc", "msc_iwslt_de_en")
+def msc_iwslt_de_en(args):
+    """transformer_iwslt_de_en sizes (256 / 512 / 4 heads), table 2."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 256)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 512)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 256)
+    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 512)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
+    msc_base_architecture(args)
+
+
+@register_model_architecture("msc", "msc_base")
+def msc_base(args):
+    """transformer_base sizes (512 / 2048 / 8 heads), table 4."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 512)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 2048)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 8)
+    msc_base_architecture(args)
+
+
+@register_model_architecture("msc", "msc_big")
+def msc_big(args):
+    """transformer_big sizes (1024 / 4096 / 16 heads), table 4."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 1024)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 4096)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 16)
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 1024)
+    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 4096)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 16)
+    args.dropout = getattr(args, "dropout", 0.3)
+    msc_base_architecture(args)
