@@ -1,0 +1,408 @@
+"""TranSFormer (transformer_sf): character table, branch modules, model invariances, ablation flags."""
+import copy
+
+import pytest
+import torch
+
+import umst_plugin  # noqa: F401  (registers the architectures)
+from fairseq import options
+from fairseq.data import Dictionary
+from fairseq.tasks.translation import TranslationTask
+
+from umst_plugin.modules.char_table import CHAR_PAD, CHAR_SEP, CharTable
+from umst_plugin.modules.slowfast_attention import BoundaryRelativeSelfAttention, boundary_band
+from umst_plugin.modules.slowfast_encoder import SlowFastConfig, SlowFastEncoderStack, parse_interaction_layers
+from umst_plugin.modules.slowfast_fusion import chars_to_tokens, tokens_to_chars
+
+TINY = {
+    "encoder_embed_dim": 16, "encoder_ffn_embed_dim": 32, "encoder_attention_heads": 2, "encoder_layers": 2,
+    "decoder_embed_dim": 16, "decoder_ffn_embed_dim": 32, "decoder_attention_heads": 2, "decoder_layers": 2,
+    "fast_embed_dim": 8, "fast_ffn_embed_dim": 16, "fast_attention_heads": 2,
+}
+BPE_SYMBOLS = ["the", "new@@", "est", "car", "ca@@", "r@@", "s", "über", "stra@@", "ße", "é@@", "t", "naïve",
+               "日本@@", "語", "a", "b@@", "c"]
+SPM_SYMBOLS = ["\u2581the", "\u2581new", "est", "\u2581car", "s", "\u2581über", "\u2581stra", "ße", "\u2581",
+               "\u2581日本", "語", "\u2581naïve", "é"]
+
+
+def make_dict(symbols):
+    d = Dictionary()
+    for s in symbols:
+        d.add_symbol(s)
+    d.finalize(padding_factor=8)
+    return d
+
+
+def build(arch="transformer_sf_base", overrides=None, dictionary=None, tiny=True):
+    """Build a registered arch through fairseq's real argument parsing."""
+    dictionary = dictionary or make_dict(BPE_SYMBOLS)
+    settings = dict(TINY if tiny else {})
+    settings.update(overrides or {})
+    argv = ["/dev/null", "--task", "translation", "--arch", arch, "-s", "src", "-t", "tgt"]
+    for key, value in settings.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is not False:
+            argv += [flag, str(value)]
+    args = options.parse_args_and_arch(options.get_training_parser(), argv)
+    torch.manual_seed(0)
+    model = TranslationTask(args, dictionary, dictionary).build_model(args)
+    return model, dictionary
+
+
+def encode(d, sentence):
+    return [d.index(s) for s in sentence.split()] + [d.eos()]
+
+
+def batch_of(d, sentences, left_pad=True):
+    rows = [encode(d, s) for s in sentences]
+    width = max(map(len, rows))
+    out = torch.full((len(rows), width), d.pad(), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if left_pad:
+            out[i, width - len(r):] = torch.tensor(r)
+        else:
+            out[i, : len(r)] = torch.tensor(r)
+    return out
+
+
+SENTENCES = ["the new@@ est car", "über stra@@ ße naïve", "ca@@ r@@ s é@@ t the 日本@@ 語 a b@@ c"]
+
+
+# ----------------------------------------------------------------------------- character table
+@pytest.mark.parametrize("left_pad", [True, False])
+def test_char_table_subword_nmt_round_trip(left_pad):
+    d = make_dict(BPE_SYMBOLS)
+    table = CharTable.from_dictionary(d)
+    assert table.style == "subword-nmt"
+    tokens = batch_of(d, SENTENCES, left_pad=left_pad)
+    cb = table(tokens)
+    for row, sentence in enumerate(SENTENCES):
+        words = sentence.replace("@@ ", "").split() + ["</s>"]
+        assert table.decode_words(cb.chars[row].tolist()) == words  # chars -> words
+        assert table.resegment(cb, row) == sentence.split() + ["</s>"]  # chars -> subwords
+    # word ids follow the task's definition: 1-based words, </s> its own word, 0 at padding
+    expected = [1, 2, 2, 3, 4]
+    got = cb.token_word_ids[0][tokens[0] != d.pad()].tolist()
+    assert got == expected
+
+
+def test_char_table_sentencepiece_round_trip_non_ascii():
+    d = make_dict(SPM_SYMBOLS)
+    table = CharTable.from_dictionary(d)
+    assert table.style == "sentencepiece"
+    sentences = ["\u2581the \u2581new est \u2581car s", "\u2581über \u2581stra ße \u2581日本 語 \u2581naïve é"]
+    cb = table(batch_of(d, sentences))
+    assert table.decode_chars(cb.chars[0].tolist()) == "the newest cars </s>"
+    assert table.decode_chars(cb.chars[1].tolist()) == "über straße 日本語 naïveé </s>"
+    for row, sentence in enumerate(sentences):
+        assert table.resegment(cb, row) == sentence.split() + ["</s>"]
+    # a bare "▁" starts a new word but carries no characters
+    cb = table(batch_of(d, ["\u2581the \u2581 é"]))
+    assert table.decode_chars(cb.chars[0].tolist()) == "the é </s>"
+
+
+def test_char_table_groups_and_alignment():
+    d = make_dict(BPE_SYMBOLS)
+    table = CharTable.from_dictionary(d)
+    tokens = batch_of(d, ["the ca@@ r@@ s"], left_pad=True)
+    cb = table(tokens)
+    chars = cb.chars[0].tolist()
+    assert chars.count(CHAR_SEP) == 2 and CHAR_PAD not in chars
+    # characters of word w share group 2w; each separator is a singleton 2w-1
+    assert cb.char_groups[0].tolist() == [2, 2, 2, 3, 4, 4, 4, 4, 5, 6]
+    # each character points at its subword's column in src_tokens (1-based)
+    assert cb.char_token_index[0].tolist() == [1, 1, 1, 2, 2, 2, 3, 4, 5, 5]
+    with_pad = table(batch_of(d, ["the ca@@ r@@ s", "the new@@ est car the car a"]))
+    assert torch.equal(with_pad.chars[0, : len(chars)], cb.chars[0])
+    assert torch.all(with_pad.chars[0, len(chars):] == CHAR_PAD)
+
+
+def test_char_table_is_saved_in_state_dict():
+    model, d = build()
+    state = model.state_dict()
+    for name in ("token_chars", "token_num_chars", "token_joins_prev", "token_joins_next", "char_codepoints"):
+        assert f"encoder.char_table.{name}" in state
+    # Same shapes, different content (one filler swapped for "zz"): the checkpoint's table wins.
+    other_model, _ = build(dictionary=make_dict(BPE_SYMBOLS + ["zz"]))
+    assert not torch.equal(other_model.encoder.char_table.char_codepoints, model.encoder.char_table.char_codepoints)
+    other_model.load_state_dict(state)
+    assert torch.equal(other_model.encoder.char_table.char_codepoints, model.encoder.char_table.char_codepoints)
+    assert torch.equal(other_model.encoder.char_table.token_chars, model.encoder.char_table.token_chars)
+    # A character vocabulary of another size cannot be loaded silently.
+    bigger, _ = build(dictionary=make_dict(BPE_SYMBOLS + ["zq"]))
+    with pytest.raises(RuntimeError, match="char_codepoints"):
+        bigger.load_state_dict(state)
+
+
+# ----------------------------------------------------------------------------- modules
+def dense_boundary_attention(attn, x, mask, groups):
+    """Reference: explicit L x L relative index matrix, from the definition."""
+    length, batch, dim = x.shape
+    h, hd, k = attn.num_heads, attn.head_dim, attn.max_distance
+    q = attn.q_proj(x).view(length, batch, h, hd).permute(1, 2, 0, 3) * attn.scaling
+    kk = attn.k_proj(x).view(length, batch, h, hd).permute(1, 2, 0, 3)
+    v = attn.v_proj(x).view(length, batch, h, hd).permute(1, 2, 0, 3)
+    out = torch.zeros(batch, h, length, hd, dtype=x.dtype)
+    for b in range(batch):
+        for i in range(length):
+            logits = []
+            for j in range(length):
+                e = (q[b, :, i] * kk[b, :, j]).sum(-1)  # per head
+                rel = None
+                if groups[b, i] > 0 and groups[b, i] == groups[b, j] and abs(j - i) <= k:
+                    rel = j - i + k
+                    e = e + (q[b, :, i] * attn.rel_keys[rel]).sum(-1)
+                logits.append((e, rel, j))
+            scores = torch.stack([e for e, _, _ in logits], -1).masked_fill(mask[b].view(1, -1), float("-inf"))
+            w = scores.softmax(-1)
+            for (e, rel, j) in logits:
+                val = v[b, :, j] + (attn.rel_values[rel] if rel is not None else 0)
+                out[b, :, i] += w[:, j : j + 1] * val
+    return attn.out_proj(out.permute(2, 0, 1, 3).reshape(length, batch, dim))
+
+
+def test_boundary_relative_attention_matches_dense_reference():
+    torch.manual_seed(0)
+    attn = BoundaryRelativeSelfAttention(8, 2, max_distance=3).double().eval()
+    groups = torch.tensor([[2, 2, 2, 2, 2, 3, 4, 4, 0], [2, 2, 3, 4, 4, 4, 4, 4, 4]])
+    mask = groups.eq(0)
+    x = torch.randn(9, 2, 8, dtype=torch.float64)
+    torch.testing.assert_close(attn(x, mask, groups), dense_boundary_attention(attn, x, mask, groups))
+
+
+def test_boundary_band_masks_cross_word_and_far_pairs():
+    groups = torch.tensor([[2, 2, 2, 2, 2, 3, 4]])
+    cols, valid = boundary_band(groups, 3)
+    # position 0: offsets -3..3 -> only 0..3 in range and same word
+    assert valid[0, 0].tolist() == [False, False, False, True, True, True, True]
+    # separator (singleton group 3) only relates to itself
+    assert valid[0, 5].tolist() == [False, False, False, True, False, False, False]
+    assert boundary_band(groups, 3, use_boundary=False)[1][0, 5].sum() == 5  # columns 2..6 (7, 8 are out of range)
+
+
+def test_resampling_between_granularities():
+    x = torch.arange(12.0).view(6, 1, 2)  # 6 characters
+    index = torch.tensor([[1, 1, 2, 2, 2, 0]])
+    down = chars_to_tokens(x, index, num_tokens=3)
+    torch.testing.assert_close(down[:, 0], torch.tensor([[1.0, 2.0], [6.0, 7.0], [0.0, 0.0]]))
+    up = tokens_to_chars(down, index)
+    torch.testing.assert_close(up[:, 0, 0], torch.tensor([1.0, 1.0, 6.0, 6.0, 6.0, 0.0]))
+
+
+def test_interaction_layer_specs():
+    assert parse_interaction_layers("all", 6) == frozenset(range(1, 7))
+    assert parse_interaction_layers("last", 6) == {6}
+    assert parse_interaction_layers("bottom3", 6) == {1, 2, 3}
+    assert parse_interaction_layers("top3", 6) == {4, 5, 6}
+    assert parse_interaction_layers("every2", 6) == {1, 3, 5}
+    assert parse_interaction_layers("2,4", 6) == {2, 4}
+    with pytest.raises(ValueError, match="1..6"):
+        parse_interaction_layers("0,7", 6)
+    with pytest.raises(ValueError, match="comma list"):
+        parse_interaction_layers("middle", 6)
+
+
+def test_unread_fast_sublayers_are_not_built():
+    stack = SlowFastEncoderStack(SlowFastConfig(slow_dim=16, slow_ffn_dim=32, slow_heads=2, fast_dim=8,
+                                                fast_ffn_dim=16, fast_heads=2, layers=4,
+                                                interaction_layers=frozenset({2})))
+    assert stack.layers[0].fast_fusion is None and stack.layers[0].fast_ffn is not None  # no interaction at 1
+    assert stack.layers[1].fast_attn is not None and stack.layers[1].fast_ffn is None  # read by slow CGA only
+    assert all(layer.fast_attn is None for layer in stack.layers[2:])
+    assert stack.layers[1].slow_fusion is not None and stack.layers[0].slow_fusion is None
+
+
+# ----------------------------------------------------------------------------- model checks
+ABLATIONS = [
+    pytest.param({}, id="default"),
+    pytest.param({"sf_fusion": "linear-attention"}, id="linear-attention"),
+    pytest.param({"sf_fusion": "ds-concat"}, id="ds-concat"),
+    pytest.param({"sf_fusion": "ds-sum", "unidirectional_cga": True}, id="ds-sum-uni"),
+    pytest.param({"sf_encoder_output": "fast"}, id="out-fast"),
+    pytest.param({"sf_encoder_output": "both", "sf_slow_gcn": "every-layer"}, id="out-both"),
+    pytest.param({"fast_input": "subword"}, id="fast-subword"),
+    pytest.param({"no_char_boundary": True, "no_boundary_pe": True}, id="no-boundary"),
+    pytest.param({"random_char_boundary": True, "sf_interaction_layers": "last"}, id="random-boundary-last"),
+    pytest.param({"sf_interaction_layers": "1", "encoder_layers": 3}, id="bottom-only"),
+]
+
+
+def encoder_states(model, tokens):
+    enc = model.encoder(tokens, src_lengths=tokens.ne(1).sum(1))
+    return enc["encoder_out"][0], enc["encoder_padding_mask"][0]
+
+
+def real_rows(out, mask, row):
+    return out[:, row][~mask[row]]
+
+
+@pytest.mark.parametrize("overrides", ABLATIONS)
+def test_batch_and_padding_invariance(overrides):
+    model, d = build(overrides=overrides)
+    model.eval()
+    for left_pad in (True, False):
+        batched = batch_of(d, SENTENCES, left_pad=left_pad)
+        out, mask = encoder_states(model, batched)
+        for row, sentence in enumerate(SENTENCES):
+            alone_out, alone_mask = encoder_states(model, batch_of(d, [sentence]))
+            torch.testing.assert_close(real_rows(out, mask, row), real_rows(alone_out, alone_mask, 0),
+                                       atol=1e-5, rtol=1e-4)
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("overrides", ABLATIONS)
+def test_every_parameter_gets_a_gradient(overrides):
+    model, d = build(overrides=overrides)
+    model.train()
+    tokens = batch_of(d, SENTENCES)
+    prev = batch_of(d, ["the car", "a b@@ c", "über"])
+    logits, _ = model(tokens, tokens.ne(d.pad()).sum(1), prev)
+    logits.float().sum().backward()
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None)]
+    assert not missing, missing
+
+
+def test_dropout_off_in_eval_and_on_in_train():
+    model, d = build(overrides={"dropout": 0.3})
+    tokens = batch_of(d, SENTENCES)
+    model.eval()
+    a, _ = encoder_states(model, tokens)
+    b, _ = encoder_states(model, tokens)
+    assert torch.equal(a, b)
+    model.train()
+    c, _ = encoder_states(model, tokens)
+    assert not torch.allclose(a, c)
+
+
+def test_incremental_decoding_matches_full():
+    model, d = build()
+    model.eval()
+    tokens = batch_of(d, SENTENCES)
+    prev = batch_of(d, ["the car über a", "a b@@ c the", "über naïve é@@ t"], left_pad=False)
+    enc = model.encoder(tokens, src_lengths=tokens.ne(d.pad()).sum(1))
+    full, _ = model.decoder(prev, encoder_out=enc)
+    state = {}
+    steps = []
+    for t in range(prev.size(1)):
+        out, _ = model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
+        steps.append(out)
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-4)
+    # beam reordering of the encoder output
+    order = torch.tensor([2, 0, 1])
+    reordered = model.encoder.reorder_encoder_out(enc, order)
+    torch.testing.assert_close(reordered["encoder_out"][0], enc["encoder_out"][0][:, order])
+
+
+def test_half_precision_padding_rows_finite():
+    model, d = build()
+    model.eval()
+    tokens = batch_of(d, SENTENCES)
+    dtype = torch.bfloat16
+    out, _ = encoder_states(model.to(dtype), tokens)
+    assert torch.isfinite(out.float()).all()
+
+
+def test_bad_flags_give_clear_errors():
+    with pytest.raises(ValueError, match="unidirectional"):
+        build(overrides={"sf_encoder_output": "fast", "unidirectional_cga": True})
+    with pytest.raises(ValueError, match="divisible"):
+        build(overrides={"fast_embed_dim": 6, "fast_attention_heads": 4})
+
+
+def test_parameter_counts_match_paper_ratio_at_40k_vocab():
+    """transformer_sf_base vs its slow-only baseline (fairseq transformer_wmt_en_de) at a 40K shared
+    vocabulary: the paper reports 66M vs 63M (table 1; table 4a: 66.9M vs 63.1M at width 32)."""
+    d = make_dict(["w%d" % i for i in range(40000 - 4)])
+    sf, _ = build("transformer_sf_base", {"share_all_embeddings": True}, dictionary=d, tiny=False)
+    n_sf = sum(p.numel() for p in sf.parameters())
+    del sf
+    base, _ = build("transformer_wmt_en_de", {"share_all_embeddings": True}, dictionary=d, tiny=False)
+    n_base = sum(p.numel() for p in base.parameters())
+    ratio = n_sf / n_base
+    assert abs(ratio / (66.0 / 63.0) - 1) < 0.02, (n_sf, n_base, ratio)
+
+
+# ----------------------------------------------------------------------------- toy corpus and CLIs
+import os  # noqa: E402
+
+import e2e  # noqa: E402  (tests/e2e.py: the shared CLI helpers)
+from umst_plugin import toy  # noqa: E402
+from umst_plugin.data.word_boundaries import word_ids_from_pieces  # noqa: E402
+
+SF_TINY = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
+           "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128", "--encoder-attention-heads", "4",
+           "--decoder-attention-heads", "4", "--fast-embed-dim", "16", "--share-all-embeddings", "--dropout", "0.1"]
+
+
+def test_char_table_round_trips_on_toy_corpus(toy_raw, toy_databin):
+    d = Dictionary.load(os.path.join(toy_databin, f"dict.{toy.SRC}.txt"))
+    table = CharTable.from_dictionary(d)
+    assert table.style == "subword-nmt"
+    with open(os.path.join(toy_raw, f"valid.{toy.SRC}"), encoding="utf-8") as f:
+        lines = [line.split() for line in f][:40]
+    tokens = torch.full((len(lines), max(map(len, lines)) + 1), d.pad(), dtype=torch.long)
+    for i, pieces in enumerate(lines):  # left-padded like LanguagePairDataset
+        ids = [d.index(p) for p in pieces] + [d.eos()]
+        tokens[i, tokens.size(1) - len(ids):] = torch.tensor(ids)
+    cb = table(tokens)
+    assert sum(p.endswith("@@") for line in lines for p in line) > 0  # multi-piece words are exercised
+    for i, pieces in enumerate(lines):
+        words = " ".join(pieces).replace("@@ ", "").split()
+        assert table.decode_words(cb.chars[i].tolist()) == words + ["</s>"]  # chars -> words
+        assert table.resegment(cb, i) == pieces + ["</s>"]  # chars -> subwords
+        # A_s groups equal the task's src_word_ids rule on text
+        real = cb.token_word_ids[i][tokens[i] != d.pad()].tolist()
+        assert real == word_ids_from_pieces(pieces) + [len(words) + 1]
+
+
+@pytest.mark.slow
+def test_trains_generates_interacts_on_toy_corpus(toy_raw, toy_databin, tmp_path):
+    save = str(tmp_path / "ckpt")
+    log = e2e.train(toy_databin, save, "transformer_sf_base", *SF_TINY, "--adam-betas", "(0.9, 0.997)",
+                    max_update=40, lr="3e-3")
+    losses = e2e.train_losses(log)
+    assert len(losses) >= 3 and losses[-1] < losses[0] - 1.0, losses
+    ckpt = os.path.join(save, "checkpoint_last.pt")
+    # the checkpoint is self-contained: both the side-data task and plain translation can decode with it
+    for task in ("multiscale_translation", "translation"):
+        e2e.bleu_line(e2e.generate(toy_databin, ckpt, task=task))
+    with open(os.path.join(toy_raw, f"test.{toy.SRC}"), encoding="utf-8") as f:
+        lines = [line.strip() for line in f][:3]
+    out = e2e.interactive(toy_databin, ckpt, lines, task="translation")
+    assert len(e2e.hypotheses(out)) == 3, out[-2000:]
+
+
+@pytest.mark.parametrize("kv_dim,heads", [(8, 2), (64, 4)])
+def test_width_changing_attention_equals_standard_attention(kv_dim, heads):
+    """Both contraction orders compute fairseq's cross-attention with kdim = vdim = kv_dim."""
+    from fairseq.modules import MultiheadAttention
+
+    from umst_plugin.modules.slowfast_fusion import WidthChangingAttention
+
+    torch.manual_seed(0)
+    attn = WidthChangingAttention(32, kv_dim, heads, dropout=0.2).double()
+    assert attn.reassociate == (heads * kv_dim <= 32)
+    ref = MultiheadAttention(32, heads, kdim=kv_dim, vdim=kv_dim, encoder_decoder_attention=True).double().eval()
+    for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        getattr(ref, name).load_state_dict(getattr(attn, name).state_dict())
+    query, kv = torch.randn(5, 3, 32, dtype=torch.float64), torch.randn(11, 3, kv_dim, dtype=torch.float64)
+    mask = torch.zeros(3, 11, dtype=torch.bool)
+    mask[0, :4] = True
+    attn.eval()
+    expected, _ = ref(query, kv, kv, key_padding_mask=mask, need_weights=False)
+    torch.testing.assert_close(attn(query, kv, mask), expected)
+    # with dropout on, the other contraction order gives the same output for the same mask
+    attn.train()
+    torch.manual_seed(5)
+    a = attn(query, kv, mask)
+    attn.reassociate = not attn.reassociate
+    torch.manual_seed(5)
+    torch.testing.assert_close(attn(query, kv, mask), a)
+    # every parameter is on the gradient path in both orders (DDP with find_unused_parameters=False)
+    for order in (True, False):
+        attn.reassociate = order
+        attn.zero_grad(set_to_none=True)
+        attn(query, kv, mask).sum().backward()
+        assert all(p.grad is not None for p in attn.parameters())

@@ -1,0 +1,233 @@
+"""The two-branch Slow-Fast encoder stack of TranSFormer (sections 3.1-3.3, fig. 3).
+
+Each block, pre-norm throughout (fig. 3 caption):
+
+    fast:  x_f = GCN_f(x_f; A_f)                         (char GCN, Eq. 1, every block)
+           x_f = x_f + Drop(SAN_rel(LN(x_f)))             (boundary-wise relative PE)
+    slow:  x_s = x_s + Drop(SAN(LN(x_s)))
+    fuse:  x_s = x_s + Drop(CGA_s(LN(x_s), LN(x_f)))       (slow queries read the fast branch)
+           x_f = x_f + Drop(CGA_f(LN(x_f), LN(x_s)))       (fast queries read the slow branch)
+           (both read the other branch's post-SAN states; "sandwiched between SAN and FFN")
+    ffn:   x_b = x_b + Drop(FFN(LN(x_b)))  for b in {s, f}
+
+The slow input is enhanced once by the subword GCN over A_s before the first
+block (``slow_gcn='input'``, the paper's "the Slow branch then encodes the
+enhanced representation"; ``'every-layer'`` puts one in every block, ``'none'``
+drops it). Parameter counts of table 4a match one slow GCN in total, not six.
+
+Sub-layers whose output nothing reads are not built: with the decoder reading
+the slow branch, the fast branch's last block needs only its GCN and SAN (its
+CGA and FFN would feed nothing), and fast blocks above the last interaction
+layer are dropped. This keeps every parameter on the gradient path (DDP with
+``find_unused_parameters=False``) and changes the count by < 0.1%.
+Tensors are time-first (L x B x C); padding masks are B x L, True at padding.
+"""
+from dataclasses import dataclass, field
+from typing import FrozenSet
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fairseq.modules import MultiheadAttention
+
+from umst_plugin.modules.group_gcn import GroupGCN
+from umst_plugin.modules.slowfast_attention import BoundaryRelativeSelfAttention
+from umst_plugin.modules.slowfast_fusion import FUSIONS, CrossGranularityFusion
+
+ENCODER_OUTPUTS = ("slow", "fast", "both")
+SLOW_GCN = ("input", "every-layer", "none")
+INTERACTION_PRESETS = ("all", "last", "bottom3", "top3", "every2")
+
+
+def parse_interaction_layers(spec, num_layers):
+    """'all' | 'last' | 'bottom3' | 'top3' | 'every2' | '1,3,5' (1-based) -> frozenset of 1-based ids."""
+    spec = str(spec).strip()
+    if spec == "all":
+        layers = range(1, num_layers + 1)
+    elif spec == "last":
+        layers = [num_layers]
+    elif spec == "bottom3":
+        layers = range(1, min(3, num_layers) + 1)
+    elif spec == "top3":
+        layers = range(max(1, num_layers - 2), num_layers + 1)
+    elif spec == "every2":
+        layers = range(1, num_layers + 1, 2)
+    else:
+        try:
+            layers = [int(p) for p in spec.split(",") if p.strip()]
+        except ValueError:
+            raise ValueError(
+                f"interaction layers {spec!r}: expected one of {INTERACTION_PRESETS} or a comma list like 1,3,5"
+            ) from None
+        bad = [i for i in layers if not 1 <= i <= num_layers]
+        if bad or not layers:
+            raise ValueError(f"interaction layers {spec!r}: ids must be in 1..{num_layers}")
+    return frozenset(layers)
+
+
+@dataclass
+class SlowFastConfig:
+    slow_dim: int = 512
+    slow_ffn_dim: int = 2048
+    slow_heads: int = 8
+    fast_dim: int = 32
+    fast_ffn_dim: int = 128
+    fast_heads: int = 4
+    layers: int = 6
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    activation_dropout: float = 0.1
+    fusion: str = "cga"
+    interaction_layers: FrozenSet[int] = field(default_factory=lambda: frozenset(range(1, 7)))
+    unidirectional: bool = False  # fast -> slow only (table 5 #2)
+    encoder_output: str = "slow"
+    slow_gcn: str = "input"
+    char_gcn: bool = True  # False: --no-char-boundary (table 5 #3)
+    boundary_pe_distance: int = 3  # k; 0 = --no-boundary-pe (table 5 #5)
+
+    def validate(self):
+        if self.fusion not in FUSIONS:
+            raise ValueError(f"--sf-fusion {self.fusion!r}: expected one of {FUSIONS}")
+        if self.encoder_output not in ENCODER_OUTPUTS:
+            raise ValueError(f"--sf-encoder-output {self.encoder_output!r}: expected one of {ENCODER_OUTPUTS}")
+        if self.slow_gcn not in SLOW_GCN:
+            raise ValueError(f"--sf-slow-gcn {self.slow_gcn!r}: expected one of {SLOW_GCN}")
+        if self.encoder_output == "slow" and not self.interaction_layers:
+            raise ValueError("the fast branch never reaches the slow output: no interaction layers")
+        if self.encoder_output == "fast" and self.unidirectional:
+            raise ValueError("--unidirectional-cga (fast -> slow only) with --sf-encoder-output fast "
+                             "leaves the slow branch unread")
+
+
+class PreNormFFN(nn.Module):
+    def __init__(self, dim, ffn_dim, dropout, activation_dropout):
+        super().__init__()
+        self.layer_norm = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, dim)
+        self.dropout, self.activation_dropout = dropout, activation_dropout
+
+    def forward(self, x):
+        h = F.dropout(F.relu(self.fc1(self.layer_norm(x))), p=self.activation_dropout, training=self.training)
+        return x + F.dropout(self.fc2(h), p=self.dropout, training=self.training)
+
+
+def _liveness(cfg):
+    """Per 1-based layer: which sub-layers of each branch feed the encoder output.
+
+    Returns a list of dicts {'slow': level, 'fast': level} with level in
+    {'full', 'attn', None}: 'full' = SAN + fusion + FFN, 'attn' = up to SAN only
+    (read by the other branch's fusion in the same block), None = not built."""
+    reads = {"slow": "fast", "fast": "slow"}  # receiver -> branch it reads
+    receives = {"slow": True, "fast": not cfg.unidirectional}
+    needed_end = {"slow": cfg.encoder_output in ("slow", "both"), "fast": cfg.encoder_output in ("fast", "both")}
+    levels = [None] * (cfg.layers + 1)
+    for layer in range(cfg.layers, 0, -1):
+        interact = layer in cfg.interaction_layers
+        level = {}
+        for branch in ("slow", "fast"):
+            other = reads[branch]
+            read_by_other = needed_end[other] and interact and receives[other]
+            level[branch] = "full" if needed_end[branch] else ("attn" if read_by_other else None)
+        levels[layer] = level
+        needed_end = {b: level[b] is not None for b in ("slow", "fast")}
+    levels[0] = needed_end  # whether each branch's input is used at all
+    return levels
+
+
+class SlowFastLayer(nn.Module):
+    def __init__(self, cfg: SlowFastConfig, layer_id: int, level):
+        super().__init__()
+        interact = layer_id in cfg.interaction_layers
+        self.slow_gcn = self.slow_attn = self.slow_attn_norm = self.slow_fusion = self.slow_ffn = None
+        self.fast_gcn = self.fast_attn = self.fast_attn_norm = self.fast_fusion = self.fast_ffn = None
+        self.dropout = cfg.dropout
+        if level["slow"] is not None:
+            if cfg.slow_gcn == "every-layer":
+                self.slow_gcn = GroupGCN(cfg.slow_dim, cfg.dropout, cfg.activation_dropout)
+            self.slow_attn_norm = nn.LayerNorm(cfg.slow_dim)
+            self.slow_attn = MultiheadAttention(cfg.slow_dim, cfg.slow_heads, dropout=cfg.attention_dropout,
+                                                self_attention=True)
+        if level["slow"] == "full":
+            if interact:
+                self.slow_fusion = CrossGranularityFusion(cfg.fusion, cfg.slow_dim, cfg.fast_dim, cfg.slow_heads,
+                                                          "slow", cfg.attention_dropout)
+            self.slow_ffn = PreNormFFN(cfg.slow_dim, cfg.slow_ffn_dim, cfg.dropout, cfg.activation_dropout)
+        if level["fast"] is not None:
+            if cfg.char_gcn:
+                self.fast_gcn = GroupGCN(cfg.fast_dim, cfg.dropout, cfg.activation_dropout)
+            self.fast_attn_norm = nn.LayerNorm(cfg.fast_dim)
+            self.fast_attn = BoundaryRelativeSelfAttention(cfg.fast_dim, cfg.fast_heads, cfg.attention_dropout,
+                                                           cfg.boundary_pe_distance)
+        if level["fast"] == "full":
+            if interact and not cfg.unidirectional:
+                self.fast_fusion = CrossGranularityFusion(cfg.fusion, cfg.fast_dim, cfg.slow_dim, cfg.fast_heads,
+                                                          "fast", cfg.attention_dropout)
+            self.fast_ffn = PreNormFFN(cfg.fast_dim, cfg.fast_ffn_dim, cfg.dropout, cfg.activation_dropout)
+
+    def _drop(self, x):
+        return F.dropout(x, p=self.dropout, training=self.training)
+
+    def forward(self, x_slow, x_fast, side):
+        if self.slow_attn is not None:
+            if self.slow_gcn is not None:
+                x_slow = self.slow_gcn(x_slow, side["slow_groups"], time_first=True,
+                                       num_groups=side.get("slow_num_groups"))
+            h = self.slow_attn_norm(x_slow)
+            h, _ = self.slow_attn(query=h, key=h, value=h, key_padding_mask=side["slow_padding_mask"],
+                                  need_weights=False)
+            x_slow = x_slow + self._drop(h)
+        if self.fast_attn is not None:
+            if self.fast_gcn is not None:
+                x_fast = self.fast_gcn(x_fast, side["fast_gcn_groups"], time_first=True,
+                                       num_groups=side.get("fast_num_groups"))
+            h = self.fast_attn(self.fast_attn_norm(x_fast), side["fast_padding_mask"], side["fast_pe_groups"],
+                               use_boundary=side["fast_pe_boundary"])
+            x_fast = x_fast + self._drop(h)
+        slow_mid, fast_mid = x_slow, x_fast
+        if self.slow_fusion is not None:
+            x_slow = x_slow + self._drop(self.slow_fusion(slow_mid, fast_mid, side["fast_padding_mask"],
+                                                          side["char_token_index"]))
+        if self.fast_fusion is not None:
+            x_fast = x_fast + self._drop(self.fast_fusion(fast_mid, slow_mid, side["slow_padding_mask"],
+                                                          side["char_token_index"]))
+        if self.slow_ffn is not None:
+            x_slow = self.slow_ffn(x_slow)
+        if self.fast_ffn is not None:
+            x_fast = self.fast_ffn(x_fast)
+        return x_slow, x_fast
+
+
+class SlowFastEncoderStack(nn.Module):
+    """Embedded inputs in, final-normed branch outputs out.
+
+    forward(x_slow [T x B x Hs], x_fast [Lf x B x Hf], side) -> (slow_out or None, fast_out or None)
+    ``side`` holds: slow_padding_mask, fast_padding_mask (B x T / B x Lf bool),
+    slow_groups (A_s ids, B x T), fast_gcn_groups and fast_pe_groups (A_f ids, B x Lf),
+    fast_pe_boundary (bool), char_token_index (B x Lf); optional slow_num_groups /
+    fast_num_groups (upper bounds on the group ids, to skip a device sync).
+    """
+
+    def __init__(self, cfg: SlowFastConfig):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        levels = _liveness(cfg)
+        self.uses_fast_input = levels[0]["fast"]
+        self.slow_input_gcn = (GroupGCN(cfg.slow_dim, cfg.dropout, cfg.activation_dropout)
+                               if cfg.slow_gcn == "input" else None)
+        self.layers = nn.ModuleList(SlowFastLayer(cfg, i, levels[i]) for i in range(1, cfg.layers + 1))
+        outputs = cfg.encoder_output
+        self.slow_layer_norm = nn.LayerNorm(cfg.slow_dim) if outputs in ("slow", "both") else None
+        self.fast_layer_norm = nn.LayerNorm(cfg.fast_dim) if outputs in ("fast", "both") else None
+
+    def forward(self, x_slow, x_fast, side):
+        if self.slow_input_gcn is not None:
+            x_slow = self.slow_input_gcn(x_slow, side["slow_groups"], time_first=True,
+                                         num_groups=side.get("slow_num_groups"))
+        for layer in self.layers:
+            x_slow, x_fast = layer(x_slow, x_fast, side)
+        slow_out = self.slow_layer_norm(x_slow) if self.slow_layer_norm is not None else None
+        fast_out = self.fast_layer_norm(x_fast) if self.fast_layer_norm is not None else None
+        return slow_out, fast_out
