@@ -1,0 +1,108 @@
+"""CoNLL-U parses as (heads, labels) per surface token.
+
+Multi-word token ranges (``2-3 du`` over ``2 de``, ``3 le``) collapse onto
+their surface token, since the BPE text holds the surface form: the token's
+head is the head of the range's syntactic head word (the word whose head lies
+outside the range) mapped to surface indices, and its label is that word's.
+Empty nodes (``8.1``) are enhanced-graph artefacts and are ignored.
+"""
+import conllu
+
+from umst_plugin.preprocess.errors import SideDataError
+
+
+class SurfaceParse:
+    __slots__ = ("forms", "heads", "labels")
+
+    def __init__(self, forms, heads, labels):
+        self.forms, self.heads, self.labels = forms, heads, labels
+
+
+def _collapse(tokenlist, path, start):
+    """Surface-token parse of one sentence; errors name the sentence's first line."""
+    ranges, words = [], []
+    for tok in tokenlist:
+        tid = tok["id"]
+        if isinstance(tid, tuple):
+            if len(tid) == 3 and tid[1] == "-":
+                ranges.append((tid[0], tid[2], tok["form"]))
+            # ('8', '.', '1') empty nodes are skipped
+            continue
+        words.append(tok)
+    if not words:
+        raise SideDataError(path, start, f"no word lines; expected at least one")
+    surface_of = {}  # syntactic word id -> 0-based surface index
+    forms, head_word = [], []
+    range_at = {start: (start, end, form) for start, end, form in ranges}
+    i = 0
+    expected = 1
+    while i < len(words):
+        wid = words[i]["id"]
+        if wid != expected:
+            raise SideDataError(path, start, f"word ids not consecutive "
+                                f"(found {wid}, expected {expected})")
+        if wid in range_at:
+            start, end, form = range_at[wid]
+            members = [w for w in words[i:i + end - start + 1]]
+            for w in members:
+                surface_of[w["id"]] = len(forms)
+            inside = {w["id"] for w in members}
+            head = next((w for w in members if w["head"] not in inside), members[0])
+            forms.append(form)
+            head_word.append(head)
+            i += len(members)
+            expected = end + 1
+        else:
+            surface_of[wid] = len(forms)
+            forms.append(words[i]["form"])
+            head_word.append(words[i])
+            i += 1
+            expected += 1
+    heads, labels = [], []
+    for w in head_word:
+        h = w["head"]
+        if h is None or not isinstance(h, int):
+            raise SideDataError(path, start, f"word {w['id']} has head {h!r}; "
+                                "expected an integer (basic dependency tree)")
+        if h == 0:
+            heads.append(0)
+        elif h not in surface_of:
+            raise SideDataError(path, start, f"word {w['id']} points to head {h}, "
+                                f"but the sentence has {len(words)} words")
+        else:
+            heads.append(surface_of[h] + 1)
+        labels.append(w["deprel"] or "_")
+    return SurfaceParse(forms, heads, labels)
+
+
+def read_conllu(path):
+    """Yield a SurfaceParse per sentence, with errors naming the sentence's first line."""
+    line_no = 1
+    try:
+        with open(path, encoding="utf-8") as f:
+            buffer, start = [], 1
+            for line_no, line in enumerate(f, start=1):
+                if line.strip():
+                    if not buffer:
+                        start = line_no
+                    buffer.append(line)
+                    continue
+                if buffer:
+                    yield _parse_block(path, buffer, start)
+                    buffer = []
+            if buffer:
+                yield _parse_block(path, buffer, start)
+    except UnicodeDecodeError as e:
+        raise SideDataError(path, line_no + 1, f"not valid UTF-8 ({e.reason}); expected UTF-8 CoNLL-U") from None
+
+
+def _parse_block(path, lines, start):
+    text = "".join(lines)
+    try:
+        sentences = conllu.parse(text)
+    except Exception as e:  # conllu raises ParseException and ValueError subclasses
+        raise SideDataError(path, start, f"malformed CoNLL-U sentence: {e}; expected 10 tab-separated "
+                            "columns per word line") from None
+    if len(sentences) != 1:
+        raise SideDataError(path, start, f"expected one sentence in this block, found {len(sentences)}")
+    return _collapse(sentences[0], path, start)

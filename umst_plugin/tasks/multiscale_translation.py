@@ -1,0 +1,193 @@
+"""The ``multiscale_translation`` task: translation plus aligned source side data.
+
+Extends fairseq's ``translation`` task (every translation flag keeps working)
+and adds ``src_word_ids`` / ``src_word_heads`` to ``net_input`` (see
+``umst_plugin.data.side_data_dataset``). Training, validation and
+fairseq-generate read the binarized side files written by ``umst-preprocess``;
+fairseq-interactive (which only has tokens) derives word ids from the subword
+markers of the source dictionary and heads from ``--source-parser``, or the
+no-edge fallback graph with a one-time warning.
+"""
+import inspect
+import itertools
+import logging
+import os
+from argparse import Namespace
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from fairseq import utils
+from fairseq.data import ConcatDataset, LanguagePairDataset, data_utils, indexed_dataset
+from fairseq.dataclass import ChoiceEnum
+from fairseq.tasks import register_task
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+from umst_plugin.data.side_data_dataset import SideDataLanguagePairDataset
+from umst_plugin.data.word_boundaries import boundary_table, words_from_pieces
+from umst_plugin.preprocess.errors import SideDataError
+from umst_plugin.preprocess.sidefiles import HEADS, WORD_IDS
+from umst_plugin.preprocess.text import moses_unescape
+
+logger = logging.getLogger(__name__)
+
+
+SIDE_INPUT_KEYS = ("src_word_ids", "src_word_heads")
+
+
+def encoder_accepts_side_inputs(model):
+    """Whether ``model.encoder.forward`` takes src_word_ids (by name or through **kwargs)."""
+    encoder = getattr(model, "encoder", None)
+    if encoder is None:
+        return False
+    params = inspect.signature(encoder.forward).parameters.values()
+    return any(p.name == "src_word_ids" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+@dataclass
+class MultiscaleTranslationConfig(TranslationConfig):
+    subword_scheme: ChoiceEnum(["auto", "subword-nmt", "sentencepiece"]) = field(
+        default="auto", metadata={"help": "subword marker convention of the source dictionary, used to rebuild "
+                                  "words from tokens when no side file exists (fairseq-interactive); auto = "
+                                  "sentencepiece if any entry starts with U+2581, else subword-nmt"})
+    source_parser: str = field(
+        default="none", metadata={"help": "dependency parser for source sentences that come without side files "
+                                  "(fairseq-interactive): a umst-preprocess --parser backend name, or none for "
+                                  "the fallback graph without edges"})
+    source_parser_model: str = field(
+        default="", metadata={"help": "model name or path for --source-parser (e.g. a spaCy pipeline or a "
+                              "stanza language code)"})
+
+
+def _side_prefix(data_path, split, src, tgt, dataset_impl):
+    """Prefix of the split's source dataset (either language direction), as fairseq resolves it."""
+    for a, b in ((src, tgt), (tgt, src)):
+        prefix = os.path.join(data_path, f"{split}.{a}-{b}.{src}")
+        if indexed_dataset.dataset_exists(prefix, impl=dataset_impl):
+            return prefix
+    return None
+
+
+def _load_side(prefix, kind):
+    path = f"{prefix}.{kind}"
+    if not indexed_dataset.dataset_exists(path, impl="mmap"):
+        raise SideDataError(path + ".bin", None, "side data not found; run umst-preprocess on this data-bin "
+                            "(or train with --task translation if the model needs no side data)")
+    return indexed_dataset.MMapIndexedDataset(path)
+
+
+def _last_items(dataset):
+    """Last integer of every item of an mmap dataset, vectorised."""
+    flat = np.frombuffer(dataset._bin_buffer, dtype=dataset._index.dtype)
+    ends = np.cumsum(dataset.sizes) - 1
+    return flat[ends] if len(flat) else np.zeros(0, dtype=np.int64)
+
+
+def check_side_alignment(prefix, src_sizes, word_ids, heads):
+    """Word ids per sentence = source tokens - 1 (</s>); heads per sentence = words."""
+    wid_path, head_path = f"{prefix}.{WORD_IDS}.bin", f"{prefix}.{HEADS}.bin"
+    if len(word_ids) != len(src_sizes) or len(heads) != len(src_sizes):
+        raise SideDataError(wid_path, None, f"{len(word_ids)} word-id and {len(heads)} head lines but "
+                            f"{len(src_sizes)} source sentences in {prefix}.bin; re-run umst-preprocess")
+    bad = np.nonzero(word_ids.sizes != src_sizes - 1)[0]
+    if len(bad):
+        i = int(bad[0])
+        raise SideDataError(wid_path, i + 1, f"{word_ids.sizes[i]} word ids but {src_sizes[i] - 1} source tokens "
+                            f"(without </s>) in {prefix}.bin; expected equal counts: re-run umst-preprocess")
+    n_words = _last_items(word_ids)
+    bad = np.nonzero(heads.sizes != n_words)[0]
+    if len(bad):
+        i = int(bad[0])
+        raise SideDataError(head_path, i + 1, f"{heads.sizes[i]} heads but {n_words[i]} words in the word ids; "
+                            "expected one head per word: re-run umst-preprocess")
+
+
+@register_task("multiscale_translation", dataclass=MultiscaleTranslationConfig)
+class MultiscaleTranslationTask(TranslationTask):
+    """Translation whose batches also carry source word ids and dependency heads."""
+
+    cfg: MultiscaleTranslationConfig
+
+    def __init__(self, cfg, src_dict, tgt_dict):
+        super().__init__(cfg, src_dict, tgt_dict)
+        scheme = None if cfg.subword_scheme == "auto" else cfg.subword_scheme
+        self.boundaries = boundary_table(src_dict, scheme)
+        self._parser = None
+        self._warned_fallback = False
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
+        paths = utils.split_paths(self.cfg.data)
+        if split != self.cfg.train_subset:
+            paths = paths[:1]
+        data_path = paths[(epoch - 1) % len(paths)]
+        src, tgt = self.cfg.source_lang, self.cfg.target_lang
+        word_id_sets, head_sets = [], []
+        for k in itertools.count():  # the same shards fairseq concatenated (train, train1, ...)
+            split_k = split + (str(k) if k > 0 else "")
+            prefix = _side_prefix(data_path, split_k, src, tgt, self.cfg.dataset_impl)
+            if prefix is None:
+                break
+            src_raw = data_utils.load_indexed_dataset(prefix, None, self.cfg.dataset_impl)
+            src_sizes = np.array(src_raw.sizes)  # copy while src_raw (and its mmap) is alive
+            word_ids, heads = _load_side(prefix, WORD_IDS), _load_side(prefix, HEADS)
+            check_side_alignment(prefix, src_sizes, word_ids, heads)
+            word_id_sets.append(word_ids)
+            head_sets.append(heads)
+            if not combine:
+                break
+        if len(word_id_sets) == 1:
+            word_ids, heads = word_id_sets[0], head_sets[0]
+        else:
+            ratios = [self.cfg.upsample_primary] + [1] * (len(word_id_sets) - 1)
+            word_ids, heads = ConcatDataset(word_id_sets, ratios), ConcatDataset(head_sets, ratios)
+        self.datasets[split] = SideDataLanguagePairDataset(self.datasets[split], word_ids, heads)
+
+    # ---- models that take no side inputs (e.g. fairseq's own transformer) ------------------
+
+    def _strip_side_inputs(self, sample, models):
+        """Drop src_word_ids/src_word_heads unless every model's encoder accepts them."""
+        if not sample or "net_input" not in sample or all(encoder_accepts_side_inputs(m) for m in models):
+            return sample
+        net_input = {k: v for k, v in sample["net_input"].items() if k not in SIDE_INPUT_KEYS}
+        return {**sample, "net_input": net_input}
+
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        return super().train_step(self._strip_side_inputs(sample, [model]), model, criterion, optimizer,
+                                  update_num, ignore_grad)
+
+    def valid_step(self, sample, model, criterion):
+        return super().valid_step(self._strip_side_inputs(sample, [model]), model, criterion)
+
+    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
+        return super().inference_step(generator, models, self._strip_side_inputs(sample, models),
+                                      prefix_tokens=prefix_tokens, constraints=constraints)
+
+    # ---- inference without side files (fairseq-interactive) -----------------------------
+
+    def _parse_tokens(self, src_tokens):
+        """Heads for raw input sentences from --source-parser, or None (fallback graph)."""
+        if self.cfg.source_parser == "none":
+            if not self._warned_fallback:
+                logger.warning("multiscale_translation: no --source-parser configured; interactive input gets "
+                               "the fallback graph (every word its own phrase, no dependency edges). "
+                               "Set --source-parser (e.g. spacy or stanza) to parse the input.")
+                self._warned_fallback = True
+            return None
+        if self._parser is None:
+            from umst_plugin.preprocess import parsers
+
+            self._parser = parsers.build_backend(
+                self.cfg.source_parser, Namespace(parser_model=self.cfg.source_parser_model or None))
+        scheme = self.boundaries[0]
+        sentences = []
+        for tokens in src_tokens:
+            pieces = [self.src_dict[int(t)] for t in tokens if int(t) not in (self.src_dict.eos(), self.src_dict.pad())]
+            sentences.append([moses_unescape(w) for w in words_from_pieces(pieces, scheme)])
+        return [torch.tensor(p.heads, dtype=torch.long) for p in self._parser.parse(sentences)]
+
+    def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
+        dataset = LanguagePairDataset(src_tokens, src_lengths, self.source_dictionary,
+                                      tgt_dict=self.target_dictionary, constraints=constraints)
+        return SideDataLanguagePairDataset(dataset, word_ids=None, heads=self._parse_tokens(src_tokens),
+                                           boundaries=self.boundaries)
