@@ -24,3 +24,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def toy_raw(tmp_path_factory):
+    """The toy corpus (small) with gold CoNLL-U and joint BPE."""
+    import e2e
+
+    return e2e.make_toy_corpus(str(tmp_path_factory.mktemp("toy_raw")))
+
+
+@pytest.fixture(scope="session")
+def toy_databin(toy_raw, tmp_path_factory):
+    """fairseq-preprocess + umst-preprocess output for the toy corpus."""
+    import e2e
+
+    return e2e.binarize(toy_raw, str(tmp_path_factory.mktemp("toy_databin")))

@@ -97,6 +97,10 @@ def read_conllu(path):
 
 
 def _parse_block(path, lines, start):
+    for offset, line in enumerate(lines):
+        if not line.startswith("#") and line.rstrip("\n").count("\t") != 9:
+            raise SideDataError(path, start + offset, f"malformed CoNLL-U line with "
+                                f"{line.rstrip(chr(10)).count(chr(9)) + 1} columns; expected 10 tab-separated columns")
     text = "".join(lines)
     try:
         sentences = conllu.parse(text)

@@ -1,0 +1,100 @@
+"""Drive the real CLIs (fairseq-preprocess/train/generate/interactive, umst-preprocess)
+on the toy corpus, the way fairseq's own tests/test_binaries.py does.
+
+Every architecture's end-to-end test reuses these helpers.
+"""
+import os
+import re
+import subprocess
+import sys
+
+from umst_plugin import toy
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLUGIN = os.path.join(ROOT, "umst_plugin")
+BIN = os.path.dirname(sys.executable)
+SRC, TGT = toy.SRC, toy.TGT
+
+
+def cli_env():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE")}  # no weights_only escape hatch
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def run(cmd, input=None, check=True):
+    proc = subprocess.run(cmd, env=cli_env(), input=input, capture_output=True, text=True, cwd=ROOT)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n--- stdout\n"
+                             f"{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def fairseq(tool, *args, input=None, check=True):
+    return run([os.path.join(BIN, f"fairseq-{tool}"), *map(str, args)], input=input, check=check)
+
+
+def umst_preprocess(*args, check=True):
+    return run([sys.executable, "-m", "umst_plugin.preprocess", *map(str, args)], check=check)
+
+
+def make_toy_corpus(raw_dir, n_train=400, n_valid=40, n_test=40, seed=1, merges=400):
+    toy.write_toy_corpus(raw_dir, seed, n_train, n_valid, n_test)
+    toy.bpe_toy_corpus(raw_dir, merges)
+    return raw_dir
+
+
+def binarize(raw_dir, destdir, splits=("train", "valid", "test"), dicts_from=None):
+    """fairseq-preprocess (joined dictionary, or the dictionaries of data-bin ``dicts_from``) + umst-preprocess."""
+    prefs = []
+    for split in splits:
+        prefs += [f"--{split}pref", os.path.join(raw_dir, split)]
+    dict_args = (["--srcdict", os.path.join(dicts_from, f"dict.{SRC}.txt"), "--tgtdict",
+                  os.path.join(dicts_from, f"dict.{TGT}.txt")] if dicts_from else ["--joined-dictionary"])
+    fairseq("preprocess", "--source-lang", SRC, "--target-lang", TGT, *prefs, "--destdir", destdir,
+            *dict_args, "--workers", "1")
+    umst_preprocess("--source-lang", SRC, "--target-lang", TGT, *prefs, "--destdir", destdir)
+    return destdir
+
+
+TINY = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+        "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
+        "--decoder-attention-heads", "2"]
+
+
+def train(databin, save_dir, arch, *extra, task="multiscale_translation", max_update=20, lr="2e-3"):
+    proc = fairseq("train", databin, "--user-dir", PLUGIN, "--task", task, "--arch", arch,
+                   "--optimizer", "adam", "--lr", lr, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
+                   "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+                   "--max-tokens", "1000", "--max-update", str(max_update), "--save-dir", save_dir,
+                   "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "5", "--num-workers", "0",
+                   "--seed", "1", "--no-progress-bar", "--disable-validation", *extra)
+    return proc.stdout + proc.stderr
+
+
+def train_losses(log):
+    return [float(x) for x in re.findall(r"\| loss ([0-9.]+) \|", log)] + \
+        [float(x) for x in re.findall(r"\bloss=([0-9.]+)", log)]
+
+
+def generate(databin, ckpt, *extra, task="multiscale_translation", subset="test"):
+    proc = fairseq("generate", databin, "--user-dir", PLUGIN, "--task", task, "--path", ckpt, "--gen-subset", subset,
+                   "--beam", "4", "--batch-size", "32", "--remove-bpe", "--scoring", "sacrebleu", *extra)
+    return proc.stdout + proc.stderr
+
+
+def bleu_line(generate_output):
+    match = re.search(r"^Generate .*BLEU.*$", generate_output, flags=re.M)
+    assert match, f"no BLEU line in fairseq-generate output:\n{generate_output[-3000:]}"
+    return match.group(0)
+
+
+def interactive(databin, ckpt, lines, *extra, task="multiscale_translation"):
+    proc = fairseq("interactive", databin, "--user-dir", PLUGIN, "--task", task, "--path", ckpt, "--beam", "2",
+                   "--remove-bpe", "--source-lang", SRC, "--target-lang", TGT, *extra, input="\n".join(lines) + "\n")
+    return proc.stdout + proc.stderr
+
+
+def hypotheses(output):
+    return re.findall(r"^H-\d+\t[-0-9.e]+\t(.*)$", output, flags=re.M)

@@ -1,0 +1,163 @@
+"""Reusable model checks, applied to every architecture listed in test_model_checks.ARCH_CASES.
+
+Each check builds the arch with tiny overrides through fairseq's real argument
+parsing (umst_plugin.dev.build_model) and feeds it batches collated by the
+task's own dataset classes.
+"""
+import os
+import socket
+import tempfile
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+from umst_plugin import dev
+
+
+def _eval_model(arch, overrides, device="cpu", task="multiscale_translation"):
+    model, task_obj = dev.build_model(arch, overrides, task=task)
+    return model.to(device).eval(), task_obj
+
+
+def _rows_by_id(sample):
+    return {int(i): b for b, i in enumerate(sample["id"])}
+
+
+def _real_positions(tokens_row, pad):
+    return tokens_row.ne(pad).nonzero().squeeze(1)
+
+
+def check_padding_invariance(arch, overrides, left_pad_source, device="cpu", atol=1e-5):
+    """Each sentence's encoder and decoder outputs alone == inside a padded batch."""
+    model, task = _eval_model(arch, overrides, device)
+    pad = task.source_dictionary.pad()
+    dataset = dev.random_dataset(task, 6, src_len=12, tgt_len=9, seed=3, left_pad_source=left_pad_source)
+    batch = dev.move_sample(dev.collate(dataset, range(6), pad_source_to=17), device)  # extra padding too
+    with torch.no_grad():
+        enc = model.encoder(**dev.encoder_inputs(model, batch))["encoder_out"][0]
+        dec = model(**dev.model_inputs(model, batch))[0]
+        rows = _rows_by_id(batch)
+        for i in range(6):
+            alone = dev.move_sample(dev.collate(dataset, [i]), device)
+            enc_alone = model.encoder(**dev.encoder_inputs(model, alone))["encoder_out"][0][:, 0]
+            dec_alone = model(**dev.model_inputs(model, alone))[0][0]
+            b = rows[i]
+            src_pos = _real_positions(batch["net_input"]["src_tokens"][b], pad)
+            torch.testing.assert_close(enc[src_pos, b], enc_alone, atol=atol, rtol=1e-4,
+                                       msg=lambda m: f"{arch}: encoder output of sentence {i} changes with its batch/padding: {m}")
+            tgt_len = int(alone["target"].ne(pad).sum())
+            torch.testing.assert_close(dec[b, :tgt_len], dec_alone[:tgt_len], atol=atol, rtol=1e-4,
+                                       msg=lambda m: f"{arch}: decoder output of sentence {i} changes with its batch/padding: {m}")
+
+
+def check_incremental_decoding(arch, overrides, device="cpu", atol=1e-5):
+    """Step-by-step decoding (with a beam reorder half way) == one teacher-forced pass."""
+    model, task = _eval_model(arch, overrides, device)
+    sample = dev.move_sample(dev.random_sample(task, 4, src_len=10, tgt_len=8, seed=5), device)
+    prev = sample["net_input"]["prev_output_tokens"]
+    pad = task.target_dictionary.pad()
+    with torch.no_grad():
+        enc = model.encoder(**dev.encoder_inputs(model, sample))
+        full = model.decoder(prev, encoder_out=enc)[0]
+        order = torch.tensor([2, 0, 3, 1, 1], device=prev.device)  # permute and duplicate, like a beam
+        incremental_state = {}
+        steps = prev.size(1)
+        for t in range(steps):
+            if t == steps // 2:
+                model.decoder.reorder_incremental_state_scripting(incremental_state, order)
+                enc = model.encoder.reorder_encoder_out(enc, order)
+                prev, full = prev[order], full[order]
+            out = model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=incremental_state)[0][:, -1]
+            real = prev[:, : t + 1].ne(pad).all(dim=1)  # rows whose prefix has no padding
+            torch.testing.assert_close(out[real], full[real, t], atol=atol, rtol=1e-4,
+                                       msg=lambda m: f"{arch}: incremental step {t} differs from full decoding: {m}")
+
+
+def _loss(model, sample):
+    logits = model(**dev.model_inputs(model, sample))[0]
+    pad = model.decoder.dictionary.pad() if hasattr(model.decoder, "dictionary") else 1
+    return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), sample["target"].reshape(-1),
+                           ignore_index=pad)
+
+
+def check_every_parameter_gets_gradient(arch, overrides, device="cpu"):
+    model, task = dev.build_model(arch, overrides)
+    model.to(device).train()
+    sample = dev.move_sample(dev.random_sample(task, 4, src_len=10, tgt_len=8, seed=7), device)
+    _loss(model, sample).backward()
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not missing, f"{arch}: parameters without gradient: {missing}"
+    zero = [n for n, p in model.named_parameters() if p.requires_grad and not p.grad.abs().sum() > 0]
+    assert not zero, f"{arch}: parameters whose gradient is all zero: {zero}"
+    bad = [n for n, p in model.named_parameters() if p.requires_grad and not torch.isfinite(p.grad).all()]
+    assert not bad, f"{arch}: non-finite gradients: {bad}"
+
+
+def check_dropout_off_in_eval(arch, overrides, device="cpu"):
+    """Two eval passes are identical (no dropout left on), two train passes differ."""
+    overrides = {**overrides, "dropout": 0.3, "attention_dropout": 0.3}
+    model, task = _eval_model(arch, overrides, device)
+    sample = dev.move_sample(dev.random_sample(task, 3, src_len=10, tgt_len=8, seed=9), device)
+    with torch.no_grad():
+        a = model(**dev.model_inputs(model, sample))[0]
+        b = model(**dev.model_inputs(model, sample))[0]
+        torch.testing.assert_close(a, b, atol=0, rtol=0, msg=lambda m: f"{arch}: eval is not deterministic: {m}")
+        model.train()
+        c = model(**dev.model_inputs(model, sample))[0]
+        d = model(**dev.model_inputs(model, sample))[0]
+    assert not torch.equal(c, d), f"{arch}: dropout has no effect in training mode"
+
+
+def check_low_precision(arch, overrides, dtype, device="cpu"):
+    """fp16/bf16 forward and backward on a padded batch: finite everywhere that matters."""
+    model, task = dev.build_model(arch, overrides)
+    model.to(device=device, dtype=dtype).train()
+    sample = dev.move_sample(dev.collate(dev.random_dataset(task, 5, 12, 9, seed=11), range(5), pad_source_to=16),
+                             device)
+    enc = model.encoder(**dev.encoder_inputs(model, sample))
+    pad = task.source_dictionary.pad()
+    real = sample["net_input"]["src_tokens"].ne(pad).t()  # T x B
+    assert torch.isfinite(enc["encoder_out"][0][real]).all(), f"{arch}: non-finite encoder output in {dtype}"
+    loss = _loss(model, sample)
+    assert torch.isfinite(loss), f"{arch}: non-finite loss in {dtype}"
+    loss.backward()
+    bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    assert not bad, f"{arch}: non-finite {dtype} gradients: {bad}"
+
+
+# ---- DistributedDataParallel --------------------------------------------------------------
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank, world_size, port, arch, overrides, error_dir):
+    try:
+        torch.set_num_threads(1)
+        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                             world_size=world_size)
+        model, task = dev.build_model(arch, overrides, seed=0)
+        ddp = torch.nn.parallel.DistributedDataParallel(model.train(), find_unused_parameters=False)
+        for step in range(2):  # unused parameters only raise on the step after the first backward
+            sample = dev.random_sample(task, 3, src_len=9, tgt_len=7, seed=100 * rank + step)
+            logits = ddp(**dev.model_inputs(model, sample))[0]
+            F.cross_entropy(logits.reshape(-1, logits.size(-1)), sample["target"].reshape(-1),
+                            ignore_index=task.target_dictionary.pad()).backward()
+        torch.distributed.destroy_process_group()
+    except BaseException:
+        with open(os.path.join(error_dir, f"rank{rank}.txt"), "w") as f:
+            f.write(traceback.format_exc())
+        raise
+
+
+def check_ddp(arch, overrides):
+    with tempfile.TemporaryDirectory() as error_dir:
+        try:
+            torch.multiprocessing.spawn(_ddp_worker, args=(2, _free_port(), arch, overrides, error_dir), nprocs=2,
+                                        join=True)
+        except Exception as e:
+            errors = [open(os.path.join(error_dir, f)).read() for f in sorted(os.listdir(error_dir))]
+            raise AssertionError(f"{arch}: DDP forward/backward failed: {e}\n" + "\n".join(errors)) from None

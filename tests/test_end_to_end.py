@@ -1,0 +1,46 @@
+"""toy corpus -> umst-preprocess -> fairseq-preprocess -> fairseq-train (multiscale_translation)
+-> fairseq-generate --scoring sacrebleu -> fairseq-interactive, through the real CLIs."""
+import os
+
+import pytest
+
+import e2e
+
+
+@pytest.fixture(scope="module")
+def transformer_checkpoint(toy_databin, tmp_path_factory):
+    save_dir = str(tmp_path_factory.mktemp("ckpt_transformer"))
+    log = e2e.train(toy_databin, save_dir, "transformer", *e2e.TINY, "--share-all-embeddings", max_update=15)
+    losses = e2e.train_losses(log)
+    assert losses and all(loss == loss for loss in losses), log[-3000:]
+    return os.path.join(save_dir, "checkpoint_last.pt")
+
+
+def test_generate_prints_sacrebleu(toy_databin, transformer_checkpoint):
+    out = e2e.generate(toy_databin, transformer_checkpoint)
+    line = e2e.bleu_line(out)
+    assert "BLEU" in line
+    assert f"Translated {40} sentences" in out.replace(",", "")
+
+
+def test_interactive_on_raw_lines(toy_raw, toy_databin, transformer_checkpoint):
+    with open(os.path.join(toy_raw, "test.tok.kel"), encoding="utf-8") as f:
+        lines = [next(f).strip(), next(f).strip()]
+    out = e2e.interactive(toy_databin, transformer_checkpoint, lines, "--bpe", "subword_nmt", "--bpe-codes",
+                          os.path.join(toy_raw, "bpe.codes"))
+    assert len(e2e.hypotheses(out)) == 2, out[-3000:]
+
+
+def test_validate_loads_checkpoint(toy_databin, transformer_checkpoint):
+    proc = e2e.fairseq("validate", toy_databin, "--user-dir", e2e.PLUGIN, "--task", "multiscale_translation",
+                       "--path", transformer_checkpoint, "--valid-subset", "valid", "--max-tokens", "1000")
+    out = proc.stdout + proc.stderr
+    assert "valid on 'valid' subset" in out, out[-3000:]
+
+
+def test_generate_fails_clearly_without_plugin_classes_allowed(toy_databin, transformer_checkpoint):
+    """The allow-list is what makes loading work: without --user-dir, torch refuses the checkpoint."""
+    proc = e2e.fairseq("generate", toy_databin, "--task", "translation", "--path", transformer_checkpoint,
+                       "--source-lang", e2e.SRC, "--target-lang", e2e.TGT, "--max-sentences", "8", check=False)
+    assert proc.returncode != 0
+    assert "weights_only" in proc.stderr or "Unsupported global" in proc.stderr

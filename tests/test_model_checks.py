@@ -1,0 +1,57 @@
+"""The reusable model checks, over every architecture of the plugin.
+
+Each architecture adds one line to ARCH_CASES with tiny overrides.
+"""
+import pytest
+import torch
+
+import model_checks as checks
+
+TINY_TRANSFORMER = dict(encoder_layers=2, decoder_layers=2, encoder_embed_dim=16, decoder_embed_dim=16,
+                        encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32, encoder_attention_heads=2,
+                        decoder_attention_heads=2)
+
+ARCH_CASES = [
+    pytest.param("transformer", TINY_TRANSFORMER, id="transformer"),
+    pytest.param("transformer", {**TINY_TRANSFORMER, "encoder_normalize_before": True,
+                                 "decoder_normalize_before": True}, id="transformer-prenorm"),
+]
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("left_pad", [True, False], ids=["left-pad", "right-pad"])
+@pytest.mark.parametrize("arch,overrides", ARCH_CASES)
+def test_batch_and_padding_invariance(arch, overrides, left_pad, device):
+    checks.check_padding_invariance(arch, overrides, left_pad_source=left_pad, device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("arch,overrides", ARCH_CASES)
+def test_incremental_decoding_matches_full(arch, overrides, device):
+    checks.check_incremental_decoding(arch, overrides, device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("arch,overrides", ARCH_CASES)
+def test_every_parameter_gets_gradient(arch, overrides, device):
+    checks.check_every_parameter_gets_gradient(arch, overrides, device=device)
+
+
+@pytest.mark.parametrize("arch,overrides", ARCH_CASES)
+def test_dropout_off_in_eval(arch, overrides):
+    checks.check_dropout_off_in_eval(arch, overrides)
+
+
+@pytest.mark.parametrize("dtype,device", [(torch.bfloat16, "cpu"), pytest.param(torch.float16, "cuda", marks=pytest.mark.cuda),
+                                          pytest.param(torch.bfloat16, "cuda", marks=pytest.mark.cuda)],
+                         ids=["bf16-cpu", "fp16-cuda", "bf16-cuda"])
+@pytest.mark.parametrize("arch,overrides", ARCH_CASES)
+def test_low_precision_no_nan(arch, overrides, dtype, device):
+    checks.check_low_precision(arch, overrides, dtype, device)
+
+
+@pytest.mark.parametrize("arch,overrides", ARCH_CASES)
+def test_ddp_gloo_two_processes(arch, overrides):
+    checks.check_ddp(arch, overrides)

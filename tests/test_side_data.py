@@ -1,0 +1,133 @@
+"""Side data follows fairseq's batches: left/right padding, length re-sorting, truncation, data shards,
+and the interactive path that derives word ids from tokens."""
+import os
+
+import pytest
+import torch
+
+import e2e
+from umst_plugin import dev
+from umst_plugin.data.word_boundaries import (SENTENCEPIECE, SUBWORD_NMT, boundary_table, word_ids_from_pieces,
+                                              word_ids_from_tokens, words_from_pieces)
+
+
+def read_rows(path):
+    with open(path, encoding="utf-8") as f:
+        return [[int(x) for x in line.split()] for line in f]
+
+
+def expected_rows(databin, split):
+    return read_rows(os.path.join(databin, f"{split}.{e2e.SRC}.wordids")), \
+        read_rows(os.path.join(databin, f"{split}.{e2e.SRC}.heads"))
+
+
+def task_on(databin, **overrides):
+    return dev.setup_task(databin, {"source_lang": e2e.SRC, "target_lang": e2e.TGT, **overrides})
+
+
+def check_batches(task, split, word_rows, head_rows, left_pad, max_len=None):
+    """Every row of every real batch carries exactly its own sentence's side data."""
+    dataset = task.dataset(split)
+    itr = task.get_batch_iterator(dataset, max_tokens=200, seed=1).next_epoch_itr(shuffle=True)
+    pad = task.source_dictionary.pad()
+    seen = 0
+    for batch in itr:
+        net = batch["net_input"]
+        assert net["src_word_ids"].shape == net["src_tokens"].shape
+        assert net["src_word_ids"].eq(0).equal(net["src_tokens"].eq(pad))  # same padding layout
+        for b, sent_id in enumerate(batch["id"].tolist()):
+            words = word_rows[sent_id][: (max_len - 1) if max_len else None]
+            n_words = words[-1]
+            want_ids = torch.tensor(words + [n_words + 1])
+            heads = [h if h <= n_words else 0 for h in head_rows[sent_id][:n_words]] + [0]
+            row = net["src_word_ids"][b]
+            got_ids = row[row.ne(0)]
+            assert got_ids.tolist() == want_ids.tolist(), f"sentence {sent_id}"
+            real = row.ne(0).nonzero().squeeze(1)
+            if left_pad:
+                assert real[-1] == row.numel() - 1
+            else:
+                assert real[0] == 0
+            head_row = net["src_word_heads"][b]
+            assert head_row[: len(heads)].tolist() == heads, f"sentence {sent_id}"
+            assert head_row[len(heads):].eq(-1).all()
+            seen += 1
+    assert seen == len(dataset)
+
+
+@pytest.mark.parametrize("left_pad", [True, False], ids=["left-pad", "right-pad"])
+def test_side_data_aligned_in_real_batches(toy_databin, left_pad):
+    # fairseq's --left-pad-source is a store_false switch: giving the flag means right padding
+    task = task_on(toy_databin, left_pad_source=not left_pad)
+    assert task.cfg.left_pad_source == left_pad
+    task.load_dataset("train")
+    check_batches(task, "train", *expected_rows(toy_databin, "train"), left_pad=left_pad)
+
+
+def test_truncation_truncates_side_data(toy_databin):
+    task = task_on(toy_databin, truncate_source=True, max_source_positions=6)
+    task.load_dataset("valid")
+    word_rows, head_rows = expected_rows(toy_databin, "valid")
+    assert max(len(r) for r in word_rows) > 6  # the cut really happens
+    check_batches(task, "valid", word_rows, head_rows, left_pad=True, max_len=6)
+
+
+def test_two_data_shards_round_robin(toy_raw, toy_databin, tmp_path):
+    raw_b = e2e.make_toy_corpus(str(tmp_path / "raw_b"), n_train=120, n_valid=10, n_test=10, seed=7)
+    shard_b = e2e.binarize(raw_b, str(tmp_path / "bin_b"), splits=("train",), dicts_from=toy_databin)
+    task = task_on(f"{toy_databin}:{shard_b}")
+    task.load_dataset("train", epoch=2)  # epoch 2 reads the second shard
+    assert len(task.dataset("train")) == 120
+    check_batches(task, "train", *expected_rows(shard_b, "train"), left_pad=True)
+
+
+def test_interactive_word_ids_match_preprocessed(toy_databin):
+    """Word ids derived from tokens (fairseq-interactive) == those umst-preprocess wrote."""
+    task = task_on(toy_databin)
+    task.load_dataset("valid")
+    stored = task.dataset("valid")
+    tokens = [stored.dataset.src[i] for i in range(len(stored))]
+    derived = task.build_dataset_for_inference(tokens, [len(t) for t in tokens])
+    for i in range(len(stored)):
+        assert derived[i]["src_word_ids"].tolist() == stored[i]["src_word_ids"].tolist()
+        assert derived[i]["src_word_heads"].eq(0).all()  # fallback graph without a parser
+
+
+SP = "\u2581"
+
+
+@pytest.mark.parametrize("pieces,scheme,ids,words", [
+    ("the new@@ est car".split(), SUBWORD_NMT, [1, 2, 2, 3], ["the", "newest", "car"]),
+    ("a@@ b@@ c d".split(), SUBWORD_NMT, [1, 1, 1, 2], ["abc", "d"]),
+    (f"{SP}the {SP}new est {SP}car".split(), SENTENCEPIECE, [1, 2, 2, 3], ["the", "newest", "car"]),
+    (f"est {SP}car".split(), SENTENCEPIECE, [1, 2], ["est", "car"]),  # first piece always starts a word
+    (f"{SP}Grü ße {SP}ö".split(), SENTENCEPIECE, [1, 1, 2], ["Grüße", "ö"]),
+])
+def test_word_ids_from_pieces(pieces, scheme, ids, words):
+    assert word_ids_from_pieces(pieces, scheme) == ids
+    assert words_from_pieces(pieces, scheme) == words
+
+
+@pytest.mark.parametrize("scheme", [SUBWORD_NMT, SENTENCEPIECE])
+@pytest.mark.parametrize("left_pad", [True, False])
+def test_word_ids_from_token_tensor_match_text_rule(scheme, left_pad):
+    from fairseq.data import Dictionary, data_utils
+
+    d = Dictionary()
+    if scheme == SUBWORD_NMT:
+        vocab = ["the", "new@@", "est", "car", "a@@", "b"]
+    else:
+        vocab = [f"{SP}the", f"{SP}new", "est", f"{SP}car", "x", f"{SP}b"]
+    for sym in vocab:
+        d.add_symbol(sym)
+    sentences = [[1, 2, 3], [0, 4, 5, 1, 2], [3], [2, 0]]
+    scheme_found, continues, begins = boundary_table(d)
+    assert scheme_found == scheme
+    rows = [torch.tensor([d.index(vocab[i]) for i in s] + [d.eos()]) for s in sentences]
+    batch = data_utils.collate_tokens(rows, d.pad(), left_pad=left_pad)
+    got = word_ids_from_tokens(batch, d.pad(), d.eos(), continues, begins, scheme)
+    for b, s in enumerate(sentences):
+        want = word_ids_from_pieces([vocab[i] for i in s], scheme)
+        want = want + [want[-1] + 1]
+        row = got[b]
+        assert row[row.ne(0)].tolist() == want

@@ -1,0 +1,127 @@
+"""Helpers for tests and benchmarks: build any registered arch on a synthetic
+vocabulary through fairseq's real argument parsing, and make real batches
+(collated by the task's own dataset classes) without a data-bin.
+"""
+import os
+import random
+
+import torch
+from fairseq import options, tasks
+from fairseq.data import Dictionary, LanguagePairDataset
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+import umst_plugin
+from umst_plugin.data.side_data_dataset import SideDataLanguagePairDataset
+from umst_plugin.data.word_boundaries import word_ids_from_pieces
+
+PLUGIN_DIR = os.path.dirname(os.path.abspath(umst_plugin.__file__))
+
+
+def make_dictionary(vocab=60):
+    """A subword-nmt style dictionary: every third entry continues its word (``@@``)."""
+    d = Dictionary()
+    for i in range(vocab):
+        d.add_symbol(f"w{i}@@" if i % 3 == 1 else f"w{i}")
+    d.finalize(padding_factor=1)
+    return d
+
+
+def overrides_to_argv(overrides):
+    argv = []
+    for key, value in (overrides or {}).items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is False or value is None:
+            continue
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def parse_args(arch, overrides=None, task="multiscale_translation", data="/nonexistent-data"):
+    parser = options.get_training_parser(default_task=task)
+    argv = [data, "--user-dir", PLUGIN_DIR, "--task", task, "--arch", arch] + overrides_to_argv(
+        {"source_lang": "src", "target_lang": "tgt", **(overrides or {})})
+    return options.parse_args_and_arch(parser, input_args=argv)
+
+
+def setup_task(data, overrides=None, task="multiscale_translation", arch="transformer"):
+    """A task set up on a real data-bin, from command-line style overrides."""
+    cfg = convert_namespace_to_omegaconf(parse_args(arch, overrides, task, data))
+    return tasks.setup_task(cfg.task)
+
+
+def build_model(arch, overrides=None, task="multiscale_translation", vocab=60, seed=0, dictionary=None):
+    """(model, task) for a registered arch; ``overrides`` maps argparse dests to values."""
+    args = parse_args(arch, overrides, task)
+    cfg = convert_namespace_to_omegaconf(args)
+    d = dictionary if dictionary is not None else make_dictionary(vocab)
+    task_obj = tasks.TASK_REGISTRY[task](cfg.task, d, d)
+    torch.manual_seed(seed)
+    model = task_obj.build_model(cfg.model)
+    return model, task_obj
+
+
+def _random_sentence(rng, dictionary, length):
+    symbols = list(range(dictionary.nspecial, len(dictionary)))
+    pieces = [rng.choice(symbols) for _ in range(length)]
+    whole = [s for s in symbols if not dictionary[s].endswith("@@")]
+    pieces[-1] = rng.choice(whole)  # a sentence ends with a complete word
+    return pieces
+
+
+def random_dataset(task, n, src_len, tgt_len, seed=0, left_pad_source=True, min_len=2):
+    """A SideDataLanguagePairDataset of ``n`` random sentences with random dependency trees."""
+    rng = random.Random(seed)
+    sd, td = task.source_dictionary, task.target_dictionary
+    src, tgt, word_ids, heads = [], [], [], []
+    for _ in range(n):
+        pieces = _random_sentence(rng, sd, rng.randint(min_len, src_len))
+        wids = word_ids_from_pieces([sd[p] for p in pieces])
+        n_words = wids[-1]
+        heads.append(torch.tensor([rng.choice([h for h in range(n_words + 1) if h != w])
+                                   for w in range(1, n_words + 1)], dtype=torch.long))
+        word_ids.append(torch.tensor(wids, dtype=torch.long))
+        src.append(torch.tensor(pieces + [sd.eos()], dtype=torch.long))
+        tgt.append(torch.tensor(_random_sentence(rng, td, rng.randint(min_len, tgt_len)) + [td.eos()],
+                                dtype=torch.long))
+    pair = LanguagePairDataset(src, torch.tensor([len(s) for s in src]), sd, tgt,
+                               torch.tensor([len(t) for t in tgt]), td, left_pad_source=left_pad_source,
+                               shuffle=False)
+    return SideDataLanguagePairDataset(pair, word_ids, heads)
+
+
+def collate(dataset, indices, pad_source_to=None):
+    """Collate items of ``dataset`` exactly as fairseq would (re-sorted by length)."""
+    pad = {"source": pad_source_to, "target": None} if pad_source_to else None
+    return dataset.collater([dataset[i] for i in indices], pad_to_length=pad)
+
+
+def random_sample(task, bsz, src_len, tgt_len, seed=0, left_pad_source=True):
+    return collate(random_dataset(task, bsz, src_len, tgt_len, seed, left_pad_source), range(bsz))
+
+
+def encoder_inputs(model, sample):
+    """The encoder's kwargs from a sample, without side inputs the encoder does not take."""
+    from umst_plugin.tasks.multiscale_translation import SIDE_INPUT_KEYS, encoder_accepts_side_inputs
+
+    keep_side = encoder_accepts_side_inputs(model)
+    return {k: v for k, v in sample["net_input"].items()
+            if k != "prev_output_tokens" and (keep_side or k not in SIDE_INPUT_KEYS)}
+
+
+def model_inputs(model, sample):
+    net_input = encoder_inputs(model, sample)
+    net_input["prev_output_tokens"] = sample["net_input"]["prev_output_tokens"]
+    return net_input
+
+
+def move_sample(sample, device):
+    def move(x):
+        if torch.is_tensor(x):
+            return x.to(device)
+        if isinstance(x, dict):
+            return {k: move(v) for k, v in x.items()}
+        return x
+    return move(sample)
