@@ -15,6 +15,7 @@ ARCH_CASES = [
     pytest.param("transformer", TINY_TRANSFORMER, id="transformer"),
     pytest.param("transformer", {**TINY_TRANSFORMER, "encoder_normalize_before": True,
                                  "decoder_normalize_before": True}, id="transformer-prenorm"),
+    pytest.param("umst_base_rpr", {**TINY_TRANSFORMER, "max_relative_positions": 4}, id="umst"),
 ]
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
