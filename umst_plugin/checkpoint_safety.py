@@ -1,33 +1,23 @@
 """Allow-list the classes that fairseq checkpoints pickle.
 
-torch>=2.6 loads checkpoints with ``weights_only=True``. fairseq 0.12
-checkpoints hold an ``argparse.Namespace`` (legacy args) and omegaconf
-containers (the hydra config), so ``fairseq-generate`` would refuse them. We
-add exactly those classes to torch's safe globals at plugin import instead of
-turning the safety off (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``) globally.
+torch>=2.6 loads checkpoints with ``weights_only=True``. fairseq 0.12 saves its
+config with ``OmegaConf.to_container`` (plain dicts), but a legacy (argparse)
+architecture's model config -- every arch registered with
+``register_model_architecture``, fairseq's transformer included -- stays an
+``argparse.Namespace``, which torch refuses. Found by loading real checkpoints
+(training with validation, best/last checkpoints, optimizer and meter state)
+and adding what torch reported until the load succeeded: that class alone.
+We allow exactly it at plugin import instead of switching the safety off
+(``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``) for the whole process.
 """
 import argparse
-import collections
-import typing
 
 import torch
 
-
-def fairseq_checkpoint_classes():
-    classes = [argparse.Namespace, collections.defaultdict, collections.OrderedDict, typing.Any, dict, list, int]
-    try:
-        from omegaconf import DictConfig, ListConfig
-        from omegaconf.base import ContainerMetadata, Metadata
-        from omegaconf.nodes import AnyNode, BooleanNode, EnumNode, FloatNode, IntegerNode, StringNode, ValueNode
-
-        classes += [DictConfig, ListConfig, ContainerMetadata, Metadata, AnyNode, BooleanNode, EnumNode,
-                    FloatNode, IntegerNode, StringNode, ValueNode]
-    except ImportError:  # omegaconf missing means fairseq is missing; nothing to allow
-        pass
-    return classes
+FAIRSEQ_CHECKPOINT_CLASSES = [argparse.Namespace]
 
 
 def allow_fairseq_checkpoint_classes():
     add = getattr(torch.serialization, "add_safe_globals", None)
-    if add is not None:  # torch < 2.4 has no allow-list and loads without weights_only anyway
-        add(fairseq_checkpoint_classes())
+    if add is not None:  # torch < 2.4 has no allow-list (and does not default to weights_only)
+        add(FAIRSEQ_CHECKPOINT_CLASSES)

@@ -1,0 +1,126 @@
+"""Shared benchmark harness: same batch, same machine, one process, ratios against a baseline.
+
+Timings are medians over ``iters`` repetitions after ``warmup``. Peak memory:
+on CUDA, ``torch.cuda.max_memory_allocated``; on CPU, the high-water mark of
+the live tensor bytes reconstructed from the profiler's allocation events
+(``profile_memory=True``), i.e. activations + gradients allocated during the
+measured call, not the process RSS.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from umst_plugin import dev  # noqa: E402
+
+
+def sync(device):
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def median_time(fn, iters=5, warmup=2, device="cpu"):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def peak_memory(fn, device="cpu"):
+    """Peak bytes allocated by one call of fn (beyond what was live before it)."""
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    # Ops carry the bytes they allocated themselves (self_cpu_memory_usage, children excluded);
+    # "[memory]" records carry frees (negative) and allocations outside any op. Replayed in
+    # time order they give the live-bytes curve.
+    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    live = peak = 0
+    for e in events:
+        live += e.cpu_memory_usage if e.name == "[memory]" else e.self_cpu_memory_usage
+        peak = max(peak, live)
+    return peak
+
+
+def train_step_fn(model, sample):
+    """forward + backward of the token-level cross entropy (what fairseq-train does per batch)."""
+    pad = model.decoder.dictionary.pad()
+    net_input = dev.model_inputs(model, sample)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        logits = model(**net_input)[0]
+        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)),
+                                                 sample["target"].view(-1), ignore_index=pad)
+        loss.backward()
+    return step
+
+
+def generate_fn(model, task, sample, beam=4, max_len_b=10):
+    from fairseq.sequence_generator import SequenceGenerator
+
+    generator = SequenceGenerator([model], task.target_dictionary, beam_size=beam, max_len_a=1,
+                                  max_len_b=max_len_b)
+    result = {}
+
+    def gen():
+        with torch.no_grad():
+            hyps = task.inference_step(generator, [model], sample)
+        result["tokens"] = sum(len(h[0]["tokens"]) for h in hyps)
+    return gen, result
+
+
+def n_params(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def print_table(title, header, rows, json_path=None):
+    print(f"\n### {title}\n")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join("---" for _ in header) + "|")
+    for row in rows:
+        print("| " + " | ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in row) + " |")
+    if json_path:
+        os.makedirs(os.path.dirname(json_path) or ".", exist_ok=True)
+        with open(json_path, "w") as f:
+            json.dump({"title": title, "header": header, "rows": rows}, f, indent=1)
+
+
+def base_argparser(description):
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
+    p.add_argument("--json", default=None, help="also write the table as JSON here")
+    return p
+
+
+def setup(args):
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    print(f"device={args.device} torch={torch.__version__} threads={torch.get_num_threads()}")

@@ -1,0 +1,28 @@
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import common  # noqa: E402
+
+
+def test_cpu_peak_memory_sees_a_known_allocation():
+    def fn():
+        a = torch.ones(1024, 1024)  # 4 MiB live ...
+        b = a * 2                   # ... 8 MiB at the peak
+        del a, b
+    peak = common.peak_memory(fn)
+    assert 8 * 2**20 <= peak < 9 * 2**20
+
+
+def test_train_and_generate_fns_run_on_a_tiny_model():
+    model, task = common.dev.build_model("transformer", dict(encoder_layers=1, decoder_layers=1, encoder_embed_dim=16,
+                                                             decoder_embed_dim=16, encoder_ffn_embed_dim=16,
+                                                             decoder_ffn_embed_dim=16, encoder_attention_heads=2,
+                                                             decoder_attention_heads=2))
+    sample = common.dev.random_sample(task, 2, 6, 5)
+    common.train_step_fn(model.train(), sample)()
+    gen, result = common.generate_fn(model.eval(), task, sample, beam=2, max_len_b=3)
+    gen()
+    assert result["tokens"] > 0
