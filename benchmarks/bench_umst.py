@@ -13,16 +13,14 @@ side data (1-3 pieces per word, random dependency trees) are shared. Timing roun
 models so load on a shared machine hits both alike; each round takes the median of ``--repeats``
 steps after warm-up, and the reported figure is the best round. Generation is forced to a fixed
 output length (min_len = max_len) so both models emit exactly the same number of tokens. Memory:
-CUDA ``max_memory_allocated`` when a GPU is present; on CPU each model runs in a fresh process and we
-report the peak RSS growth over the process's post-import RSS (model, gradients, Adam state and
-activations of two training steps), plus the bytes of tensors saved for backward (activations).
+``benchmarks/common.peak_memory`` of one forward+backward (CUDA ``max_memory_allocated``; on CPU the
+high-water mark of live tensor bytes from the profiler's allocation events), i.e. activations +
+gradients beyond the resident model, plus the bytes of the tensors autograd saves for backward.
 """
 import argparse
 import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import time
 
@@ -178,54 +176,41 @@ def bench_speed(args, d, device):
     return out
 
 
-def _current_rss_kb():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
-
-
-def memory_child(args, arch, extra):
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    d = synthetic_dictionary()
-    rss0 = _current_rss_kb()
-    model = build(arch, d, extra, device, args.dims)
-    batch = make_batch(d, args.batch, args.src_len, args.src_len, device=device)
-    model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-5)
+def saved_activation_bytes(step):
+    """Bytes of the distinct storages autograd saves for backward during one training step."""
     saved = {}
 
     def pack(t):
         try:
-            key = t.untyped_storage().data_ptr()
-            saved[key] = max(saved.get(key, 0), t.untyped_storage().nbytes())
+            storage = t.untyped_storage()
+            saved[storage.data_ptr()] = max(saved.get(storage.data_ptr(), 0), storage.nbytes())
         except (RuntimeError, NotImplementedError):
             pass
         return t
 
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    for step in range(2):
-        if step == 1:
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                train_step(model, opt, *batch)
-        else:
-            train_step(model, opt, *batch)
-    res = {"saved_activation_mb": sum(saved.values()) / 2 ** 20}
-    if device == "cuda":
-        res["peak_mb"] = torch.cuda.max_memory_allocated() / 2 ** 20
-    else:
-        res["peak_mb"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
-    print(json.dumps(res))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step()
+    return sum(saved.values())
 
 
-def bench_memory(args):
+def bench_memory(args, d, device):
+    """Peak bytes allocated by one forward+backward (activations + gradients; see benchmarks/common.py)."""
+    from benchmarks.common import peak_memory
+
     out = {}
     for name, arch, extra in (("umst", args.arch, args.extra), ("transformer", BASELINE, BASELINE_FLAGS)):
-        cmd = [sys.executable, os.path.abspath(__file__), "--memory-child", arch, "--batch", str(args.batch),
-               "--src-len", str(args.src_len), "--threads", str(args.threads), "--dims", args.dims, "--extra", *extra]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(proc.stderr[-3000:])
-        out[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+        model = build(arch, d, extra, device, args.dims).train()
+        net_input, prev, target = make_batch(d, args.batch, args.src_len, args.src_len, device=device)
+
+        def step():
+            model.zero_grad(set_to_none=True)
+            logits, _ = model(**_inputs_for(model, net_input), prev_output_tokens=prev)
+            torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)).float(), target.view(-1)).backward()
+
+        step()  # warm-up
+        out[name] = {"peak_mb": peak_memory(step, device) / 2 ** 20,
+                     "saved_activation_mb": saved_activation_bytes(step) / 2 ** 20}
+        del model
     out["peak_ratio"] = out["umst"]["peak_mb"] / out["transformer"]["peak_mb"]
     out["activation_ratio"] = out["umst"]["saved_activation_mb"] / out["transformer"]["saved_activation_mb"]
     return out
@@ -242,13 +227,9 @@ def main():
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (best round reported)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--dims", choices=sorted(DIMS), default="base", help="base (reported) or small (smoke test)")
-    p.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="extra model flags for the UMST arch")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    if args.memory_child:
-        memory_child(args, args.memory_child, args.extra)
-        return
     device = "cuda" if torch.cuda.is_available() else "cpu"
     d = synthetic_dictionary()
     results = {"device": torch.cuda.get_device_name() if device == "cuda" else f"cpu, {args.threads} thread(s)",
@@ -262,7 +243,7 @@ def main():
     if {"time", "generate"} & set(args.only):
         results.update(bench_speed(args, d, device))
     if "memory" in args.only:
-        results["memory"] = bench_memory(args)
+        results["memory"] = bench_memory(args, d, device)
     print(json.dumps(results, indent=1))
     summary = []
     if "train_ratio" in results:

@@ -490,3 +490,33 @@ def test_half_precision_has_no_nan_on_padded_rows(dtype):
     assert out.dtype == dtype and torch.isfinite(out).all()
     mask = src.ne(PAD).t()
     torch.testing.assert_close(out.float()[mask], ref[mask], atol=0.1, rtol=0.1)
+
+
+# --------------------------------------------------------------------------------------------
+# End to end through the real CLIs (toy corpus fixtures from conftest / e2e helpers)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_toy_training_lowers_loss_then_generate_and_interactive(toy_raw, toy_databin, tmp_path):
+    import os
+    import re
+
+    import e2e
+
+    save_dir = str(tmp_path / "ckpt_umst")
+    log = e2e.train(toy_databin, save_dir, "umst_base", *e2e.TINY, "--share-all-embeddings", max_update=60)
+    inner = [float(x) for x in re.findall(r"\bloss=([0-9.]+)", log)]  # every 5 updates, in order
+    assert len(inner) >= 10 and all(math.isfinite(v) for v in inner), log[-3000:]
+    assert inner[-1] < inner[0] - 1.0, inner
+    ckpt = os.path.join(save_dir, "checkpoint_last.pt")
+
+    out = e2e.generate(toy_databin, ckpt)
+    assert "BLEU" in e2e.bleu_line(out)
+    assert "Translated 40 sentences" in out.replace(",", "")
+
+    with open(os.path.join(toy_raw, "test.tok.kel"), encoding="utf-8") as f:
+        lines = [next(f).strip() for _ in range(3)]
+    out = e2e.interactive(toy_databin, ckpt, lines, "--bpe", "subword_nmt", "--bpe-codes",
+                          os.path.join(toy_raw, "bpe.codes"))
+    assert len(e2e.hypotheses(out)) == 3, out[-3000:]

@@ -137,6 +137,10 @@ class UMSTEncoderLayer(nn.Module):
         self.fc1 = nn.Linear(embed_dim, ffn_embed_dim)
         self.fc2 = nn.Linear(ffn_embed_dim, embed_dim)
 
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Called by fairseq's encoder when loading a checkpoint; UMST checkpoints need no renaming."""
+        return state_dict
+
     def _word_gcn_dense(self, x, adj):
         """Eq. 2 with a dense normalised A_w (only for the random-A_w ablation)."""
         gcn = self.word_gcn
