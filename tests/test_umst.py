@@ -520,3 +520,21 @@ def test_toy_training_lowers_loss_then_generate_and_interactive(toy_raw, toy_dat
     out = e2e.interactive(toy_databin, ckpt, lines, "--bpe", "subword_nmt", "--bpe-codes",
                           os.path.join(toy_raw, "bpe.codes"))
     assert len(e2e.hypotheses(out)) == 3, out[-3000:]
+
+
+def test_recomputing_gcn_activations_gives_identical_gradients():
+    """The default recomputation (checkpointing) of the GCN blocks and RSAN's word branch must not change
+    the math: same dropout masks (RNG restored), same loss, same gradients."""
+    sents = random_sentences(4, seed=6)
+    src, wid, heads = collate(sents, left_pad=True, extra_pad=1)
+    prev = torch.randint(4, 60, (src.size(0), 5))
+    grads = []
+    for recompute in (True, False):
+        model = build("umst_base", TINY + ([] if recompute else ["--no-gcn-recompute"])).train()
+        assert model.encoder.layers[0].recompute_gcn is recompute
+        torch.manual_seed(123)
+        out, _ = model(src, src.ne(PAD).sum(1), prev, src_word_ids=wid, src_word_heads=heads)
+        out.pow(2).mean().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], msg=name)

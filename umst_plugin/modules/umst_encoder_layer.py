@@ -20,6 +20,7 @@ pooling) | gat (single-head graph attention of Velickovic et al. over the same-w
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from umst_plugin.modules.group_gcn import GroupGCN, group_mean
 from umst_plugin.modules.umst_graphs import UMSTGraphs, downsample_words
@@ -100,8 +101,14 @@ class UMSTEncoderLayer(nn.Module):
         word_proj=None,
         phrase_proj=None,
         share_within_layer=False,
+        recompute_gcn=True,
     ):
         super().__init__()
+        # Recompute the GCN blocks and RSAN's word branch in backward instead of storing their
+        # activations: their forward is cheap (per-word means, d x d maps over words, a W x W
+        # attention) but would otherwise keep ~10 tensors of B x T x d alive per block, which is
+        # what UMST adds over a transformer's activation memory. Costs ~3% of a training step.
+        self.recompute_gcn = recompute_gcn
         if intra_group is not None and intra_group not in INTRA_GROUP_OPS:
             raise ValueError(f"unknown intra-group operator {intra_group!r}; choose from {INTRA_GROUP_OPS}")
         self.dropout = dropout
@@ -132,6 +139,7 @@ class UMSTEncoderLayer(nn.Module):
             upsample_norm=upsample_norm,
             share_qk=share_rsan_qk,
             max_relative_positions=max_relative_positions,
+            recompute_word_branch=recompute_gcn,
         )
         self.final_layer_norm = nn.LayerNorm(embed_dim)
         self.fc1 = nn.Linear(embed_dim, ffn_embed_dim)
@@ -149,21 +157,32 @@ class UMSTEncoderLayer(nn.Module):
         h = torch.bmm(adj.to(x.dtype), h)
         return x + F.dropout(h, p=self.dropout, training=self.training)
 
-    def forward(self, x, graphs: UMSTGraphs):
-        """x: B x T x C subword stream; returns the next block's subword stream."""
-        if self.word_gcn is not None:
-            if graphs.word_adj is not None:
-                if self.intra_group != "gcn":
-                    raise ValueError("word-boundary noise 'random' is defined for the GCN intra-group operator only")
-                x = self._word_gcn_dense(x, graphs.word_adj)
-            else:
-                x = self.word_gcn(x, graphs.word_groups)
+    def _intra_group(self, x, graphs: UMSTGraphs):
+        if graphs.word_adj is not None:
+            if self.intra_group != "gcn":
+                raise ValueError("word-boundary noise 'random' is defined for the GCN intra-group operator only")
+            return self._word_gcn_dense(x, graphs.word_adj)
+        return self.word_gcn(x, graphs.word_groups)
 
+    def _word_stream(self, x, graphs: UMSTGraphs):
         x_word = downsample_words(x, graphs, self.downsample)
         if self.phrase_gcn is not None:
             x_word = self.phrase_gcn(x_word, graphs.phrase_adj)
+        return self.word_attn_layer_norm(x_word)  # the word branch's pre-norm, recomputed with it
 
-        h = self.self_attn(self.self_attn_layer_norm(x), self.word_attn_layer_norm(x_word), graphs)
+    def _maybe_recompute(self, fn, x, graphs):
+        if self.recompute_gcn and self.training and torch.is_grad_enabled():
+            # Non-reentrant checkpoint restores the RNG state, so dropout masks are identical on recompute.
+            return checkpoint(fn, x, graphs, use_reentrant=False)
+        return fn(x, graphs)
+
+    def forward(self, x, graphs: UMSTGraphs):
+        """x: B x T x C subword stream; returns the next block's subword stream."""
+        if self.word_gcn is not None:
+            x = self._maybe_recompute(self._intra_group, x, graphs)
+        x_word = self._maybe_recompute(self._word_stream, x, graphs)
+
+        h = self.self_attn(self.self_attn_layer_norm(x), x_word, graphs)
         x = x + F.dropout(h, p=self.dropout, training=self.training)
 
         h = F.relu(self.fc1(self.final_layer_norm(x)))

@@ -46,6 +46,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from umst_plugin.modules.umst_graphs import UMSTGraphs, project_to_words, upsample_tokens
 
@@ -63,8 +64,10 @@ class RectifiedSelfAttention(nn.Module):
         upsample_norm="row",
         share_qk=False,
         max_relative_positions=0,
+        recompute_word_branch=False,
     ):
         super().__init__()
+        self.recompute_word_branch = recompute_word_branch
         if embed_dim % num_heads != 0:
             raise ValueError(f"embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
         if upsample_norm not in UPSAMPLE_NORMS:
@@ -136,7 +139,14 @@ class RectifiedSelfAttention(nn.Module):
         k = self._heads(self.k_proj(x))
         v_tokens = self.v_proj(x)
         out_subword = self._merge(self._subword_attention(q, k, self._heads(v_tokens), graphs.token_pad))
+        if self.recompute_word_branch and self.training and torch.is_grad_enabled():
+            out_word = checkpoint(self._word_branch, x_word, v_tokens, graphs, use_reentrant=False)
+        else:
+            out_word = self._word_branch(x_word, v_tokens, graphs)
+        return self.out_proj(0.5 * (out_subword + out_word))
 
+    def _word_branch(self, x_word, v_tokens, graphs: UMSTGraphs):
+        """ATTN2' V = G ATTN2 (G^T V) (or its row-normalised form), B x T x C."""
         word_q_proj = self.q_proj if self.share_qk else self.word_q_proj
         word_k_proj = self.k_proj if self.share_qk else self.word_k_proj
         q_word = self._heads(word_q_proj(x_word))
@@ -146,9 +156,7 @@ class RectifiedSelfAttention(nn.Module):
         keep_words = (~graphs.word_pad).view(graphs.word_pad.size(0), 1, 1, -1)
         dropout = self.attention_dropout if self.training else 0.0
         out_word = F.scaled_dot_product_attention(q_word, k_word, v_word, attn_mask=keep_words, dropout_p=dropout)
-        out_word = upsample_tokens(self._merge(out_word), graphs)
-
-        return self.out_proj(0.5 * (out_subword + out_word))
+        return upsample_tokens(self._merge(out_word), graphs)
 
     def attention_maps(self, x, x_word, graphs: UMSTGraphs):
         """Dense (ATTN1, ATTN2, fused map) per head, B x H x T x T, for tests and visualisation only
