@@ -509,6 +509,7 @@ def test_toy_training_lowers_loss_then_generate_and_interactive(toy_raw, toy_dat
     inner = [float(x) for x in re.findall(r"\bloss=([0-9.]+)", log)]  # every 5 updates, in order
     assert len(inner) >= 10 and all(math.isfinite(v) for v in inner), log[-3000:]
     assert inner[-1] < inner[0] - 1.0, inner
+    print(f"\nUMST toy training, loss every 5 updates: {inner}")
     ckpt = os.path.join(save_dir, "checkpoint_last.pt")
 
     out = e2e.generate(toy_databin, ckpt)
