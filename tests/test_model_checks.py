@@ -31,6 +31,7 @@ ARCH_CASES = [
     pytest.param("msmsa_big", {**TINY_TRANSFORMER, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
                                "msmsa_scales": "1,3,N/4,N/2", "msmsa_min_block": 2, "msmsa_decoder": True},
                  id="msmsa_big-decoder"),
+    pytest.param("umst_base_rpr", {**TINY_TRANSFORMER, "max_relative_positions": 4}, id="umst"),
 ]
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]

@@ -91,6 +91,16 @@ def test_interactive_word_ids_match_preprocessed(toy_databin):
     for i in range(len(stored)):
         assert derived[i]["src_word_ids"].tolist() == stored[i]["src_word_ids"].tolist()
         assert derived[i]["src_word_heads"].eq(0).all()  # fallback graph without a parser
+    # fairseq-interactive keeps only src_tokens/src_lengths: inference_step rebuilds the side inputs
+    batch = stored.collater([stored[i] for i in range(8)])
+    model, _ = dev.build_model("umst_base", {"encoder_layers": 1, "decoder_layers": 1, "encoder_embed_dim": 8,
+                                             "decoder_embed_dim": 8, "encoder_ffn_embed_dim": 8,
+                                             "decoder_ffn_embed_dim": 8, "encoder_attention_heads": 2,
+                                             "decoder_attention_heads": 2})
+    bare = {"net_input": {k: batch["net_input"][k] for k in ("src_tokens", "src_lengths")}}
+    rebuilt = task._add_missing_side_inputs(bare, [model])["net_input"]
+    assert rebuilt["src_word_ids"].equal(batch["net_input"]["src_word_ids"])
+    assert rebuilt["src_word_heads"].equal(batch["net_input"]["src_word_heads"].clamp(max=0))
 
 
 SP = "\u2581"

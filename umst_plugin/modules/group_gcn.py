@@ -28,12 +28,13 @@ API (stable; UMST reuses it)
     (batch-first) or, with ``time_first=True``, L x B x C (fairseq's layout).
     ``num_groups``: optional int greater than every id (e.g. L + 1 for word ids);
     passing it avoids a device->host sync to read ``group_ids.max()``.
-``GroupGCN(embed_dim, dropout=0.0, activation_dropout=0.0)``
+``GroupGCN(embed_dim, dropout=0.0, activation_dropout=0.0, linear=None)``
     Pre-norm residual block of UMST Eq. 2 with the extra left multiplication:
 
         y = x + Dropout( Â · Dropout_act( ReLU( Â · LN(x) W + b ) ) ),
         Â = D^-1/2 (A + I) D^-1/2.
 
+    ``linear`` optionally injects a shared ``nn.Linear`` (weight sharing ablations).
     ``forward(x, group_ids, time_first=False, num_groups=None)``; padded positions of the output
     equal the input (the GCN adds zero there). Dropouts follow ``self.training``
     (the authors' code leaves them on at inference; we do not).
@@ -104,10 +105,12 @@ class GroupGCN(nn.Module):
     y = x + Dropout(Â · Dropout_act(ReLU(Â · LN(x) W + b))). See module docstring.
     """
 
-    def __init__(self, embed_dim, dropout=0.0, activation_dropout=0.0):
+    def __init__(self, embed_dim, dropout=0.0, activation_dropout=0.0, linear=None):
         super().__init__()
         self.layer_norm = nn.LayerNorm(embed_dim)
-        self.linear = nn.Linear(embed_dim, embed_dim)
+        # ``linear``: pass an existing nn.Linear(embed_dim, embed_dim) to share W across blocks or
+        # with another GCN (UMST table 6 rows 2-3); None creates this block's own.
+        self.linear = nn.Linear(embed_dim, embed_dim) if linear is None else linear
         self.dropout = dropout
         self.activation_dropout = activation_dropout
 

@@ -24,7 +24,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from umst_plugin.data.side_data_dataset import SideDataLanguagePairDataset
-from umst_plugin.data.word_boundaries import boundary_table, words_from_pieces
+from umst_plugin.data.word_boundaries import boundary_table, word_ids_from_tokens, words_from_pieces
 from umst_plugin.preprocess.errors import SideDataError
 from umst_plugin.preprocess.sidefiles import HEADS, WORD_IDS
 from umst_plugin.preprocess.text import moses_unescape
@@ -113,6 +113,7 @@ class MultiscaleTranslationTask(TranslationTask):
         scheme = None if cfg.subword_scheme == "auto" else cfg.subword_scheme
         self.boundaries = boundary_table(src_dict, scheme)
         self._parser = None
+        self._parse_cache = {}
         self._warned_fallback = False
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
@@ -171,10 +172,33 @@ class MultiscaleTranslationTask(TranslationTask):
         return super().valid_step(self._strip_side_inputs(sample, [model]), model, criterion)
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
+        sample = self._add_missing_side_inputs(sample, models)
         return super().inference_step(generator, models, self._strip_side_inputs(sample, models),
                                       prefix_tokens=prefix_tokens, constraints=constraints)
 
     # ---- inference without side files (fairseq-interactive) -----------------------------
+
+    def _add_missing_side_inputs(self, sample, models):
+        """fairseq-interactive rebuilds net_input from src_tokens/src_lengths only, dropping what
+        build_dataset_for_inference collated: derive word ids from the tokens again (vectorised) and
+        heads from --source-parser (or the no-edge fallback)."""
+        net_input = sample.get("net_input") if sample else None
+        if not net_input or "src_tokens" not in net_input or "src_word_ids" in net_input:
+            return sample
+        if not any(encoder_accepts_side_inputs(m) for m in models):
+            return sample
+        src_tokens = net_input["src_tokens"]
+        scheme, continues, begins = self.boundaries
+        word_ids = word_ids_from_tokens(src_tokens, self.src_dict.pad(), self.src_dict.eos(), continues, begins,
+                                        scheme)
+        n_words = word_ids.max(dim=1).values  # includes the </s> word (head 0)
+        slots = torch.arange(int(n_words.max()), device=src_tokens.device)
+        heads = torch.where(slots.unsqueeze(0) < n_words.unsqueeze(1), 0, -1)
+        parsed = self._parse_tokens(src_tokens)
+        if parsed is not None:
+            for row, row_heads in enumerate(parsed):  # parser output is per-sentence host data
+                heads[row, : len(row_heads)] = row_heads.to(heads.device)
+        return {**sample, "net_input": {**net_input, "src_word_ids": word_ids, "src_word_heads": heads}}
 
     def _parse_tokens(self, src_tokens):
         """Heads for raw input sentences from --source-parser, or None (fallback graph)."""
@@ -190,12 +214,20 @@ class MultiscaleTranslationTask(TranslationTask):
         if self._parser is None:
             self._parser = parsers.build_backend(
                 self.cfg.source_parser, Namespace(parser_model=self.cfg.source_parser_model or None))
-        scheme = self.boundaries[0]
-        sentences = []
-        for tokens in src_tokens:
-            pieces = [self.src_dict[int(t)] for t in tokens if int(t) not in (self.src_dict.eos(), self.src_dict.pad())]
-            sentences.append([moses_unescape(w) for w in words_from_pieces(pieces, scheme)])
-        return [torch.tensor(p.heads, dtype=torch.long) for p in parsers.safe_parse(self._parser, sentences)]
+        # fairseq-interactive builds the inference dataset and then drops its side inputs, so the same
+        # sentences come through here twice: parse each distinct sentence once.
+        eos, pad = self.src_dict.eos(), self.src_dict.pad()
+        keys = [tuple(int(t) for t in tokens if int(t) not in (eos, pad)) for tokens in src_tokens]
+        todo = [k for k in dict.fromkeys(keys) if k not in self._parse_cache]
+        if todo:
+            scheme = self.boundaries[0]
+            sentences = [[moses_unescape(w) for w in words_from_pieces([self.src_dict[t] for t in key], scheme)]
+                         for key in todo]
+            if len(self._parse_cache) > 10000:
+                self._parse_cache.clear()
+            for key, parse in zip(todo, parsers.safe_parse(self._parser, sentences)):
+                self._parse_cache[key] = torch.tensor(parse.heads, dtype=torch.long)
+        return [self._parse_cache[k] for k in keys]
 
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
         dataset = LanguagePairDataset(src_tokens, src_lengths, self.source_dictionary,

@@ -1,0 +1,191 @@
+"""One UMST encoder block (paper section 3, figure 2), pre-norm, batch-first.
+
+    x  <- x + Drop(Â_w . Drop_act(ReLU(Â_w . LN(x) W_w + b)))        intra-group, Eq. 2 (+ left Â_w)
+    xw <- DS(x)                                                      subwords -> words, average pooling
+    xw <- xw + Drop(ReLU(Â_p . LN(xw) W_p + b))                      inter-group, Eq. 3
+    x  <- x + Drop(RSAN(LN(x), LN'(xw)))                             rectified self-attention, Eq. 4
+    x  <- x + Drop(FFN(LN(x)))
+
+Â = D^-1/2 (A + I) D^-1/2. The residual around each GCN keeps the token identity (the paper: "each
+sub-word not only keeps the original meaning, but also derives the corresponding word
+boundaries"); Eq. 3 has no extra left multiplication (the paper adds it only to the word GCN).
+The word stream gets its own LayerNorm before the word queries/keys, as every pre-norm sub-layer
+input does. The word stream is rebuilt from the subword stream in every block (figure 2); only the
+subword stream is carried between blocks.
+
+Ablations (tables 5/6, section 6): ``intra_group`` gcn | pool (parameter-free per-word average
+pooling) | gat (single-head graph attention of Velickovic et al. over the same-word graph) | None;
+``inter_group`` on/off; shared GCN projections are passed in as ``word_proj`` / ``phrase_proj``.
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from umst_plugin.modules.group_gcn import GroupGCN, group_mean
+from umst_plugin.modules.umst_graphs import UMSTGraphs, downsample_words
+from umst_plugin.modules.umst_rectified_attention import RectifiedSelfAttention
+
+INTRA_GROUP_OPS = ("gcn", "pool", "gat")
+
+
+class PhraseGCN(nn.Module):
+    """Pre-norm residual GCN over the normalised dependency adjacency (Eq. 3):
+    ``xw + Drop(ReLU(Â_p . LN(xw) W_p + b))``; ``adj`` is B x W x W (dense, see umst_graphs)."""
+
+    def __init__(self, embed_dim, dropout=0.0, linear=None):
+        super().__init__()
+        self.layer_norm = nn.LayerNorm(embed_dim)
+        self.linear = nn.Linear(embed_dim, embed_dim) if linear is None else linear
+        self.dropout = dropout
+
+    def forward(self, x_word, adj):
+        h = self.linear(self.layer_norm(x_word))
+        h = F.relu(torch.bmm(adj.to(h.dtype), h))
+        return x_word + F.dropout(h, p=self.dropout, training=self.training)
+
+
+class WordGAT(nn.Module):
+    """Table 5 "replace GCN with GAT": single-head GAT restricted to the same-word graph (with self loops),
+    ``x + Drop(ReLU(sum_j alpha_ij W h_j))``, alpha = softmax_j LeakyReLU(a^T [W h_i ; W h_j])."""
+
+    def __init__(self, embed_dim, dropout=0.0, activation_dropout=0.0):
+        super().__init__()
+        self.layer_norm = nn.LayerNorm(embed_dim)
+        self.linear = nn.Linear(embed_dim, embed_dim)
+        self.att_src = nn.Parameter(torch.empty(embed_dim))
+        self.att_dst = nn.Parameter(torch.empty(embed_dim))
+        nn.init.normal_(self.att_src, std=embed_dim ** -0.5)
+        nn.init.normal_(self.att_dst, std=embed_dim ** -0.5)
+        self.dropout = dropout
+        self.activation_dropout = activation_dropout
+
+    def forward(self, x, groups):
+        h = self.linear(self.layer_norm(x))  # B x T x C
+        scores = (h @ self.att_src).unsqueeze(2) + (h @ self.att_dst).unsqueeze(1)  # B x T x T, one head
+        same = (groups.unsqueeze(2) == groups.unsqueeze(1)) & groups.gt(0).unsqueeze(1)
+        same = same | torch.eye(groups.size(1), dtype=torch.bool, device=groups.device)  # padding rows: self only
+        scores = F.leaky_relu(scores.float(), 0.2).masked_fill(~same, float("-inf"))
+        alpha = F.dropout(torch.softmax(scores, dim=-1), p=self.activation_dropout, training=self.training)
+        out = F.relu(torch.bmm(alpha.to(h.dtype), h)).masked_fill(groups.eq(0).unsqueeze(-1), 0.0)
+        return x + F.dropout(out, p=self.dropout, training=self.training)
+
+
+class WordPool(nn.Module):
+    """Table 5 "replace GCN with pooling": ``x + Drop(mean over the word's pieces of LN(x))``."""
+
+    def __init__(self, embed_dim, dropout=0.0):
+        super().__init__()
+        self.layer_norm = nn.LayerNorm(embed_dim)
+        self.dropout = dropout
+
+    def forward(self, x, groups):
+        return x + F.dropout(group_mean(self.layer_norm(x), groups), p=self.dropout, training=self.training)
+
+
+class UMSTEncoderLayer(nn.Module):
+    def __init__(
+        self,
+        embed_dim,
+        ffn_embed_dim,
+        num_heads,
+        dropout=0.1,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        intra_group="gcn",
+        inter_group=True,
+        downsample="mean",
+        upsample_norm="row",
+        share_rsan_qk=False,
+        max_relative_positions=0,
+        word_proj=None,
+        phrase_proj=None,
+        share_within_layer=False,
+        recompute_gcn=True,
+    ):
+        super().__init__()
+        # Recompute the GCN blocks and RSAN's word branch in backward instead of storing their
+        # activations: their forward is cheap (per-word means, d x d maps over words, a W x W
+        # attention) but would otherwise keep ~10 tensors of B x T x d alive per block, which is
+        # what UMST adds over a transformer's activation memory. Costs ~3% of a training step.
+        self.recompute_gcn = recompute_gcn
+        if intra_group is not None and intra_group not in INTRA_GROUP_OPS:
+            raise ValueError(f"unknown intra-group operator {intra_group!r}; choose from {INTRA_GROUP_OPS}")
+        self.dropout = dropout
+        self.activation_dropout = activation_dropout
+        self.downsample = downsample
+        if share_within_layer:  # table 6 row 3: W_w = W_p inside the block
+            if word_proj is not None or phrase_proj is not None:
+                raise ValueError("share_within_layer and cross-layer projections are mutually exclusive")
+            word_proj = phrase_proj = nn.Linear(embed_dim, embed_dim)
+
+        self.intra_group = intra_group
+        if intra_group == "gcn":
+            self.word_gcn = GroupGCN(embed_dim, dropout, activation_dropout, linear=word_proj)
+        elif intra_group == "pool":
+            self.word_gcn = WordPool(embed_dim, dropout)
+        elif intra_group == "gat":
+            self.word_gcn = WordGAT(embed_dim, dropout, activation_dropout)
+        else:
+            self.word_gcn = None
+        self.phrase_gcn = PhraseGCN(embed_dim, dropout, linear=phrase_proj) if inter_group else None
+
+        self.self_attn_layer_norm = nn.LayerNorm(embed_dim)
+        self.word_attn_layer_norm = nn.LayerNorm(embed_dim)
+        self.self_attn = RectifiedSelfAttention(
+            embed_dim,
+            num_heads,
+            attention_dropout=attention_dropout,
+            upsample_norm=upsample_norm,
+            share_qk=share_rsan_qk,
+            max_relative_positions=max_relative_positions,
+            recompute_word_branch=recompute_gcn,
+        )
+        self.final_layer_norm = nn.LayerNorm(embed_dim)
+        self.fc1 = nn.Linear(embed_dim, ffn_embed_dim)
+        self.fc2 = nn.Linear(ffn_embed_dim, embed_dim)
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Called by fairseq's encoder when loading a checkpoint; UMST checkpoints need no renaming."""
+        return state_dict
+
+    def _word_gcn_dense(self, x, adj):
+        """Eq. 2 with a dense normalised A_w (only for the random-A_w ablation)."""
+        gcn = self.word_gcn
+        h = F.relu(torch.bmm(adj.to(x.dtype), gcn.linear(gcn.layer_norm(x))))
+        h = F.dropout(h, p=self.activation_dropout, training=self.training)
+        h = torch.bmm(adj.to(x.dtype), h)
+        return x + F.dropout(h, p=self.dropout, training=self.training)
+
+    def _intra_group(self, x, graphs: UMSTGraphs):
+        if graphs.word_adj is not None:
+            if self.intra_group != "gcn":
+                raise ValueError("word-boundary noise 'random' is defined for the GCN intra-group operator only")
+            return self._word_gcn_dense(x, graphs.word_adj)
+        return self.word_gcn(x, graphs.word_groups)
+
+    def _word_stream(self, x, graphs: UMSTGraphs):
+        x_word = downsample_words(x, graphs, self.downsample)
+        if self.phrase_gcn is not None:
+            x_word = self.phrase_gcn(x_word, graphs.phrase_adj)
+        return self.word_attn_layer_norm(x_word)  # the word branch's pre-norm, recomputed with it
+
+    def _maybe_recompute(self, fn, x, graphs):
+        if self.recompute_gcn and self.training and torch.is_grad_enabled():
+            # Non-reentrant checkpoint restores the RNG state, so dropout masks are identical on recompute.
+            return checkpoint(fn, x, graphs, use_reentrant=False)
+        return fn(x, graphs)
+
+    def forward(self, x, graphs: UMSTGraphs):
+        """x: B x T x C subword stream; returns the next block's subword stream."""
+        if self.word_gcn is not None:
+            x = self._maybe_recompute(self._intra_group, x, graphs)
+        x_word = self._maybe_recompute(self._word_stream, x, graphs)
+
+        h = self.self_attn(self.self_attn_layer_norm(x), x_word, graphs)
+        x = x + F.dropout(h, p=self.dropout, training=self.training)
+
+        h = F.relu(self.fc1(self.final_layer_norm(x)))
+        h = F.dropout(h, p=self.activation_dropout, training=self.training)
+        x = x + F.dropout(self.fc2(h), p=self.dropout, training=self.training)
+        return x

@@ -1,0 +1,297 @@
+"""The scale graphs of UMST (paper section 2.1), built once per batch.
+
+Inputs are the compact side data of the ``multiscale_translation`` task:
+
+* ``word_ids``  B x T (laid out like ``src_tokens``, left- or right-padded): 0 at
+  padding, else the 1-based index of the word the subword belongs to; the final
+  ``</s>`` is a word of its own.
+* ``word_heads`` B x W: position w holds the 1-based head of word w+1, 0 = root,
+  right-padded with -1.
+
+From them we build, on their device and with vectorised tensor ops only (no
+Python loop over the batch):
+
+* the subword -> word map G_{b->w} as a per-token index (``token_word``); it is
+  never materialised as an L x L' matrix, and never per head;
+* the word-level (intra-group) graph A_w as group ids for
+  :mod:`umst_plugin.modules.group_gcn`, which applies D^-1/2 (A_w+I) D^-1/2 as a
+  segment mean (a dense B x T x T matrix only for the "random A_w" ablation);
+* the phrase-level (inter-group) graph: normalised D^-1/2 (A_p+I) D^-1/2 with
+  A_p the *symmetric* dependency adjacency, as a dense B x W x W matrix.
+
+Why dense B x W x W for A_p and not a scatter over edges: the paper defines A_p
+as a binary matrix, so duplicated or self edges (possible in noisy parses and in
+the random-A_p ablation) must collapse to one entry, which a dense ``index_put``
+of ones does by construction whereas a per-edge scatter-add would double-count
+them. The matrix is built once per batch and reused by every layer; its memory
+B.W^2 and the bmm cost B.W^2.d are below one self-attention map (B.H.T^2) and
+its T^2.d product, since W <= T. A dense bmm is also deterministic on GPU,
+which scatter-add with atomics is not.
+"""
+from typing import NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+from umst_plugin.modules.group_gcn import normalized_group_adjacency  # noqa: F401  (re-exported for tests)
+
+UPSAMPLE_MODES = ("gather", "nearest", "linear")
+WORD_BOUNDARY_NOISE = ("none", "random", "shuffle")
+PHRASE_NOISE = ("none", "random")
+
+
+class UMSTGraphs(NamedTuple):
+    """Everything the encoder layers need about one batch's scales."""
+
+    token_word: Tensor  # B x T long: 0-based word of each token; W (an extra slot) at padding
+    token_pad: Tensor  # B x T bool: True at padding
+    word_pad: Tensor  # B x W bool: True at padding words
+    pieces: Tensor  # B x W float: number of subwords of each word, 0 at padding words
+    class_ids: Tensor  # B x T long: 1 = piece of a multi-piece word, 0 = whole word or padding
+    word_groups: Tensor  # B x T long: group ids of the word GCN's A_w (1-based, 0 = padding)
+    word_adj: Optional[Tensor]  # B x T x T normalised random A_w, only with word_boundary_noise=random
+    phrase_adj: Optional[Tensor]  # B x W x W normalised D^-1/2 (A_p + I) D^-1/2, None without inter-group
+    up_index: Tensor  # B x T x K long: word slots each token reads from when up-sampling ATTN2 (W = none)
+    up_weight: Tensor  # B x T x K float: their weights (gather: one slot, weight 1; linear: two slots)
+    up_mass: Tensor  # B x W float: column sums of the up-sampling matrix R (= pieces for gather)
+
+
+def check_side_inputs(src_tokens: Tensor, word_ids: Tensor, word_heads: Tensor, padding_idx: int):
+    """Raise a clear error when the side inputs do not follow the task's contract."""
+    if word_ids is None or word_heads is None:
+        raise ValueError(
+            "UMST needs src_word_ids and src_word_heads in net_input: train and decode with "
+            "--task multiscale_translation (the plain translation task does not provide them)"
+        )
+    if word_ids.shape != src_tokens.shape:
+        raise ValueError(
+            f"src_word_ids must be laid out like src_tokens {tuple(src_tokens.shape)}; got {tuple(word_ids.shape)}"
+        )
+    if word_heads.dim() != 2 or word_heads.size(0) != src_tokens.size(0):
+        raise ValueError(f"src_word_heads must be B x W with B={src_tokens.size(0)}; got {tuple(word_heads.shape)}")
+    pad = src_tokens.eq(padding_idx)
+    n_words = word_ids.max(dim=1).values
+    n_heads = word_heads.ge(0).sum(dim=1)
+    bad = (
+        (word_ids.eq(0) != pad).any()
+        | word_ids.lt(0).any()
+        | (n_words != n_heads).any()
+        | word_heads.ge(n_heads.unsqueeze(1) + 1).any()
+        | word_heads.lt(-1).any()
+    )
+    if bool(bad):  # one host sync per batch, worth a clear message
+        raise ValueError(
+            "src_word_ids / src_word_heads are inconsistent with src_tokens: word ids must be 0 exactly at "
+            "padding, the number of words (max word id) must equal the number of heads >= 0, and every head "
+            "must lie in [0, n_words] (padding -1)"
+        )
+
+
+def symmetric_normalize(adj: Tensor) -> Tensor:
+    """D^-1/2 A D^-1/2 for a symmetric B x N x N matrix; zero-degree (padding) rows stay 0, never NaN."""
+    deg = adj.sum(-1)
+    inv_sqrt = torch.where(deg > 0, deg.clamp(min=1e-6).rsqrt(), torch.zeros_like(deg))
+    return inv_sqrt.unsqueeze(2) * adj * inv_sqrt.unsqueeze(1)
+
+
+def dependency_adjacency(word_heads: Tensor) -> Tensor:
+    """Binary symmetric A_p + I over words, B x W x W (bool), from per-word heads.
+
+    A_p[i, j] = 1 iff word i's head is j or word j's head is i (root edges dropped);
+    self loops on every real word; padding words have empty rows and columns.
+    """
+    bsz, n_slots = word_heads.shape
+    valid = word_heads.ge(0)
+    # An extra slot W absorbs root edges (head 0) and padding, then is sliced away.
+    adj = torch.zeros(bsz, n_slots + 1, n_slots + 1, dtype=torch.bool, device=word_heads.device)
+    batch = torch.arange(bsz, device=word_heads.device).unsqueeze(1).expand(bsz, n_slots)
+    child = torch.arange(n_slots, device=word_heads.device).unsqueeze(0).expand(bsz, n_slots)
+    child = torch.where(valid, child, torch.full_like(child, n_slots))
+    head = torch.where(word_heads.gt(0), word_heads - 1, torch.full_like(word_heads, n_slots))
+    ones = torch.ones(bsz, n_slots, dtype=torch.bool, device=word_heads.device)
+    adj.index_put_((batch, child, head), ones)
+    adj.index_put_((batch, head, child), ones)
+    adj = adj[:, :n_slots, :n_slots]
+    adj = adj | torch.diag_embed(valid)
+    return adj & valid.unsqueeze(2) & valid.unsqueeze(1)
+
+
+def random_symmetric_adjacency(valid: Tensor, p: float = 0.5) -> Tensor:
+    """Section 6's "Random" graph: a symmetric matrix whose entries are 1 with probability p, plus
+    self loops, restricted to the real nodes of each sentence. B x N x N bool, drawn from torch's RNG."""
+    bsz, n = valid.shape
+    draws = torch.rand(bsz, n, n, device=valid.device) < p
+    upper = torch.triu(draws, diagonal=1)
+    adj = upper | upper.transpose(1, 2) | torch.diag_embed(valid)
+    return adj & valid.unsqueeze(2) & valid.unsqueeze(1)
+
+
+def shuffled_word_groups(word_ids: Tensor, pieces: Tensor, token_pad: Tensor) -> Tensor:
+    """Section 6's "Shuffle A_w": permute each sentence's word lengths and re-cut its tokens into
+    contiguous groups of the permuted lengths (figure 5c). The final </s> word stays last and alone.
+    Returns 1-based group ids laid out like ``word_ids`` (0 at padding)."""
+    bsz, n_slots = pieces.shape
+    n_words = word_ids.max(dim=1).values  # includes the </s> word
+    slot = torch.arange(n_slots, device=word_ids.device).unsqueeze(0)
+    # Sort keys: real words random in [0, 1), then the </s> word (2), then padding words (3).
+    keys = torch.rand(bsz, n_slots, device=word_ids.device)
+    keys = torch.where(slot == (n_words - 1).unsqueeze(1), torch.full_like(keys, 2.0), keys)
+    keys = torch.where(slot >= n_words.unsqueeze(1), torch.full_like(keys, 3.0), keys)
+    order = keys.argsort(dim=1)
+    new_lengths = pieces.gather(1, order).long()
+    ends = new_lengths.cumsum(dim=1)  # B x W, non-decreasing
+    rank = (~token_pad).long().cumsum(dim=1) - 1  # position of each token inside its sentence
+    group = torch.searchsorted(ends.contiguous(), rank.clamp(min=0).contiguous(), right=True) + 1
+    return group.masked_fill(token_pad, 0)
+
+
+def upsampling_map(token_word: Tensor, token_pad: Tensor, word_pad: Tensor, mode: str):
+    """The L x L' map R that turns ATTN2 into ATTN2' = R ATTN2 R^T, as per-token (slot, weight) pairs.
+
+    * ``gather`` (the paper's G_{b->w}, Eq. 4): token i reads its own word; one pair, weight 1.
+    * ``nearest`` / ``linear`` (table 6 rows 5-6): image-style interpolation of each sentence's
+      W_b x W_b map to T_b x T_b, ignoring word boundaries (PyTorch ``align_corners=False``
+      conventions, per sentence so padding does not change the result).
+    Returns ``(index B x T x K, weight B x T x K, mass B x W)``; padding tokens point at the extra
+    slot W with weight 0; ``mass`` are R's column sums.
+    """
+    bsz, n_slots = word_pad.shape
+    if mode == "gather":
+        index = token_word.unsqueeze(-1)
+        weight = (~token_pad).to(torch.float32).unsqueeze(-1)
+    elif mode in ("nearest", "linear"):
+        n_tok = (~token_pad).sum(dim=1, keepdim=True)  # B x 1
+        n_wrd = (~word_pad).sum(dim=1, keepdim=True)
+        rank = ((~token_pad).long().cumsum(dim=1) - 1).clamp(min=0)  # B x T
+        if mode == "nearest":
+            index = torch.minimum((rank * n_wrd) // n_tok.clamp(min=1), n_wrd - 1).unsqueeze(-1)
+            weight = (~token_pad).to(torch.float32).unsqueeze(-1)
+        else:
+            src = ((rank.to(torch.float32) + 0.5) * n_wrd / n_tok.clamp(min=1) - 0.5).clamp(min=0)
+            lo = src.floor().long().clamp(max=n_wrd - 1)
+            hi = torch.minimum(lo + 1, n_wrd - 1)
+            frac = src - lo.to(torch.float32)
+            frac = torch.where(hi == lo, torch.zeros_like(frac), frac)
+            index = torch.stack([lo, hi], dim=-1)
+            weight = torch.stack([1.0 - frac, frac], dim=-1) * (~token_pad).to(torch.float32).unsqueeze(-1)
+        index = index.masked_fill(token_pad.unsqueeze(-1), n_slots)
+    else:
+        raise ValueError(f"unknown up-sampling mode {mode!r}; choose from {UPSAMPLE_MODES}")
+    mass = torch.zeros(bsz, n_slots + 1, device=token_word.device, dtype=torch.float32)
+    mass.scatter_add_(1, index.reshape(bsz, -1), weight.reshape(bsz, -1))
+    return index, weight, mass[:, :n_slots]
+
+
+def build_graphs(
+    src_tokens: Tensor,
+    word_ids: Tensor,
+    word_heads: Tensor,
+    padding_idx: int,
+    upsample: str = "gather",
+    word_boundary_noise: str = "none",
+    phrase_noise: str = "none",
+    need_phrase: bool = True,
+    check: bool = True,
+) -> UMSTGraphs:
+    """Build every graph of one batch (see the module docstring)."""
+    if check:
+        check_side_inputs(src_tokens, word_ids, word_heads, padding_idx)
+    if word_boundary_noise not in WORD_BOUNDARY_NOISE:
+        raise ValueError(f"unknown word-boundary noise {word_boundary_noise!r}; choose from {WORD_BOUNDARY_NOISE}")
+    if phrase_noise not in PHRASE_NOISE:
+        raise ValueError(f"unknown phrase-adjacency noise {phrase_noise!r}; choose from {PHRASE_NOISE}")
+    word_ids = word_ids.long()
+    word_heads = word_heads.long()
+    bsz, n_slots = word_heads.shape
+    token_pad = word_ids.eq(0)
+    word_pad = word_heads.lt(0)
+    token_word = torch.where(token_pad, torch.full_like(word_ids, n_slots), word_ids - 1)
+    counts = torch.zeros(bsz, n_slots + 1, device=word_ids.device, dtype=torch.float32)
+    counts.scatter_add_(1, token_word, (~token_pad).to(torch.float32))
+    pieces = counts[:, :n_slots]
+    class_ids = (counts.gather(1, token_word) > 1).long().masked_fill(token_pad, 0)
+
+    word_groups, word_adj = word_ids, None
+    if word_boundary_noise == "shuffle":
+        word_groups = shuffled_word_groups(word_ids, pieces, token_pad)
+    elif word_boundary_noise == "random":
+        word_adj = symmetric_normalize(random_symmetric_adjacency(~token_pad).to(torch.float32))
+
+    phrase_adj = None
+    if need_phrase:
+        if phrase_noise == "random":
+            adj = random_symmetric_adjacency(~word_pad)
+        else:
+            adj = dependency_adjacency(word_heads)
+        phrase_adj = symmetric_normalize(adj.to(torch.float32))
+
+    up_index, up_weight, up_mass = upsampling_map(token_word, token_pad, word_pad, upsample)
+    return UMSTGraphs(
+        token_word=token_word,
+        token_pad=token_pad,
+        word_pad=word_pad,
+        pieces=pieces,
+        class_ids=class_ids,
+        word_groups=word_groups,
+        word_adj=word_adj,
+        phrase_adj=phrase_adj,
+        up_index=up_index,
+        up_weight=up_weight,
+        up_mass=up_mass,
+    )
+
+
+def _flat_slots(index: Tensor, n_slots: int) -> Tensor:
+    """(b, slot) -> b * (n_slots + 1) + slot, so sentences never share a slot."""
+    offsets = torch.arange(index.size(0), device=index.device).view(-1, *([1] * (index.dim() - 1)))
+    return index + offsets * (n_slots + 1)
+
+
+def downsample_words(x: Tensor, graphs: UMSTGraphs, mode: str = "mean") -> Tensor:
+    """Subwords -> words (section 3.3): B x T x C -> B x W x C by average pooling (the paper), or
+    ``scaled-sum`` = sum / sqrt(n) (the authors' code). Accumulates in fp32; padding words are 0."""
+    if mode not in ("mean", "scaled-sum"):
+        raise ValueError(f"unknown down-sampling {mode!r}; choose mean or scaled-sum")
+    bsz, length, channels = x.shape
+    n_slots = graphs.word_pad.size(1)
+    acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    sums = x.new_zeros(bsz * (n_slots + 1), channels, dtype=acc)
+    sums.index_add_(0, _flat_slots(graphs.token_word, n_slots).reshape(-1), x.reshape(-1, channels).to(acc))
+    sums = sums.view(bsz, n_slots + 1, channels)[:, :n_slots]
+    n = graphs.pieces.clamp(min=1).to(acc).unsqueeze(-1)
+    out = sums / n if mode == "mean" else sums / n.sqrt()
+    return out.to(x.dtype)
+
+
+def project_to_words(v: Tensor, graphs: UMSTGraphs, normalize: bool) -> Tensor:
+    """R^T v (B x T x C -> B x W x C), divided by R's column mass when ``normalize``.
+
+    With the gather map this is the sum (literal G^T v) or the mean of each word's pieces."""
+    bsz, length, channels = v.shape
+    n_slots = graphs.word_pad.size(1)
+    acc = torch.float32 if v.dtype in (torch.float16, torch.bfloat16) else v.dtype
+    flat = _flat_slots(graphs.up_index, n_slots)  # B x T x K
+    out = v.new_zeros(bsz * (n_slots + 1), channels, dtype=acc)
+    v_acc = v.to(acc)
+    for k in range(flat.size(-1)):  # K <= 2 interpolation taps, not a loop over the batch
+        w = graphs.up_weight[..., k].to(acc).unsqueeze(-1)
+        out.index_add_(0, flat[..., k].reshape(-1), (v_acc * w).reshape(-1, channels))
+    out = out.view(bsz, n_slots + 1, channels)[:, :n_slots]
+    if normalize:
+        out = out / graphs.up_mass.clamp(min=1e-6).to(acc).unsqueeze(-1)
+    return out.to(v.dtype)
+
+
+def upsample_tokens(y: Tensor, graphs: UMSTGraphs) -> Tensor:
+    """R y (B x W x C -> B x T x C): a gather on the per-token word slots, never a matmul with G."""
+    bsz, n_slots, channels = y.shape
+    y_flat = torch.cat([y, y.new_zeros(bsz, 1, channels)], dim=1).reshape(-1, channels)
+    flat = _flat_slots(graphs.up_index, n_slots)
+    if flat.size(-1) == 1:  # gather / nearest: one slot per token; padding reads the zero slot
+        return y_flat.index_select(0, flat[..., 0].reshape(-1)).view(bsz, -1, channels)
+    out = None
+    for k in range(flat.size(-1)):
+        tap = y_flat.index_select(0, flat[..., k].reshape(-1)).view(bsz, -1, channels)
+        tap = tap * graphs.up_weight[..., k].to(y.dtype).unsqueeze(-1)
+        out = tap if out is None else out + tap
+    return out

@@ -1,0 +1,183 @@
+"""Rectified self-attention (RSAN, UMST section 3.4), optionally with Shaw et al. relative positions.
+
+Two maps, each from its own query/key projections:
+
+* ATTN1 = softmax(Q1 K1^T / sqrt(d_k)) over the subword stream (L x L, padding keys masked);
+* ATTN2 = softmax(Q2 K2^T / sqrt(d_k)) over the word stream (L' x L', padding *words* masked,
+  which the authors' code forgot);
+
+fused by averaging, ``ATTN = (ATTN1 + ATTN2') / 2``, and applied to values V from the subword
+stream only, per head. ATTN2' is ATTN2 up-sampled to subwords (Eq. 4).
+
+We never build ATTN2' (L x L) nor G: since ``ATTN2' V = G ATTN2 (G^T V)``, we down-sample V to
+words (an index_add over per-token word indices), attend at word level, and up-sample the result
+with a gather on the word indices. The extra work over a transformer is O(B.H.L'^2) for ATTN2
+(L' <= L words) plus O(B.L.d) for the scatter/gather; with no relative positions both maps run
+through ``F.scaled_dot_product_attention`` and no attention map is stored at all.
+
+Up-sampling normalisation (``upsample_norm``)
+---------------------------------------------
+``literal``: ATTN2' = G ATTN2 G^T exactly as Eq. 4. Row i of it sums to sum_w ATTN2[w_i, w] n_w,
+where n_w is the number of pieces of word w, i.e. to the average piece count (> 1 whenever a
+word has several pieces). The fused map is then not a distribution and the word branch is
+weighted up by the segmentation granularity, contradicting section 3.4's "we choose the
+average pooling to guarantee the normalization".
+
+``row`` (default): ATTN2' = G ATTN2 diag(1/n) G^T, i.e. each word's attention mass is split
+evenly among its pieces. Every row sums to 1, so (ATTN1 + ATTN2')/2 is a distribution as the paper
+intends, and the word-level distribution ATTN2 is preserved exactly (the total mass that token i
+puts on word w is ATTN2[w_i, w]); dividing each row by its sum instead would also normalise but
+would shift mass towards words with more pieces. It equals attending over the *mean* of each
+word's values, the same average pooling section 3.3 uses to down-sample. We pick it as default
+because it is the only reading under which the paper's normalisation claim holds and it makes
+the fusion independent of BPE granularity; ``literal`` reproduces Eq. 4 (and the authors' code)
+verbatim. For the nearest/linear interpolation ablations R replaces G and ``row`` divides by R's
+column sums, which again makes every row sum to 1.
+
+Relative positions (``max_relative_positions = k > 0``, the paper's "UMST + RPR")
+-------------------------------------------------------------------------------
+Shaw et al. (2018): ATTN1 logits get q_i . a^K_{clip(j-i, k)} and the ATTN1-weighted values get
+a^V_{clip(j-i, k)}, per head dimension, shared across heads, with clipping distance k. They are
+applied to the subword branch (the one that sees token positions); the word branch has no
+position input of its own, as in the paper's figure 2.
+"""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from umst_plugin.modules.umst_graphs import UMSTGraphs, project_to_words, upsample_tokens
+
+UPSAMPLE_NORMS = ("row", "literal")
+
+
+class RectifiedSelfAttention(nn.Module):
+    """Multi-head RSAN. Batch-first: ``forward(x B x T x C, x_word B x W x C, graphs) -> B x T x C``."""
+
+    def __init__(
+        self,
+        embed_dim,
+        num_heads,
+        attention_dropout=0.0,
+        upsample_norm="row",
+        share_qk=False,
+        max_relative_positions=0,
+        recompute_word_branch=False,
+    ):
+        super().__init__()
+        self.recompute_word_branch = recompute_word_branch
+        if embed_dim % num_heads != 0:
+            raise ValueError(f"embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
+        if upsample_norm not in UPSAMPLE_NORMS:
+            raise ValueError(f"unknown upsample_norm {upsample_norm!r}; choose from {UPSAMPLE_NORMS}")
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.attention_dropout = attention_dropout
+        self.upsample_norm = upsample_norm
+        self.share_qk = share_qk
+        self.max_relative_positions = max_relative_positions
+
+        self.q_proj = nn.Linear(embed_dim, embed_dim)
+        self.k_proj = nn.Linear(embed_dim, embed_dim)
+        self.v_proj = nn.Linear(embed_dim, embed_dim)
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+        if share_qk:  # table 6 row 4: the word branch reuses W_q, W_k
+            self.word_q_proj = self.word_k_proj = None
+        else:
+            self.word_q_proj = nn.Linear(embed_dim, embed_dim)
+            self.word_k_proj = nn.Linear(embed_dim, embed_dim)
+        if max_relative_positions > 0:
+            self.rel_keys = nn.Embedding(2 * max_relative_positions + 1, self.head_dim)
+            self.rel_values = nn.Embedding(2 * max_relative_positions + 1, self.head_dim)
+        else:
+            self.rel_keys = self.rel_values = None
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        # As fairseq's MultiheadAttention: scaled xavier for q/k/v, plain xavier for the output.
+        gain = 1 / math.sqrt(2)
+        for proj in (self.q_proj, self.k_proj, self.v_proj, self.word_q_proj, self.word_k_proj):
+            if proj is not None:
+                nn.init.xavier_uniform_(proj.weight, gain=gain)
+                nn.init.zeros_(proj.bias)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.zeros_(self.out_proj.bias)
+        if self.rel_keys is not None:
+            nn.init.xavier_uniform_(self.rel_keys.weight)
+            nn.init.xavier_uniform_(self.rel_values.weight)
+
+    def _heads(self, t):  # B x N x C -> B x H x N x d_k
+        return t.view(t.size(0), t.size(1), self.num_heads, self.head_dim).transpose(1, 2)
+
+    def _merge(self, t):  # B x H x N x d_k -> B x N x C
+        return t.transpose(1, 2).reshape(t.size(0), t.size(2), self.embed_dim)
+
+    def _subword_attention(self, q, k, v, key_pad):
+        dropout = self.attention_dropout if self.training else 0.0
+        if self.rel_keys is None:
+            keep = (~key_pad).view(key_pad.size(0), 1, 1, key_pad.size(1))
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout)
+        # Shaw et al.: explicit map, relative embeddings looked up once per (i, j) and shared by heads.
+        length = q.size(2)
+        pos = torch.arange(length, device=q.device)
+        rel = (pos.unsqueeze(0) - pos.unsqueeze(1)).clamp(-self.max_relative_positions, self.max_relative_positions)
+        rel = rel + self.max_relative_positions  # L x L, [i, j] -> bucket of j - i
+        rel_k = self.rel_keys(rel).to(q.dtype)  # L x L x d_k
+        scale = 1.0 / math.sqrt(self.head_dim)
+        scores = torch.matmul(q, k.transpose(-1, -2)) + torch.einsum("bhid,ijd->bhij", q, rel_k)
+        scores = (scores * scale).float().masked_fill(key_pad.view(key_pad.size(0), 1, 1, -1), float("-inf"))
+        attn = F.dropout(torch.softmax(scores, dim=-1), p=dropout, training=self.training).to(v.dtype)
+        rel_v = self.rel_values(rel).to(v.dtype)
+        return torch.matmul(attn, v) + torch.einsum("bhij,ijd->bhid", attn, rel_v)
+
+    def forward(self, x, x_word, graphs: UMSTGraphs):
+        """x: B x T x C (normalised subword stream), x_word: B x W x C (normalised word stream)."""
+        q = self._heads(self.q_proj(x))
+        k = self._heads(self.k_proj(x))
+        v_tokens = self.v_proj(x)
+        out_subword = self._merge(self._subword_attention(q, k, self._heads(v_tokens), graphs.token_pad))
+        if self.recompute_word_branch and self.training and torch.is_grad_enabled():
+            out_word = checkpoint(self._word_branch, x_word, v_tokens, graphs, use_reentrant=False)
+        else:
+            out_word = self._word_branch(x_word, v_tokens, graphs)
+        return self.out_proj(0.5 * (out_subword + out_word))
+
+    def _word_branch(self, x_word, v_tokens, graphs: UMSTGraphs):
+        """ATTN2' V = G ATTN2 (G^T V) (or its row-normalised form), B x T x C."""
+        word_q_proj = self.q_proj if self.share_qk else self.word_q_proj
+        word_k_proj = self.k_proj if self.share_qk else self.word_k_proj
+        q_word = self._heads(word_q_proj(x_word))
+        k_word = self._heads(word_k_proj(x_word))
+        # G^T V (literal) or its per-word mean (row): values stay in the subword stream.
+        v_word = self._heads(project_to_words(v_tokens, graphs, normalize=self.upsample_norm == "row"))
+        keep_words = (~graphs.word_pad).view(graphs.word_pad.size(0), 1, 1, -1)
+        dropout = self.attention_dropout if self.training else 0.0
+        out_word = F.scaled_dot_product_attention(q_word, k_word, v_word, attn_mask=keep_words, dropout_p=dropout)
+        return upsample_tokens(self._merge(out_word), graphs)
+
+    def attention_maps(self, x, x_word, graphs: UMSTGraphs):
+        """Dense (ATTN1, ATTN2, fused map) per head, B x H x T x T, for tests and visualisation only
+        (no dropout, no relative positions)."""
+        scale = 1.0 / math.sqrt(self.head_dim)
+        q, k = self._heads(self.q_proj(x)), self._heads(self.k_proj(x))
+        a1 = torch.softmax(
+            (q @ k.transpose(-1, -2) * scale).masked_fill(graphs.token_pad[:, None, None, :], float("-inf")), -1
+        )
+        wq = self.q_proj if self.share_qk else self.word_q_proj
+        wk = self.k_proj if self.share_qk else self.word_k_proj
+        qw, kw = self._heads(wq(x_word)), self._heads(wk(x_word))
+        a2 = torch.softmax(
+            (qw @ kw.transpose(-1, -2) * scale).masked_fill(graphs.word_pad[:, None, None, :], float("-inf")), -1
+        )
+        bsz, n_slots = graphs.word_pad.shape
+        length = graphs.token_pad.size(1)
+        # Dense R (B x T x W) from the compact map, for reference only.
+        r = torch.zeros(bsz, length, n_slots + 1, dtype=a2.dtype, device=a2.device)
+        r.scatter_add_(2, graphs.up_index, graphs.up_weight.to(a2.dtype))
+        r = r[:, :, :n_slots]
+        cols = r / graphs.up_mass.clamp(min=1e-6).unsqueeze(1) if self.upsample_norm == "row" else r
+        a2_up = r.unsqueeze(1) @ a2 @ cols.transpose(1, 2).unsqueeze(1)
+        return a1, a2, 0.5 * (a1 + a2_up)
