@@ -59,6 +59,7 @@ from fairseq.models.transformer.transformer_decoder import TransformerDecoder
 from fairseq.models.transformer import transformer_legacy
 from fairseq.modules import FairseqDropout, LayerNorm, PositionalEmbedding
 
+from umst_plugin.models._sizes import transformer_big_sizes
 from umst_plugin.modules.msc_layers import (
     CONTEXT_CELLS,
     FUSIONS,
@@ -607,11 +608,5 @@ def msc_base(args):
 @register_model_architecture("msc", "msc_big")
 def msc_big(args):
     """transformer_big sizes (1024 / 4096 / 16 heads), table 4."""
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 1024)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 4096)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 16)
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 1024)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 4096)
-    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 16)
-    args.dropout = getattr(args, "dropout", 0.3)
+    transformer_big_sizes(args)
     msc_base_architecture(args)

@@ -23,6 +23,7 @@ from fairseq.models.transformer import TransformerModel, base_architecture
 from fairseq.models.transformer.transformer_encoder import TransformerEncoderBase
 from fairseq.modules import PositionalEmbedding
 
+from umst_plugin.models._sizes import transformer_big_sizes
 from umst_plugin.modules.char_table import CHAR_PAD, STYLES, CharTable
 from umst_plugin.modules.slowfast_encoder import (
     ENCODER_OUTPUTS,
@@ -271,12 +272,6 @@ def transformer_sf_base(args):
 
 @register_model_architecture("transformer_sf", "transformer_sf_big")
 def transformer_sf_big(args):
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 1024)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 4096)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 16)
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 1024)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 4096)
-    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 16)
-    args.dropout = getattr(args, "dropout", 0.3)  # paper: residual dropout 0.3 for big
+    transformer_big_sizes(args)  # paper: residual dropout 0.3 for big
     args.fast_embed_dim = getattr(args, "fast_embed_dim", 64)
     transformer_sf_base(args)

@@ -19,6 +19,7 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerEncoderBase, TransformerModel
 from fairseq.models.transformer.transformer_legacy import base_architecture
 
+from umst_plugin.models._sizes import transformer_big_sizes
 from umst_plugin.modules.umst_encoder_layer import INTRA_GROUP_OPS, UMSTEncoderLayer
 from umst_plugin.modules.umst_graphs import PHRASE_NOISE, UPSAMPLE_MODES, WORD_BOUNDARY_NOISE, build_graphs
 from umst_plugin.modules.umst_rectified_attention import UPSAMPLE_NORMS
@@ -252,13 +253,7 @@ def umst_base_architecture(args):
 @register_model_architecture("umst", "umst_big")
 def umst_big_architecture(args):
     """Big: hidden and filter sizes doubled, 16 heads, residual dropout 0.3."""
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 1024)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 4096)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 16)
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 1024)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 4096)
-    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 16)
-    args.dropout = getattr(args, "dropout", 0.3)
+    transformer_big_sizes(args)
     umst_base_architecture(args)
 
 
