@@ -69,7 +69,10 @@ def train(databin, save_dir, arch, *extra, task="multiscale_translation", max_up
                    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
                    "--max-tokens", "1000", "--max-update", str(max_update), "--save-dir", save_dir,
                    "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "5", "--num-workers", "0",
-                   "--seed", "1", "--no-progress-bar", "--disable-validation", *extra)
+                   "--seed", "1", "--no-progress-bar", "--disable-validation",
+                   # no background prefetch thread: when --max-update stops mid-epoch, fairseq's
+                   # BufferedIterator thread can still be collating at interpreter exit and abort it
+                   "--data-buffer-size", "0", *extra)
     return proc.stdout + proc.stderr
 
 
@@ -84,6 +87,17 @@ def generate(databin, ckpt, *extra, task="multiscale_translation", subset="test"
     proc = fairseq("generate", databin, "--user-dir", PLUGIN, "--task", task, "--path", ckpt, "--gen-subset", subset,
                    "--beam", "4", "--batch-size", "32", "--remove-bpe", "--scoring", "sacrebleu", *extra)
     return proc.stdout + proc.stderr
+
+
+def n_sentences(raw_dir, split="test"):
+    with open(os.path.join(raw_dir, f"{split}.{SRC}"), encoding="utf-8") as f:
+        return sum(1 for _ in f)
+
+
+def assert_translated_all(generate_output, raw_dir, split="test"):
+    """fairseq-generate saw every sentence (none dropped by batching)."""
+    n = n_sentences(raw_dir, split)
+    assert f"Translated {n} sentences" in generate_output.replace(",", ""), generate_output[-3000:]
 
 
 def bleu_line(generate_output):
