@@ -62,12 +62,7 @@ def synthetic_dictionary(size=40000, seed=0):
 
 def build(arch, dictionary, overrides=None):
     argv = ["/dev/null", "--task", "translation", "--arch", arch, "-s", "src", "-t", "tgt", "--share-all-embeddings"]
-    for key, value in {**PRE_NORM, **(overrides or {})}.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif value is not False:
-            argv += [flag, str(value)]
+    argv += dev.overrides_to_argv({**PRE_NORM, **(overrides or {})})
     args = options.parse_args_and_arch(options.get_training_parser(), argv)
     torch.manual_seed(0)
     return TranslationTask(args, dictionary, dictionary).build_model(args)

@@ -112,5 +112,16 @@ def interactive(databin, ckpt, lines, *extra, task="multiscale_translation"):
     return proc.stdout + proc.stderr
 
 
+def interactive_on_raw_test_lines(raw_dir, databin, ckpt, n=2, task="multiscale_translation"):
+    """fairseq-interactive on the first ``n`` word-tokenized test lines (BPE applied by fairseq);
+    asserts one hypothesis per line and returns the output."""
+    with open(os.path.join(raw_dir, f"test.tok.{SRC}"), encoding="utf-8") as f:
+        lines = [next(f).strip() for _ in range(n)]
+    out = interactive(databin, ckpt, lines, "--bpe", "subword_nmt", "--bpe-codes", os.path.join(raw_dir, "bpe.codes"),
+                      task=task)
+    assert len(hypotheses(out)) == n, out[-3000:]
+    return out
+
+
 def hypotheses(output):
     return re.findall(r"^H-\d+\t[-0-9.e]+\t(.*)$", output, flags=re.M)

@@ -25,11 +25,7 @@ def test_generate_prints_sacrebleu(toy_raw, toy_databin, transformer_checkpoint)
 
 
 def test_interactive_on_raw_lines(toy_raw, toy_databin, transformer_checkpoint):
-    with open(os.path.join(toy_raw, "test.tok.kel"), encoding="utf-8") as f:
-        lines = [next(f).strip(), next(f).strip()]
-    out = e2e.interactive(toy_databin, transformer_checkpoint, lines, "--bpe", "subword_nmt", "--bpe-codes",
-                          os.path.join(toy_raw, "bpe.codes"))
-    assert len(e2e.hypotheses(out)) == 2, out[-3000:]
+    e2e.interactive_on_raw_test_lines(toy_raw, toy_databin, transformer_checkpoint)
 
 
 def test_validate_loads_checkpoint(toy_databin, transformer_checkpoint):

@@ -371,11 +371,7 @@ def test_end_to_end_translation_task(toy_raw, toy_databin, tmp_path):
     out = e2e.generate(toy_databin, ckpt, *lang, "--max-len-b", "40", task="translation")
     assert "BLEU" in e2e.bleu_line(out)
     e2e.assert_translated_all(out, toy_raw)
-    with open(os.path.join(toy_raw, "test.tok.kel"), encoding="utf-8") as f:
-        lines = [next(f).strip(), next(f).strip()]
-    out = e2e.interactive(toy_databin, ckpt, lines, "--bpe", "subword_nmt", "--bpe-codes",
-                          os.path.join(toy_raw, "bpe.codes"), task="translation")
-    assert len(e2e.hypotheses(out)) == 2, out[-3000:]
+    e2e.interactive_on_raw_test_lines(toy_raw, toy_databin, ckpt, task="translation")
 
 
 @pytest.mark.slow

@@ -1,10 +1,10 @@
 """TranSFormer (transformer_sf): character table, branch modules, model invariances, ablation flags."""
-import copy
 
 import pytest
 import torch
 
 import umst_plugin  # noqa: F401  (registers the architectures)
+from umst_plugin import dev
 from fairseq import options
 from fairseq.data import Dictionary
 from fairseq.tasks.translation import TranslationTask
@@ -39,12 +39,7 @@ def build(arch="transformer_sf_base", overrides=None, dictionary=None, tiny=True
     settings = dict(TINY if tiny else {})
     settings.update(overrides or {})
     argv = ["/dev/null", "--task", "translation", "--arch", arch, "-s", "src", "-t", "tgt"]
-    for key, value in settings.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif value is not False:
-            argv += [flag, str(value)]
+    argv += dev.overrides_to_argv(settings)
     args = options.parse_args_and_arch(options.get_training_parser(), argv)
     torch.manual_seed(0)
     model = TranslationTask(args, dictionary, dictionary).build_model(args)

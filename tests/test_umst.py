@@ -516,11 +516,7 @@ def test_toy_training_lowers_loss_then_generate_and_interactive(toy_raw, toy_dat
     assert "BLEU" in e2e.bleu_line(out)
     e2e.assert_translated_all(out, toy_raw)
 
-    with open(os.path.join(toy_raw, "test.tok.kel"), encoding="utf-8") as f:
-        lines = [next(f).strip() for _ in range(3)]
-    out = e2e.interactive(toy_databin, ckpt, lines, "--bpe", "subword_nmt", "--bpe-codes",
-                          os.path.join(toy_raw, "bpe.codes"))
-    assert len(e2e.hypotheses(out)) == 3, out[-3000:]
+    e2e.interactive_on_raw_test_lines(toy_raw, toy_databin, ckpt, n=3)
 
 
 def test_recomputing_gcn_activations_gives_identical_gradients():
