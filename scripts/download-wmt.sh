@@ -5,13 +5,20 @@
 #   bash scripts/download-wmt.sh wmt14-en-de RAW_DIR
 #   bash scripts/download-wmt.sh wmt16-en-ro RAW_DIR
 #
-# Idempotent: archives already present and verified are not fetched again, and
-# archives already extracted are not extracted again. Set WMT_MIRROR=URL_PREFIX
-# to fetch LOCAL_FILE from a mirror instead (same checksums apply).
+# Every archive's size and checksum are checked against the published values in
+# wmt-sources.txt (which cites their source); an archive without published values
+# has the sha256 of its first download recorded and enforced on later runs. A file
+# that fails is reported and not extracted; the others still are, and the script
+# exits 1 at the end.
+# Idempotent: archives already present are not fetched again (a rejected one is
+# kept for inspection: delete it to fetch again), and archives already extracted
+# are not extracted again. Set WMT_MIRROR=URL_PREFIX to fetch LOCAL_FILE from a
+# mirror instead (same checksums apply); WMT_SOURCES=FILE reads another list.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 DATASET="${1:?usage: download-wmt.sh DATASET RAW_DIR}"
 RAW="${2:?usage: download-wmt.sh DATASET RAW_DIR}"
+SOURCES="${WMT_SOURCES:-$HERE/wmt-sources.txt}"
 mkdir -p "$RAW"
 RECORD="$RAW/CHECKSUMS.recorded"
 touch "$RECORD"
@@ -28,8 +35,15 @@ digest() {  # algo file
     esac
 }
 
-verify() {  # file checksum
-    local file="$1" sum="$2" name; name="$(basename "$1")"
+verify() {  # file checksum size
+    local file="$1" sum="$2" size="$3" name; name="$(basename "$1")"
+    if [[ "$size" != "-" ]]; then
+        local bytes; bytes="$(wc -c < "$file" | tr -d ' ')"
+        if [[ "$bytes" != "$size" ]]; then
+            echo "ERROR: $name has $bytes bytes, expected $size (truncated, corrupt or changed upstream; delete it to fetch again)" >&2
+            return 1
+        fi
+    fi
     if [[ "$sum" == "-" ]]; then
         local recorded; recorded="$(awk -v f="$name" '$1 == f {print $2}' "$RECORD")"
         local actual; actual="sha256:$(digest sha256 "$file")"
@@ -44,14 +58,16 @@ verify() {  # file checksum
     local algo="${sum%%:*}" want="${sum#*:}" actual
     actual="$(digest "$algo" "$file")"
     if [[ "$actual" != "$want" ]]; then
-        echo "ERROR: $name: $algo $actual, expected $want (corrupt or changed upstream)" >&2; return 1
+        echo "ERROR: $name: $algo $actual, expected $want (corrupt or changed upstream; delete it to fetch again)" >&2
+        return 1
     fi
 }
 
-found=0
-while read -r dataset file url sum; do
+found=0; failed=()
+while read -r dataset file url sum size source; do
     [[ -z "${dataset:-}" || "$dataset" == \#* || "$dataset" != "$DATASET" ]] && continue
     found=1
+    [[ -n "${sum:-}" && -n "${size:-}" && -n "${source:-}" ]] || { echo "malformed line for $file in $SOURCES" >&2; exit 2; }
     dest="$RAW/$file"
     if [[ ! -f "$dest" ]]; then
         src="$url"; [[ -n "${WMT_MIRROR:-}" ]] && src="${WMT_MIRROR%/}/$file"
@@ -59,7 +75,7 @@ while read -r dataset file url sum; do
         fetch "$src" "$dest.part"
         mv "$dest.part" "$dest"
     fi
-    verify "$dest" "$sum"
+    verify "$dest" "$sum" "$size" || { failed+=("$file"); continue; }
     stamp="$RAW/.extracted-$file"
     if [[ ! -f "$stamp" ]]; then
         echo "extracting $file"
@@ -70,6 +86,9 @@ while read -r dataset file url sum; do
         esac
         touch "$stamp"
     fi
-done < "$HERE/wmt-sources.txt"
-[[ "$found" == 1 ]] || { echo "unknown dataset $DATASET (see $HERE/wmt-sources.txt)" >&2; exit 2; }
+done < "$SOURCES"
+[[ "$found" == 1 ]] || { echo "unknown dataset $DATASET (see $SOURCES)" >&2; exit 2; }
+if [[ ${#failed[@]} -gt 0 ]]; then
+    echo "download stage FAILED verification: ${failed[*]} (in $RAW)" >&2; exit 1
+fi
 echo "download stage done: $RAW"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Train one table row: fairseq-hydra-train with configs/ROW.yaml (through scripts/hydra_train.py,
-# which fills argparse-style models' add_args defaults that a YAML does not list).
+# Train one table row: fairseq-hydra-train with configs/ROW.yaml and the plugin as common.user_dir
+# (plain fairseq-hydra-train works too; this script adds the GPU-count scaling below).
 #
 #   bash scripts/train.sh ROW --data DATA_BIN [--save-dir DIR] [--gpus N] [-- HYDRA_OVERRIDES...]
 #   bash scripts/train.sh umst-t2-umst-base --data data/wmt14_en_de/data-bin/wmt14_en_de_bpe32000
@@ -14,7 +14,6 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 usage() { sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 [[ $# -ge 1 && "$1" != -h && "$1" != --help ]] || { usage; exit 0; }
@@ -60,7 +59,7 @@ else
 fi
 
 set -x
-exec "$PY" "$ROOT/scripts/hydra_train.py" \
+exec "$PY" -m fairseq_cli.hydra_train \
     --config-dir "$ROOT/configs" --config-name "$ROW" \
     task.data="$DATA" common.user_dir="$ROOT/umst_plugin" checkpoint.save_dir="$SAVE" hydra.run.dir="$SAVE" \
     "${ARGS[@]}" "${OVERRIDES[@]}"

@@ -141,25 +141,87 @@ def _fake_archive(path, member):
             t.add(src, member)
 
 
-def test_download_stage_verifies_checksums(tmp_path):
-    """Through a file:// mirror: unpublished checksums are recorded on first download and enforced
-    afterwards; a pinned checksum (sacrebleu's md5 of the WMT16 dev set) rejects a wrong file."""
+def _download(dataset, raw, mirror, sources=None):
+    e = {**env(), "WMT_MIRROR": f"file://{mirror}"}
+    if sources:
+        e["WMT_SOURCES"] = str(sources)
+    return subprocess.run(["bash", os.path.join(SCRIPTS, "download-wmt.sh"), dataset, str(raw)], env=e,
+                          capture_output=True, text=True)
+
+
+def _sha256(path):
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_download_stage_verifies_published_checksums(tmp_path):
+    """Through a file:// mirror holding stand-in archives: the published size (tfds) and md5
+    (sacrebleu) reject them, and a rejected archive is not extracted; SETIMES, the one archive
+    without a published checksum, has its sha256 recorded on first download and enforced after."""
     mirror, raw = tmp_path / "mirror", tmp_path / "raw"
     mirror.mkdir()
     for name in ("training-parallel-ep-v8.tgz", "SETIMES.en-ro.txt.zip", "wmt16-dev.tgz", "wmt16-test.tgz"):
         _fake_archive(mirror / name, f"fake/{name}.txt")
-    e = {**env(), "WMT_MIRROR": f"file://{mirror}"}
-    cmd = ["bash", os.path.join(SCRIPTS, "download-wmt.sh"), "wmt16-en-ro", str(raw)]
-    proc = subprocess.run(cmd, env=e, capture_output=True, text=True)
-    assert proc.returncode != 0
+    proc = _download("wmt16-en-ro", raw, mirror)
+    assert proc.returncode == 1, proc.stderr
+    size = (mirror / "training-parallel-ep-v8.tgz").stat().st_size
+    assert f"training-parallel-ep-v8.tgz has {size} bytes, expected 225018324" in proc.stderr
     assert "wmt16-dev.tgz: md5" in proc.stderr and "expected 4a3dc2760bb077f4308cce96b06e6af6" in proc.stderr
+    assert "FAILED verification: training-parallel-ep-v8.tgz wmt16-dev.tgz wmt16-test.tgz" in proc.stderr
+    assert not (raw / "fake" / "training-parallel-ep-v8.tgz.txt").exists()  # rejected: not extracted
     recorded = (raw / "CHECKSUMS.recorded").read_text()
-    assert "training-parallel-ep-v8.tgz sha256:" in recorded and "SETIMES.en-ro.txt.zip sha256:" in recorded
-    assert (raw / "fake" / "training-parallel-ep-v8.tgz.txt").exists()  # verified, then extracted
+    assert recorded == f"SETIMES.en-ro.txt.zip sha256:{_sha256(raw / 'SETIMES.en-ro.txt.zip')}\n"
+    assert (raw / "fake" / "SETIMES.en-ro.txt.zip.txt").exists()  # recorded, then extracted
     # A changed archive no longer matches what the first download recorded.
-    _fake_archive(raw / "training-parallel-ep-v8.tgz", "fake/other.txt")
-    proc = subprocess.run(cmd, env=e, capture_output=True, text=True)
-    assert proc.returncode != 0 and "training-parallel-ep-v8.tgz has sha256:" in proc.stderr, proc.stderr
+    _fake_archive(raw / "SETIMES.en-ro.txt.zip", "fake/other.txt")
+    proc = _download("wmt16-en-ro", raw, mirror)
+    assert proc.returncode == 1 and "SETIMES.en-ro.txt.zip has sha256:" in proc.stderr, proc.stderr
+
+
+def test_download_stage_accepts_matching_size_and_sha256(tmp_path):
+    """The size + sha256 path with values that match (a sources list for the stand-in archive),
+    then a same-size archive with another sha256."""
+    mirror, raw = tmp_path / "mirror", tmp_path / "raw"
+    mirror.mkdir()
+    archive = mirror / "corpus.tgz"
+    _fake_archive(archive, "fake/corpus.txt")
+    sources = tmp_path / "sources.txt"
+    line = f"toy corpus.tgz https://example.invalid/corpus.tgz sha256:{_sha256(archive)} {archive.stat().st_size} test"
+    sources.write_text("# test list\n" + line + "\n")
+    proc = _download("toy", raw, mirror, sources)
+    assert proc.returncode == 0, proc.stderr
+    assert (raw / "fake" / "corpus.txt").exists() and not (raw / "CHECKSUMS.recorded").read_text()
+    assert _download("toy", raw, mirror, sources).stdout.count("extracting") == 0  # idempotent
+    wrong = line.replace(f"sha256:{_sha256(archive)}", "sha256:" + "0" * 64)
+    sources.write_text(wrong + "\n")
+    proc = _download("toy", tmp_path / "raw2", mirror, sources)
+    assert proc.returncode == 1 and f"corpus.tgz: sha256 {_sha256(archive)}, expected {'0' * 64}" in proc.stderr
+
+
+def test_sources_list_cites_published_checksums():
+    """Every archive has a published checksum and source, the training archives sha256 and size;
+    only the documented SETIMES zip falls back to record-on-first-download."""
+    rows = []
+    with open(os.path.join(SCRIPTS, "wmt-sources.txt")) as f:
+        for line in f:
+            if line.strip() and not line.startswith("#"):
+                rows.append(line.split())
+    assert len(rows) == 9 and all(len(r) == 6 for r in rows), rows
+    fallback = [r[1] for r in rows if r[3] == "-"]
+    assert fallback == ["SETIMES.en-ro.txt.zip"] and all(r[4] == r[3] == "-" and r[5] == "none"
+                                                          for r in rows if r[1] in fallback)
+    for dataset, name, url, checksum, size, source in rows:
+        if name in fallback:
+            continue
+        if name.startswith("training-"):
+            assert re.fullmatch(r"sha256:[0-9a-f]{64}", checksum) and int(size) > 10**7, name
+            assert source == {"wmt14-en-de": "tfds-wmt14", "wmt16-en-ro": "tfds-wmt16"}[dataset], name
+        else:  # test / dev sets: sacrebleu's md5 of the same URL
+            assert re.fullmatch(r"md5:[0-9a-f]{32}", checksum) and source == "sacrebleu", name
+            from sacrebleu.dataset import DATASETS
+
+            assert any(url in d.data and checksum[4:] in d.md5 for d in DATASETS.values()), url
 
 
 # ---- configs ----------------------------------------------------------------------------------
@@ -186,8 +248,7 @@ def model_family(arch):
 def require_arch(arch):
     from fairseq.models import ARCH_MODEL_REGISTRY
 
-    if arch not in ARCH_MODEL_REGISTRY:
-        pytest.skip(f"arch {arch!r} is not registered yet (it lands with its architecture's branch)")
+    assert arch in ARCH_MODEL_REGISTRY, f"arch {arch!r} of a configs/ row is not registered by fairseq or the plugin"
 
 
 def _value(v):
@@ -218,21 +279,22 @@ def compose_row(row, overrides):
         return compose(config_name=row, overrides=overrides)
 
 
+def cpu_overrides(row, databin, save_dir, max_update):
+    """Hydra overrides that train ROW on the CPU with a tiny model for ``max_update`` updates."""
+    return [f"task.data={databin}", f"common.user_dir={e2e.PLUGIN}", "common.cpu=true", "common.fp16=false",
+            "common.log_interval=1", "common.seed=1", "distributed_training.distributed_world_size=1",
+            "dataset.max_tokens=500", "dataset.num_workers=0", "dataset.disable_validation=true",
+            # no background prefetch thread: stopping mid-epoch can leave it collating at exit (abort)
+            "dataset.data_buffer_size=0", "optimization.update_freq=[1]", f"optimization.max_update={max_update}",
+            f"checkpoint.save_dir={save_dir}", *tiny_overrides(collect_results.ROWS[row]["arch"])]
+
+
 def train_row(row, databin, save_dir, max_update=1, extra=()):
     """Train ROW in-process via fairseq_cli.hydra_train with tiny overrides; returns checkpoint_last's state."""
     from fairseq_cli.hydra_train import _hydra_main
 
-    from umst_plugin.legacy_hydra import install
-
-    install()  # what scripts/hydra_train.py (train.sh) does
-    arch = collect_results.ROWS[row]["arch"]
-    overrides = [f"task.data={databin}", f"common.user_dir={e2e.PLUGIN}", "common.cpu=true", "common.fp16=false",
-                 "common.log_interval=1", "common.seed=1", "distributed_training.distributed_world_size=1",
-                 "dataset.max_tokens=500", "dataset.num_workers=0", "dataset.disable_validation=true",
-                 "optimization.update_freq=[1]", f"optimization.max_update={max_update}",
-                 f"checkpoint.save_dir={save_dir}", *tiny_overrides(arch), *extra]
-    cfg = compose_row(row, overrides)
-    assert cfg.model._name == arch
+    cfg = compose_row(row, cpu_overrides(row, databin, save_dir, max_update) + list(extra))
+    assert cfg.model._name == collect_results.ROWS[row]["arch"]
     _hydra_main(cfg)
     state = torch.load(os.path.join(save_dir, "checkpoint_last.pt"), map_location="cpu")
     assert state["optimizer_history"][-1]["num_updates"] == max_update
@@ -250,12 +312,100 @@ def test_config_composes_and_trains_one_update(prepared, row, tmp_path):
     require_arch(meta["arch"])
     state = train_row(row, databin_for(prepared, row)["databin"], str(tmp_path), max_update=1,
                       extra=["checkpoint.no_epoch_checkpoints=true"])
-    model_cfg = state["cfg"]["model"]  # a Namespace for argparse-style models, as fairseq-train stores it
-    name = model_cfg._name if isinstance(model_cfg, argparse.Namespace) else model_cfg["_name"]
-    assert name == meta["arch"]
+    model_cfg = state["cfg"]["model"]
+    # every row's arch is argparse-style: the checkpoint holds fairseq-train's Namespace
+    assert isinstance(model_cfg, argparse.Namespace), type(model_cfg)
+    assert model_cfg._name == model_cfg.arch == meta["arch"]
     # The row's own settings survived composition (and were not replaced by arch defaults).
+    from omegaconf import OmegaConf
+
+    yaml_model = OmegaConf.load(os.path.join(CONFIGS, row + ".yaml")).model
+    for key in ("dropout", "attention_dropout", "share_all_embeddings"):
+        if key in yaml_model:
+            assert getattr(model_cfg, key) == yaml_model[key], (key, getattr(model_cfg, key), yaml_model[key])
     assert list(state["cfg"]["optimizer"]["adam_betas"])[1] in (0.997, 0.98, 0.998)
     assert state["cfg"]["criterion"]["label_smoothing"] == 0.1
+
+
+# Legacy archs of both kinds: a TransformerModel subclass with flags of its own (transformer_sf),
+# and an add_args model whose YAML leaves most flags to their add_args defaults (lightconv).
+CONSOLE_ROWS = ["sf-t1-transformer-sf-base", "prime-t1-dynamicconv-big"]
+
+
+@pytest.mark.parametrize("row", CONSOLE_ROWS)
+def test_plain_fairseq_hydra_train_console_script(prepared, row, tmp_path):
+    """The console script with only the plugin as common.user_dir (no wrapper), 1 update; the
+    checkpoint is fairseq-train-shaped and fairseq-generate / fairseq-interactive load it."""
+    databin = prepared["wmt14-en-de"]["databin"]
+    e2e.run([os.path.join(e2e.BIN, "fairseq-hydra-train"), "--config-dir", CONFIGS, "--config-name", row,
+             *cpu_overrides(row, databin, str(tmp_path), max_update=1), "checkpoint.no_epoch_checkpoints=true",
+             f"hydra.run.dir={tmp_path}"])
+    ckpt = str(tmp_path / "checkpoint_last.pt")
+    state = torch.load(ckpt, map_location="cpu")
+    assert isinstance(state["cfg"]["model"], argparse.Namespace)
+    assert state["cfg"]["model"].arch == collect_results.ROWS[row]["arch"]
+    out = e2e.generate(databin, ckpt, "--beam", "2", "--max-len-a", "1.2", "--max-len-b", "5",
+                       "--required-batch-size-multiple", "1", "--cpu")
+    assert "Translated 30 sentences" in out, out[-3000:]
+    with open(os.path.join(prepared["wmt14-en-de"]["work"], f"bpe{MERGES}", "test.en"), encoding="utf-8") as f:
+        lines = [next(f) for _ in range(2)]
+    out = e2e.fairseq("interactive", databin, "--user-dir", e2e.PLUGIN, "--task", "multiscale_translation",
+                      "--path", ckpt, "--beam", "2", "--source-lang", "en", "--target-lang", "de", "--cpu",
+                      "--max-len-b", "5", input="".join(lines)).stdout
+    assert len(e2e.hypotheses(out)) == 2, out[-3000:]
+
+
+def test_hydra_and_fairseq_train_build_the_same_legacy_model(prepared):
+    """For a legacy arch, the hydra YAML route and fairseq-train's argparse route give the model the
+    same flags: same parameters, same shapes, same add_args values for what neither sets."""
+    from fairseq import options, tasks
+
+    from umst_plugin.legacy_hydra import model_config_for_build
+
+    databin = prepared["wmt14-en-de"]["databin"]
+    row = "sf-t1-transformer-sf-base"
+    tiny = {**TINY, **TINY_FAMILY["transformer_sf"]}
+    cfg = compose_row(row, [f"task.data={databin}", f"common.user_dir={e2e.PLUGIN}",
+                            *(f"++model.{k}={_value(v)}" for k, v in tiny.items())])
+    from fairseq.dataclass.initialize import add_defaults
+
+    add_defaults(cfg)
+    hydra_ns = model_config_for_build(cfg.model)
+    assert cfg.model is hydra_ns  # written back into the run config: the trainer saves the Namespace
+    argv = [databin, "--user-dir", e2e.PLUGIN, "--task", "multiscale_translation", "--arch", "transformer_sf_base",
+            "--source-lang", "en", "--target-lang", "de", "--share-all-embeddings", "--dropout", "0.1",
+            "--attention-dropout", "0.1", "--activation-dropout", "0.1",
+            *[x for k, v in tiny.items() for x in (f"--{k.replace('_', '-')}", str(v))]]
+    train_ns = options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
+    task = tasks.setup_task(train_ns)
+    # build_model applies the arch function to the Namespace in place, as parse_args_and_arch did
+    hydra_model, train_model = task.build_model(hydra_ns), task.build_model(train_ns)
+    assert {k: v.shape for k, v in hydra_model.state_dict().items()} == \
+        {k: v.shape for k, v in train_model.state_dict().items()}
+    # every flag fairseq-train gives the model has the same value, except the run-wide ones the YAML
+    # sets (optimizer, schedule, batch, ...) and that this argv leaves out
+    from omegaconf import OmegaConf
+
+    yaml = OmegaConf.load(os.path.join(CONFIGS, row + ".yaml"))
+    run_wide = {k for group, node in yaml.items() if group not in ("model", "hydra") for k in node} | {
+        "data", "user_dir", "optimizer", "lr_scheduler", "criterion", "no_seed_provided", "batch_size",
+        "batch_size_valid", "max_tokens_valid"}
+    differ = {k: (getattr(hydra_ns, k, "<missing>"), v) for k, v in vars(train_ns).items()
+              if k not in run_wide and k in vars(hydra_ns) and getattr(hydra_ns, k) != v}
+    missing = sorted(k for k in vars(train_ns) if k not in vars(hydra_ns))
+    assert not differ, differ
+    model_keys = {a.dest for a in _model_parser_actions("transformer_sf")}
+    assert not model_keys & set(missing), sorted(model_keys & set(missing))
+    # and a Namespace passes through the wrapper untouched (fairseq-train, generate, interactive)
+    assert model_config_for_build(train_ns) is train_ns
+
+
+def _model_parser_actions(model_name):
+    from fairseq.models import MODEL_REGISTRY
+
+    parser = argparse.ArgumentParser()
+    MODEL_REGISTRY[model_name].add_args(parser)
+    return [a for a in parser._actions if a.dest != "help"]
 
 
 # ---- smoke: one row per architecture, train -> average -> evaluate -> collect ------------------

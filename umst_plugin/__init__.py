@@ -4,14 +4,17 @@ Load with ``fairseq-train --user-dir umst_plugin``. Importing the package
 registers the ``multiscale_translation`` task and every architecture in
 ``umst_plugin/models`` (each module is imported here so that registration
 happens exactly once), and allow-lists the classes fairseq checkpoints contain
-so they load under torch>=2.6's ``weights_only=True`` default.
+so they load under torch>=2.6's ``weights_only=True`` default. It also lets
+``fairseq-hydra-train`` build argparse-style models (``legacy_hydra.py``).
 """
 import importlib
 import os
 
 from umst_plugin.checkpoint_safety import allow_fairseq_checkpoint_classes
+from umst_plugin import legacy_hydra
 
 allow_fairseq_checkpoint_classes()
+legacy_hydra.install()
 
 __version__ = "0.1.0"
 

@@ -1,4 +1,4 @@
-"""Train argparse-style ("legacy") models from fairseq-hydra-train YAMLs the way fairseq-train does.
+"""Let fairseq-hydra-train build argparse-style ("legacy") models the way fairseq-train does.
 
 ``fairseq-train`` hands a legacy model (``register_model`` + ``add_args``, no
 dataclass) an ``argparse.Namespace``: every flag of the run flattened into one
@@ -9,12 +9,20 @@ ways: ``add_args`` defaults are missing (fairseq's lightconv fails on
 ``Missing key weight_softmax``), and ``TransformerConfig.from_namespace`` cannot
 copy extra keys out of a DictConfig (a TransformerModel subclass such as
 transformer_sf loses its own flags: ``invalid argument fast_embed_dim``).
-Checkpoints written that way do not load in fairseq-generate either.
 
-``legacy_model_namespace`` builds the Namespace fairseq-train would have built;
-``install()`` makes ``fairseq_cli.hydra_train`` use it (``scripts/hydra_train.py``,
-and so ``scripts/train.sh``, call it). Dataclass models are left alone.
+fairseq-hydra-train imports the plugin (``common.user_dir``) inside
+``fairseq_cli.train.main``, after hydra composed the config and before the task
+builds the model, so importing the plugin calls ``install()``, which wraps
+``fairseq.models.build_model`` (every task's ``build_model`` looks it up on the
+module at call time). The wrapper acts only on a legacy arch whose config is a
+DictConfig, which only a hydra-composed config gives: it builds the Namespace
+fairseq-train would have built from the whole run config (the model node's
+parent) and puts it in place of ``cfg.model`` there, so the trainer saves it and
+the checkpoint looks like a fairseq-train one. Namespace configs (fairseq-train,
+fairseq-generate/interactive on any checkpoint written that way) and dataclass
+models pass through untouched.
 """
+import functools
 from argparse import Namespace
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -29,17 +37,16 @@ def is_legacy_arch(name):
 def legacy_model_namespace(cfg):
     """The flat Namespace fairseq-train gives a legacy model: every config group's keys (the model's
     win), the arch name, and the explicit add_args defaults for what the YAML leaves out."""
-    from fairseq.dataclass.utils import _set_legacy_defaults
+    from fairseq.dataclass.utils import _set_legacy_defaults, merge_with_parent
     from fairseq.models import ARCH_MODEL_REGISTRY
-
-    from fairseq.dataclass.utils import merge_with_parent
     from fairseq.tasks import TASK_DATACLASS_REGISTRY
 
     name = cfg.model._name
     flat = {}
     for group, node in cfg.items():
         if group == "task" and isinstance(node, DictConfig) and node.get("_name") in TASK_DATACLASS_REGISTRY:
-            # the task's own defaults (max_source_positions, ...), as fairseq-train's parser has them
+            # the task's own defaults (max_source_positions, ...), as fairseq-train's parser has them;
+            # hydra could not add them: the plugin's task registers only when the plugin is imported
             node = merge_with_parent(TASK_DATACLASS_REGISTRY[node._name](), node)
         if group != "model" and isinstance(node, DictConfig):
             for key, value in OmegaConf.to_container(node, resolve=True, enum_to_str=True).items():
@@ -54,12 +61,19 @@ def legacy_model_namespace(cfg):
     return ns
 
 
+def _legacy_dictconfig_name(model_cfg):
+    """The arch name when ``model_cfg`` is a hydra DictConfig of a legacy arch, else None."""
+    if not isinstance(model_cfg, DictConfig):
+        return None
+    name = getattr(model_cfg, "_name", None)
+    return name if isinstance(name, str) and is_legacy_arch(name) else None
+
+
 def use_legacy_namespace(cfg):
-    """Replace a legacy arch's ``cfg.model`` by its fairseq-train Namespace (in place)."""
+    """Replace a legacy arch's ``cfg.model`` by its fairseq-train Namespace (in place); returns cfg."""
     from fairseq.dataclass.utils import omegaconf_no_object_check
 
-    name = cfg.model.get("_name", None) if isinstance(cfg.model, DictConfig) else None
-    if name is None or not is_legacy_arch(name):
+    if _legacy_dictconfig_name(cfg.get("model")) is None:
         return cfg
     ns = legacy_model_namespace(cfg)
     with omegaconf_no_object_check(), open_dict(cfg):
@@ -67,18 +81,32 @@ def use_legacy_namespace(cfg):
     return cfg
 
 
-def pre_main(cfg, **kwargs):
-    """fairseq_cli.train.main, with the legacy model config converted first. Module-level, so that
-    fairseq's multi-GPU spawn can pickle it; each worker converts its own copy."""
-    from fairseq import utils
-    from fairseq_cli.train import main
-
-    utils.import_user_module(cfg.common)  # the plugin's archs must be registered to tell legacy ones
-    return main(use_legacy_namespace(cfg), **kwargs)
+def model_config_for_build(model_cfg):
+    """What ``fairseq.models.build_model`` should get: the fairseq-train Namespace for a legacy arch's
+    DictConfig (taken from, and written back into, the whole run config when the node has one), else
+    ``model_cfg`` itself."""
+    name = _legacy_dictconfig_name(model_cfg)
+    if name is None:
+        return model_cfg
+    root = model_cfg._get_parent()
+    if isinstance(root, DictConfig) and model_cfg._key() == "model" and root.get("model") is model_cfg:
+        return use_legacy_namespace(root).model
+    # a bare model node (no run config around it): its own keys and the arch's defaults
+    return legacy_model_namespace(OmegaConf.create({"model": model_cfg}))
 
 
 def install():
-    """Make fairseq_cli.hydra_train train through ``pre_main`` above. Idempotent."""
-    import fairseq_cli.hydra_train as hydra_train
+    """Wrap ``fairseq.models.build_model`` so legacy archs get their fairseq-train Namespace (see the
+    module docstring). Idempotent; the plugin's ``__init__`` calls it."""
+    import fairseq.models as models
 
-    hydra_train.pre_main = pre_main
+    if getattr(models.build_model, "umst_legacy_hydra", False):
+        return
+    original = models.build_model
+
+    @functools.wraps(original)
+    def build_model(cfg, task, from_checkpoint=False):
+        return original(model_config_for_build(cfg), task, from_checkpoint)
+
+    build_model.umst_legacy_hydra = True
+    models.build_model = build_model

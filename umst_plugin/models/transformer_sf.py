@@ -3,7 +3,11 @@
 Architectures ``transformer_sf_base`` (slow 512/2048/8 heads, fast 32/128) and
 ``transformer_sf_big`` (slow 1024/4096/16, fast 64/256), 6 encoder blocks in both
 branches, pre-norm, and fairseq's standard ``TransformerDecoder`` attending the
-slow branch (``--sf-encoder-output slow``, paper 3.4).
+slow branch (``--sf-encoder-output slow``, paper 3.4). ``transformer_sf_fast_only_base``
+/ ``_big`` are table 1's "Fast Only" rows: the same model with
+``--sf-encoder-output fast --sf-interaction-layers none``, so the fast (character)
+branch alone is the encoder and is projected to the decoder width
+(``--encoder-embed-dim``); no slow sub-layer is built.
 
 The fast branch's characters are derived from ``src_tokens`` through a
 ``CharTable`` built from the source dictionary and saved in the checkpoint, so
@@ -62,9 +66,10 @@ class TransformerSlowFastModel(TransformerModel):
         parser.add_argument("--sf-encoder-output", choices=ENCODER_OUTPUTS,
                             help="what the decoder attends (table 4c: slow 28.56, fast 23.11, both 28.25)")
         parser.add_argument("--sf-interaction-layers", type=str, metavar="SPEC",
-                            help="blocks with cross-branch fusion: all|last|bottom3|top3|every2 or 1-based "
-                                 "list like 1,3,5 (table 6: all 28.56, last 27.99, bottom3 28.10, "
-                                 "top3 28.40, every2 28.20)")
+                            help="blocks with cross-branch fusion: all|last|bottom3|top3|every2|none or "
+                                 "1-based list like 1,3,5 (table 6: all 28.56, last 27.99, bottom3 28.10, "
+                                 "top3 28.40, every2 28.20; none with --sf-encoder-output fast = table 1's "
+                                 "Fast Only)")
         parser.add_argument("--sf-slow-gcn", choices=SLOW_GCN,
                             help="subword GCN over A_s: once on the input (default), in every block, or none")
         parser.add_argument("--unidirectional-cga", action="store_true",
@@ -130,10 +135,14 @@ class SlowFastEncoder(FairseqEncoder):
         self.max_source_positions = args.max_source_positions
         self.dropout = args.dropout
         slow_dim, fast_dim = self.cfg.slow_dim, self.cfg.fast_dim
+        self.stack = SlowFastEncoderStack(self.cfg)
 
-        self.embed_tokens = embed_tokens
+        # Fast only: nothing reads the slow branch, so the encoder keeps no subword embedding
+        # (with --share-all-embeddings the decoder still owns the shared one).
+        self.uses_slow = self.stack.uses_slow_input
+        self.embed_tokens = embed_tokens if self.uses_slow else None
         self.embed_scale = 1.0 if args.no_scale_embedding else math.sqrt(slow_dim)
-        self.embed_positions = (None if args.no_token_positional_embeddings else
+        self.embed_positions = (None if args.no_token_positional_embeddings or not self.uses_slow else
                                 PositionalEmbedding(args.max_source_positions, slow_dim, self.padding_idx,
                                                     learned=args.encoder_learned_pos))
 
@@ -158,7 +167,6 @@ class SlowFastEncoder(FairseqEncoder):
             self.register_buffer("random_boundary_table",
                                  torch.rand(RANDOM_BOUNDARY_TABLE, generator=gen) < RANDOM_BOUNDARY_RATE)
 
-        self.stack = SlowFastEncoderStack(self.cfg)
         self.fast_output_proj = (nn.Linear(fast_dim, slow_dim) if self.cfg.encoder_output in ("fast", "both")
                                  else None)
 
@@ -192,18 +200,21 @@ class SlowFastEncoder(FairseqEncoder):
         if self.random_char_boundary:
             fast_groups = self._random_groups(fast_tokens, fast_padding_mask)
 
-        embed = self.embed_scale * (self.embed_tokens(src_tokens) if token_embeddings is None else token_embeddings)
-        x_slow = embed
-        if self.embed_positions is not None:
-            x_slow = x_slow + self.embed_positions(src_tokens)
+        drop = nn.functional.dropout
+        embed = x_slow = None
+        if self.uses_slow:
+            embed = self.embed_scale * (self.embed_tokens(src_tokens) if token_embeddings is None
+                                        else token_embeddings)
+            x_slow = embed
+            if self.embed_positions is not None:
+                x_slow = x_slow + self.embed_positions(src_tokens)
+            x_slow = drop(x_slow, p=self.dropout, training=self.training)
+            # Zero padded rows so nothing from padding can leak (e.g. fp16 garbage).
+            x_slow = x_slow.masked_fill(slow_padding_mask.unsqueeze(-1), 0.0).transpose(0, 1)
         x_fast = self.fast_embed_scale * self.embed_fast(fast_tokens)
         if self.embed_fast_positions is not None:
             x_fast = x_fast + self.embed_fast_positions(fast_tokens)
-        drop = nn.functional.dropout
-        x_slow = drop(x_slow, p=self.dropout, training=self.training)
         x_fast = drop(x_fast, p=self.dropout, training=self.training)
-        # Zero padded rows so nothing from padding can leak (e.g. fp16 garbage).
-        x_slow = x_slow.masked_fill(slow_padding_mask.unsqueeze(-1), 0.0).transpose(0, 1)
         x_fast = x_fast.masked_fill(fast_padding_mask.unsqueeze(-1), 0.0).transpose(0, 1)
 
         side = {
@@ -275,3 +286,24 @@ def transformer_sf_big(args):
     transformer_big_sizes(args)  # paper: residual dropout 0.3 for big
     args.fast_embed_dim = getattr(args, "fast_embed_dim", 64)
     transformer_sf_base(args)
+
+
+def _fast_only(args):
+    """Table 1 "Fast Only": the character branch alone encodes (no slow branch, no fusion) and a
+    linear map widens it to the subword decoder (--encoder-embed-dim = the decoder's width)."""
+    args.sf_encoder_output = getattr(args, "sf_encoder_output", "fast")
+    args.sf_interaction_layers = getattr(args, "sf_interaction_layers", "none")
+
+
+@register_model_architecture("transformer_sf", "transformer_sf_fast_only_base")
+def transformer_sf_fast_only_base(args):
+    """Fast Only (Hidden=32, L=6): characters at width 32, decoder 512 (table 1: 42M, 17.90 BLEU)."""
+    _fast_only(args)
+    transformer_sf_base(args)
+
+
+@register_model_architecture("transformer_sf", "transformer_sf_fast_only_big")
+def transformer_sf_fast_only_big(args):
+    """The big counterpart: characters at width 64 (transformer_sf_big's), decoder 1024."""
+    _fast_only(args)
+    transformer_sf_big(args)

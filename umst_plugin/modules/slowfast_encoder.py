@@ -10,6 +10,10 @@ Each block, pre-norm throughout (fig. 3 caption):
            (both read the other branch's post-SAN states; "sandwiched between SAN and FFN")
     ffn:   x_b = x_b + Drop(FFN(LN(x_b)))  for b in {s, f}
 
+With no interaction layers and the decoder reading the fast branch, nothing reads
+the slow branch and none of it is built: that is table 1's "Fast Only" system
+(characters in, the fast branch alone, subword decoder).
+
 The slow input is enhanced once by the subword GCN over A_s before the first
 block (``slow_gcn='input'``, the paper's "the Slow branch then encodes the
 enhanced representation"; ``'every-layer'`` puts one in every block, ``'none'``
@@ -37,13 +41,15 @@ from umst_plugin.modules.slowfast_fusion import FUSIONS, CrossGranularityFusion
 
 ENCODER_OUTPUTS = ("slow", "fast", "both")
 SLOW_GCN = ("input", "every-layer", "none")
-INTERACTION_PRESETS = ("all", "last", "bottom3", "top3", "every2")
+INTERACTION_PRESETS = ("all", "last", "bottom3", "top3", "every2", "none")
 
 
 def parse_interaction_layers(spec, num_layers):
-    """'all' | 'last' | 'bottom3' | 'top3' | 'every2' | '1,3,5' (1-based) -> frozenset of 1-based ids."""
+    """'all' | 'last' | 'bottom3' | 'top3' | 'every2' | 'none' | '1,3,5' (1-based) -> frozenset of 1-based ids."""
     spec = str(spec).strip()
-    if spec == "all":
+    if spec == "none":  # the branches never meet (fast only: --sf-encoder-output fast)
+        layers = []
+    elif spec == "all":
         layers = range(1, num_layers + 1)
     elif spec == "last":
         layers = [num_layers]
@@ -94,7 +100,8 @@ class SlowFastConfig:
         if self.slow_gcn not in SLOW_GCN:
             raise ValueError(f"--sf-slow-gcn {self.slow_gcn!r}: expected one of {SLOW_GCN}")
         if self.encoder_output == "slow" and not self.interaction_layers:
-            raise ValueError("the fast branch never reaches the slow output: no interaction layers")
+            raise ValueError("the fast branch never reaches the slow output: no interaction layers "
+                             "(a slow-only model is fairseq's transformer)")
         if self.encoder_output == "fast" and self.unidirectional:
             raise ValueError("--unidirectional-cga (fast -> slow only) with --sf-encoder-output fast "
                              "leaves the slow branch unread")
@@ -203,6 +210,7 @@ class SlowFastEncoderStack(nn.Module):
     """Embedded inputs in, final-normed branch outputs out.
 
     forward(x_slow [T x B x Hs], x_fast [Lf x B x Hf], side) -> (slow_out or None, fast_out or None)
+    (x_slow / x_fast may be None when ``uses_slow_input`` / ``uses_fast_input`` is False.)
     ``side`` holds: slow_padding_mask, fast_padding_mask (B x T / B x Lf bool),
     slow_groups (A_s ids, B x T), fast_gcn_groups and fast_pe_groups (A_f ids, B x Lf),
     fast_pe_boundary (bool), char_token_index (B x Lf); optional slow_num_groups /
@@ -215,8 +223,9 @@ class SlowFastEncoderStack(nn.Module):
         self.cfg = cfg
         levels = _liveness(cfg)
         self.uses_fast_input = levels[0]["fast"]
+        self.uses_slow_input = levels[0]["slow"]  # False for fast only: no slow sub-layer is built
         self.slow_input_gcn = (GroupGCN(cfg.slow_dim, cfg.dropout, cfg.activation_dropout)
-                               if cfg.slow_gcn == "input" else None)
+                               if cfg.slow_gcn == "input" and self.uses_slow_input else None)
         self.layers = nn.ModuleList(SlowFastLayer(cfg, i, levels[i]) for i in range(1, cfg.layers + 1))
         outputs = cfg.encoder_output
         self.slow_layer_norm = nn.LayerNorm(cfg.slow_dim) if outputs in ("slow", "both") else None
