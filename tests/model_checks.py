@@ -24,8 +24,14 @@ def _rows_by_id(sample):
     return {int(i): b for b, i in enumerate(sample["id"])}
 
 
-def _real_positions(tokens_row, pad):
-    return tokens_row.ne(pad).nonzero().squeeze(1)
+def _encoder_real_mask(enc, src_tokens, pad):
+    """T_enc x B, True at the encoder output's real positions: from the encoder's own padding mask
+    (its output need not be aligned with the source tokens, e.g. a character-level encoder), else
+    from the source tokens."""
+    masks = enc.get("encoder_padding_mask") or []
+    if masks and masks[0] is not None and masks[0].numel():
+        return ~masks[0].t()
+    return src_tokens.ne(pad).t()
 
 
 def check_padding_invariance(arch, overrides, left_pad_source, device="cpu", atol=1e-5):
@@ -35,16 +41,19 @@ def check_padding_invariance(arch, overrides, left_pad_source, device="cpu", ato
     dataset = dev.random_dataset(task, 6, src_len=12, tgt_len=9, seed=3, left_pad_source=left_pad_source)
     batch = dev.move_sample(dev.collate(dataset, range(6), pad_source_to=17), device)  # extra padding too
     with torch.no_grad():
-        enc = model.encoder(**dev.encoder_inputs(model, batch))["encoder_out"][0]
+        enc_out = model.encoder(**dev.encoder_inputs(model, batch))
+        enc = enc_out["encoder_out"][0]
+        real = _encoder_real_mask(enc_out, batch["net_input"]["src_tokens"], pad)
         dec = model(**dev.model_inputs(model, batch))[0]
         rows = _rows_by_id(batch)
         for i in range(6):
             alone = dev.move_sample(dev.collate(dataset, [i]), device)
-            enc_alone = model.encoder(**dev.encoder_inputs(model, alone))["encoder_out"][0][:, 0]
+            alone_out = model.encoder(**dev.encoder_inputs(model, alone))
+            alone_real = _encoder_real_mask(alone_out, alone["net_input"]["src_tokens"], pad)[:, 0]
+            enc_alone = alone_out["encoder_out"][0][alone_real, 0]
             dec_alone = model(**dev.model_inputs(model, alone))[0][0]
             b = rows[i]
-            src_pos = _real_positions(batch["net_input"]["src_tokens"][b], pad)
-            torch.testing.assert_close(enc[src_pos, b], enc_alone, atol=atol, rtol=1e-4,
+            torch.testing.assert_close(enc[real[:, b], b], enc_alone, atol=atol, rtol=1e-4,
                                        msg=lambda m: f"{arch}: encoder output of sentence {i} changes with its batch/padding: {m}")
             tgt_len = int(alone["target"].ne(pad).sum())
             torch.testing.assert_close(dec[b, :tgt_len], dec_alone[:tgt_len], atol=atol, rtol=1e-4,
@@ -117,7 +126,7 @@ def check_low_precision(arch, overrides, dtype, device="cpu"):
                              device)
     enc = model.encoder(**dev.encoder_inputs(model, sample))
     pad = task.source_dictionary.pad()
-    real = sample["net_input"]["src_tokens"].ne(pad).t()  # T x B
+    real = _encoder_real_mask(enc, sample["net_input"]["src_tokens"], pad)  # T_enc x B
     assert torch.isfinite(enc["encoder_out"][0][real]).all(), f"{arch}: non-finite encoder output in {dtype}"
     loss = _loss(model, sample)
     assert torch.isfinite(loss), f"{arch}: non-finite loss in {dtype}"

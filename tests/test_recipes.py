@@ -236,7 +236,7 @@ def test_every_row_has_a_config_and_paper_numbers():
         assert cfg.model._name == meta["arch"], row
         assert cfg.task.target_lang == ("ro" if meta["dataset"] == "wmt16_en_ro" else "de"), row
         assert cfg.distributed_training.distributed_world_size == meta["gpus"], row
-        assert isinstance(meta["bleu"], float) and 20 < meta["bleu"] < 40, row
+        assert isinstance(meta["bleu"], float) and 10 < meta["bleu"] < 40, row  # Fast Only h32: 17.90
 
 
 def model_family(arch):
