@@ -75,6 +75,25 @@ concat_corpora() {
     cat "${files[@]}" > "$out.$lang.tmp" && mv "$out.$lang.tmp" "$out.$lang"
 }
 
+# stage_extract: the training corpora (TRAIN_CORPORA: path prefixes in RAW_DIR, one file per
+# language) concatenated, and the valid / test SGML (VALID_SGM, TEST_SGM: source, reference) as
+# plain text; the calling script's reference_text IN OUT writes the reference sacrebleu reads.
+stage_extract() {
+    done_stage extract && { say "extract: done before"; return; }
+    mkdir -p "$WORK/orig" "$WORK/ref"
+    local lang p prefixes=()
+    for p in "${TRAIN_CORPORA[@]}"; do prefixes+=("$RAW_DIR/$p"); done
+    for lang in "$SRC" "$TGT"; do concat_corpora "$WORK/orig/train" "$lang" "${prefixes[@]}"; done
+    for p in "${VALID_SGM[@]}" "${TEST_SGM[@]}"; do need_file "$RAW_DIR/$p"; done
+    "$PY" "$PREP" sgm "$RAW_DIR/${VALID_SGM[0]}" "$WORK/orig/valid.$SRC"
+    "$PY" "$PREP" sgm "$RAW_DIR/${VALID_SGM[1]}" "$WORK/orig/valid.$TGT"
+    "$PY" "$PREP" sgm "$RAW_DIR/${TEST_SGM[0]}" "$WORK/orig/test.$SRC"
+    "$PY" "$PREP" sgm "$RAW_DIR/${TEST_SGM[1]}" "$WORK/orig/test.$TGT"
+    reference_text "$WORK/orig/test.$TGT" "$WORK/ref/test.$TGT"
+    reference_text "$WORK/orig/valid.$TGT" "$WORK/ref/valid.$TGT"
+    mark_stage extract
+}
+
 stage_tokenize() {
     done_stage tokenize && { say "tokenize: done before"; return; }
     mkdir -p "$WORK/tok"

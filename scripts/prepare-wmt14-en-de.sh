@@ -22,23 +22,8 @@ TRAIN_CORPORA=(training/europarl-v7.de-en commoncrawl.de-en training/news-commen
 VALID_SGM=(test/newstest2013-src.en.sgm test/newstest2013-src.de.sgm)
 TEST_SGM=(test-full/newstest2014-deen-src.en.sgm test-full/newstest2014-deen-ref.de.sgm)
 
-stage_extract() {
-    done_stage extract && { say "extract: done before"; return; }
-    mkdir -p "$WORK/orig" "$WORK/ref"
-    local lang prefixes=()
-    for p in "${TRAIN_CORPORA[@]}"; do prefixes+=("$RAW_DIR/$p"); done
-    for lang in "$SRC" "$TGT"; do concat_corpora "$WORK/orig/train" "$lang" "${prefixes[@]}"; done
-    need_file "$RAW_DIR/${VALID_SGM[0]}"; need_file "$RAW_DIR/${VALID_SGM[1]}"
-    need_file "$RAW_DIR/${TEST_SGM[0]}"; need_file "$RAW_DIR/${TEST_SGM[1]}"
-    "$PY" "$PREP" sgm "$RAW_DIR/${VALID_SGM[0]}" "$WORK/orig/valid.$SRC"
-    "$PY" "$PREP" sgm "$RAW_DIR/${VALID_SGM[1]}" "$WORK/orig/valid.$TGT"
-    "$PY" "$PREP" sgm "$RAW_DIR/${TEST_SGM[0]}" "$WORK/orig/test.$SRC"
-    "$PY" "$PREP" sgm "$RAW_DIR/${TEST_SGM[1]}" "$WORK/orig/test.$TGT"
-    # sacrebleu scores detokenized output against the untouched reference.
-    cp "$WORK/orig/test.$TGT" "$WORK/ref/test.$TGT"
-    cp "$WORK/orig/valid.$TGT" "$WORK/ref/valid.$TGT"
-    mark_stage extract
-}
+# The detokenized reference sacrebleu scores against: the untouched test/valid target.
+reference_text() { cp "$1" "$2"; }
 
 parse_common_args "$@"
 run_all_stages

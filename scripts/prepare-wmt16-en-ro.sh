@@ -21,22 +21,8 @@ TRAIN_CORPORA=(training-parallel-ep-v8/europarl-v8.ro-en SETIMES.en-ro)
 VALID_SGM=(dev/newsdev2016-enro-src.en.sgm dev/newsdev2016-enro-ref.ro.sgm)
 TEST_SGM=(test/newstest2016-enro-src.en.sgm test/newstest2016-enro-ref.ro.sgm)
 
-stage_extract() {
-    done_stage extract && { say "extract: done before"; return; }
-    mkdir -p "$WORK/orig" "$WORK/ref"
-    local lang prefixes=()
-    for p in "${TRAIN_CORPORA[@]}"; do prefixes+=("$RAW_DIR/$p"); done
-    for lang in "$SRC" "$TGT"; do concat_corpora "$WORK/orig/train" "$lang" "${prefixes[@]}"; done
-    need_file "$RAW_DIR/${VALID_SGM[0]}"; need_file "$RAW_DIR/${VALID_SGM[1]}"
-    need_file "$RAW_DIR/${TEST_SGM[0]}"; need_file "$RAW_DIR/${TEST_SGM[1]}"
-    "$PY" "$PREP" sgm "$RAW_DIR/${VALID_SGM[0]}" "$WORK/orig/valid.$SRC"
-    "$PY" "$PREP" sgm "$RAW_DIR/${VALID_SGM[1]}" "$WORK/orig/valid.$TGT"
-    "$PY" "$PREP" sgm "$RAW_DIR/${TEST_SGM[0]}" "$WORK/orig/test.$SRC"
-    "$PY" "$PREP" sgm "$RAW_DIR/${TEST_SGM[1]}" "$WORK/orig/test.$TGT"
-    "$PY" "$PREP" normalize-ro "$WORK/orig/test.$TGT" "$WORK/ref/test.$TGT"
-    "$PY" "$PREP" normalize-ro "$WORK/orig/valid.$TGT" "$WORK/ref/valid.$TGT"
-    mark_stage extract
-}
+# The detokenized reference keeps the training targets' normalisation (no diacritics).
+reference_text() { "$PY" "$PREP" normalize-ro "$1" "$2"; }
 
 parse_common_args "$@"
 run_all_stages

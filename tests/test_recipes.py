@@ -344,6 +344,7 @@ def test_plain_fairseq_hydra_train_console_script(prepared, row, tmp_path):
     state = torch.load(ckpt, map_location="cpu")
     assert isinstance(state["cfg"]["model"], argparse.Namespace)
     assert state["cfg"]["model"].arch == collect_results.ROWS[row]["arch"]
+    assert not hasattr(state["cfg"]["model"], "handlers")  # hydra's job_logging_cfg is not a model flag
     out = e2e.generate(databin, ckpt, "--beam", "2", "--max-len-a", "1.2", "--max-len-b", "5",
                        "--required-batch-size-multiple", "1", "--cpu")
     assert "Translated 30 sentences" in out, out[-3000:]

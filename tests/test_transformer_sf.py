@@ -391,35 +391,25 @@ def test_char_table_round_trips_on_toy_corpus(toy_raw, toy_databin):
 
 
 @pytest.mark.slow
-def test_trains_generates_interacts_on_toy_corpus(toy_raw, toy_databin, tmp_path):
+@pytest.mark.parametrize("arch", ["transformer_sf_base", "transformer_sf_fast_only_base"])
+def test_trains_generates_interacts_on_toy_corpus(toy_raw, toy_databin, tmp_path, arch):
+    """Train (loss falls) -> generate (both tasks) -> interactive; also table 1's Fast Only system
+    (characters -> fast branch -> subword decoder)."""
     save = str(tmp_path / "ckpt")
-    log = e2e.train(toy_databin, save, "transformer_sf_base", *SF_TINY, "--adam-betas", "(0.9, 0.997)",
+    log = e2e.train(toy_databin, save, arch, *SF_TINY, "--adam-betas", "(0.9, 0.997)",
                     max_update=40, lr="3e-3")
     losses = e2e.train_losses(log)
     assert len(losses) >= 3 and losses[-1] < losses[0] - 1.0, losses
     ckpt = os.path.join(save, "checkpoint_last.pt")
     # the checkpoint is self-contained: both the side-data task and plain translation can decode with it
     for task in ("multiscale_translation", "translation"):
-        e2e.bleu_line(e2e.generate(toy_databin, ckpt, task=task))
+        out = e2e.generate(toy_databin, ckpt, task=task)
+        e2e.bleu_line(out)
+        e2e.assert_translated_all(out, toy_raw)
     with open(os.path.join(toy_raw, f"test.{toy.SRC}"), encoding="utf-8") as f:
         lines = [line.strip() for line in f][:3]
     out = e2e.interactive(toy_databin, ckpt, lines, task="translation")
     assert len(e2e.hypotheses(out)) == 3, out[-2000:]
-
-
-@pytest.mark.slow
-def test_fast_only_trains_and_generates_on_toy_corpus(toy_raw, toy_databin, tmp_path):
-    """Table 1's Fast Only system: characters -> fast branch -> subword decoder learns the toy task."""
-    save = str(tmp_path / "ckpt")
-    log = e2e.train(toy_databin, save, "transformer_sf_fast_only_base", *SF_TINY, "--adam-betas", "(0.9, 0.997)",
-                    max_update=40, lr="3e-3")
-    losses = e2e.train_losses(log)
-    assert len(losses) >= 3 and losses[-1] < losses[0] - 1.0, losses
-    ckpt = os.path.join(save, "checkpoint_last.pt")
-    out = e2e.generate(toy_databin, ckpt)
-    e2e.bleu_line(out)
-    e2e.assert_translated_all(out, toy_raw)
-    e2e.interactive_on_raw_test_lines(toy_raw, toy_databin, ckpt, task="translation")
 
 
 @pytest.mark.parametrize("kv_dim,heads", [(8, 2), (64, 4)])

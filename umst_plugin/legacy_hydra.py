@@ -41,9 +41,13 @@ def legacy_model_namespace(cfg):
     from fairseq.models import ARCH_MODEL_REGISTRY
     from fairseq.tasks import TASK_DATACLASS_REGISTRY
 
+    from fairseq.dataclass.configs import FairseqConfig
+
     name = cfg.model._name
     flat = {}
     for group, node in cfg.items():
+        if group not in FairseqConfig.__dataclass_fields__:
+            continue  # e.g. the job_logging_cfg fairseq-hydra-train adds: not a training flag
         if group == "task" and isinstance(node, DictConfig) and node.get("_name") in TASK_DATACLASS_REGISTRY:
             # the task's own defaults (max_source_positions, ...), as fairseq-train's parser has them;
             # hydra could not add them: the plugin's task registers only when the plugin is imported
