@@ -88,12 +88,67 @@ class ContextCell(nn.Module):
         return new.view(shape)
 
 
-def _ffn(embed_dim: int, ffn_dim: int):
-    # Default nn.Linear init, as fairseq's TransformerEncoderLayer uses.
-    return nn.Linear(embed_dim, ffn_dim), nn.Linear(ffn_dim, embed_dim)
+class _PreNormMSCLayer(nn.Module):
+    """What MSC encoder and decoder layers share: pre-norm self-attention, the
+    optional context attention fused with the layer's main attention (Eqs. 12 / 13),
+    and the pre-norm FFN sub-layer."""
+
+    def __init__(
+        self,
+        embed_dim: int,
+        ffn_dim: int,
+        num_heads: int,
+        dropout: float,
+        attention_dropout: float,
+        activation_dropout: float,
+        context_attention: bool,
+        fusion: str,
+    ):
+        super().__init__()
+        self.embed_dim = embed_dim
+        self.self_attn = MultiheadAttention(
+            embed_dim, num_heads, dropout=attention_dropout, self_attention=True
+        )
+        self.self_attn_layer_norm = LayerNorm(embed_dim)
+        if context_attention:
+            # Keys/values come from the context state, queries from the layer's
+            # normalised input: an encoder-decoder style attention with its own parameters.
+            self.context_attn = MultiheadAttention(
+                embed_dim, num_heads, dropout=attention_dropout, encoder_decoder_attention=True
+            )
+            self.fusion = FeatureFusion(embed_dim, fusion)
+        else:
+            self.context_attn = None
+            self.fusion = None
+        self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
+        self.activation_dropout_module = FairseqDropout(
+            activation_dropout, module_name=self.__class__.__name__
+        )
+        # Default nn.Linear init, as fairseq's TransformerEncoderLayer uses.
+        self.fc1 = nn.Linear(embed_dim, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, embed_dim)
+        self.final_layer_norm = LayerNorm(embed_dim)
+
+    def fuse_context(self, attn_h: Tensor, query: Tensor, context: Optional[Tensor],
+                     padding_mask: Optional[Tensor], incremental_state=None) -> Tensor:
+        """``Fuse(attn_h, ATTN_c(query, C, C))``; ``attn_h`` unchanged without context attention."""
+        if self.context_attn is None:
+            return attn_h
+        if context is None:
+            raise ValueError(f"this {self.__class__.__name__} has context attention: pass `context`")
+        attn_c, _ = self.context_attn(
+            query=query, key=context, value=context, key_padding_mask=padding_mask,
+            incremental_state=incremental_state, static_kv=True, need_weights=False,
+        )
+        return self.fusion(attn_h, attn_c)
+
+    def ffn_sublayer(self, x: Tensor) -> Tensor:
+        """``FFN(LN(x)) + x``."""
+        h = self.activation_dropout_module(F.relu(self.fc1(self.final_layer_norm(x))))
+        return x + self.dropout_module(self.fc2(h))
 
 
-class MSCEncoderLayer(nn.Module):
+class MSCEncoderLayer(_PreNormMSCLayer):
     """One pre-norm encoder layer of block n (Eqs. 1, 10, 12).
 
     ``O = Fuse(ATTN_h(LN(H), LN(H), LN(H)), ATTN_c(LN(H), C, C)) + H``
@@ -115,28 +170,8 @@ class MSCEncoderLayer(nn.Module):
         context_attention: bool = True,
         fusion: str = "gate",
     ):
-        super().__init__()
-        self.embed_dim = embed_dim
-        self.self_attn = MultiheadAttention(
-            embed_dim, num_heads, dropout=attention_dropout, self_attention=True
-        )
-        self.self_attn_layer_norm = LayerNorm(embed_dim)
-        if context_attention:
-            # Keys/values come from the context state, queries from LN(H):
-            # an encoder-decoder style attention with its own parameters.
-            self.context_attn = MultiheadAttention(
-                embed_dim, num_heads, dropout=attention_dropout, encoder_decoder_attention=True
-            )
-            self.fusion = FeatureFusion(embed_dim, fusion)
-        else:
-            self.context_attn = None
-            self.fusion = None
-        self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
-        self.activation_dropout_module = FairseqDropout(
-            activation_dropout, module_name=self.__class__.__name__
-        )
-        self.fc1, self.fc2 = _ffn(embed_dim, ffn_dim)
-        self.final_layer_norm = LayerNorm(embed_dim)
+        super().__init__(embed_dim, ffn_dim, num_heads, dropout, attention_dropout,
+                         activation_dropout, context_attention, fusion)
 
     def forward(
         self,
@@ -149,23 +184,12 @@ class MSCEncoderLayer(nn.Module):
         h = self.self_attn_layer_norm(x)
         attn_h, _ = self.self_attn(query=h, key=h, value=h, key_padding_mask=padding_mask,
                                    need_weights=False)
-        if self.context_attn is not None:
-            if context is None:
-                raise ValueError("this MSC encoder layer has context attention: pass `context`")
-            attn_c, _ = self.context_attn(query=h, key=context, value=context,
-                                          key_padding_mask=padding_mask, static_kv=True,
-                                          need_weights=False)
-            attn_h = self.fusion(attn_h, attn_c)
+        attn_h = self.fuse_context(attn_h, h, context, padding_mask)
         x = residual + self.dropout_module(attn_h)
-
-        residual = x
-        h = self.final_layer_norm(x)
-        h = self.activation_dropout_module(F.relu(self.fc1(h)))
-        x = residual + self.dropout_module(self.fc2(h))
-        return x
+        return self.ffn_sublayer(x)
 
 
-class MSCDecoderLayer(nn.Module):
+class MSCDecoderLayer(_PreNormMSCLayer):
     """One pre-norm decoder layer = decoder block n (Eqs. 2, 7, 11, 13).
 
     ``O = ATTN(LN(X), LN(X), LN(X)) + X`` (causal self-attention)
@@ -189,30 +213,12 @@ class MSCDecoderLayer(nn.Module):
         context_attention: bool = True,
         fusion: str = "gate",
     ):
-        super().__init__()
-        self.embed_dim = embed_dim
-        self.self_attn = MultiheadAttention(
-            embed_dim, num_heads, dropout=attention_dropout, self_attention=True
-        )
-        self.self_attn_layer_norm = LayerNorm(embed_dim)
+        super().__init__(embed_dim, ffn_dim, num_heads, dropout, attention_dropout,
+                         activation_dropout, context_attention, fusion)
         self.encoder_attn = MultiheadAttention(
             embed_dim, num_heads, dropout=attention_dropout, encoder_decoder_attention=True
         )
         self.encoder_attn_layer_norm = LayerNorm(embed_dim)
-        if context_attention:
-            self.context_attn = MultiheadAttention(
-                embed_dim, num_heads, dropout=attention_dropout, encoder_decoder_attention=True
-            )
-            self.fusion = FeatureFusion(embed_dim, fusion)
-        else:
-            self.context_attn = None
-            self.fusion = None
-        self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
-        self.activation_dropout_module = FairseqDropout(
-            activation_dropout, module_name=self.__class__.__name__
-        )
-        self.fc1, self.fc2 = _ffn(embed_dim, ffn_dim)
-        self.final_layer_norm = LayerNorm(embed_dim)
         self.need_attn = True
 
     def forward(
@@ -248,21 +254,9 @@ class MSCDecoderLayer(nn.Module):
             need_weights=need_attn or (not self.training and self.need_attn),
             need_head_weights=need_head_weights,
         )
-        if self.context_attn is not None:
-            if context is None:
-                raise ValueError("this MSC decoder layer has context attention: pass `context`")
-            attn_c, _ = self.context_attn(
-                query=h, key=context, value=context, key_padding_mask=memory_padding_mask,
-                incremental_state=incremental_state, static_kv=True, need_weights=False,
-            )
-            attn_h = self.fusion(attn_h, attn_c)
+        attn_h = self.fuse_context(attn_h, h, context, memory_padding_mask, incremental_state)
         x = residual + self.dropout_module(attn_h)
-
-        residual = x
-        h = self.final_layer_norm(x)
-        h = self.activation_dropout_module(F.relu(self.fc1(h)))
-        x = residual + self.dropout_module(self.fc2(h))
-        return x, attn
+        return self.ffn_sublayer(x), attn
 
     def make_generation_fast_(self, need_attn: bool = False, **kwargs):
         self.need_attn = need_attn
