@@ -1,8 +1,10 @@
 """The WMT recipes on local stand-in data (the toy corpus under the WMT file names).
 
 * Both prepare scripts run from their post-download stage (--raw-dir), twice (idempotent).
+* The download stage checks the published sizes / checksums of scripts/wmt-sources.txt.
 * Every configs/*.yaml composes through fairseq-hydra-train's own path, names a registered
-  arch and runs 1 update with tiny overrides; rows whose arch is not registered yet SKIP.
+  arch and runs 1 update with tiny overrides; the plain fairseq-hydra-train console script
+  trains two argparse-style rows whose checkpoints fairseq-generate / -interactive load.
 * Smoke: one row per registered architecture family trained a handful of updates, averaged
   with umst-average-checkpoints, decoded and scored (tokenized + sacreBLEU), collected into
   a markdown table; the En-Ro baseline goes through the shell scripts end to end

@@ -35,6 +35,7 @@ from umst_plugin.modules.slowfast_encoder import (
     SlowFastConfig,
     SlowFastEncoderStack,
     parse_interaction_layers,
+    slow_branch_is_read,
 )
 from umst_plugin.modules.slowfast_fusion import FUSIONS
 
@@ -135,11 +136,10 @@ class SlowFastEncoder(FairseqEncoder):
         self.max_source_positions = args.max_source_positions
         self.dropout = args.dropout
         slow_dim, fast_dim = self.cfg.slow_dim, self.cfg.fast_dim
-        self.stack = SlowFastEncoderStack(self.cfg)
 
         # Fast only: nothing reads the slow branch, so the encoder keeps no subword embedding
         # (with --share-all-embeddings the decoder still owns the shared one).
-        self.uses_slow = self.stack.uses_slow_input
+        self.uses_slow = slow_branch_is_read(self.cfg)
         self.embed_tokens = embed_tokens if self.uses_slow else None
         self.embed_scale = 1.0 if args.no_scale_embedding else math.sqrt(slow_dim)
         self.embed_positions = (None if args.no_token_positional_embeddings or not self.uses_slow else
@@ -167,6 +167,7 @@ class SlowFastEncoder(FairseqEncoder):
             self.register_buffer("random_boundary_table",
                                  torch.rand(RANDOM_BOUNDARY_TABLE, generator=gen) < RANDOM_BOUNDARY_RATE)
 
+        self.stack = SlowFastEncoderStack(self.cfg)
         self.fast_output_proj = (nn.Linear(fast_dim, slow_dim) if self.cfg.encoder_output in ("fast", "both")
                                  else None)
 

@@ -143,6 +143,12 @@ def _liveness(cfg):
     return levels
 
 
+def slow_branch_is_read(cfg):
+    """False when nothing reads the slow branch (fast only): no slow sub-layer is built."""
+    cfg.validate()
+    return _liveness(cfg)[0]["slow"]
+
+
 class SlowFastLayer(nn.Module):
     def __init__(self, cfg: SlowFastConfig, layer_id: int, level):
         super().__init__()
@@ -223,7 +229,7 @@ class SlowFastEncoderStack(nn.Module):
         self.cfg = cfg
         levels = _liveness(cfg)
         self.uses_fast_input = levels[0]["fast"]
-        self.uses_slow_input = levels[0]["slow"]  # False for fast only: no slow sub-layer is built
+        self.uses_slow_input = levels[0]["slow"]  # False for fast only (slow_branch_is_read)
         self.slow_input_gcn = (GroupGCN(cfg.slow_dim, cfg.dropout, cfg.activation_dropout)
                                if cfg.slow_gcn == "input" and self.uses_slow_input else None)
         self.layers = nn.ModuleList(SlowFastLayer(cfg, i, levels[i]) for i in range(1, cfg.layers + 1))
