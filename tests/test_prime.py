@@ -11,6 +11,7 @@ from fairseq import options
 from fairseq.data import Dictionary
 from fairseq.tasks.translation import TranslationTask
 from umst_plugin.models.prime import PrimeModel, layer_kernels
+from umst_plugin.modules import prime_layer
 from umst_plugin.modules.multi_kernel_dynamic_conv import MultiKernelConv
 from umst_plugin.modules.prime_layer import PrimeLayer
 
@@ -218,6 +219,44 @@ def test_fused_projection_equals_unfused(arch, extra):
         torch.testing.assert_close(fused, unfused, rtol=1e-12, atol=1e-12)
         for a, b in zip(g_fused, g_unfused):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("arch,extra", [ARCH_VARIANTS[0], ARCH_VARIANTS[1]])
+def test_fused_equals_unfused_when_decoding_step_by_step(arch, extra):
+    """Beam-sized steps (4 rows, no gradient) take the few-row matrix multiply; fused and unfused still agree."""
+    model, _ = tiny(arch, **extra)
+    model = model.double().eval()
+    src, lengths, prev = batch(bsz=4, tgt_len=5)
+
+    def decode(fused):
+        for layer in list(model.encoder.layers) + list(model.decoder.layers):
+            layer.fused = fused
+        with torch.no_grad():
+            enc, state = model.encoder(src, lengths), {}
+            return torch.cat([model.decoder(prev[:, :t + 1], enc, incremental_state=state)[0]
+                              for t in range(prev.size(1))], 1)
+
+    torch.testing.assert_close(decode(True), decode(False), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4, 5, 8, 9])
+@pytest.mark.parametrize("out_features,in_features", [(48, 16), (16, 48), (16, 16)])
+def test_few_row_linear_equals_f_linear(rows, out_features, in_features):
+    """prime_layer._linear (weight @ x^T for 2-8 rows and a tall weight at inference) is F.linear, forward and
+    with gradients (where it always is F.linear)."""
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(1, rows, in_features, generator=g, dtype=torch.float64)
+    w = torch.randn(out_features, in_features, generator=g, dtype=torch.float64)
+    b = torch.randn(out_features, generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        out = prime_layer._linear(x, w, b)
+        assert out.shape == (1, rows, out_features)
+        torch.testing.assert_close(out, F.linear(x, w, b), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(prime_layer._linear(x.transpose(0, 1), w, b), F.linear(x.transpose(0, 1), w, b),
+                                   rtol=1e-12, atol=1e-12)
+    w.requires_grad_(True)
+    prime_layer._linear(x, w, b).sum().backward()
+    assert w.grad is not None
 
 
 def test_cached_fused_bias_follows_parameter_updates():
