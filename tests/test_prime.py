@@ -472,22 +472,31 @@ def test_invalid_flags_give_clear_errors():
         build("prime_base", {**TINY, "prime_layer_kernels": "3,5,7"})
 
 
-# Vocabularies of the paper's experiments (section 3.1): IWSLT14 De-En as binarized by fairseq's
-# prepare-iwslt14.sh (de 8,848 / en 6,632 types, embeddings not shared, fairseq's transformer_iwslt_de_en
-# default); WMT14 En-De of Ott et al. 2018 / Wu et al. 2019 (32K joint BPE, 32,768-type joined dictionary,
-# --share-all-embeddings); WMT14 En-Fr of the same setups (40K joint BPE, 44,512-type joined dictionary).
+# Vocabularies of the paper's experiments (section 3.1; the authors' README and training logs in lancopku/Prime):
+# IWSLT14 De-En as binarized by fairseq's prepare-iwslt14.sh (de 8,848 / en 6,632 types, embeddings not shared:
+# `-a transformer_iwslt_de_en`, table 2 and the base counts); WMT16 En-De of Ott et al. 2018 / Wu et al. 2019
+# (`data-bin/wmt16_en_de_bpe32k`, 32K joint BPE as section 3.1.1 states, 32,768-type joined dictionary,
+# --share-all-embeddings); WMT14 En-Fr (40K joint BPE, 44,512-type joined dictionary as the authors' En-Fr log
+# prints, --share-all-embeddings).
 IWSLT14_DE_EN = dict(src_vocab=8848, tgt_vocab=6632)
 WMT14_EN_DE = dict(src_vocab=32768, overrides={"share_all_embeddings": True})
 WMT14_EN_FR = dict(src_vocab=44512, overrides={"share_all_embeddings": True})
 PAPER_PARAMS = [
-    # arch, paper count, vocabulary the paper's count is reproduced at
+    # arch, paper count (section 3.1.3), vocabulary of the experiment the count is reproduced at
     ("prime_simple_base", 44e6, "IWSLT14 De-En", IWSLT14_DE_EN),
     ("prime_base", 49e6, "IWSLT14 De-En", IWSLT14_DE_EN),
-    # The paper gives one count per big model without naming the task. Prime big matches at En-De
-    # (where fairseq's transformer big is the paper's 210M); Prime-simple big only at En-Fr
-    # (at En-De it is 223.6M, -4.0%). Both are printed by the test below.
-    ("prime_simple_big", 233e6, "WMT14 En-Fr", WMT14_EN_FR),
+    # Prime big: 243M is the En-De count (the same code gives 252M at En-Fr, logged by the authors, below).
     ("prime_big", 243e6, "WMT14 En-De", WMT14_EN_DE),
+    # Prime-simple big: the paper's 233M is reproduced only at the En-Fr vocabulary; at En-De (where the authors'
+    # README trains it with the same 12+12 / 768 / 3072 / 16-head config) it is 223.6M, -4.0%: see the next tests.
+    ("prime_simple_big", 233e6, "WMT14 En-Fr", WMT14_EN_FR),
+]
+# "num. model params" printed by the authors' own training runs (lancopku/Prime, examples/parallel_intersected_
+# multi-scale_attention(Prime)/logs/): iwslt14_de-en_log.txt (Prime base, 12+12, d=384) and enfr_muse.txt
+# (Prime big, 12+12, d=768, WMT14 En-Fr).
+AUTHORS_LOGGED_PARAMS = [
+    ("prime_base", 48_193_584, "IWSLT14 De-En", IWSLT14_DE_EN),
+    ("prime_big", 252_088_368, "WMT14 En-Fr", WMT14_EN_FR),
 ]
 
 
@@ -506,12 +515,22 @@ def test_parameter_counts_match_paper(arch, paper, vocab_name, vocab, capsys):
     assert abs(rel) <= 0.03
 
 
+@pytest.mark.parametrize("arch,logged,vocab_name,vocab", AUTHORS_LOGGED_PARAMS)
+def test_parameter_counts_equal_the_authors_training_logs(arch, logged, vocab_name, vocab):
+    """Same parameter structure as the authors' code, to the parameter, at the vocabularies of their logged runs."""
+    assert _count(arch, vocab) == logged
+
+
 def test_transformer_baseline_counts_confirm_the_vocabularies():
-    """fairseq's transformer big at the En-De vocabulary is the paper's 210M; this pins the big-model vocabulary."""
+    """fairseq's transformer big at the En-De vocabulary is the paper's 210M Transformer big, so the paper's big counts
+    are En-De counts; Prime-simple big there is 223.6M, not 233M. The convolution branch costs 19.5M at the big size
+    (W_2^C and the kernel predictors in 24 layers), while the paper's 243M - 233M is 10M; at the base size its 4.2M
+    matches the paper's 49M - 44M. No architecture detail of the authors' Prime-simple En-De command (same dims as
+    Prime big, --share-all-embeddings) explains the gap: the paper's 233M is reproduced only at En-Fr."""
     model, _ = build("transformer_vaswani_wmt_en_de_big", {"share_all_embeddings": True}, src_vocab=32768, meta=True)
     assert abs(sum(p.numel() for p in model.parameters()) / 210e6 - 1) < 0.01
-    big_simple_en_de = _count("prime_simple_big", WMT14_EN_DE)
-    assert 220e6 < big_simple_en_de < 226e6  # the documented -4.0% at En-De
+    assert _count("prime_simple_big", WMT14_EN_DE) == 223_586_304  # -4.0% from the paper's 233M
+    assert _count("prime_big", WMT14_EN_DE) - _count("prime_simple_big", WMT14_EN_DE) == 19_482_672
 
 
 def test_layer_kernels_schedule_helper():
