@@ -396,8 +396,9 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     rows = x.numel() // x.size(-1) if x.size(-1) else 0
     if (2 <= rows <= 8 and weight.size(0) > weight.size(1) and x.device.type == "cpu"
             and not torch.is_grad_enabled()):
-        out = torch.addmm(bias.unsqueeze(1), weight, x.reshape(rows, -1).t()).t()
-        return out.reshape(*x.shape[:-1], weight.size(0))
+        # contiguous again (a few KB): attention kernels take their fast path only with unit-stride features
+        out = torch.addmm(bias.unsqueeze(1), weight, x.reshape(rows, -1).t()).t().contiguous()
+        return out.view(*x.shape[:-1], weight.size(0))
     return F.linear(x, weight, bias)
 
 
