@@ -315,6 +315,42 @@ def test_beam_reorder_of_incremental_state(arch, extra):
     torch.testing.assert_close(torch.cat(steps, 1), full[:, 4:], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("arch,seed,expect_shrink", [("prime_simple_base", 0, False), ("prime_base", 1, True)])
+def test_beam_search_with_cross_keys_shared_by_beams_equals_unshared(arch, seed, expect_shrink, monkeypatch):
+    """set_beam_size (called by fairseq's SequenceGenerator) keeps one copy of the cross-attention keys per sentence;
+    beam search over 4 padded sentences is unchanged, also when finished sentences leave the batch (prime_base, seed 1:
+    the shared keys are then reordered by sentence)."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    shrinks = []
+    reorder = PrimeLayer.reorder_incremental_state
+
+    def counting_reorder(self, incremental_state, new_order):
+        saved = self.get_incremental_state(incremental_state, "cross_attn")
+        if saved is not None and int(saved["beams"]) > 1:
+            shrinks.append(saved["k"].size(1) * int(saved["beams"]) != new_order.numel())
+        return reorder(self, incremental_state, new_order)
+
+    monkeypatch.setattr(PrimeLayer, "reorder_incremental_state", counting_reorder)
+    model, task = tiny(arch, seed=seed)
+    src, lengths, _ = batch(bsz=4, src_len=7, left_pad=True)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}
+    results = []
+    for shared in (True, False):
+        generator = SequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_b=20, min_len=1)
+        for layer in model.decoder.layers:
+            assert layer.beam_size == 4
+            if not shared:
+                layer.beam_size = 1  # one copy of the keys per beam, reordered every step
+        with torch.no_grad():
+            results.append(generator.generate([model], sample))
+    assert any(shrinks) == expect_shrink
+    for shared_hyps, unshared_hyps in zip(*results):
+        for a, b in zip(shared_hyps, unshared_hyps):
+            assert torch.equal(a["tokens"], b["tokens"])
+            torch.testing.assert_close(a["positional_scores"], b["positional_scores"], rtol=1e-5, atol=1e-5)
+
+
 # ----------------------------------------------------------------------------- invariance
 
 

@@ -262,6 +262,11 @@ class PrimeModel(TransformerModel):
         decoder = cls.build_decoder(args, tgt_dict, decoder_embed)
         return cls(args, encoder, decoder)
 
+    def set_beam_size(self, beam_size: int):
+        """fairseq's SequenceGenerator calls this before beam search (``set_decoder_beam_size``); the decoder's Prime
+        layers then keep one copy of the cross-attention keys and values per sentence instead of one per beam."""
+        self.decoder.set_beam_size(beam_size)
+
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
         return PrimeEncoder(args, src_dict, embed_tokens)

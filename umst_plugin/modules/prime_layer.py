@@ -166,6 +166,7 @@ class PrimeLayer(nn.Module):
                 weight_dropout=conv_weight_dropout,
             )
         self.layer_norm = nn.LayerNorm(d)
+        self.beam_size = 1  # set by fairseq's set_beam_size before beam search (cross-attention keys shared)
         self.reset_parameters()
 
     # ------------------------------------------------------------------ parameters
@@ -266,8 +267,16 @@ class PrimeLayer(nn.Module):
         cross_weights = None
         if self.has_cross:
             ck, cv, cross_mask = self._cross_key_value(encoder_out, encoder_padding_mask, incremental_state)
-            out, cross_weights = self._attend(proj["q_cross"], ck, cv, cross_mask, None,
+            q_cross = proj["q_cross"]
+            beams = q_cross.size(1) // ck.size(1)  # > 1: the keys are shared by the beams of each sentence
+            if beams > 1:  # the beams of a sentence become extra query positions of that sentence
+                q_cross = q_cross.unflatten(1, (ck.size(1), beams)).permute(2, 0, 1, 3).flatten(0, 1)  # beams*T x kv_B x d
+            out, cross_weights = self._attend(q_cross, ck, cv, cross_mask, None,
                                               need_weights=need_weights or need_head_weights)
+            if beams > 1:
+                out = out.unflatten(0, (beams, -1)).permute(1, 2, 0, 3).flatten(1, 2)  # T x B x d
+                if cross_weights is not None:  # H x kv_B x beams*T x S -> H x B x T x S
+                    cross_weights = cross_weights.unflatten(2, (beams, -1)).flatten(1, 2)
             branches.append(out)
             if cross_weights is not None and not need_head_weights:
                 cross_weights = cross_weights.mean(dim=0)
@@ -309,16 +318,29 @@ class PrimeLayer(nn.Module):
             saved = self.get_incremental_state(incremental_state, "cross_attn")
             if saved is not None:
                 return saved["k"], saved["v"], saved.get("mask")
+        beams = self.beam_size if incremental_state is not None else 1
+        if beams > 1 and encoder_out.size(1) % beams == 0:
+            # beam search repeats each sentence's encoder output for its beams (fairseq's SequenceGenerator,
+            # after set_beam_size): keys and values are computed, cached and reordered once per sentence
+            encoder_out = encoder_out[:, ::beams]
+            if encoder_padding_mask is not None:
+                encoder_padding_mask = encoder_padding_mask[::beams]
+        else:
+            beams = 1
         ck, cv = self.cross_kv_proj(encoder_out).chunk(2, dim=-1)
         mask = encoder_padding_mask
         if incremental_state is not None:
             if mask is not None and not mask.any():
                 mask = None
-            saved = {"k": ck.contiguous(), "v": cv.contiguous()}
+            saved = {"k": ck.contiguous(), "v": cv.contiguous(), "beams": torch.tensor(beams)}
             if mask is not None:
                 saved["mask"] = mask
             self.set_incremental_state(incremental_state, "cross_attn", saved)
         return ck, cv, mask
+
+    def set_beam_size(self, beam_size: int):
+        """Called through fairseq's ``set_beam_size`` before beam search: share cross-attention keys across beams."""
+        self.beam_size = beam_size
 
     def _attend(
         self,
@@ -376,10 +398,18 @@ class PrimeLayer(nn.Module):
         """Beam search reordering of the attention caches (the convolution cells reorder their own)."""
         for key in ("self_attn", "cross_attn"):
             saved = self.get_incremental_state(incremental_state, key)
-            if saved is not None:
-                # caches are S x B x d; the cross-attention mask is B x S
-                self.set_incremental_state(incremental_state, key, {
-                    name: t.index_select(0 if name == "mask" else 1, new_order) for name, t in saved.items()})
+            if saved is None:
+                continue
+            order = new_order
+            beams = int(saved["beams"]) if "beams" in saved else 1
+            if beams > 1:  # cross keys shared by each sentence's beams: only finished sentences drop out
+                if saved["k"].size(1) * beams == new_order.numel():
+                    continue
+                order = new_order.view(-1, beams)[:, 0] // beams
+            # caches are S x B x d; the cross-attention mask is B x S
+            self.set_incremental_state(incremental_state, key, {
+                name: t if name == "beams" else t.index_select(0 if name == "mask" else 1, order)
+                for name, t in saved.items()})
 
 
 def _linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
