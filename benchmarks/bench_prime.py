@@ -25,6 +25,7 @@ Usage:
   python benchmarks/bench_prime.py --quick          # table3 pair, beams 1,4,5, a few minutes on one CPU thread
   python benchmarks/bench_prime.py                  # more sentences / repeats, both pairs
   python benchmarks/bench_prime.py --device cuda    # on a GPU (wall clock; threads setting ignored there)
+  python benchmarks/bench_prime.py --gemm           # the few-row matrix multiply table behind prime_layer._linear
 """
 import argparse
 import contextlib
@@ -193,6 +194,44 @@ def measure_pair(entries, srcs, args, device, beams, train_shape, repeats):
     return results
 
 
+def gemm_table(iters, device):
+    """Few-row matrix multiplies as beam search at batch size 1 issues them, against a ring of 10 weights of each
+    shape (60-80 MB, more than the cache, as a decoder step that reads all its layers' weights once): F.linear
+    (x @ W^T, what nn.Linear and fairseq's transformer call), W @ x^T (prime_layer._linear's few-row form), and
+    x @ W_t with a pre-transposed contiguous copy W_t. Median microseconds per call over interleaved repeats."""
+    ring = 10
+    variants = {
+        "F.linear(x, W)": lambda x, w, wt, b: F.linear(x, w, b),
+        "W @ x^T": lambda x, w, wt, b: torch.addmm(b.unsqueeze(1), w, x.t()).t().contiguous(),
+        "x @ W_t (contiguous copy)": lambda x, w, wt, b: torch.addmm(b, x, wt),
+    }
+    rows_out = []
+    for out_features, in_features, what in ((4096, 512, "fused decoder input, d512 FFN2048"),
+                                            (3072, 512, "fused decoder input, d512 FFN1024"),
+                                            (2048, 512, "FFN W_1, FFN 2048"), (1024, 512, "FFN W_1, FFN 1024"),
+                                            (512, 512, "one attention projection"),
+                                            (512, 3072, "fused output, d512 FFN2048")):
+        g = torch.Generator().manual_seed(0)
+        weights = [torch.randn(out_features, in_features, generator=g).to(device) for _ in range(ring)]
+        biases = [torch.randn(out_features, generator=g).to(device) for _ in range(ring)]
+        transposed = [w.t().contiguous() for w in weights]
+        for rows in (1, 4, 5, 8):
+            x = torch.randn(rows, in_features, generator=g).to(device)
+            calls = {}
+            for name, fn in variants.items():
+                def run(fn=fn):
+                    for i in range(3 * ring):
+                        fn(x, weights[i % ring], transposed[i % ring], biases[i % ring])
+                calls[name] = run
+            for fn in calls.values():
+                fn()  # warm-up
+            times = common.interleaved_times(calls, iters, device, cpu_time=device.type == "cpu")
+            rows_out.append([f"{out_features}x{in_features}", what, rows] +
+                            [round(statistics.median(times[name]) / (3 * ring) * 1e6) for name in variants])
+    common.print_table(f"Few-row matmul, weights out of cache (us per call, median of {iters}; {device})",
+                       ["weight", "role", "rows"] + list(variants), rows_out)
+
+
 def main(argv=None):
     p = common.base_argparser(__doc__)
     p.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -201,11 +240,14 @@ def main(argv=None):
     p.add_argument("--vocab", type=int, default=8000, help="joined vocabulary size (shared embeddings)")
     p.add_argument("--beams", default="1,4,5", help="comma-separated beam sizes (paper: 5)")
     p.add_argument("--out-len", type=int, default=None, help="forced output length per sentence")
+    p.add_argument("--gemm", action="store_true", help="only the few-row matrix multiply table")
     args = p.parse_args(argv)
     if args.threads is None and args.device == "cpu":
         args.threads = 1  # the shared 2-core box; pass --threads to change
     common.setup(args)
     device = torch.device(args.device)
+    if args.gemm:
+        return gemm_table(args.iters or 7, device)
     quick = args.quick
     n_sent = 4 if quick else 10
     args.out_len = args.out_len or (16 if quick else 30)

@@ -18,7 +18,11 @@ the sum of the per-branch projections. The parameters are stored in this fused l
 both forms, so ``fused`` only selects how it is computed and can be flipped on a trained
 model. Per-branch output dropout cannot pass through a single matrix multiply, so while
 training with dropout > 0 the output projections are applied branch by branch (still
-reading the same fused parameters); the input projection is always fused.
+reading the same fused parameters); the input projection is always fused. At CPU inference with 2-8
+rows (beam search at batch size 1), a tall projection is computed as ``W @ x^T`` (see :func:`_linear`).
+
+Beam search: after ``set_beam_size`` (fairseq's SequenceGenerator) the cross-attention keys and values are
+cached once per sentence, not once per beam (fairseq's beamable MultiheadAttention convention).
 
 Biases: one per branch (kept as rows of ``out_proj_bias``) so that the unfused form is
 the equations as written; the fused form adds their sum.
