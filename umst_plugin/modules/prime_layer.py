@@ -423,8 +423,8 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     Beam-search decoding at batch size 1 multiplies 2-8 rows by every weight once per step, so a step costs
     about one read of the weights from memory. For such few rows and a tall weight, MKL's ``x @ weight^T``
     (what F.linear calls) ran at half the speed of ``weight @ x^T`` with the weights out of cache
-    (4 x 512 rows against 4096 x 512: 1.70 ms vs 0.88 ms; against 2048 x 512: 0.85 vs 0.54 ms); with 1 row,
-    or a wide weight, the two are equal or F.linear is faster (measurements: README, Prime speed section).
+    (4 rows against 4096 x 512: 1.47 ms vs 0.88 ms; against 2048 x 512: 0.77 vs 0.48 ms); with 1 row they are
+    equal, and for a wide weight the gain is small or negative at 8 rows (``benchmarks/bench_prime.py --gemm``).
     The result is the same product up to float rounding order.
     """
     rows = x.numel() // x.size(-1) if x.size(-1) else 0
