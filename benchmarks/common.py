@@ -1,6 +1,8 @@
 """Shared benchmark harness: same batch, same machine, one process, ratios against a baseline.
 
-Timings are medians over ``iters`` repetitions after ``warmup``. Peak memory:
+Timings are medians over ``iters`` repetitions after ``warmup``; ``cpu_time=True`` clocks this process's CPU
+time instead of the wall clock on CPU (steadier on a shared machine with one intra-op thread), and
+``interleaved_times`` alternates the compared candidates call by call. Peak memory:
 on CUDA, ``torch.cuda.max_memory_allocated``; on CPU, the high-water mark of
 the live tensor bytes replayed from the profiler's raw allocation/free records
 (``profile_memory=True``), i.e. activations + gradients allocated during the
