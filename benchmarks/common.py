@@ -1,6 +1,8 @@
 """Shared benchmark harness: same batch, same machine, one process, ratios against a baseline.
 
-Timings are medians over ``iters`` repetitions after ``warmup``. Peak memory:
+Timings are medians over ``iters`` repetitions after ``warmup``; ``cpu_time=True`` clocks this process's CPU
+time instead of the wall clock on CPU (steadier on a shared machine with one intra-op thread), and
+``interleaved_times`` alternates the compared candidates call by call. Peak memory:
 on CUDA, ``torch.cuda.max_memory_allocated``; on CPU, the high-water mark of
 the live tensor bytes replayed from the profiler's raw allocation/free records
 (``profile_memory=True``), i.e. activations + gradients allocated during the
@@ -28,17 +30,42 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def median_time(fn, iters=5, warmup=2, device="cpu"):
+def clock(device="cpu", cpu_time=False):
+    """Seconds: wall clock, or with ``cpu_time`` on a CPU device this process's CPU time (with one intra-op
+    thread, the work done, whatever else runs on the machine). On CUDA always the wall clock."""
+    if cpu_time and not str(device).startswith("cuda"):
+        return time.process_time()
+    return time.perf_counter()
+
+
+def timed(fn, device="cpu", cpu_time=False):
+    """(fn's result, seconds one call of fn took, synchronised on CUDA)."""
+    sync(device)
+    start = clock(device, cpu_time)
+    result = fn()
+    sync(device)
+    return result, clock(device, cpu_time) - start
+
+
+def median_time(fn, iters=5, warmup=2, device="cpu", cpu_time=False):
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(iters):
-        sync(device)
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(timed(fn, device, cpu_time)[1] for _ in range(iters))
+
+
+def interleaved_times(fns, repeats, device="cpu", cpu_time=False, results=None):
+    """Seconds of ``repeats`` calls of each of ``fns`` (name -> callable), called in turn, one round after
+    another, so that load from other processes on a shared machine hits every candidate alike.
+    Returns name -> list of seconds (one per round); a dict passed as ``results`` receives name -> the
+    value the last call returned."""
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            value, seconds = timed(fn, device, cpu_time)
+            times[name].append(seconds)
+            if results is not None:
+                results[name] = value
+    return times
 
 
 def peak_memory(fn, device="cpu"):

@@ -11,6 +11,7 @@ from fairseq import options
 from fairseq.data import Dictionary
 from fairseq.tasks.translation import TranslationTask
 from umst_plugin.models.prime import PrimeModel, layer_kernels
+from umst_plugin.modules import prime_layer
 from umst_plugin.modules.multi_kernel_dynamic_conv import MultiKernelConv
 from umst_plugin.modules.prime_layer import PrimeLayer
 
@@ -220,6 +221,44 @@ def test_fused_projection_equals_unfused(arch, extra):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("arch,extra", [ARCH_VARIANTS[0], ARCH_VARIANTS[1]])
+def test_fused_equals_unfused_when_decoding_step_by_step(arch, extra):
+    """Beam-sized steps (4 rows, no gradient) take the few-row matrix multiply; fused and unfused still agree."""
+    model, _ = tiny(arch, **extra)
+    model = model.double().eval()
+    src, lengths, prev = batch(bsz=4, tgt_len=5)
+
+    def decode(fused):
+        for layer in list(model.encoder.layers) + list(model.decoder.layers):
+            layer.fused = fused
+        with torch.no_grad():
+            enc, state = model.encoder(src, lengths), {}
+            return torch.cat([model.decoder(prev[:, :t + 1], enc, incremental_state=state)[0]
+                              for t in range(prev.size(1))], 1)
+
+    torch.testing.assert_close(decode(True), decode(False), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4, 5, 8, 9])
+@pytest.mark.parametrize("out_features,in_features", [(48, 16), (16, 48), (16, 16)])
+def test_few_row_linear_equals_f_linear(rows, out_features, in_features):
+    """prime_layer._linear (weight @ x^T for 2-8 rows and a tall weight at inference) is F.linear, forward and
+    with gradients (where it always is F.linear)."""
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(1, rows, in_features, generator=g, dtype=torch.float64)
+    w = torch.randn(out_features, in_features, generator=g, dtype=torch.float64)
+    b = torch.randn(out_features, generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        out = prime_layer._linear(x, w, b)
+        assert out.shape == (1, rows, out_features)
+        torch.testing.assert_close(out, F.linear(x, w, b), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(prime_layer._linear(x.transpose(0, 1), w, b), F.linear(x.transpose(0, 1), w, b),
+                                   rtol=1e-12, atol=1e-12)
+    w.requires_grad_(True)
+    prime_layer._linear(x, w, b).sum().backward()
+    assert w.grad is not None
+
+
 def test_cached_fused_bias_follows_parameter_updates():
     """The inference-time cache of the summed branch biases is refreshed by in-place updates (optimizer, loading)."""
     model, _ = tiny("prime_base")
@@ -274,6 +313,42 @@ def test_beam_reorder_of_incremental_state(arch, extra):
         steps = [model.decoder(prev2[:, :t + 1], enc2, incremental_state=state)[0] for t in range(4, 8)]
         full = model.decoder(prev2, model.encoder(src[new_order], lengths[new_order]))[0]
     torch.testing.assert_close(torch.cat(steps, 1), full[:, 4:], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch,seed,expect_shrink", [("prime_simple_base", 0, False), ("prime_base", 1, True)])
+def test_beam_search_with_cross_keys_shared_by_beams_equals_unshared(arch, seed, expect_shrink, monkeypatch):
+    """set_beam_size (called by fairseq's SequenceGenerator) keeps one copy of the cross-attention keys per sentence;
+    beam search over 4 padded sentences is unchanged, also when finished sentences leave the batch (prime_base, seed 1:
+    the shared keys are then reordered by sentence)."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    shrinks = []
+    reorder = PrimeLayer.reorder_incremental_state
+
+    def counting_reorder(self, incremental_state, new_order):
+        saved = self.get_incremental_state(incremental_state, "cross_attn")
+        if saved is not None and int(saved["beams"]) > 1:
+            shrinks.append(saved["k"].size(1) * int(saved["beams"]) != new_order.numel())
+        return reorder(self, incremental_state, new_order)
+
+    monkeypatch.setattr(PrimeLayer, "reorder_incremental_state", counting_reorder)
+    model, task = tiny(arch, seed=seed)
+    src, lengths, _ = batch(bsz=4, src_len=7, left_pad=True)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}
+    results = []
+    for shared in (True, False):
+        generator = SequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_b=20, min_len=1)
+        for layer in model.decoder.layers:
+            assert layer.beam_size == 4
+            if not shared:
+                layer.beam_size = 1  # one copy of the keys per beam, reordered every step
+        with torch.no_grad():
+            results.append(generator.generate([model], sample))
+    assert any(shrinks) == expect_shrink
+    for shared_hyps, unshared_hyps in zip(*results):
+        for a, b in zip(shared_hyps, unshared_hyps):
+            assert torch.equal(a["tokens"], b["tokens"])
+            torch.testing.assert_close(a["positional_scores"], b["positional_scores"], rtol=1e-5, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------- invariance
@@ -433,22 +508,31 @@ def test_invalid_flags_give_clear_errors():
         build("prime_base", {**TINY, "prime_layer_kernels": "3,5,7"})
 
 
-# Vocabularies of the paper's experiments (section 3.1): IWSLT14 De-En as binarized by fairseq's
-# prepare-iwslt14.sh (de 8,848 / en 6,632 types, embeddings not shared, fairseq's transformer_iwslt_de_en
-# default); WMT14 En-De of Ott et al. 2018 / Wu et al. 2019 (32K joint BPE, 32,768-type joined dictionary,
-# --share-all-embeddings); WMT14 En-Fr of the same setups (40K joint BPE, 44,512-type joined dictionary).
+# Vocabularies of the paper's experiments (section 3.1; the authors' README and training logs in lancopku/Prime):
+# IWSLT14 De-En as binarized by fairseq's prepare-iwslt14.sh (de 8,848 / en 6,632 types, embeddings not shared:
+# `-a transformer_iwslt_de_en`, table 2 and the base counts); WMT16 En-De of Ott et al. 2018 / Wu et al. 2019
+# (`data-bin/wmt16_en_de_bpe32k`, 32K joint BPE as section 3.1.1 states, 32,768-type joined dictionary,
+# --share-all-embeddings); WMT14 En-Fr (40K joint BPE, 44,512-type joined dictionary as the authors' En-Fr log
+# prints, --share-all-embeddings).
 IWSLT14_DE_EN = dict(src_vocab=8848, tgt_vocab=6632)
 WMT14_EN_DE = dict(src_vocab=32768, overrides={"share_all_embeddings": True})
 WMT14_EN_FR = dict(src_vocab=44512, overrides={"share_all_embeddings": True})
 PAPER_PARAMS = [
-    # arch, paper count, vocabulary the paper's count is reproduced at
+    # arch, paper count (section 3.1.3), vocabulary of the experiment the count is reproduced at
     ("prime_simple_base", 44e6, "IWSLT14 De-En", IWSLT14_DE_EN),
     ("prime_base", 49e6, "IWSLT14 De-En", IWSLT14_DE_EN),
-    # The paper gives one count per big model without naming the task. Prime big matches at En-De
-    # (where fairseq's transformer big is the paper's 210M); Prime-simple big only at En-Fr
-    # (at En-De it is 223.6M, -4.0%). Both are printed by the test below.
-    ("prime_simple_big", 233e6, "WMT14 En-Fr", WMT14_EN_FR),
+    # Prime big: 243M is the En-De count (the same code gives 252M at En-Fr, logged by the authors, below).
     ("prime_big", 243e6, "WMT14 En-De", WMT14_EN_DE),
+    # Prime-simple big: the paper's 233M is reproduced only at the En-Fr vocabulary; at En-De (where the authors'
+    # README trains it with the same 12+12 / 768 / 3072 / 16-head config) it is 223.6M, -4.0%: see the next tests.
+    ("prime_simple_big", 233e6, "WMT14 En-Fr", WMT14_EN_FR),
+]
+# "num. model params" printed by the authors' own training runs (lancopku/Prime, examples/parallel_intersected_
+# multi-scale_attention(Prime)/logs/): iwslt14_de-en_log.txt (Prime base, 12+12, d=384) and enfr_muse.txt
+# (Prime big, 12+12, d=768, WMT14 En-Fr).
+AUTHORS_LOGGED_PARAMS = [
+    ("prime_base", 48_193_584, "IWSLT14 De-En", IWSLT14_DE_EN),
+    ("prime_big", 252_088_368, "WMT14 En-Fr", WMT14_EN_FR),
 ]
 
 
@@ -467,12 +551,22 @@ def test_parameter_counts_match_paper(arch, paper, vocab_name, vocab, capsys):
     assert abs(rel) <= 0.03
 
 
+@pytest.mark.parametrize("arch,logged,vocab_name,vocab", AUTHORS_LOGGED_PARAMS)
+def test_parameter_counts_equal_the_authors_training_logs(arch, logged, vocab_name, vocab):
+    """Same parameter structure as the authors' code, to the parameter, at the vocabularies of their logged runs."""
+    assert _count(arch, vocab) == logged
+
+
 def test_transformer_baseline_counts_confirm_the_vocabularies():
-    """fairseq's transformer big at the En-De vocabulary is the paper's 210M; this pins the big-model vocabulary."""
+    """fairseq's transformer big at the En-De vocabulary is the paper's 210M Transformer big, so the paper's big counts
+    are En-De counts; Prime-simple big there is 223.6M, not 233M. The convolution branch costs 19.5M at the big size
+    (W_2^C and the kernel predictors in 24 layers), while the paper's 243M - 233M is 10M; at the base size its 4.2M
+    matches the paper's 49M - 44M. No architecture detail of the authors' Prime-simple En-De command (same dims as
+    Prime big, --share-all-embeddings) explains the gap: the paper's 233M is reproduced only at En-Fr."""
     model, _ = build("transformer_vaswani_wmt_en_de_big", {"share_all_embeddings": True}, src_vocab=32768, meta=True)
     assert abs(sum(p.numel() for p in model.parameters()) / 210e6 - 1) < 0.01
-    big_simple_en_de = _count("prime_simple_big", WMT14_EN_DE)
-    assert 220e6 < big_simple_en_de < 226e6  # the documented -4.0% at En-De
+    assert _count("prime_simple_big", WMT14_EN_DE) == 223_586_304  # -4.0% from the paper's 233M
+    assert _count("prime_big", WMT14_EN_DE) - _count("prime_simple_big", WMT14_EN_DE) == 19_482_672
 
 
 def test_layer_kernels_schedule_helper():

@@ -262,6 +262,11 @@ class PrimeModel(TransformerModel):
         decoder = cls.build_decoder(args, tgt_dict, decoder_embed)
         return cls(args, encoder, decoder)
 
+    def set_beam_size(self, beam_size: int):
+        """fairseq's SequenceGenerator calls this before beam search (``set_decoder_beam_size``); the decoder's Prime
+        layers then keep one copy of the cross-attention keys and values per sentence instead of one per beam."""
+        self.decoder.set_beam_size(beam_size)
+
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
         return PrimeEncoder(args, src_dict, embed_tokens)
@@ -309,34 +314,31 @@ def prime_defaults(args):
     base_architecture(args)
 
 
-@register_model_architecture("prime", "prime_base")
-def prime_base(args):
-    """IWSLT-size Unified Transformer (paper 3.1.3): 12+12 layers, d=384, FFN 768, 4 heads, dropout 0.4."""
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 384)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 768)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
+def prime_sizes(args, embed_dim, ffn_dim, heads, dropout):
+    """12+12 Prime layers of the given width (paper 3.1.3); decoder sizes follow the encoder's unless set, so one
+    --encoder-embed-dim re-sizes both sides (table 5's re-scaling); user flags win over every default."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", embed_dim)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", ffn_dim)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", heads)
     args.encoder_layers = getattr(args, "encoder_layers", 12)
     args.decoder_embed_dim = getattr(args, "decoder_embed_dim", args.encoder_embed_dim)
     args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim)
     args.decoder_attention_heads = getattr(args, "decoder_attention_heads", args.encoder_attention_heads)
     args.decoder_layers = getattr(args, "decoder_layers", 12)
-    args.dropout = getattr(args, "dropout", 0.4)
+    args.dropout = getattr(args, "dropout", dropout)
     prime_defaults(args)
+
+
+@register_model_architecture("prime", "prime_base")
+def prime_base(args):
+    """IWSLT-size Unified Transformer (paper 3.1.3): 12+12 layers, d=384, FFN 768, 4 heads, dropout 0.4."""
+    prime_sizes(args, embed_dim=384, ffn_dim=768, heads=4, dropout=0.4)
 
 
 @register_model_architecture("prime", "prime_big")
 def prime_big(args):
     """WMT-size Unified Transformer (paper 3.1.3/3.1.4): 12+12 layers, d=768, FFN 3072, 16 heads, dropout 0.3."""
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 768)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 3072)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 16)
-    args.encoder_layers = getattr(args, "encoder_layers", 12)
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", args.encoder_embed_dim)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim)
-    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", args.encoder_attention_heads)
-    args.decoder_layers = getattr(args, "decoder_layers", 12)
-    args.dropout = getattr(args, "dropout", 0.3)
-    prime_defaults(args)
+    prime_sizes(args, embed_dim=768, ffn_dim=3072, heads=16, dropout=0.3)
 
 
 @register_model_architecture("prime", "prime_simple_base")

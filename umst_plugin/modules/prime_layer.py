@@ -18,7 +18,11 @@ the sum of the per-branch projections. The parameters are stored in this fused l
 both forms, so ``fused`` only selects how it is computed and can be flipped on a trained
 model. Per-branch output dropout cannot pass through a single matrix multiply, so while
 training with dropout > 0 the output projections are applied branch by branch (still
-reading the same fused parameters); the input projection is always fused.
+reading the same fused parameters); the input projection is always fused. At CPU inference with 2-8
+rows (beam search at batch size 1), a tall projection is computed as ``W @ x^T`` (see :func:`_linear`).
+
+Beam search: after ``set_beam_size`` (fairseq's SequenceGenerator) the cross-attention keys and values are
+cached once per sentence, not once per beam (fairseq's beamable MultiheadAttention convention).
 
 Biases: one per branch (kept as rows of ``out_proj_bias``) so that the unfused form is
 the equations as written; the fused form adds their sum.
@@ -166,6 +170,7 @@ class PrimeLayer(nn.Module):
                 weight_dropout=conv_weight_dropout,
             )
         self.layer_norm = nn.LayerNorm(d)
+        self.beam_size = 1  # set by fairseq's set_beam_size before beam search (cross-attention keys shared)
         self.reset_parameters()
 
     # ------------------------------------------------------------------ parameters
@@ -230,12 +235,12 @@ class PrimeLayer(nn.Module):
         # ---- all input projections that read X
         if self.fused:
             proj = dict(zip((n for n, _ in self.in_segments),
-                            F.linear(x, self.in_proj_weight, self.in_proj_bias).split(self.in_splits, dim=-1)))
+                            _linear(x, self.in_proj_weight, self.in_proj_bias).split(self.in_splits, dim=-1)))
         else:
             # split (not one slice per segment): its backward assembles the full gradient in one concatenation
             weights = self.in_proj_weight.split(self.in_splits, dim=0)
             biases = self.in_proj_bias.split(self.in_splits, dim=0)
-            proj = {name: F.linear(x, w, b) for (name, _), w, b in zip(self.in_segments, weights, biases)}
+            proj = {name: _linear(x, w, b) for (name, _), w, b in zip(self.in_segments, weights, biases)}
 
         # ---- self-attention (Eq. 2)
         q, k, v = proj["q"], proj["k"], proj["v"]
@@ -266,8 +271,16 @@ class PrimeLayer(nn.Module):
         cross_weights = None
         if self.has_cross:
             ck, cv, cross_mask = self._cross_key_value(encoder_out, encoder_padding_mask, incremental_state)
-            out, cross_weights = self._attend(proj["q_cross"], ck, cv, cross_mask, None,
+            q_cross = proj["q_cross"]
+            beams = q_cross.size(1) // ck.size(1)  # > 1: the keys are shared by the beams of each sentence
+            if beams > 1:  # the beams of a sentence become extra query positions of that sentence
+                q_cross = q_cross.unflatten(1, (ck.size(1), beams)).permute(2, 0, 1, 3).flatten(0, 1)  # beams*T x kv_B x d
+            out, cross_weights = self._attend(q_cross, ck, cv, cross_mask, None,
                                               need_weights=need_weights or need_head_weights)
+            if beams > 1:
+                out = out.unflatten(0, (beams, -1)).permute(1, 2, 0, 3).flatten(1, 2)  # T x B x d
+                if cross_weights is not None:  # H x kv_B x beams*T x S -> H x B x T x S
+                    cross_weights = cross_weights.unflatten(2, (beams, -1)).flatten(1, 2)
             branches.append(out)
             if cross_weights is not None and not need_head_weights:
                 cross_weights = cross_weights.mean(dim=0)
@@ -309,16 +322,29 @@ class PrimeLayer(nn.Module):
             saved = self.get_incremental_state(incremental_state, "cross_attn")
             if saved is not None:
                 return saved["k"], saved["v"], saved.get("mask")
+        beams = self.beam_size if incremental_state is not None else 1
+        if beams > 1 and encoder_out.size(1) % beams == 0:
+            # beam search repeats each sentence's encoder output for its beams (fairseq's SequenceGenerator,
+            # after set_beam_size): keys and values are computed, cached and reordered once per sentence
+            encoder_out = encoder_out[:, ::beams]
+            if encoder_padding_mask is not None:
+                encoder_padding_mask = encoder_padding_mask[::beams]
+        else:
+            beams = 1
         ck, cv = self.cross_kv_proj(encoder_out).chunk(2, dim=-1)
         mask = encoder_padding_mask
         if incremental_state is not None:
             if mask is not None and not mask.any():
                 mask = None
-            saved = {"k": ck.contiguous(), "v": cv.contiguous()}
+            saved = {"k": ck.contiguous(), "v": cv.contiguous(), "beams": torch.tensor(beams)}
             if mask is not None:
                 saved["mask"] = mask
             self.set_incremental_state(incremental_state, "cross_attn", saved)
         return ck, cv, mask
+
+    def set_beam_size(self, beam_size: int):
+        """Called through fairseq's ``set_beam_size`` before beam search: share cross-attention keys across beams."""
+        self.beam_size = beam_size
 
     def _attend(
         self,
@@ -376,10 +402,38 @@ class PrimeLayer(nn.Module):
         """Beam search reordering of the attention caches (the convolution cells reorder their own)."""
         for key in ("self_attn", "cross_attn"):
             saved = self.get_incremental_state(incremental_state, key)
-            if saved is not None:
-                # caches are S x B x d; the cross-attention mask is B x S
-                self.set_incremental_state(incremental_state, key, {
-                    name: t.index_select(0 if name == "mask" else 1, new_order) for name, t in saved.items()})
+            if saved is None:
+                continue
+            order = new_order
+            beams = int(saved["beams"]) if "beams" in saved else 1
+            if beams > 1:  # cross keys shared by each sentence's beams: only finished sentences drop out
+                if saved["k"].size(1) * beams == new_order.numel():
+                    continue
+                order = new_order.view(-1, beams)[:, 0] // beams
+            # caches are S x B x d; the cross-attention mask is B x S
+            self.set_incremental_state(incremental_state, key, {
+                name: t if name == "beams" else t.index_select(0 if name == "mask" else 1, order)
+                for name, t in saved.items()})
+
+
+def _linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """``F.linear(x, weight, bias)``; at CPU inference with 2-8 rows and a tall weight (out > in features: the
+    fused input projection, the FFN's W_1^F) computed as ``weight @ x^T`` instead.
+
+    Beam-search decoding at batch size 1 multiplies 2-8 rows by every weight once per step, so a step costs
+    about one read of the weights from memory. For such few rows and a tall weight, MKL's ``x @ weight^T``
+    (what F.linear calls) ran at half the speed of ``weight @ x^T`` with the weights out of cache
+    (4 rows against 4096 x 512: 1.47 ms vs 0.88 ms; against 2048 x 512: 0.77 vs 0.48 ms); with 1 row they are
+    equal, and for a wide weight the gain is small or negative at 8 rows (``benchmarks/bench_prime.py --gemm``).
+    The result is the same product up to float rounding order.
+    """
+    rows = x.numel() // x.size(-1) if x.size(-1) else 0
+    if (2 <= rows <= 8 and weight.size(0) > weight.size(1) and x.device.type == "cpu"
+            and not torch.is_grad_enabled()):
+        # contiguous again (a few KB): attention kernels take their fast path only with unit-stride features
+        out = torch.addmm(bias.unsqueeze(1), weight, x.reshape(rows, -1).t()).t().contiguous()
+        return out.view(*x.shape[:-1], weight.size(0))
+    return F.linear(x, weight, bias)
 
 
 def _causal_mask(T: int, S: int, device) -> Tensor:
