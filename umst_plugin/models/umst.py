@@ -20,7 +20,7 @@ from fairseq.models.transformer import TransformerEncoderBase, TransformerModel
 from fairseq.models.transformer.transformer_legacy import base_architecture
 
 from umst_plugin.models._sizes import transformer_big_sizes
-from umst_plugin.modules.umst_encoder_layer import INTRA_GROUP_OPS, UMSTEncoderLayer
+from umst_plugin.modules.umst_encoder_layer import GCN_ACTIVATIONS, INTRA_GROUP_OPS, UMSTEncoderLayer
 from umst_plugin.modules.umst_graphs import PHRASE_NOISE, UPSAMPLE_MODES, WORD_BOUNDARY_NOISE, build_graphs
 from umst_plugin.modules.umst_rectified_attention import UPSAMPLE_NORMS
 
@@ -78,7 +78,7 @@ class UMSTEncoder(TransformerEncoderBase):
             word_proj=word_proj,
             phrase_proj=phrase_proj,
             share_within_layer=(share == "within-layer" and intra == "gcn" and inter),
-            recompute_gcn=not getattr(cfg, "no_gcn_recompute", False),
+            gcn_activations=getattr(cfg, "gcn_activations", None) or "lean",
         )
 
     def forward(
@@ -172,9 +172,13 @@ class UMSTModel(TransformerModel):
                             "combine with --no-inter-group as the paper does)")
         g.add_argument("--phrase-adjacency-noise", choices=PHRASE_NOISE,
                        help="replace A_p by a random symmetric Bernoulli(0.5) matrix (table 8 'UMST + Random P')")
+        g.add_argument("--gcn-activations", choices=GCN_ACTIVATIONS,
+                       help="what training keeps for the GCN blocks' backward (same math and dropout masks in all): "
+                            "lean (default: inputs and 1-byte masks, hand-written backward), store (plain autograd, "
+                            "the reference), recompute (checkpointing, also of RSAN's word branch: least memory, "
+                            "slowest)")
         g.add_argument("--no-gcn-recompute", action="store_true",
-                       help="keep the activations of the GCN blocks and of RSAN's word branch for backward instead "
-                            "of recomputing them (a few %% faster training, ~10%% more activation memory)")
+                       help="deprecated alias of --gcn-activations store")
         g.add_argument("--max-relative-positions", type=int, metavar="K",
                        help="Shaw et al. relative positions in the rectified attention, clipping distance K "
                             "(0 = off; the *_rpr archs use 16)")
@@ -234,6 +238,7 @@ def _umst_defaults(args):
     args.rsan_upsample_norm = getattr(args, "rsan_upsample_norm", None) or "row"
     args.word_downsample = getattr(args, "word_downsample", None) or "mean"
     args.no_gcn_recompute = getattr(args, "no_gcn_recompute", False)
+    args.gcn_activations = getattr(args, "gcn_activations", None) or ("store" if args.no_gcn_recompute else "lean")
     args.word_boundary_noise = getattr(args, "word_boundary_noise", None) or "none"
     args.phrase_adjacency_noise = getattr(args, "phrase_adjacency_noise", None) or "none"
     mrp = getattr(args, "max_relative_positions", None)
