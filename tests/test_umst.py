@@ -272,6 +272,56 @@ def test_rectified_attention_matches_dense_reference(norm, share_qk, left_pad):
             assert rows.max() > 1.0 + 1e-6
 
 
+@pytest.mark.parametrize("norm", ["row", "literal"])
+@pytest.mark.parametrize("upsample", ["gather", "nearest", "linear"])
+@pytest.mark.parametrize("left_pad", [True, False])
+def test_fused_map_path_equals_factorised_path_without_dropout(norm, upsample, left_pad):
+    """--rsan-attention-dropout fused builds (ATTN1 + ATTN2')/2 explicitly; with dropout 0 it must equal the
+    default factorised path (ATTN2' never built) in outputs and gradients, with and without RPR."""
+    torch.manual_seed(0)
+    sents = random_sentences(6, seed=31)
+    src, wid, heads = collate(sents, left_pad=left_pad, extra_pad=2)
+    g = build_graphs(src, wid, heads, PAD, upsample=upsample)
+    for rpr, share_qk in ((0, False), (3, True)):
+        per_map = RectifiedSelfAttention(16, 4, upsample_norm=norm, share_qk=share_qk,
+                                         max_relative_positions=rpr).double().train()
+        fused = RectifiedSelfAttention(16, 4, upsample_norm=norm, share_qk=share_qk, max_relative_positions=rpr,
+                                       attention_dropout_mode="fused").double().train()
+        fused.load_state_dict(per_map.state_dict())
+        x = torch.randn(src.size(0), src.size(1), 16, dtype=torch.float64)
+        xw = torch.randn(src.size(0), heads.size(1), 16, dtype=torch.float64)
+        outs, grads = [], []
+        for attn in (per_map, fused):
+            out = attn(x, xw, g)
+            out[~g.token_pad].pow(2).sum().backward()
+            outs.append(out[~g.token_pad].detach())
+            grads.append({n: p.grad for n, p in attn.named_parameters()})
+        torch.testing.assert_close(outs[0], outs[1], atol=1e-12, rtol=1e-10)
+        for name in grads[0]:
+            torch.testing.assert_close(grads[0][name], grads[1][name], atol=1e-12, rtol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize("norm", ["row", "literal"])
+def test_fused_map_path_drops_entries_of_the_averaged_map(norm):
+    torch.manual_seed(0)
+    sents = random_sentences(5, seed=8)
+    src, wid, heads = collate(sents, left_pad=True, extra_pad=1)
+    g = build_graphs(src, wid, heads, PAD)
+    attn = RectifiedSelfAttention(16, 4, attention_dropout=0.3, upsample_norm=norm,
+                                  attention_dropout_mode="fused").double().train()
+    x = torch.randn(src.size(0), src.size(1), 16, dtype=torch.float64)
+    xw = torch.randn(src.size(0), heads.size(1), 16, dtype=torch.float64)
+    with torch.no_grad():
+        fused_map = attn.attention_maps(x, xw, g)[2]  # dense reference: R from a scatter, no dropout
+        v = attn._heads(attn.v_proj(x))
+        torch.manual_seed(77)
+        expected = attn.out_proj(attn._merge(F.dropout(fused_map, 0.3, True) @ v))
+        torch.manual_seed(77)
+        got = attn(x, xw, g)
+    torch.testing.assert_close(got, expected, atol=1e-12, rtol=1e-10)
+    assert not torch.allclose(got, attn.eval()(x, xw, g))  # dropout was on
+
+
 def test_rpr_attention_reduces_to_plain_without_relative_embeddings_and_is_shift_invariant():
     torch.manual_seed(0)
     sents = random_sentences(4, seed=2)
@@ -417,7 +467,8 @@ ABLATIONS = [
     ["--share-rsan-qk"], ["--rsan-upsample", "nearest"], ["--rsan-upsample", "linear"],
     ["--rsan-upsample-norm", "literal"], ["--word-downsample", "scaled-sum"],
     ["--word-boundary-noise", "random", "--no-inter-group"], ["--word-boundary-noise", "shuffle", "--no-inter-group"],
-    ["--phrase-adjacency-noise", "random"], ["--max-relative-positions", "4"],
+    ["--phrase-adjacency-noise", "random"], ["--max-relative-positions", "4"], ["--rsan-attention-dropout", "fused"],
+    ["--gcn-activations", "store"], ["--gcn-activations", "recompute"],
 ]
 
 

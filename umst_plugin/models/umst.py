@@ -22,7 +22,7 @@ from fairseq.models.transformer.transformer_legacy import base_architecture
 from umst_plugin.models._sizes import transformer_big_sizes
 from umst_plugin.modules.umst_encoder_layer import GCN_ACTIVATIONS, INTRA_GROUP_OPS, UMSTEncoderLayer
 from umst_plugin.modules.umst_graphs import PHRASE_NOISE, UPSAMPLE_MODES, WORD_BOUNDARY_NOISE, build_graphs
-from umst_plugin.modules.umst_rectified_attention import UPSAMPLE_NORMS
+from umst_plugin.modules.umst_rectified_attention import ATTENTION_DROPOUT_MODES, UPSAMPLE_NORMS
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +79,7 @@ class UMSTEncoder(TransformerEncoderBase):
             phrase_proj=phrase_proj,
             share_within_layer=(share == "within-layer" and intra == "gcn" and inter),
             gcn_activations=getattr(cfg, "gcn_activations", None) or "lean",
+            attention_dropout_mode=getattr(cfg, "rsan_attention_dropout", None) or "per-map",
         )
 
     def forward(
@@ -165,6 +166,10 @@ class UMSTModel(TransformerModel):
         g.add_argument("--rsan-upsample-norm", choices=UPSAMPLE_NORMS,
                        help="row (default): G ATTN2 diag(1/n) G^T, row-stochastic; literal: G ATTN2 G^T as Eq. 4 "
                             "(rows sum to the mean piece count)")
+        g.add_argument("--rsan-attention-dropout", choices=ATTENTION_DROPOUT_MODES,
+                       help="per-map (default): attention dropout on ATTN1 and, at word level, on ATTN2, so ATTN2' is "
+                            "never built; fused: build (ATTN1 + ATTN2')/2 in training and drop its entries, like a "
+                            "transformer's single map (same expectation, different noise; O(B.H.L^2) more memory)")
         g.add_argument("--word-downsample", choices=("mean", "scaled-sum"),
                        help="subword -> word pooling: mean (default, section 3.3) or sum/sqrt(n) (authors' code)")
         g.add_argument("--word-boundary-noise", choices=WORD_BOUNDARY_NOISE,
@@ -237,6 +242,7 @@ def _umst_defaults(args):
     args.rsan_upsample = getattr(args, "rsan_upsample", None) or "gather"
     args.rsan_upsample_norm = getattr(args, "rsan_upsample_norm", None) or "row"
     args.word_downsample = getattr(args, "word_downsample", None) or "mean"
+    args.rsan_attention_dropout = getattr(args, "rsan_attention_dropout", None) or "per-map"
     args.no_gcn_recompute = getattr(args, "no_gcn_recompute", False)
     args.gcn_activations = getattr(args, "gcn_activations", None) or ("store" if args.no_gcn_recompute else "lean")
     args.word_boundary_noise = getattr(args, "word_boundary_noise", None) or "none"

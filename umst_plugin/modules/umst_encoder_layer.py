@@ -110,6 +110,7 @@ class UMSTEncoderLayer(nn.Module):
         phrase_proj=None,
         share_within_layer=False,
         gcn_activations="lean",
+        attention_dropout_mode="per-map",
     ):
         super().__init__()
         if gcn_activations not in GCN_ACTIVATIONS:
@@ -146,6 +147,7 @@ class UMSTEncoderLayer(nn.Module):
             share_qk=share_rsan_qk,
             max_relative_positions=max_relative_positions,
             recompute_word_branch=gcn_activations == "recompute",
+            attention_dropout_mode=attention_dropout_mode,
         )
         self.final_layer_norm = nn.LayerNorm(embed_dim)
         self.fc1 = nn.Linear(embed_dim, ffn_embed_dim)

@@ -31,6 +31,7 @@ which scatter-add with atomics is not.
 from typing import NamedTuple, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from umst_plugin.modules.group_gcn import normalized_group_adjacency  # noqa: F401  (re-exported for tests)
@@ -337,4 +338,27 @@ def upsample_tokens(y: Tensor, graphs: UMSTGraphs) -> Tensor:
         tap = y_flat.index_select(0, flat[..., k].reshape(-1)).view(bsz, -1, channels)
         tap = tap * graphs.up_weight[..., k].to(y.dtype).unsqueeze(-1)
         out = tap if out is None else out + tap
+    return out
+
+
+def upsample_attention_map(a2: Tensor, graphs: UMSTGraphs, normalize: bool) -> Tensor:
+    """ATTN2' = R ATTN2 R^T (or R ATTN2 diag(1/mass) R^T when ``normalize``), B x H x W x W -> B x H x T x T,
+    by gathers on the per-token word slots (R is never built). Only for the materialised RSAN path
+    (``--rsan-attention-dropout fused``); rows and columns of padding tokens are 0."""
+    bsz, heads, n_slots, _ = a2.shape
+    length, taps = graphs.up_index.shape[1:]
+    padded = F.pad(a2, (0, 1, 0, 1))  # slot W: the zero word that padding tokens read
+    weight = graphs.up_weight.to(a2.dtype)  # B x T x K
+    col_weight = weight
+    if normalize:
+        mass = F.pad(graphs.up_mass, (0, 1), value=1.0).clamp(min=1e-6).to(a2.dtype)  # B x (W+1)
+        col_weight = weight / mass.gather(1, graphs.up_index.reshape(bsz, -1)).view_as(weight)
+    out = None
+    for row_tap in range(taps):  # K <= 2 interpolation taps, not a loop over the batch
+        index = graphs.up_index[..., row_tap].view(bsz, 1, length, 1).expand(bsz, heads, length, n_slots + 1)
+        rows = padded.gather(2, index) * weight[..., row_tap].view(bsz, 1, length, 1)  # B x H x T x (W+1)
+        for col_tap in range(taps):
+            index = graphs.up_index[..., col_tap].view(bsz, 1, 1, length).expand(bsz, heads, length, length)
+            term = rows.gather(3, index) * col_weight[..., col_tap].view(bsz, 1, 1, length)
+            out = term if out is None else out + term
     return out
