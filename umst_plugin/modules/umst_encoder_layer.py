@@ -16,6 +16,10 @@ subword stream is carried between blocks.
 Ablations (tables 5/6, section 6): ``intra_group`` gcn | pool (parameter-free per-word average
 pooling) | gat (single-head graph attention of Velickovic et al. over the same-word graph) | None;
 ``inter_group`` on/off; shared GCN projections are passed in as ``word_proj`` / ``phrase_proj``.
+
+Training memory (``gcn_activations``, see GCN_ACTIVATIONS below): by default the word GCN (operator
+gcn) and the phrase GCN run through ``umst_lean_gcn``'s autograd functions (in evaluation too), the
+same math and dropout masks as the modules' own forward (which ``store`` and ``recompute`` use).
 """
 import torch
 import torch.nn as nn
@@ -166,7 +170,8 @@ class UMSTEncoderLayer(nn.Module):
         return x + F.dropout(h, p=self.dropout, training=self.training)
 
     def _lean(self):
-        return self.gcn_activations == "lean" and self.training and torch.is_grad_enabled()
+        # Also in evaluation: the same math, with the word GCN's d x d map once per word.
+        return self.gcn_activations == "lean"
 
     def _intra_group(self, x, graphs: UMSTGraphs):
         if graphs.word_adj is not None:

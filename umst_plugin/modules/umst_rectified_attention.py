@@ -12,8 +12,23 @@ stream only, per head. ATTN2' is ATTN2 up-sampled to subwords (Eq. 4).
 We never build ATTN2' (L x L) nor G: since ``ATTN2' V = G ATTN2 (G^T V)``, we down-sample V to
 words (an index_add over per-token word indices), attend at word level, and up-sample the result
 with a gather on the word indices. The extra work over a transformer is O(B.H.L'^2) for ATTN2
-(L' <= L words) plus O(B.L.d) for the scatter/gather; with no relative positions both maps run
-through ``F.scaled_dot_product_attention`` and no attention map is stored at all.
+(L' <= L words) plus O(B.L.d) for the scatter/gather. With no relative positions both maps run
+through ``F.scaled_dot_product_attention``, as fairseq's MultiheadAttention does for the
+transformer baseline (a fused kernel where one applies; with attention dropout on CPU both fall back
+to the math path, which keeps its map for backward).
+
+Attention dropout (``attention_dropout_mode``): a deliberate change
+-------------------------------------------------------------------
+The paper does not say where attention dropout goes; a transformer drops entries of its one map,
+which here would be the fused map ``(ATTN1 + ATTN2')/2`` and would force building ATTN2' (L x L).
+``per-map`` (default) drops entries of ATTN1 (inside SDPA) and of ATTN2 at word level (so the entries
+of ATTN2' that come from one word pair share one draw): each branch is still an unbiased estimate
+of its map, so the expected output is the same as with ``fused``, only the noise differs; in
+evaluation the two are identical. ``fused`` keeps the exact transformer-style form: in training it
+builds ATTN1 and ATTN2' (gathers, ``umst_graphs.upsample_attention_map``), averages them and drops
+entries of the average (O(B.H.L^2) more memory and time); with relative positions, Shaw et al.'s
+value term sees ATTN1's share of the same dropped entries. Tests check that the two paths agree
+exactly without dropout and that ``fused`` drops entries of the dense reference map.
 
 Up-sampling normalisation (``upsample_norm``)
 ---------------------------------------------
