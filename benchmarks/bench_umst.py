@@ -4,6 +4,7 @@ speed and peak memory, same batch, same dims, same machine, one run.
     python benchmarks/bench_umst.py                       # base dims (512/2048, 6+6), 40K shared vocab
     python benchmarks/bench_umst.py --only time --rounds 5 --batch 16 --src-len 30
     python benchmarks/bench_umst.py --arch umst_base_rpr  # any umst arch / flags after --extra
+    python benchmarks/bench_umst.py --extra --gcn-activations store   # plain autograd (or recompute)
 
 Targets (issue 4): train step <= 1.15x (paper table 7: 1.25x), generate tokens/s >= 0.97x (paper
 136.67/142.33 = 0.96x), peak memory <= 1.10x (paper 6.7G/6.4G = 1.05x).

@@ -5,8 +5,8 @@ time instead of the wall clock on CPU (steadier on a shared machine with one int
 ``interleaved_times`` alternates the compared candidates call by call. Peak memory:
 on CUDA, ``torch.cuda.max_memory_allocated``; on CPU, the high-water mark of
 the live tensor bytes replayed from the profiler's raw allocation/free records
-(``profile_memory=True``), i.e. activations + gradients allocated during the
-measured call, not the process RSS (which the allocator's caching makes
+(``profile_memory=True``; frees matched to the call's own allocations by address),
+i.e. activations + gradients allocated during the measured call, not the process RSS (which the allocator's caching makes
 meaningless for one call).
 """
 import argparse
@@ -77,18 +77,32 @@ def peak_memory(fn, device="cpu"):
         fn()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base
+    from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    # The raw "[memory]" records are single allocations (+bytes) and frees (-bytes); replayed in
-    # time order they give the live-bytes curve, temporaries inside fused kernels included
-    # (per-op summaries net those out and undercount).
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    live = peak = 0
-    for event in sorted(events, key=lambda e: e.start_ns()):
-        live += event.nbytes()
-        peak = max(peak, live)
+    # Replay the raw allocation records in time order (temporaries inside fused kernels included;
+    # per-op summaries net those out and undercount). Only blocks allocated inside this call are
+    # counted, frees matched to them by address: c10's CPU reporter keeps a pointer -> size table
+    # across profiling sessions and reports a free of a block allocated outside any session with a
+    # stale size from an earlier session, which made the result depend on what the process had
+    # profiled before (same model measured 609, 522, 503 MB in one process).
+    allocations = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        if event.tag == _EventType.Allocation:
+            allocations.append((event.start_time_ns, event.extra_fields.ptr, event.extra_fields.alloc_size))
+        stack.extend(event.children)
+    sizes, live, peak = {}, 0, 0
+    for _, ptr, nbytes in sorted(allocations, key=lambda a: a[0]):
+        if nbytes > 0:
+            sizes[ptr] = nbytes
+            live += nbytes
+            peak = max(peak, live)
+        elif ptr in sizes:
+            live -= sizes.pop(ptr)
     return peak
 
 

@@ -26,3 +26,25 @@ def test_train_and_generate_fns_run_on_a_tiny_model():
     gen, result = common.generate_fn(model.eval(), task, sample, beam=2, max_len_b=3)
     gen()
     assert result["tokens"] > 0
+
+
+def test_cpu_peak_memory_ignores_blocks_allocated_before_the_call():
+    # Blocks allocated inside an earlier measurement, freed outside it, and their addresses reused
+    # outside any measurement: freeing those inside the next measurement must not count (c10 keeps
+    # a stale pointer -> size table, which used to lower the next model's figure).
+    kept = {}
+
+    def allocate_small_blocks():
+        kept["old"] = [torch.empty(16384) for _ in range(200)]  # 200 x 64 KiB
+
+    common.peak_memory(allocate_small_blocks)
+    kept.pop("old")
+    kept["reused"] = [torch.empty(16384) for _ in range(200)]  # likely the same addresses
+
+    def free_then_allocate():
+        kept.pop("reused")
+        big = torch.ones(1024, 1024)  # 4 MiB: the only block this call allocates
+        del big
+
+    peak = common.peak_memory(free_then_allocate)
+    assert 4 * 2**20 <= peak < 5 * 2**20

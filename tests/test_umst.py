@@ -272,6 +272,56 @@ def test_rectified_attention_matches_dense_reference(norm, share_qk, left_pad):
             assert rows.max() > 1.0 + 1e-6
 
 
+@pytest.mark.parametrize("norm", ["row", "literal"])
+@pytest.mark.parametrize("upsample", ["gather", "nearest", "linear"])
+@pytest.mark.parametrize("left_pad", [True, False])
+def test_fused_map_path_equals_factorised_path_without_dropout(norm, upsample, left_pad):
+    """--rsan-attention-dropout fused builds (ATTN1 + ATTN2')/2 explicitly; with dropout 0 it must equal the
+    default factorised path (ATTN2' never built) in outputs and gradients, with and without RPR."""
+    torch.manual_seed(0)
+    sents = random_sentences(6, seed=31)
+    src, wid, heads = collate(sents, left_pad=left_pad, extra_pad=2)
+    g = build_graphs(src, wid, heads, PAD, upsample=upsample)
+    for rpr, share_qk in ((0, False), (3, True)):
+        per_map = RectifiedSelfAttention(16, 4, upsample_norm=norm, share_qk=share_qk,
+                                         max_relative_positions=rpr).double().train()
+        fused = RectifiedSelfAttention(16, 4, upsample_norm=norm, share_qk=share_qk, max_relative_positions=rpr,
+                                       attention_dropout_mode="fused").double().train()
+        fused.load_state_dict(per_map.state_dict())
+        x = torch.randn(src.size(0), src.size(1), 16, dtype=torch.float64)
+        xw = torch.randn(src.size(0), heads.size(1), 16, dtype=torch.float64)
+        outs, grads = [], []
+        for attn in (per_map, fused):
+            out = attn(x, xw, g)
+            out[~g.token_pad].pow(2).sum().backward()
+            outs.append(out[~g.token_pad].detach())
+            grads.append({n: p.grad for n, p in attn.named_parameters()})
+        torch.testing.assert_close(outs[0], outs[1], atol=1e-12, rtol=1e-10)
+        for name in grads[0]:
+            torch.testing.assert_close(grads[0][name], grads[1][name], atol=1e-12, rtol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize("norm", ["row", "literal"])
+def test_fused_map_path_drops_entries_of_the_averaged_map(norm):
+    torch.manual_seed(0)
+    sents = random_sentences(5, seed=8)
+    src, wid, heads = collate(sents, left_pad=True, extra_pad=1)
+    g = build_graphs(src, wid, heads, PAD)
+    attn = RectifiedSelfAttention(16, 4, attention_dropout=0.3, upsample_norm=norm,
+                                  attention_dropout_mode="fused").double().train()
+    x = torch.randn(src.size(0), src.size(1), 16, dtype=torch.float64)
+    xw = torch.randn(src.size(0), heads.size(1), 16, dtype=torch.float64)
+    with torch.no_grad():
+        fused_map = attn.attention_maps(x, xw, g)[2]  # dense reference: R from a scatter, no dropout
+        v = attn._heads(attn.v_proj(x))
+        torch.manual_seed(77)
+        expected = attn.out_proj(attn._merge(F.dropout(fused_map, 0.3, True) @ v))
+        torch.manual_seed(77)
+        got = attn(x, xw, g)
+    torch.testing.assert_close(got, expected, atol=1e-12, rtol=1e-10)
+    assert not torch.allclose(got, attn.eval()(x, xw, g))  # dropout was on
+
+
 def test_rpr_attention_reduces_to_plain_without_relative_embeddings_and_is_shift_invariant():
     torch.manual_seed(0)
     sents = random_sentences(4, seed=2)
@@ -417,7 +467,8 @@ ABLATIONS = [
     ["--share-rsan-qk"], ["--rsan-upsample", "nearest"], ["--rsan-upsample", "linear"],
     ["--rsan-upsample-norm", "literal"], ["--word-downsample", "scaled-sum"],
     ["--word-boundary-noise", "random", "--no-inter-group"], ["--word-boundary-noise", "shuffle", "--no-inter-group"],
-    ["--phrase-adjacency-noise", "random"], ["--max-relative-positions", "4"],
+    ["--phrase-adjacency-noise", "random"], ["--max-relative-positions", "4"], ["--rsan-attention-dropout", "fused"],
+    ["--gcn-activations", "store"], ["--gcn-activations", "recompute"],
 ]
 
 
@@ -519,19 +570,134 @@ def test_toy_training_lowers_loss_then_generate_and_interactive(toy_raw, toy_dat
     e2e.interactive_on_raw_test_lines(toy_raw, toy_databin, ckpt, n=3)
 
 
-def test_recomputing_gcn_activations_gives_identical_gradients():
-    """The default recomputation (checkpointing) of the GCN blocks and RSAN's word branch must not change
-    the math: same dropout masks (RNG restored), same loss, same gradients."""
-    sents = random_sentences(4, seed=6)
-    src, wid, heads = collate(sents, left_pad=True, extra_pad=1)
+@pytest.mark.parametrize("left_pad", [True, False])
+@pytest.mark.parametrize("extra", [[], ["--word-downsample", "scaled-sum", "--share-gcn-proj", "within-layer"],
+                                   ["--word-boundary-noise", "shuffle"], ["--share-gcn-proj", "across-layers"]],
+                         ids=lambda e: " ".join(e) or "default")
+def test_gcn_activation_modes_give_identical_outputs_and_gradients(left_pad, extra):
+    """lean (hand-written backward keeping masks), store (plain autograd) and recompute (checkpointing)
+    are the same math with the same dropout masks (dropout 0.1 everywhere is on): same output and same
+    gradients under the same seed, in float64 to rounding. The deprecated --no-gcn-recompute is store."""
+    sents = random_sentences(5, seed=6)
+    src, wid, heads = collate(sents, left_pad=left_pad, extra_pad=2)
     prev = torch.randint(4, 60, (src.size(0), 5))
-    grads = []
-    for recompute in (True, False):
-        model = build("umst_base", TINY + ([] if recompute else ["--no-gcn-recompute"])).train()
-        assert model.encoder.layers[0].recompute_gcn is recompute
+    results = {}
+    for mode in ("lean", "store", "recompute"):
+        torch.manual_seed(0)
+        model = build("umst_base", TINY + extra + ["--gcn-activations", mode]).train().double()
+        assert model.encoder.layers[0].gcn_activations == mode
         torch.manual_seed(123)
         out, _ = model(src, src.ne(PAD).sum(1), prev, src_word_ids=wid, src_word_heads=heads)
         out.pow(2).mean().backward()
-        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
-    for name in grads[0]:
-        torch.testing.assert_close(grads[0][name], grads[1][name], msg=name)
+        results[mode] = (out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+    for mode in ("store", "recompute"):
+        torch.testing.assert_close(results["lean"][0], results[mode][0], atol=1e-12, rtol=1e-10)
+        for name, grad in results["lean"][1].items():
+            torch.testing.assert_close(grad, results[mode][1][name], atol=1e-12, rtol=1e-10, msg=f"{mode} {name}")
+    assert build("umst_base", TINY + ["--no-gcn-recompute"]).encoder.layers[0].gcn_activations == "store"
+    assert build("umst_base", TINY).encoder.layers[0].gcn_activations == "lean"
+
+
+def _lean_case(left_pad, dtype=torch.float64):
+    from umst_plugin.modules.group_gcn import GroupGCN
+    from umst_plugin.modules.umst_encoder_layer import PhraseGCN
+
+    sents = random_sentences(4, seed=17)
+    src, wid, heads = collate(sents, left_pad=left_pad, extra_pad=2)
+    g = build_graphs(src, wid, heads, PAD)
+    torch.manual_seed(3)
+    word = GroupGCN(6, dropout=0.3, activation_dropout=0.2).to(dtype)
+    phrase = PhraseGCN(6, dropout=0.3).to(dtype)
+    for module in (word, phrase):  # non-trivial LayerNorm affine parameters
+        torch.nn.init.normal_(module.layer_norm.weight)
+        torch.nn.init.normal_(module.layer_norm.bias)
+    x = torch.randn(src.size(0), src.size(1), 6, dtype=dtype)
+    xw = torch.randn(src.size(0), heads.size(1), 6, dtype=dtype)
+    return g, word, phrase, x, xw
+
+
+@pytest.mark.parametrize("left_pad", [True, False])
+def test_lean_gcn_backward_passes_gradcheck_with_dropout_on(left_pad):
+    from umst_plugin.modules.umst_lean_gcn import LeanPhraseGCN, LeanWordGCN
+
+    g, word, phrase, x, xw = _lean_case(left_pad)
+    flat = x.reshape(-1, 6).clone().requires_grad_()
+    params = [p.detach().clone().requires_grad_() for p in
+              (word.layer_norm.weight, word.layer_norm.bias, word.linear.weight, word.linear.bias)]
+
+    def word_fn(inp, ln_w, ln_b, w, b):
+        torch.manual_seed(11)  # the same dropout masks on every evaluation
+        return LeanWordGCN.apply(inp, ln_w, ln_b, w, b, g.group_slot, g.group_size, 1e-5, 0.2, 0.3, True)
+
+    assert torch.autograd.gradcheck(word_fn, (flat, *params))
+    words = xw.clone().requires_grad_()
+    params = [p.detach().clone().requires_grad_() for p in
+              (phrase.layer_norm.weight, phrase.layer_norm.bias, phrase.linear.weight, phrase.linear.bias)]
+    adj = g.phrase_adj.double()
+
+    def phrase_fn(inp, ln_w, ln_b, w, b):
+        torch.manual_seed(11)
+        return LeanPhraseGCN.apply(inp, ln_w, ln_b, w, b, adj, 1e-5, 0.3, True)
+
+    assert torch.autograd.gradcheck(phrase_fn, (words, *params))
+
+
+@pytest.mark.parametrize("left_pad", [True, False])
+def test_lean_gcn_equals_the_reference_modules_and_leaves_padding_alone(left_pad):
+    from umst_plugin.modules.umst_lean_gcn import lean_phrase_gcn, lean_word_gcn
+
+    g, word, phrase, x, xw = _lean_case(left_pad)
+    word.train(), phrase.train()
+    for fn_lean, fn_ref, inp in ((lambda t: lean_word_gcn(word, t, g.group_slot, g.group_size, True),
+                                  lambda t: word(t, g.word_groups), x),
+                                 (lambda t: lean_phrase_gcn(phrase, t, g.phrase_adj, True),
+                                  lambda t: phrase(t, g.phrase_adj), xw)):
+        outs, grads = [], []
+        for fn in (fn_lean, fn_ref):
+            inp_ = inp.clone().requires_grad_()
+            torch.manual_seed(5)
+            out = fn(inp_)
+            out.pow(3).sum().backward()
+            outs.append(out.detach())
+            grads.append(inp_.grad)
+        torch.testing.assert_close(outs[0], outs[1], atol=1e-12, rtol=1e-12)
+        torch.testing.assert_close(grads[0], grads[1], atol=1e-12, rtol=1e-12)
+    out = lean_word_gcn(word, x, g.group_slot, g.group_size, True)
+    torch.testing.assert_close(out[g.token_pad], x[g.token_pad], atol=0, rtol=0)  # padding: x + 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_lean_training_step_in_half_precision_is_finite(dtype):
+    model = build("umst_base", TINY).train().to(dtype)
+    src, wid, heads = collate(random_sentences(5, seed=9), left_pad=True, extra_pad=3)
+    prev = torch.randint(4, 60, (src.size(0), 5))
+    out, _ = model(src, src.ne(PAD).sum(1), prev, src_word_ids=wid, src_word_heads=heads)
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    out.float().pow(2).mean().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+def test_lean_gcn_saves_less_for_backward_than_plain_autograd():
+    """What the lean mode is for: fewer bytes kept for backward per block than the reference."""
+    def saved_bytes(mode):
+        layer = build("umst_base", TINY + ["--gcn-activations", mode]).encoder.layers[0].train()
+        src, wid, heads = collate(random_sentences(6, seed=3), left_pad=True, extra_pad=1)
+        g = build_graphs(src, wid, heads, PAD)
+        x = torch.randn(src.size(0), src.size(1), 32, requires_grad=True)
+        storages = {}
+
+        def pack(t):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            layer(x, g)
+        params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+        return sum(n for ptr, n in storages.items() if ptr not in params), x.numel() * x.element_size()
+
+    (lean, unit), (store, _), (recompute, _) = (saved_bytes(m) for m in ("lean", "store", "recompute"))
+    print(f"\nsaved for backward, one block: lean {lean} B, store {store} B, recompute {recompute} B; "
+          f"B x T x d = {unit} B")
+    # lean keeps ~4.5 fewer B x T x d float tensors per block than store (see umst_lean_gcn)
+    assert recompute < lean < store - 4 * unit

@@ -20,9 +20,9 @@ from fairseq.models.transformer import TransformerEncoderBase, TransformerModel
 from fairseq.models.transformer.transformer_legacy import base_architecture
 
 from umst_plugin.models._sizes import transformer_big_sizes
-from umst_plugin.modules.umst_encoder_layer import INTRA_GROUP_OPS, UMSTEncoderLayer
+from umst_plugin.modules.umst_encoder_layer import GCN_ACTIVATIONS, INTRA_GROUP_OPS, UMSTEncoderLayer
 from umst_plugin.modules.umst_graphs import PHRASE_NOISE, UPSAMPLE_MODES, WORD_BOUNDARY_NOISE, build_graphs
-from umst_plugin.modules.umst_rectified_attention import UPSAMPLE_NORMS
+from umst_plugin.modules.umst_rectified_attention import ATTENTION_DROPOUT_MODES, UPSAMPLE_NORMS
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,8 @@ class UMSTEncoder(TransformerEncoderBase):
             word_proj=word_proj,
             phrase_proj=phrase_proj,
             share_within_layer=(share == "within-layer" and intra == "gcn" and inter),
-            recompute_gcn=not getattr(cfg, "no_gcn_recompute", False),
+            gcn_activations=getattr(cfg, "gcn_activations", None) or "lean",
+            attention_dropout_mode=getattr(cfg, "rsan_attention_dropout", None) or "per-map",
         )
 
     def forward(
@@ -165,6 +166,10 @@ class UMSTModel(TransformerModel):
         g.add_argument("--rsan-upsample-norm", choices=UPSAMPLE_NORMS,
                        help="row (default): G ATTN2 diag(1/n) G^T, row-stochastic; literal: G ATTN2 G^T as Eq. 4 "
                             "(rows sum to the mean piece count)")
+        g.add_argument("--rsan-attention-dropout", choices=ATTENTION_DROPOUT_MODES,
+                       help="per-map (default): attention dropout on ATTN1 and, at word level, on ATTN2, so ATTN2' is "
+                            "never built; fused: build (ATTN1 + ATTN2')/2 in training and drop its entries, like a "
+                            "transformer's single map (same expectation, different noise; O(B.H.L^2) more memory)")
         g.add_argument("--word-downsample", choices=("mean", "scaled-sum"),
                        help="subword -> word pooling: mean (default, section 3.3) or sum/sqrt(n) (authors' code)")
         g.add_argument("--word-boundary-noise", choices=WORD_BOUNDARY_NOISE,
@@ -172,9 +177,13 @@ class UMSTModel(TransformerModel):
                             "combine with --no-inter-group as the paper does)")
         g.add_argument("--phrase-adjacency-noise", choices=PHRASE_NOISE,
                        help="replace A_p by a random symmetric Bernoulli(0.5) matrix (table 8 'UMST + Random P')")
+        g.add_argument("--gcn-activations", choices=GCN_ACTIVATIONS,
+                       help="what training keeps for the GCN blocks' backward (same math and dropout masks in all): "
+                            "lean (default: inputs and 1-byte masks, hand-written backward), store (plain autograd, "
+                            "the reference), recompute (checkpointing, also of RSAN's word branch: least memory, "
+                            "slowest)")
         g.add_argument("--no-gcn-recompute", action="store_true",
-                       help="keep the activations of the GCN blocks and of RSAN's word branch for backward instead "
-                            "of recomputing them (a few %% faster training, ~10%% more activation memory)")
+                       help="deprecated alias of --gcn-activations store")
         g.add_argument("--max-relative-positions", type=int, metavar="K",
                        help="Shaw et al. relative positions in the rectified attention, clipping distance K "
                             "(0 = off; the *_rpr archs use 16)")
@@ -233,7 +242,9 @@ def _umst_defaults(args):
     args.rsan_upsample = getattr(args, "rsan_upsample", None) or "gather"
     args.rsan_upsample_norm = getattr(args, "rsan_upsample_norm", None) or "row"
     args.word_downsample = getattr(args, "word_downsample", None) or "mean"
+    args.rsan_attention_dropout = getattr(args, "rsan_attention_dropout", None) or "per-map"
     args.no_gcn_recompute = getattr(args, "no_gcn_recompute", False)
+    args.gcn_activations = getattr(args, "gcn_activations", None) or ("store" if args.no_gcn_recompute else "lean")
     args.word_boundary_noise = getattr(args, "word_boundary_noise", None) or "none"
     args.phrase_adjacency_noise = getattr(args, "phrase_adjacency_noise", None) or "none"
     mrp = getattr(args, "max_relative_positions", None)

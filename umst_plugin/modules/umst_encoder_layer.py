@@ -16,6 +16,10 @@ subword stream is carried between blocks.
 Ablations (tables 5/6, section 6): ``intra_group`` gcn | pool (parameter-free per-word average
 pooling) | gat (single-head graph attention of Velickovic et al. over the same-word graph) | None;
 ``inter_group`` on/off; shared GCN projections are passed in as ``word_proj`` / ``phrase_proj``.
+
+Training memory (``gcn_activations``, see GCN_ACTIVATIONS below): by default the word GCN (operator
+gcn) and the phrase GCN run through ``umst_lean_gcn``'s autograd functions (in evaluation too), the
+same math and dropout masks as the modules' own forward (which ``store`` and ``recompute`` use).
 """
 import torch
 import torch.nn as nn
@@ -24,9 +28,17 @@ from torch.utils.checkpoint import checkpoint
 
 from umst_plugin.modules.group_gcn import GroupGCN, group_mean
 from umst_plugin.modules.umst_graphs import UMSTGraphs, downsample_words
+from umst_plugin.modules.umst_lean_gcn import lean_phrase_gcn, lean_word_gcn
 from umst_plugin.modules.umst_rectified_attention import RectifiedSelfAttention
 
 INTRA_GROUP_OPS = ("gcn", "pool", "gat")
+# How training keeps what the GCN blocks' backward needs (same math and dropout masks in all three):
+#   lean (default): umst_lean_gcn's hand-written backward keeps the block inputs, LayerNorm statistics
+#                   and 1-byte masks, and recomputes only LayerNorm and per-word means;
+#   store:          plain autograd keeps every intermediate (reference implementation);
+#   recompute:      plain autograd under torch.utils.checkpoint, also around RSAN's word branch:
+#                   least memory, re-runs the blocks' matmuls and dropout RNG in backward.
+GCN_ACTIVATIONS = ("lean", "store", "recompute")
 
 
 class PhraseGCN(nn.Module):
@@ -101,14 +113,13 @@ class UMSTEncoderLayer(nn.Module):
         word_proj=None,
         phrase_proj=None,
         share_within_layer=False,
-        recompute_gcn=True,
+        gcn_activations="lean",
+        attention_dropout_mode="per-map",
     ):
         super().__init__()
-        # Recompute the GCN blocks and RSAN's word branch in backward instead of storing their
-        # activations: their forward is cheap (per-word means, d x d maps over words, a W x W
-        # attention) but would otherwise keep ~10 tensors of B x T x d alive per block, which is
-        # what UMST adds over a transformer's activation memory. Costs ~3% of a training step.
-        self.recompute_gcn = recompute_gcn
+        if gcn_activations not in GCN_ACTIVATIONS:
+            raise ValueError(f"unknown gcn_activations {gcn_activations!r}; choose from {GCN_ACTIVATIONS}")
+        self.gcn_activations = gcn_activations
         if intra_group is not None and intra_group not in INTRA_GROUP_OPS:
             raise ValueError(f"unknown intra-group operator {intra_group!r}; choose from {INTRA_GROUP_OPS}")
         self.dropout = dropout
@@ -139,7 +150,8 @@ class UMSTEncoderLayer(nn.Module):
             upsample_norm=upsample_norm,
             share_qk=share_rsan_qk,
             max_relative_positions=max_relative_positions,
-            recompute_word_branch=recompute_gcn,
+            recompute_word_branch=gcn_activations == "recompute",
+            attention_dropout_mode=attention_dropout_mode,
         )
         self.final_layer_norm = nn.LayerNorm(embed_dim)
         self.fc1 = nn.Linear(embed_dim, ffn_embed_dim)
@@ -157,21 +169,30 @@ class UMSTEncoderLayer(nn.Module):
         h = torch.bmm(adj.to(x.dtype), h)
         return x + F.dropout(h, p=self.dropout, training=self.training)
 
+    def _lean(self):
+        # Also in evaluation: the same math, with the word GCN's d x d map once per word.
+        return self.gcn_activations == "lean"
+
     def _intra_group(self, x, graphs: UMSTGraphs):
         if graphs.word_adj is not None:
             if self.intra_group != "gcn":
                 raise ValueError("word-boundary noise 'random' is defined for the GCN intra-group operator only")
             return self._word_gcn_dense(x, graphs.word_adj)
+        if self.intra_group == "gcn" and self._lean():
+            return lean_word_gcn(self.word_gcn, x, graphs.group_slot, graphs.group_size, self.training)
         return self.word_gcn(x, graphs.word_groups)
 
     def _word_stream(self, x, graphs: UMSTGraphs):
         x_word = downsample_words(x, graphs, self.downsample)
         if self.phrase_gcn is not None:
-            x_word = self.phrase_gcn(x_word, graphs.phrase_adj)
+            if self._lean():
+                x_word = lean_phrase_gcn(self.phrase_gcn, x_word, graphs.phrase_adj, self.training)
+            else:
+                x_word = self.phrase_gcn(x_word, graphs.phrase_adj)
         return self.word_attn_layer_norm(x_word)  # the word branch's pre-norm, recomputed with it
 
     def _maybe_recompute(self, fn, x, graphs):
-        if self.recompute_gcn and self.training and torch.is_grad_enabled():
+        if self.gcn_activations == "recompute" and self.training and torch.is_grad_enabled():
             # Non-reentrant checkpoint restores the RNG state, so dropout masks are identical on recompute.
             return checkpoint(fn, x, graphs, use_reentrant=False)
         return fn(x, graphs)

@@ -31,6 +31,7 @@ which scatter-add with atomics is not.
 from typing import NamedTuple, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from umst_plugin.modules.group_gcn import normalized_group_adjacency  # noqa: F401  (re-exported for tests)
@@ -54,6 +55,8 @@ class UMSTGraphs(NamedTuple):
     up_index: Tensor  # B x T x K long: word slots each token reads from when up-sampling ATTN2 (W = none)
     up_weight: Tensor  # B x T x K float: their weights (gather: one slot, weight 1; linear: two slots)
     up_mass: Tensor  # B x W float: column sums of the up-sampling matrix R (= pieces for gather)
+    group_slot: Tensor  # (B*T) long: flat row b*(W+1) + group of the word GCN's A_w (padding -> b*(W+1) + W)
+    group_size: Tensor  # (B*(W+1)) float: tokens of each group row (>= 1); inf on the rows holding padding
 
 
 def check_side_inputs(src_tokens: Tensor, word_ids: Tensor, word_heads: Tensor, padding_idx: int):
@@ -226,6 +229,14 @@ def build_graphs(
         phrase_adj = symmetric_normalize(adj.to(torch.float32))
 
     up_index, up_weight, up_mass = upsampling_map(token_word, token_pad, word_pad, upsample)
+    # The word GCN's groups as flat per-token rows (the true words, or the shuffled groups, which number
+    # the same): the lean word GCN averages into these rows and runs its d x d map once per group.
+    group = torch.where(token_pad, torch.full_like(word_groups, n_slots), word_groups - 1)
+    group_slot = _flat_slots(group, n_slots).reshape(-1)
+    group_size = torch.zeros(bsz * (n_slots + 1), device=word_ids.device, dtype=torch.float32)
+    group_size.index_add_(0, group_slot, torch.ones_like(group_slot, dtype=torch.float32))
+    padding_row = torch.arange(bsz * (n_slots + 1), device=word_ids.device) % (n_slots + 1) == n_slots
+    group_size = group_size.clamp(min=1).masked_fill(padding_row, float("inf"))  # mean of padding := 0
     return UMSTGraphs(
         token_word=token_word,
         token_pad=token_pad,
@@ -238,7 +249,36 @@ def build_graphs(
         up_index=up_index,
         up_weight=up_weight,
         up_mass=up_mass,
+        group_slot=group_slot,
+        group_size=group_size,
     )
+
+
+class _SegmentSum(torch.autograd.Function):
+    """``zeros(n_rows, C).index_add_(0, index, source)`` whose backward saves only ``index``.
+
+    ``Tensor.index_add_``'s autograd keeps ``source`` alive (it needs only its shape), a whole
+    B x T x d activation per call; its gradient is just ``grad[index]``."""
+
+    @staticmethod
+    def forward(ctx, source: Tensor, index: Tensor, n_rows: int, dtype: torch.dtype) -> Tensor:
+        ctx.save_for_backward(index)
+        ctx.source_dtype = source.dtype
+        out = source.new_zeros(n_rows, source.size(-1), dtype=dtype)
+        return out.index_add_(0, index, source.to(dtype))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (index,) = ctx.saved_tensors
+        return grad.index_select(0, index).to(ctx.source_dtype), None, None, None
+
+
+def segment_sum(source: Tensor, index: Tensor, n_rows: int, dtype: Optional[torch.dtype] = None) -> Tensor:
+    """Rows of ``source`` (N x C) summed into ``n_rows`` rows by ``index`` (N), in ``dtype``
+    (default: fp32 for fp16/bf16 sources, so long groups do not overflow)."""
+    if dtype is None:
+        dtype = torch.float32 if source.dtype in (torch.float16, torch.bfloat16) else source.dtype
+    return _SegmentSum.apply(source, index, n_rows, dtype)
 
 
 def _flat_slots(index: Tensor, n_slots: int) -> Tensor:
@@ -254,9 +294,9 @@ def downsample_words(x: Tensor, graphs: UMSTGraphs, mode: str = "mean") -> Tenso
         raise ValueError(f"unknown down-sampling {mode!r}; choose mean or scaled-sum")
     bsz, length, channels = x.shape
     n_slots = graphs.word_pad.size(1)
-    acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-    sums = x.new_zeros(bsz * (n_slots + 1), channels, dtype=acc)
-    sums.index_add_(0, _flat_slots(graphs.token_word, n_slots).reshape(-1), x.reshape(-1, channels).to(acc))
+    index = _flat_slots(graphs.token_word, n_slots).reshape(-1)
+    sums = segment_sum(x.reshape(-1, channels), index, bsz * (n_slots + 1))
+    acc = sums.dtype
     sums = sums.view(bsz, n_slots + 1, channels)[:, :n_slots]
     n = graphs.pieces.clamp(min=1).to(acc).unsqueeze(-1)
     out = sums / n if mode == "mean" else sums / n.sqrt()
@@ -271,11 +311,15 @@ def project_to_words(v: Tensor, graphs: UMSTGraphs, normalize: bool) -> Tensor:
     n_slots = graphs.word_pad.size(1)
     acc = torch.float32 if v.dtype in (torch.float16, torch.bfloat16) else v.dtype
     flat = _flat_slots(graphs.up_index, n_slots)  # B x T x K
-    out = v.new_zeros(bsz * (n_slots + 1), channels, dtype=acc)
-    v_acc = v.to(acc)
-    for k in range(flat.size(-1)):  # K <= 2 interpolation taps, not a loop over the batch
-        w = graphs.up_weight[..., k].to(acc).unsqueeze(-1)
-        out.index_add_(0, flat[..., k].reshape(-1), (v_acc * w).reshape(-1, channels))
+    if flat.size(-1) == 1:  # gather / nearest: weight 1 on real tokens, and padding lands in slot W
+        out = segment_sum(v.reshape(-1, channels), flat.reshape(-1), bsz * (n_slots + 1), acc)
+    else:
+        out = None
+        v_acc = v.to(acc)
+        for k in range(flat.size(-1)):  # K <= 2 interpolation taps, not a loop over the batch
+            w = graphs.up_weight[..., k].to(acc).unsqueeze(-1)
+            tap = segment_sum((v_acc * w).reshape(-1, channels), flat[..., k].reshape(-1), bsz * (n_slots + 1), acc)
+            out = tap if out is None else out + tap
     out = out.view(bsz, n_slots + 1, channels)[:, :n_slots]
     if normalize:
         out = out / graphs.up_mass.clamp(min=1e-6).to(acc).unsqueeze(-1)
@@ -294,4 +338,27 @@ def upsample_tokens(y: Tensor, graphs: UMSTGraphs) -> Tensor:
         tap = y_flat.index_select(0, flat[..., k].reshape(-1)).view(bsz, -1, channels)
         tap = tap * graphs.up_weight[..., k].to(y.dtype).unsqueeze(-1)
         out = tap if out is None else out + tap
+    return out
+
+
+def upsample_attention_map(a2: Tensor, graphs: UMSTGraphs, normalize: bool) -> Tensor:
+    """ATTN2' = R ATTN2 R^T (or R ATTN2 diag(1/mass) R^T when ``normalize``), B x H x W x W -> B x H x T x T,
+    by gathers on the per-token word slots (R is never built). Only for the materialised RSAN path
+    (``--rsan-attention-dropout fused``); rows and columns of padding tokens are 0."""
+    bsz, heads, n_slots, _ = a2.shape
+    length, taps = graphs.up_index.shape[1:]
+    padded = F.pad(a2, (0, 1, 0, 1))  # slot W: the zero word that padding tokens read
+    weight = graphs.up_weight.to(a2.dtype)  # B x T x K
+    col_weight = weight
+    if normalize:
+        mass = F.pad(graphs.up_mass, (0, 1), value=1.0).clamp(min=1e-6).to(a2.dtype)  # B x (W+1)
+        col_weight = weight / mass.gather(1, graphs.up_index.reshape(bsz, -1)).view_as(weight)
+    out = None
+    for row_tap in range(taps):  # K <= 2 interpolation taps, not a loop over the batch
+        index = graphs.up_index[..., row_tap].view(bsz, 1, length, 1).expand(bsz, heads, length, n_slots + 1)
+        rows = padded.gather(2, index) * weight[..., row_tap].view(bsz, 1, length, 1)  # B x H x T x (W+1)
+        for col_tap in range(taps):
+            index = graphs.up_index[..., col_tap].view(bsz, 1, 1, length).expand(bsz, heads, length, length)
+            term = rows.gather(3, index) * col_weight[..., col_tap].view(bsz, 1, 1, length)
+            out = term if out is None else out + term
     return out

@@ -12,8 +12,23 @@ stream only, per head. ATTN2' is ATTN2 up-sampled to subwords (Eq. 4).
 We never build ATTN2' (L x L) nor G: since ``ATTN2' V = G ATTN2 (G^T V)``, we down-sample V to
 words (an index_add over per-token word indices), attend at word level, and up-sample the result
 with a gather on the word indices. The extra work over a transformer is O(B.H.L'^2) for ATTN2
-(L' <= L words) plus O(B.L.d) for the scatter/gather; with no relative positions both maps run
-through ``F.scaled_dot_product_attention`` and no attention map is stored at all.
+(L' <= L words) plus O(B.L.d) for the scatter/gather. With no relative positions both maps run
+through ``F.scaled_dot_product_attention``, as fairseq's MultiheadAttention does for the
+transformer baseline (a fused kernel where one applies; with attention dropout on CPU both fall back
+to the math path, which keeps its map for backward).
+
+Attention dropout (``attention_dropout_mode``): a deliberate change
+-------------------------------------------------------------------
+The paper does not say where attention dropout goes; a transformer drops entries of its one map,
+which here would be the fused map ``(ATTN1 + ATTN2')/2`` and would force building ATTN2' (L x L).
+``per-map`` (default) drops entries of ATTN1 (inside SDPA) and of ATTN2 at word level (so the entries
+of ATTN2' that come from one word pair share one draw): each branch is still an unbiased estimate
+of its map, so the expected output is the same as with ``fused``, only the noise differs; in
+evaluation the two are identical. ``fused`` keeps the exact transformer-style form: in training it
+builds ATTN1 and ATTN2' (gathers, ``umst_graphs.upsample_attention_map``), averages them and drops
+entries of the average (O(B.H.L^2) more memory and time); with relative positions, Shaw et al.'s
+value term sees ATTN1's share of the same dropped entries. Tests check that the two paths agree
+exactly without dropout and that ``fused`` drops entries of the dense reference map.
 
 Up-sampling normalisation (``upsample_norm``)
 ---------------------------------------------
@@ -48,9 +63,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from umst_plugin.modules.umst_graphs import UMSTGraphs, project_to_words, upsample_tokens
+from umst_plugin.modules.umst_graphs import UMSTGraphs, project_to_words, upsample_attention_map, upsample_tokens
 
 UPSAMPLE_NORMS = ("row", "literal")
+ATTENTION_DROPOUT_MODES = ("per-map", "fused")
+
+
+def _softmax_input(scores):
+    """Softmax in fp32 for fp16/bf16 scores (no overflow), in the scores' own dtype otherwise."""
+    return scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
 
 
 class RectifiedSelfAttention(nn.Module):
@@ -65,9 +86,14 @@ class RectifiedSelfAttention(nn.Module):
         share_qk=False,
         max_relative_positions=0,
         recompute_word_branch=False,
+        attention_dropout_mode="per-map",
     ):
         super().__init__()
         self.recompute_word_branch = recompute_word_branch
+        if attention_dropout_mode not in ATTENTION_DROPOUT_MODES:
+            raise ValueError(f"unknown attention_dropout_mode {attention_dropout_mode!r}; "
+                             f"choose from {ATTENTION_DROPOUT_MODES}")
+        self.attention_dropout_mode = attention_dropout_mode
         if embed_dim % num_heads != 0:
             raise ValueError(f"embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
         if upsample_norm not in UPSAMPLE_NORMS:
@@ -128,13 +154,15 @@ class RectifiedSelfAttention(nn.Module):
         rel_k = self.rel_keys(rel).to(q.dtype)  # L x L x d_k
         scale = 1.0 / math.sqrt(self.head_dim)
         scores = torch.matmul(q, k.transpose(-1, -2)) + torch.einsum("bhid,ijd->bhij", q, rel_k)
-        scores = (scores * scale).float().masked_fill(key_pad.view(key_pad.size(0), 1, 1, -1), float("-inf"))
+        scores = _softmax_input(scores * scale).masked_fill(key_pad.view(key_pad.size(0), 1, 1, -1), float("-inf"))
         attn = F.dropout(torch.softmax(scores, dim=-1), p=dropout, training=self.training).to(v.dtype)
         rel_v = self.rel_values(rel).to(v.dtype)
         return torch.matmul(attn, v) + torch.einsum("bhij,ijd->bhid", attn, rel_v)
 
     def forward(self, x, x_word, graphs: UMSTGraphs):
         """x: B x T x C (normalised subword stream), x_word: B x W x C (normalised word stream)."""
+        if self.attention_dropout_mode == "fused" and self.training:
+            return self._fused_map_forward(x, x_word, graphs)
         q = self._heads(self.q_proj(x))
         k = self._heads(self.k_proj(x))
         v_tokens = self.v_proj(x)
@@ -157,6 +185,40 @@ class RectifiedSelfAttention(nn.Module):
         dropout = self.attention_dropout if self.training else 0.0
         out_word = F.scaled_dot_product_attention(q_word, k_word, v_word, attn_mask=keep_words, dropout_p=dropout)
         return upsample_tokens(self._merge(out_word), graphs)
+
+    def _relative_keys_values(self, length, device, dtype):
+        pos = torch.arange(length, device=device)
+        rel = (pos.unsqueeze(0) - pos.unsqueeze(1)).clamp(-self.max_relative_positions, self.max_relative_positions)
+        rel = rel + self.max_relative_positions  # L x L, [i, j] -> bucket of j - i
+        return self.rel_keys(rel).to(dtype), self.rel_values(rel).to(dtype)
+
+    def _fused_map_forward(self, x, x_word, graphs: UMSTGraphs):
+        """Training with ``attention_dropout_mode="fused"``: the fused map (ATTN1 + ATTN2') / 2 is built
+        (B x H x T x T) and attention dropout drops entries of it, as a transformer drops entries of its
+        one map; the relative-value term (RPR) sees ATTN1's share of the same dropped entries."""
+        scale = 1.0 / math.sqrt(self.head_dim)
+        q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+        scores = torch.matmul(q, k.transpose(-1, -2))
+        rel_v = None
+        if self.rel_keys is not None:
+            rel_k, rel_v = self._relative_keys_values(q.size(2), q.device, q.dtype)
+            scores = scores + torch.einsum("bhid,ijd->bhij", q, rel_k)
+        scores = _softmax_input(scores * scale).masked_fill(graphs.token_pad[:, None, None, :], float("-inf"))
+        a1 = torch.softmax(scores, dim=-1)
+        word_q_proj = self.q_proj if self.share_qk else self.word_q_proj
+        word_k_proj = self.k_proj if self.share_qk else self.word_k_proj
+        q_word, k_word = self._heads(word_q_proj(x_word)), self._heads(word_k_proj(x_word))
+        word_scores = _softmax_input(torch.matmul(q_word, k_word.transpose(-1, -2)) * scale)
+        a2 = torch.softmax(word_scores.masked_fill(graphs.word_pad[:, None, None, :], float("-inf")), dim=-1)
+        fused = 0.5 * (a1 + upsample_attention_map(a2, graphs, normalize=self.upsample_norm == "row"))
+        keep = None
+        if self.attention_dropout > 0:
+            fused, keep = torch.native_dropout(fused, self.attention_dropout, True)
+        out = torch.matmul(fused.to(v.dtype), v)
+        if rel_v is not None:
+            a1_share = 0.5 * a1 if keep is None else 0.5 * a1 * keep / (1.0 - self.attention_dropout)
+            out = out + torch.einsum("bhij,ijd->bhid", a1_share.to(v.dtype), rel_v)
+        return self.out_proj(self._merge(out))
 
     def attention_maps(self, x, x_word, graphs: UMSTGraphs):
         """Dense (ATTN1, ATTN2, fused map) per head, B x H x T x T, for tests and visualisation only
