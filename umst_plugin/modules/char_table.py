@@ -26,7 +26,7 @@ Character-vocabulary ids: 0 = padding, 1 = word separator, 2 .. 1+S = the S
 special entries (dictionary order), then the real characters sorted by code point.
 """
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 import torch
 import torch.nn as nn

@@ -98,11 +98,11 @@ class _PreNormMSCLayer(nn.Module):
         embed_dim: int,
         ffn_dim: int,
         num_heads: int,
-        dropout: float,
-        attention_dropout: float,
-        activation_dropout: float,
-        context_attention: bool,
-        fusion: str,
+        dropout: float = 0.1,
+        attention_dropout: float = 0.0,
+        activation_dropout: float = 0.0,
+        context_attention: bool = True,
+        fusion: str = "gate",
     ):
         super().__init__()
         self.embed_dim = embed_dim
@@ -110,12 +110,12 @@ class _PreNormMSCLayer(nn.Module):
             embed_dim, num_heads, dropout=attention_dropout, self_attention=True
         )
         self.self_attn_layer_norm = LayerNorm(embed_dim)
+        self.num_heads = num_heads
+        self.attention_dropout = attention_dropout
         if context_attention:
             # Keys/values come from the context state, queries from the layer's
             # normalised input: an encoder-decoder style attention with its own parameters.
-            self.context_attn = MultiheadAttention(
-                embed_dim, num_heads, dropout=attention_dropout, encoder_decoder_attention=True
-            )
+            self.context_attn = self.new_cross_attention()
             self.fusion = FeatureFusion(embed_dim, fusion)
         else:
             self.context_attn = None
@@ -128,6 +128,10 @@ class _PreNormMSCLayer(nn.Module):
         self.fc1 = nn.Linear(embed_dim, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, embed_dim)
         self.final_layer_norm = LayerNorm(embed_dim)
+
+    def new_cross_attention(self) -> MultiheadAttention:
+        return MultiheadAttention(self.embed_dim, self.num_heads, dropout=self.attention_dropout,
+                                  encoder_decoder_attention=True)
 
     def fuse_context(self, attn_h: Tensor, query: Tensor, context: Optional[Tensor],
                      padding_mask: Optional[Tensor], incremental_state=None) -> Tensor:
@@ -159,20 +163,6 @@ class MSCEncoderLayer(_PreNormMSCLayer):
     TransformerEncoderLayer.
     """
 
-    def __init__(
-        self,
-        embed_dim: int,
-        ffn_dim: int,
-        num_heads: int,
-        dropout: float = 0.1,
-        attention_dropout: float = 0.0,
-        activation_dropout: float = 0.0,
-        context_attention: bool = True,
-        fusion: str = "gate",
-    ):
-        super().__init__(embed_dim, ffn_dim, num_heads, dropout, attention_dropout,
-                         activation_dropout, context_attention, fusion)
-
     def forward(
         self,
         x: Tensor,
@@ -202,23 +192,10 @@ class MSCDecoderLayer(_PreNormMSCLayer):
     (cross-attention keys/values are cached with ``static_kv``).
     """
 
-    def __init__(
-        self,
-        embed_dim: int,
-        ffn_dim: int,
-        num_heads: int,
-        dropout: float = 0.1,
-        attention_dropout: float = 0.0,
-        activation_dropout: float = 0.0,
-        context_attention: bool = True,
-        fusion: str = "gate",
-    ):
-        super().__init__(embed_dim, ffn_dim, num_heads, dropout, attention_dropout,
-                         activation_dropout, context_attention, fusion)
-        self.encoder_attn = MultiheadAttention(
-            embed_dim, num_heads, dropout=attention_dropout, encoder_decoder_attention=True
-        )
-        self.encoder_attn_layer_norm = LayerNorm(embed_dim)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.encoder_attn = self.new_cross_attention()
+        self.encoder_attn_layer_norm = LayerNorm(self.embed_dim)
         self.need_attn = True
 
     def forward(

@@ -29,7 +29,6 @@ Tensors are time-first (L x B x C); padding masks are B x L, True at padding.
 from dataclasses import dataclass, field
 from typing import FrozenSet
 
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 

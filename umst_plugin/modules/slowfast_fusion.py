@@ -58,7 +58,6 @@ def chars_to_tokens(x_fast, char_token_index, num_tokens):
 
 def tokens_to_chars(x_slow, char_token_index):
     """Each character copies its subword's state: T x B x C -> Lf x B x C (zero at padding)."""
-    batch = x_slow.size(1)
     index = (char_token_index - 1).clamp(min=0)  # B x Lf
     gathered = torch.gather(x_slow.transpose(0, 1), 1, index.unsqueeze(-1).expand(-1, -1, x_slow.size(2)))
     gathered = gathered.masked_fill(char_token_index.eq(0).unsqueeze(-1), 0.0)
