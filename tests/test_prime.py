@@ -351,6 +351,29 @@ def test_beam_search_with_cross_keys_shared_by_beams_equals_unshared(arch, seed,
             torch.testing.assert_close(a["positional_scores"], b["positional_scores"], rtol=1e-5, atol=1e-5)
 
 
+def test_beam_size_left_by_an_earlier_generator_does_not_merge_sentences():
+    """A beam-4 generator sets the layers' beam size; greedy decoding of 4 different sentences afterwards (the batch
+    is a multiple of 4 but not 4 copies of one sentence) must still give each sentence its own cross-attention keys."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    model, task = tiny("prime_simple_base", seed=0)
+    src, lengths, _ = batch(bsz=4, src_len=7, left_pad=True)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}
+
+    def greedy():
+        generator = SequenceGenerator([model], task.target_dictionary, beam_size=1, max_len_b=12, min_len=1)
+        with torch.no_grad():
+            return generator.generate([model], sample)
+
+    fresh = greedy()
+    SequenceGenerator([model], task.target_dictionary, beam_size=4)
+    assert all(layer.beam_size == 4 for layer in model.decoder.layers)
+    after = greedy()
+    for a, b in zip(fresh, after):
+        assert torch.equal(a[0]["tokens"], b[0]["tokens"])
+        torch.testing.assert_close(a[0]["positional_scores"], b[0]["positional_scores"], rtol=1e-5, atol=1e-5)
+
+
 # ----------------------------------------------------------------------------- invariance
 
 

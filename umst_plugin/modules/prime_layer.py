@@ -50,6 +50,7 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
 
 from umst_plugin.modules.multi_kernel_dynamic_conv import MultiKernelConv
+from umst_plugin.modules.segment_ops import upcast_half
 
 IncrementalState = Optional[Dict[str, Dict[str, Optional[Tensor]]]]
 
@@ -323,9 +324,11 @@ class PrimeLayer(nn.Module):
             if saved is not None:
                 return saved["k"], saved["v"], saved.get("mask")
         beams = self.beam_size if incremental_state is not None else 1
-        if beams > 1 and encoder_out.size(1) % beams == 0:
+        if beams > 1 and _repeats_each_sentence(encoder_out, beams, 1) and (
+                encoder_padding_mask is None or _repeats_each_sentence(encoder_padding_mask, beams, 0)):
             # beam search repeats each sentence's encoder output for its beams (fairseq's SequenceGenerator,
-            # after set_beam_size): keys and values are computed, cached and reordered once per sentence
+            # after set_beam_size): keys and values are computed, cached and reordered once per sentence.
+            # Checked, not assumed: a beam size set by an earlier generator must not merge other sentences.
             encoder_out = encoder_out[:, ::beams]
             if encoder_padding_mask is not None:
                 encoder_padding_mask = encoder_padding_mask[::beams]
@@ -387,8 +390,7 @@ class PrimeLayer(nn.Module):
         k = k.contiguous().view(S, B * H, Dh).transpose(0, 1)
         v = v.contiguous().view(S, B * H, Dh).transpose(0, 1)
         scores = torch.bmm(q, k.transpose(1, 2))  # B*H x T x S
-        if scores.dtype in (torch.float16, torch.bfloat16):
-            scores = scores.float()
+        scores = upcast_half(scores)
         if blocked is not None:
             scores = scores.view(B, H, T, S).masked_fill(blocked, torch.finfo(scores.dtype).min).view(B * H, T, S)
         probs = torch.softmax(scores, dim=-1)
@@ -414,6 +416,14 @@ class PrimeLayer(nn.Module):
             self.set_incremental_state(incremental_state, key, {
                 name: t if name == "beams" else t.index_select(0 if name == "mask" else 1, order)
                 for name, t in saved.items()})
+
+
+def _repeats_each_sentence(t: Tensor, beams: int, dim: int) -> bool:
+    """True when ``t`` along ``dim`` holds each sentence ``beams`` times in a row (once per decoding, per layer)."""
+    if t.size(dim) % beams:
+        return False
+    grouped = t.unflatten(dim, (-1, beams))
+    return bool((grouped == grouped.narrow(dim + 1, 0, 1)).all())
 
 
 def _linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
