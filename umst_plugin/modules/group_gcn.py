@@ -43,6 +43,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from umst_plugin.modules.segment_ops import segment_mean
+
 
 def _check_group_ids(group_ids, length, batch):
     if group_ids.dim() != 2 or group_ids.size(0) != batch or group_ids.size(1) != length:
@@ -86,12 +88,7 @@ def group_mean(x, group_ids, time_first=False, num_groups=None):
     # Flatten (sentence, group) into one slot index so sentences never share slots.
     slot = group_ids + torch.arange(batch, device=x.device).unsqueeze(1) * num_slots  # B x L
     slot = slot.reshape(-1)
-    acc_dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-    sums = x.new_zeros(batch * num_slots, channels, dtype=acc_dtype)
-    sums.index_add_(0, slot, x.reshape(-1, channels).to(acc_dtype))
-    counts = torch.zeros(batch * num_slots, device=x.device, dtype=acc_dtype)
-    counts.index_add_(0, slot, torch.ones_like(slot, dtype=acc_dtype))
-    means = sums / counts.clamp(min=1).unsqueeze(1)
+    means = segment_mean(x.reshape(-1, channels), slot, batch * num_slots)
     out = means.index_select(0, slot).view(batch, length, channels)
     out = out.masked_fill((group_ids == 0).unsqueeze(-1), 0.0).to(x.dtype)
     if time_first:

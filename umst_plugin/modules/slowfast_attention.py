@@ -23,10 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-def _upcast(t):
-    """fp16/bf16 scores go through softmax in fp32 (as fairseq does); fp32/fp64 stay as they are."""
-    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+from umst_plugin.modules.segment_ops import upcast_half
 
 
 def boundary_band(groups, max_distance, use_boundary=True):
@@ -97,12 +94,12 @@ class BoundaryRelativeSelfAttention(nn.Module):
         q = split(self.q_proj(x)) * self.scaling
         k = split(self.k_proj(x))
         v = split(self.v_proj(x))
-        logits = _upcast(torch.matmul(q, k.transpose(-1, -2)))  # B x H x L x L, fp32 softmax like fairseq
+        logits = upcast_half(torch.matmul(q, k.transpose(-1, -2)))  # B x H x L x L, fp32 softmax like fairseq
         # In-place updates of the fresh logits avoid two extra L x L copies (autograd-safe:
         # matmul's backward does not need its output).
         if self.rel_keys is not None:
             cols, valid = boundary_band(groups, self.max_distance, use_boundary)
-            rel = _upcast(torch.matmul(q, self.rel_keys.t())) * valid.unsqueeze(1)  # B x H x L x (2k+1)
+            rel = upcast_half(torch.matmul(q, self.rel_keys.t())) * valid.unsqueeze(1)  # B x H x L x (2k+1)
             band_cols = cols.unsqueeze(1).expand(-1, heads, -1, -1)
             logits.scatter_add_(-1, band_cols, rel)
         logits.masked_fill_(key_padding_mask.view(batch, 1, 1, length), float("-inf"))

@@ -37,6 +37,8 @@ import torch.nn.functional as F
 
 from fairseq.modules import MultiheadAttention
 
+from umst_plugin.modules.segment_ops import segment_mean, upcast_half
+
 FUSIONS = ("cga", "linear-attention", "ds-concat", "ds-sum")
 
 
@@ -48,11 +50,7 @@ def chars_to_tokens(x_fast, char_token_index, num_tokens):
     slots = num_tokens + 1
     slot = (char_token_index + torch.arange(batch, device=x_fast.device).view(-1, 1) * slots).reshape(-1)
     values = x_fast.transpose(0, 1).reshape(-1, channels)
-    acc_dtype = torch.float32 if values.dtype in (torch.float16, torch.bfloat16) else values.dtype
-    sums = values.new_zeros(batch * slots, channels, dtype=acc_dtype).index_add_(0, slot, values.to(acc_dtype))
-    counts = torch.zeros(batch * slots, dtype=acc_dtype, device=values.device)
-    counts.index_add_(0, slot, torch.ones_like(slot, dtype=acc_dtype))
-    means = (sums / counts.clamp(min=1).unsqueeze(1)).view(batch, slots, channels)[:, 1:]
+    means = segment_mean(values, slot, batch * slots).view(batch, slots, channels)[:, 1:]
     return means.transpose(0, 1).to(x_fast.dtype)
 
 
@@ -62,11 +60,6 @@ def tokens_to_chars(x_slow, char_token_index):
     gathered = torch.gather(x_slow.transpose(0, 1), 1, index.unsqueeze(-1).expand(-1, -1, x_slow.size(2)))
     gathered = gathered.masked_fill(char_token_index.eq(0).unsqueeze(-1), 0.0)
     return gathered.transpose(0, 1)
-
-
-def _upcast(t):
-    """fp16/bf16 scores go through softmax in fp32 (as fairseq does); fp32/fp64 stay as they are."""
-    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
 class WidthChangingAttention(nn.Module):
@@ -110,7 +103,7 @@ class WidthChangingAttention(nn.Module):
         else:
             k = self.k_proj(kv).view(-1, batch, heads, head_dim).permute(1, 2, 3, 0)  # B x H x d x Lk
             logits = torch.matmul(q, k)
-        logits = _upcast(logits)
+        logits = upcast_half(logits)
         logits.masked_fill_(key_padding_mask.view(batch, 1, 1, -1), float("-inf"))  # fresh tensor: in place
         weights = F.dropout(F.softmax(logits, dim=-1), p=self.dropout, training=self.training).to(q.dtype)
         if self.reassociate:

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from umst_plugin.modules.group_gcn import normalized_group_adjacency  # noqa: F401  (re-exported for tests)
+from umst_plugin.modules.segment_ops import accumulation_dtype, segment_sum
 
 UPSAMPLE_MODES = ("gather", "nearest", "linear")
 WORD_BOUNDARY_NOISE = ("none", "random", "shuffle")
@@ -264,8 +265,7 @@ class _SegmentSum(torch.autograd.Function):
     def forward(ctx, source: Tensor, index: Tensor, n_rows: int, dtype: torch.dtype) -> Tensor:
         ctx.save_for_backward(index)
         ctx.source_dtype = source.dtype
-        out = source.new_zeros(n_rows, source.size(-1), dtype=dtype)
-        return out.index_add_(0, index, source.to(dtype))
+        return segment_sum(source, index, n_rows, dtype)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -273,12 +273,9 @@ class _SegmentSum(torch.autograd.Function):
         return grad.index_select(0, index).to(ctx.source_dtype), None, None, None
 
 
-def segment_sum(source: Tensor, index: Tensor, n_rows: int, dtype: Optional[torch.dtype] = None) -> Tensor:
-    """Rows of ``source`` (N x C) summed into ``n_rows`` rows by ``index`` (N), in ``dtype``
-    (default: fp32 for fp16/bf16 sources, so long groups do not overflow)."""
-    if dtype is None:
-        dtype = torch.float32 if source.dtype in (torch.float16, torch.bfloat16) else source.dtype
-    return _SegmentSum.apply(source, index, n_rows, dtype)
+def segment_sum_keeping_index(source: Tensor, index: Tensor, n_rows: int, dtype: Optional[torch.dtype] = None) -> Tensor:
+    """``segment_ops.segment_sum`` whose autograd keeps only ``index`` for backward (see _SegmentSum)."""
+    return _SegmentSum.apply(source, index, n_rows, accumulation_dtype(source.dtype) if dtype is None else dtype)
 
 
 def _flat_slots(index: Tensor, n_slots: int) -> Tensor:
@@ -295,7 +292,7 @@ def downsample_words(x: Tensor, graphs: UMSTGraphs, mode: str = "mean") -> Tenso
     bsz, length, channels = x.shape
     n_slots = graphs.word_pad.size(1)
     index = _flat_slots(graphs.token_word, n_slots).reshape(-1)
-    sums = segment_sum(x.reshape(-1, channels), index, bsz * (n_slots + 1))
+    sums = segment_sum_keeping_index(x.reshape(-1, channels), index, bsz * (n_slots + 1))
     acc = sums.dtype
     sums = sums.view(bsz, n_slots + 1, channels)[:, :n_slots]
     n = graphs.pieces.clamp(min=1).to(acc).unsqueeze(-1)
@@ -309,16 +306,16 @@ def project_to_words(v: Tensor, graphs: UMSTGraphs, normalize: bool) -> Tensor:
     With the gather map this is the sum (literal G^T v) or the mean of each word's pieces."""
     bsz, length, channels = v.shape
     n_slots = graphs.word_pad.size(1)
-    acc = torch.float32 if v.dtype in (torch.float16, torch.bfloat16) else v.dtype
+    acc = accumulation_dtype(v.dtype)
     flat = _flat_slots(graphs.up_index, n_slots)  # B x T x K
     if flat.size(-1) == 1:  # gather / nearest: weight 1 on real tokens, and padding lands in slot W
-        out = segment_sum(v.reshape(-1, channels), flat.reshape(-1), bsz * (n_slots + 1), acc)
+        out = segment_sum_keeping_index(v.reshape(-1, channels), flat.reshape(-1), bsz * (n_slots + 1), acc)
     else:
         out = None
         v_acc = v.to(acc)
         for k in range(flat.size(-1)):  # K <= 2 interpolation taps, not a loop over the batch
             w = graphs.up_weight[..., k].to(acc).unsqueeze(-1)
-            tap = segment_sum((v_acc * w).reshape(-1, channels), flat[..., k].reshape(-1), bsz * (n_slots + 1), acc)
+            tap = segment_sum_keeping_index((v_acc * w).reshape(-1, channels), flat[..., k].reshape(-1), bsz * (n_slots + 1), acc)
             out = tap if out is None else out + tap
     out = out.view(bsz, n_slots + 1, channels)[:, :n_slots]
     if normalize:

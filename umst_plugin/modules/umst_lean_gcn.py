@@ -24,24 +24,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-
-def _acc_dtype(dtype):
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
-def _segment_sum(rows: Tensor, slot: Tensor, n_slots: int) -> Tensor:
-    """Rows of ``rows`` (N x C) summed into ``n_slots`` slots (in fp32 for fp16/bf16)."""
-    acc = _acc_dtype(rows.dtype)
-    return rows.new_zeros(n_slots, rows.size(-1), dtype=acc).index_add_(0, slot, rows.to(acc))
+from umst_plugin.modules.segment_ops import accumulation_dtype, segment_sum
 
 
 def _divide_rows(rows: Tensor, size: Tensor, dtype) -> Tensor:
-    return (rows.to(_acc_dtype(dtype)) / size.to(_acc_dtype(dtype)).unsqueeze(-1)).to(dtype)
+    acc = accumulation_dtype(dtype)
+    return (rows.to(acc) / size.to(acc).unsqueeze(-1)).to(dtype)
 
 
 def _segment_mean(rows: Tensor, slot: Tensor, size: Tensor) -> Tensor:
     """Per-slot means of ``rows``; ``size`` holds the slots' sizes (inf on padding slots: mean 0)."""
-    return _divide_rows(_segment_sum(rows, slot, size.numel()), size, rows.dtype)
+    return _divide_rows(segment_sum(rows, slot, size.numel()), size, rows.dtype)
 
 
 def _dropout(t: Tensor, p: float, training: bool):
@@ -77,7 +70,7 @@ class LeanWordGCN(torch.autograd.Function):
         g = _segment_mean(g, slot, size).index_select(0, slot)
         if keep_act is not None:
             g = g * keep_act * (1.0 / (1.0 - ctx.p_act))
-        g_pre = _segment_sum(g, slot, size.numel()).to(g.dtype).masked_fill_(~active, 0.0)  # R x C
+        g_pre = segment_sum(g, slot, size.numel()).to(g.dtype).masked_fill_(~active, 0.0)  # R x C
         channels = x.size(-1)
         normed = torch.native_layer_norm(x, (channels,), ln_weight, ln_bias, ctx.eps)[0]  # recomputed
         grad_weight = g_pre.t().mm(_segment_mean(normed, slot, size)) if need[3] else None

@@ -63,15 +63,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from umst_plugin.modules.segment_ops import upcast_half
 from umst_plugin.modules.umst_graphs import UMSTGraphs, project_to_words, upsample_attention_map, upsample_tokens
 
 UPSAMPLE_NORMS = ("row", "literal")
 ATTENTION_DROPOUT_MODES = ("per-map", "fused")
-
-
-def _softmax_input(scores):
-    """Softmax in fp32 for fp16/bf16 scores (no overflow), in the scores' own dtype otherwise."""
-    return scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
 
 
 class RectifiedSelfAttention(nn.Module):
@@ -154,7 +150,7 @@ class RectifiedSelfAttention(nn.Module):
         rel_k = self.rel_keys(rel).to(q.dtype)  # L x L x d_k
         scale = 1.0 / math.sqrt(self.head_dim)
         scores = torch.matmul(q, k.transpose(-1, -2)) + torch.einsum("bhid,ijd->bhij", q, rel_k)
-        scores = _softmax_input(scores * scale).masked_fill(key_pad.view(key_pad.size(0), 1, 1, -1), float("-inf"))
+        scores = upcast_half(scores * scale).masked_fill(key_pad.view(key_pad.size(0), 1, 1, -1), float("-inf"))
         attn = F.dropout(torch.softmax(scores, dim=-1), p=dropout, training=self.training).to(v.dtype)
         rel_v = self.rel_values(rel).to(v.dtype)
         return torch.matmul(attn, v) + torch.einsum("bhij,ijd->bhid", attn, rel_v)
@@ -203,12 +199,12 @@ class RectifiedSelfAttention(nn.Module):
         if self.rel_keys is not None:
             rel_k, rel_v = self._relative_keys_values(q.size(2), q.device, q.dtype)
             scores = scores + torch.einsum("bhid,ijd->bhij", q, rel_k)
-        scores = _softmax_input(scores * scale).masked_fill(graphs.token_pad[:, None, None, :], float("-inf"))
+        scores = upcast_half(scores * scale).masked_fill(graphs.token_pad[:, None, None, :], float("-inf"))
         a1 = torch.softmax(scores, dim=-1)
         word_q_proj = self.q_proj if self.share_qk else self.word_q_proj
         word_k_proj = self.k_proj if self.share_qk else self.word_k_proj
         q_word, k_word = self._heads(word_q_proj(x_word)), self._heads(word_k_proj(x_word))
-        word_scores = _softmax_input(torch.matmul(q_word, k_word.transpose(-1, -2)) * scale)
+        word_scores = upcast_half(torch.matmul(q_word, k_word.transpose(-1, -2)) * scale)
         a2 = torch.softmax(word_scores.masked_fill(graphs.word_pad[:, None, None, :], float("-inf")), dim=-1)
         fused = 0.5 * (a1 + upsample_attention_map(a2, graphs, normalize=self.upsample_norm == "row"))
         keep = None
