@@ -2,12 +2,13 @@
 # Translate a test set and report BLEU as the papers do.
 #
 #   bash scripts/evaluate.sh --data DATA_BIN --checkpoint CKPT [--row ROW] [--out DIR]
-#        [--beam 4] [--lenpen 0.6] [--subset test] [--max-tokens 8192] [-- EXTRA_GENERATE_ARGS...]
+#        [--beam 4] [--lenpen 0.6] [--subset test] [--max-tokens 8192] [--no-compound-split]
+#        [-- EXTRA_GENERATE_ARGS...]
 #
 # Runs fairseq-generate (beam 4, lenpen 0.6 unless --row or the flags say
 # otherwise; --row ROW takes them from scripts/collect_results.py), then
 # scripts/score.py: tokenized BLEU multi-bleu style (with compound splitting
-# when the target is German) and detokenized sacreBLEU with its signature,
+# when the target is German, unless --no-compound-split) and detokenized sacreBLEU with its signature,
 # against the references prepare-*.sh put in DATA_BIN/ref/. Writes
 # OUT/generate-SUBSET.txt, OUT/hyp.detok.txt and OUT/results.json (read by
 # collect_results.py). Default OUT: the checkpoint's directory.
@@ -16,8 +17,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
-usage() { sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
-DATA=""; CKPT=""; ROW=""; OUT=""; BEAM=""; LENPEN=""; SUBSET=test; MAX_TOKENS=8192; EXTRA=()
+usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+DATA=""; CKPT=""; ROW=""; OUT=""; BEAM=""; LENPEN=""; SUBSET=test; MAX_TOKENS=8192; EXTRA=(); COMPOUND=1
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --data) DATA="$2"; shift 2 ;;
@@ -28,6 +29,7 @@ while [[ $# -gt 0 ]]; do
         --lenpen) LENPEN="$2"; shift 2 ;;
         --subset) SUBSET="$2"; shift 2 ;;
         --max-tokens) MAX_TOKENS="$2"; shift 2 ;;
+        --no-compound-split) COMPOUND=0; shift ;;
         -h|--help) usage; exit 0 ;;
         --) shift; EXTRA=("$@"); break ;;
         *) echo "unknown option $1" >&2; usage >&2; exit 2 ;;
@@ -60,7 +62,7 @@ GEN="$OUT/generate-$SUBSET.txt"
 SCORE=(--generate "$GEN" --lang "$TGT" --json "$OUT/results.json" --detok-out "$OUT/hyp.detok.txt")
 [[ -f "$DATA/ref/$SUBSET.tok.$TGT" ]] && SCORE+=(--tok-ref "$DATA/ref/$SUBSET.tok.$TGT")
 [[ -f "$DATA/ref/$SUBSET.detok.$TGT" ]] && SCORE+=(--detok-ref "$DATA/ref/$SUBSET.detok.$TGT")
-[[ "$TGT" == de ]] && SCORE+=(--compound-split)
+[[ "$TGT" == de && "$COMPOUND" == 1 ]] && SCORE+=(--compound-split)
 rm -f "$OUT/results.json"
 "$PY" "$ROOT/scripts/score.py" "${SCORE[@]}" \
     --extra "row=${ROW:-$(basename "$OUT")}" --extra "checkpoint=$(cd "$(dirname "$CKPT")" && pwd)/$(basename "$CKPT")" \

@@ -6,6 +6,10 @@
 # (BPE merges, parser) live in directories named after it.
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# A recipe may set these before sourcing: the test sets (fairseq names test, test1, ...) and extra
+# arguments of every tokenize call (e.g. --lowercase).
+TEST_SPLITS=("${TEST_SPLITS[@]:-test}")
+TOKENIZE_ARGS=("${TOKENIZE_ARGS[@]+"${TOKENIZE_ARGS[@]}"}")
 PY="${PYTHON:-python3}"
 PREP="$ROOT/scripts/wmt_prep.py"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
@@ -98,9 +102,9 @@ stage_tokenize() {
     done_stage tokenize && { say "tokenize: done before"; return; }
     mkdir -p "$WORK/tok"
     local split lang extra
-    for split in train valid test; do
+    for split in train valid "${TEST_SPLITS[@]}"; do
         for lang in "$SRC" "$TGT"; do
-            extra=(); [[ "$lang" == ro ]] && extra=(--romanian)
+            extra=("${TOKENIZE_ARGS[@]}"); [[ "$lang" == ro ]] && extra+=(--romanian)
             say "tokenize $split.$lang"
             "$PY" "$PREP" tokenize --lang "$lang" "${extra[@]}" --workers "$WORKERS" \
                 "$WORK/orig/$split.$lang" "$WORK/tok/$split.$lang"
@@ -124,7 +128,7 @@ stage_bpe() {
         | "$PY" -m subword_nmt.learn_bpe -s "$MERGES" > "$BPE_DIR/codes.tmp"
     mv "$BPE_DIR/codes.tmp" "$BPE_DIR/codes"
     local split lang input
-    for split in train valid test; do
+    for split in train valid "${TEST_SPLITS[@]}"; do
         input="$WORK/tok/$split"; [[ "$split" == train ]] && input="$WORK/tok/train.clean"
         for lang in "$SRC" "$TGT"; do
             "$PY" -m subword_nmt.apply_bpe -c "$BPE_DIR/codes" --num-workers "$WORKERS" \
@@ -138,13 +142,14 @@ stage_bpe() {
 # Binarize and parse run in one Python process (importing fairseq once; it takes seconds), each
 # still its own stage with its own stamp.
 stage_binarize_and_parse() {
-    local key="$PARSER:$PARSER_ARGS" binarize=() parse=()
+    local key="$PARSER:$PARSER_ARGS" binarize=() parse=() split testpref=""
+    for split in "${TEST_SPLITS[@]}"; do testpref+="${testpref:+,}$BPE_DIR/$split"; done
     if done_stage "binarize$MERGES"; then
         say "binarize: done before"
     else
         rm -rf "$DATABIN"
         binarize=(--source-lang "$SRC" --target-lang "$TGT" --trainpref "$BPE_DIR/train"
-                  --validpref "$BPE_DIR/valid" --testpref "$BPE_DIR/test" --destdir "$DATABIN"
+                  --validpref "$BPE_DIR/valid" --testpref "$testpref" --destdir "$DATABIN"
                   --joined-dictionary --workers "$WORKERS")
     fi
     if [[ ${#binarize[@]} -eq 0 ]] && done_stage "parse$MERGES" "$key"; then
@@ -153,11 +158,12 @@ stage_binarize_and_parse() {
         if [[ "$PARSER" == conllu ]]; then
             "$PY" "$PREP" filter-conllu --keep "$WORK/tok/train.clean.keep" \
                 "$CONLLU_DIR/train.$SRC.conllu" "$BPE_DIR/train.$SRC.conllu"
-            cp "$CONLLU_DIR/valid.$SRC.conllu" "$BPE_DIR/valid.$SRC.conllu"
-            cp "$CONLLU_DIR/test.$SRC.conllu" "$BPE_DIR/test.$SRC.conllu"
+            for split in valid "${TEST_SPLITS[@]}"; do
+                cp "$CONLLU_DIR/$split.$SRC.conllu" "$BPE_DIR/$split.$SRC.conllu"
+            done
         fi
         parse=(--source-lang "$SRC" --target-lang "$TGT" --trainpref "$BPE_DIR/train"
-               --validpref "$BPE_DIR/valid" --testpref "$BPE_DIR/test" --destdir "$DATABIN"
+               --validpref "$BPE_DIR/valid" --testpref "$testpref" --destdir "$DATABIN"
                --text-dir "$BPE_DIR/side" --parser "$PARSER")
         # shellcheck disable=SC2206  # word splitting of the user's extra arguments is intended
         [[ -n "$PARSER_ARGS" ]] && parse+=($PARSER_ARGS)
@@ -185,14 +191,16 @@ PYEOF
 }
 
 stage_stats() {
+    local splits="train,valid" split
+    for split in "${TEST_SPLITS[@]}"; do splits+=",$split"; done
     "$PY" "$PREP" stats --name "$NAME (bpe $MERGES)" --src "$SRC" --tgt "$TGT" --bpe-dir "$BPE_DIR" \
-        --databin "$DATABIN" --output "$DATABIN/corpus-stats.json"
+        --databin "$DATABIN" --splits "$splits" --output "$DATABIN/corpus-stats.json"
     # Everything evaluate.sh needs next to the data-bin: references and the BPE codes.
     mkdir -p "$DATABIN/ref"
-    cp "$WORK/tok/test.$TGT" "$DATABIN/ref/test.tok.$TGT"
-    cp "$WORK/tok/valid.$TGT" "$DATABIN/ref/valid.tok.$TGT"
-    cp "$WORK/ref/test.$TGT" "$DATABIN/ref/test.detok.$TGT"
-    cp "$WORK/ref/valid.$TGT" "$DATABIN/ref/valid.detok.$TGT"
+    for split in valid "${TEST_SPLITS[@]}"; do
+        cp "$WORK/tok/$split.$TGT" "$DATABIN/ref/$split.tok.$TGT"
+        cp "$WORK/ref/$split.$TGT" "$DATABIN/ref/$split.detok.$TGT"
+    done
     cp "$BPE_DIR/codes" "$DATABIN/bpe.codes"
     say "data-bin ready: $DATABIN"
 }

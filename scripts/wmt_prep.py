@@ -10,6 +10,7 @@ recipes need no Perl checkout:
   for Romanian normalise-romanian.py + remove-diacritics.py (Sennrich's
   wmt16-scripts, the Lee et al. 2018 / Kasai et al. 2020 setup), then
   tokenizer.perl -a (aggressive hyphen splitting, as fairseq's recipe), via sacremoses.
+* ``lowercase``: lowercase a file (the detokenized reference of the lowercased Multi30k recipe).
 * ``normalize-ro``: only the Romanian normalisation and diacritic removal, for
   the detokenized reference that sacrebleu scores against.
 * ``clean``: clean-corpus-n.perl (drop empty lines, lines longer than --max
@@ -76,11 +77,11 @@ def remove_non_printing(text):
 _WORKER = {}
 
 
-def _init_worker(lang, romanian, tokenize):
+def _init_worker(lang, romanian, tokenize, lowercase=False, aggressive_dashes=True):
     from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
     _WORKER.update(norm=MosesPunctNormalizer(lang=lang), tok=MosesTokenizer(lang=lang), romanian=romanian,
-                   tokenize=tokenize)
+                   tokenize=tokenize, lowercase=lowercase, aggressive_dashes=aggressive_dashes)
 
 
 def _process(line):
@@ -89,9 +90,12 @@ def _process(line):
     text = remove_non_printing(text)
     if w["romanian"]:
         text = remove_romanian_diacritics(normalise_romanian(text))
+    if w.get("lowercase"):
+        text = text.lower()
     if not w["tokenize"]:
         return " ".join(text.split())
-    return w["tok"].tokenize(text, aggressive_dash_splits=True, return_str=True, escape=True)
+    return w["tok"].tokenize(text, aggressive_dash_splits=w.get("aggressive_dashes", True), return_str=True,
+                             escape=True)
 
 
 def map_lines(args, func, init_args):
@@ -108,7 +112,15 @@ def map_lines(args, func, init_args):
 
 
 def cmd_tokenize(args):
-    map_lines(args, _process, (args.lang, args.romanian, True))
+    map_lines(args, _process, (args.lang, args.romanian, True, args.lowercase, not args.no_aggressive_dashes))
+
+
+def cmd_lowercase(args):
+    """Lowercase only (the detokenized reference of a lowercased recipe)."""
+    with open(args.input, encoding="utf-8") as fin, atomic_open(args.output) as fout:
+        for line in fin:
+            fout.write(line.rstrip("\n").lower() + "\n")
+    commit(args.output)
 
 
 def cmd_normalize_ro(args):
@@ -222,10 +234,17 @@ def main(argv=None):
     s = sub.add_parser("tokenize")
     s.add_argument("--lang", required=True)
     s.add_argument("--romanian", action="store_true", help="normalise-romanian + remove-diacritics first")
+    s.add_argument("--lowercase", action="store_true", help="lowercase after normalisation (Multi30k's tok files)")
+    s.add_argument("--no-aggressive-dashes", action="store_true",
+                   help="tokenizer.perl without -a (hyphenated words stay one token)")
     s.add_argument("--workers", type=int, default=1)
     s.add_argument("input")
     s.add_argument("output")
     s.set_defaults(func=cmd_tokenize)
+    s = sub.add_parser("lowercase")
+    s.add_argument("input")
+    s.add_argument("output")
+    s.set_defaults(func=cmd_lowercase)
     s = sub.add_parser("normalize-ro")
     s.add_argument("input")
     s.add_argument("output")

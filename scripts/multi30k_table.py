@@ -1,0 +1,340 @@
+#!/usr/bin/env python3
+"""Train every Multi30k row (several seeds), average, decode the three test sets, write the table.
+
+    python scripts/multi30k_table.py --data data/multi30k_en_de/data-bin/multi30k_en_de_bpe10000
+    python scripts/multi30k_table.py --data DATA_BIN --max-update 600 --jobs 2 --threads 1   # CPU budget
+    python scripts/multi30k_table.py --data DATA_BIN --jobs 10 --fp16                        # one GPU
+
+For each row of configs/m30k-*.yaml and each seed: fairseq-hydra-train with the row's config
+(``--max-update`` below the reference 8,000 compresses the warm-up in proportion: warm-up =
+max-update / 4, the reference's 2,000 of 8,000), umst-average-checkpoints over the last
+``--average`` epoch checkpoints, fairseq-generate with beam 5 / lenpen 1 on test (2016 Flickr),
+test1 (2017 Flickr) and test2 (2017 MSCOCO), scored by scripts/score.py: tokenized BLEU
+(multi-bleu style, no compound splitting, as the published 41.02) and detokenized sacreBLEU
+with its signature. Runs are resumable: a finished step is not redone (delete its files to redo).
+Writes OUT/table.md (and, with --docs FILE, the same text between the markers
+``<!-- multi30k-table:begin -->`` / ``<!-- multi30k-table:end -->`` of FILE).
+The UMST "no parse" row reads DATA_BIN_noparse (written by prepare-multi30k.sh).
+"""
+import argparse
+import glob
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = os.path.join(ROOT, "configs")
+ROWS = ["m30k-transformer", "m30k-transformer-prenorm", "m30k-umst", "m30k-transformer-sf", "m30k-msc",
+        "m30k-msmsa", "m30k-prime", "m30k-prime-simple", "m30k-umst-noparse", "m30k-umst-random-phrase"]
+LABELS = {
+    "m30k-transformer": "Transformer-tiny (post-norm)", "m30k-transformer-prenorm": "Transformer-tiny (pre-norm)",
+    "m30k-umst": "UMST", "m30k-transformer-sf": "TranSFormer", "m30k-msc": "MSC", "m30k-msmsa": "MSMSA",
+    "m30k-prime": "Prime", "m30k-prime-simple": "Prime-simple",
+    "m30k-umst-noparse": "UMST, `--parser none` (no phrase edges)",
+    "m30k-umst-random-phrase": "UMST, `--phrase-adjacency-noise random`",
+}
+DATA_VARIANT = {"m30k-umst-noparse": "_noparse"}
+TEST_SETS = [("test", "2016 Flickr"), ("test1", "2017 Flickr"), ("test2", "2017 MSCOCO")]
+REFERENCE = {"m30k-transformer": 41.02}  # Wu et al. 2021 (Revisit-MMT), tokenized BLEU, test_2016_flickr
+SAMPLE_IDS = [0, 1, 2, 3, 4]
+MARK_BEGIN, MARK_END = "<!-- multi30k-table:begin -->", "<!-- multi30k-table:end -->"
+
+
+def log(msg):
+    print(f"[multi30k {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run_dir(out, row, seed):
+    return os.path.join(out, row, f"seed{seed}")
+
+
+def train_cmd(args, row, seed, save):
+    warmup = max(1, round(2000 * args.max_update / 8000)) if args.max_update < 8000 else 2000
+    cmd = [sys.executable, "-m", "fairseq_cli.hydra_train", "--config-dir", CONFIGS, "--config-name", row,
+           f"task.data={args.data + DATA_VARIANT.get(row, '')}", f"common.user_dir={ROOT}/umst_plugin",
+           f"checkpoint.save_dir={save}", f"hydra.run.dir={save}", f"common.seed={seed}",
+           f"optimization.max_update={args.max_update}", f"lr_scheduler.warmup_updates={warmup}",
+           f"dataset.max_tokens={args.max_tokens}", "common.log_interval=25", "dataset.num_workers=0"]
+    if args.cpu:
+        cmd += ["common.cpu=true"]
+    if args.fp16:
+        cmd += ["common.fp16=true"]
+    if args.bf16:
+        cmd += ["common.bf16=true"]
+    return cmd + args.override
+
+
+def last_update(train_log):
+    """(updates done, last train loss) read from a fairseq log, or (0, None)."""
+    if not os.path.exists(train_log):
+        return 0, None
+    upd, loss = 0, None
+    with open(train_log, errors="replace") as f:
+        for line in f:
+            m = re.search(r"num_updates=(\d+)", line) or re.search(r"\| num_updates (\d+)", line)
+            if m:
+                upd = max(upd, int(m.group(1)))
+            m = re.search(r"\bloss=([\d.]+)", line)
+            if m:
+                loss = float(m.group(1))
+    return upd, loss
+
+
+def trained(save, max_update):
+    stamp = os.path.join(save, "train-done.json")
+    if os.path.exists(stamp):
+        with open(stamp) as f:
+            return json.load(f).get("max_update") == max_update
+    return False
+
+
+def train_all(args, runs):
+    """Train the runs, --jobs at a time, printing every job's progress every --status-every seconds."""
+    pending = [r for r in runs if not trained(run_dir(args.out, *r), args.max_update)]
+    for r in runs:
+        if r not in pending:
+            log(f"{r[0]} seed {r[1]}: trained before")
+    active = {}
+    env = dict(os.environ)
+    if args.threads:
+        env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    last_status = time.time()
+    failed = []
+    while pending or active:
+        while pending and len(active) < args.jobs:
+            row, seed = pending.pop(0)
+            save = run_dir(args.out, row, seed)
+            os.makedirs(save, exist_ok=True)
+            logf = open(os.path.join(save, "train.log"), "a")
+            cmd = train_cmd(args, row, seed, save)
+            logf.write("# " + " ".join(cmd) + "\n")
+            logf.flush()
+            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+            active[(row, seed)] = (proc, time.time(), logf)
+            log(f"{row} seed {seed}: training started (log {save}/train.log)")
+        time.sleep(2)
+        for key, (proc, start, logf) in list(active.items()):
+            if proc.poll() is None:
+                continue
+            logf.close()
+            del active[key]
+            save = run_dir(args.out, *key)
+            upd, loss = last_update(os.path.join(save, "train.log"))
+            wall = time.time() - start
+            if proc.returncode != 0 or upd < args.max_update:
+                failed.append(key)
+                log(f"{key[0]} seed {key[1]}: FAILED (exit {proc.returncode}, {upd} updates); see {save}/train.log")
+                continue
+            prev = 0.0
+            prev_stamp = os.path.join(save, "train-time.json")
+            if os.path.exists(prev_stamp):  # a resumed run adds its earlier time
+                with open(prev_stamp) as f:
+                    prev = json.load(f).get("wall_s", 0.0)
+            with open(os.path.join(save, "train-done.json"), "w") as f:
+                json.dump(dict(max_update=args.max_update, wall_s=round(prev + wall, 1), jobs=args.jobs,
+                               threads=args.threads, loss=loss), f)
+            log(f"{key[0]} seed {key[1]}: trained {upd} updates in {wall:.0f} s (last train loss {loss})")
+        if active and time.time() - last_status >= args.status_every:
+            last_status = time.time()
+            parts = []
+            for (row, seed), (proc, start, _) in active.items():
+                upd, loss = last_update(os.path.join(run_dir(args.out, row, seed), "train.log"))
+                parts.append(f"{row}/s{seed} {upd}/{args.max_update} loss {loss} ({time.time() - start:.0f}s)")
+            log("training: " + "; ".join(parts) + (f"; {len(pending)} waiting" if pending else ""))
+    return failed
+
+
+def sh(cmd, logfile):
+    env = dict(os.environ, PYTHON=sys.executable)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    with open(logfile, "a") as f:
+        f.write("# " + " ".join(cmd) + "\n")
+        f.flush()
+        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    if rc != 0:
+        raise SystemExit(f"failed ({rc}): {' '.join(cmd)}; see {logfile}")
+
+
+def evaluate(args, row, seed):
+    save = run_dir(args.out, row, seed)
+    avg = os.path.join(save, f"checkpoint_avg{args.average}.pt")
+    if not os.path.exists(avg):
+        sh([sys.executable, "-m", "umst_plugin.average_checkpoints", "--inputs", save,
+            "--num-epoch-checkpoints", str(args.average), "--output", avg], os.path.join(save, "eval.log"))
+    data = args.data + DATA_VARIANT.get(row, "")
+    for subset, _ in TEST_SETS:
+        out = os.path.join(save, f"eval-{subset}")
+        if os.path.exists(os.path.join(out, "results.json")):
+            continue
+        cmd = ["bash", os.path.join(ROOT, "scripts/evaluate.sh"), "--data", data, "--checkpoint", avg, "--out", out,
+               "--subset", subset, "--beam", str(args.beam), "--lenpen", "1", "--no-compound-split",
+               "--max-tokens", "4096"]
+        if args.cpu:
+            cmd += ["--", "--cpu"]
+        sh(cmd, os.path.join(save, "eval.log"))
+    params = os.path.join(save, "params.json")
+    if not os.path.exists(params):
+        with open(params, "w") as f:
+            json.dump({"parameters": count_parameters(avg)}, f)
+
+
+def count_parameters(checkpoint):
+    """Unique trainable parameters of the model a checkpoint builds (shared embeddings counted once)."""
+    from fairseq import checkpoint_utils, utils
+
+    utils.import_user_module(argparse.Namespace(user_dir=os.path.join(ROOT, "umst_plugin")))
+    models, _cfg, _task = checkpoint_utils.load_model_ensemble_and_task([checkpoint])
+    return sum(p.numel() for p in models[0].parameters())
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def hypotheses(path):
+    hyps = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("H-"):
+                sid, _, text = line.rstrip("\n").split("\t", 2)
+                hyps[int(sid[2:])] = text
+    return hyps
+
+
+def mean_spread(values):
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def table(args, rows, seeds):
+    lines = []
+    sig = None
+    hw = args.hardware or f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores"
+    lines += [f"Budget: {args.max_update} updates of {args.max_tokens} tokens per row and seed "
+              f"(reference: 8,000 x 8,192), warm-up {max(1, round(2000 * min(args.max_update, 8000) / 8000))}, "
+              f"seeds {','.join(map(str, seeds))}, {'fp16' if args.fp16 else 'bf16' if args.bf16 else 'fp32'}, "
+              f"{args.jobs} training job(s) at a time"
+              f"{f' with {args.threads} thread(s) each' if args.threads else ''}; hardware: {hw}. "
+              f"Average of the last {args.average} epoch checkpoints, beam 5, lenpen 1. "
+              "BLEU: tokenized (multi-bleu style on the lowercased Moses-tokenized text, no compound splitting), "
+              "mean ± standard deviation over seeds.", ""]
+    head = ("| row | params | " + " | ".join(f"{name} BLEU" for _, name in TEST_SETS)
+            + " | 2016 Flickr sacreBLEU | train wall time / run | published |")
+    lines += [head, "|" + "---|" * (head.count("|") - 1)]
+    samples = {}
+    for row in rows:
+        per_set = {s: [] for s, _ in TEST_SETS}
+        sacre, walls, params = [], [], None
+        for seed in seeds:
+            save = run_dir(args.out, row, seed)
+            for subset, _ in TEST_SETS:
+                res = os.path.join(save, f"eval-{subset}", "results.json")
+                if os.path.exists(res):
+                    r = read_json(res)
+                    per_set[subset].append(r["tok_bleu"])
+                    if subset == "test" and "sacrebleu" in r:
+                        sacre.append(r["sacrebleu"])
+                        sig = r.get("sacrebleu_signature", sig)
+            if os.path.exists(os.path.join(save, "train-done.json")):
+                walls.append(read_json(os.path.join(save, "train-done.json"))["wall_s"])
+            if os.path.exists(os.path.join(save, "params.json")):
+                params = read_json(os.path.join(save, "params.json"))["parameters"]
+            gen = os.path.join(save, "eval-test", "generate-test.txt")
+            if row not in samples and os.path.exists(gen):
+                samples[row] = hypotheses(gen)
+        n = len(per_set["test"])
+        cells = [LABELS[row] + f" (`{row}`)", f"{params / 1e6:.2f}M" if params else "–"]
+        cells += [mean_spread(per_set[s]) for s, _ in TEST_SETS]
+        cells += [mean_spread(sacre), f"{statistics.mean(walls) / 60:.1f} min" if walls else "–",
+                  f"{REFERENCE[row]} (8,000 updates, 2 GPUs)" if row in REFERENCE else ""]
+        lines.append("| " + " | ".join(cells) + f" |{'' if n == len(seeds) else f' ({n} of {len(seeds)} seeds)'}")
+    if sig:
+        lines += ["", f"sacreBLEU signature: `{sig}`"]
+    src = os.path.join(args.data, "..", "..", "orig", "test.en")
+    ref = os.path.join(args.data, "ref", "test.detok.de")
+    if samples and os.path.exists(ref):
+        srcs = open(src, encoding="utf-8").read().splitlines() if os.path.exists(src) else []
+        refs = open(ref, encoding="utf-8").read().splitlines()
+        lines += ["", "Five test_2016_flickr sentences (seed of the first finished run; BPE removed, tokenized):", ""]
+        for i in SAMPLE_IDS:
+            lines += [f"**{i}.** source: {srcs[i] if i < len(srcs) else '?'}  ", f"reference: {refs[i]}  "]
+            for row in rows:
+                if row in samples and i in samples[row]:
+                    lines.append(f"{LABELS[row]}: {samples[row][i]}  ")
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True, help="the data-bin of prepare-multi30k.sh")
+    p.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows (default: all)")
+    p.add_argument("--seeds", default="1,2", help="comma-separated seeds (default: 1,2)")
+    p.add_argument("--max-update", type=int, default=8000, help="updates per run (reference: 8000)")
+    p.add_argument("--max-tokens", type=int, default=8192, help="tokens per update (reference: 8192)")
+    p.add_argument("--average", type=int, default=5, help="average the last N epoch checkpoints (default: 5)")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--jobs", type=int, default=1, help="trainings at a time (several fit on one GPU)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads per training (OMP/MKL; 0 = torch's default)")
+    p.add_argument("--cpu", action="store_true", help="train and decode on the CPU")
+    p.add_argument("--fp16", action="store_true")
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--out", default="runs/multi30k", help="where runs go (default: runs/multi30k)")
+    p.add_argument("--docs", help="also write the table between the multi30k-table markers of this file")
+    p.add_argument("--hardware", help="hardware named in the table (default: CPU model and core count)")
+    p.add_argument("--status-every", type=float, default=30.0, help="seconds between progress lines")
+    p.add_argument("--table-only", action="store_true", help="only (re)write the table from finished runs")
+    p.add_argument("override", nargs="*", help="extra hydra overrides for every training, e.g. common.log_interval=10")
+    args = p.parse_args(argv)
+    args.data = os.path.abspath(args.data.rstrip("/"))
+    rows = [r for r in args.rows.split(",") if r]
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown:
+        p.error(f"unknown rows {unknown}; rows: {', '.join(ROWS)}")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    for r in rows:
+        data = args.data + DATA_VARIANT.get(r, "")
+        if not os.path.isdir(data):
+            p.error(f"row {r} needs the data-bin {data} (run scripts/prepare-multi30k.sh)")
+    args.out = os.path.abspath(args.out)
+    if not args.table_only:
+        runs = [(r, s) for r in rows for s in seeds]
+        log(f"{len(runs)} runs: {len(rows)} rows x seeds {seeds}, {args.max_update} updates each, "
+            f"{args.jobs} at a time; output {args.out}")
+        failed = train_all(args, runs)
+        for row, seed in runs:
+            if (row, seed) in failed:
+                continue
+            log(f"{row} seed {seed}: average + decode test sets")
+            evaluate(args, row, seed)
+        if failed:
+            log(f"failed runs: {failed}")
+    text = table(args, rows, seeds)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
+        f.write(text)
+    if args.docs:
+        doc = open(args.docs, encoding="utf-8").read()
+        if MARK_BEGIN not in doc or MARK_END not in doc:
+            raise SystemExit(f"{args.docs}: no {MARK_BEGIN} ... {MARK_END} markers to write the table between")
+        head, rest = doc.split(MARK_BEGIN, 1)
+        _, tail = rest.split(MARK_END, 1)
+        with open(args.docs, "w", encoding="utf-8") as f:
+            f.write(head + MARK_BEGIN + "\n" + text + MARK_END + tail)
+    print(text)
+    log(f"table: {os.path.join(args.out, 'table.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
