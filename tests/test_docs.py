@@ -10,6 +10,7 @@
 * README.md stays a five-minute read (<= 300 lines) that starts with the two commands.
 """
 import argparse
+import functools
 import glob
 import os
 import re
@@ -155,6 +156,7 @@ def fresh_parser():
     return argparse.ArgumentParser(add_help=False, conflict_handler="resolve")
 
 
+@functools.lru_cache(maxsize=None)
 def fairseq_flags():
     """Every --flag fairseq's CLIs accept with --user-dir umst_plugin, for any registered component."""
     import umst_plugin  # noqa: F401  (registers the plugin's models, archs and task)
@@ -170,20 +172,18 @@ def fairseq_flags():
     components = list(MODEL_REGISTRY.values()) + list(TASK_REGISTRY.values())
     for registry in REGISTRIES.values():  # criterion, optimizer, lr_scheduler, bpe, tokenizer, scoring, ...
         components += list(registry["registry"].values())
-    failed = []
     for cls in set(components):
         if not hasattr(cls, "add_args"):
             continue
         parser = fresh_parser()
         try:
             cls.add_args(parser)
-        except Exception as e:  # an optional dependency of some fairseq component; never one of ours
+        except Exception:  # an optional dependency of some fairseq component; never one of ours
             if cls.__module__.startswith("umst_plugin"):
                 raise
-            failed.append("%s: %r" % (cls.__name__, e))
             continue
         flags |= option_strings(parser)
-    return flags
+    return frozenset(flags)
 
 
 def plugin_cli_flags():
