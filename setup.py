@@ -3,7 +3,7 @@
 fairseq itself is not listed in install_requires: the only distribution that
 imports on Python 3.11 is ``fairseq-fixed==0.12.3.1``, and it must be installed
 with ``--no-deps`` (its torchaudio requirement would replace torch). Run
-``bash scripts/setup_env.sh`` or follow README "Install".
+``bash scripts/setup_env.sh`` or follow docs/install.md.
 """
 from setuptools import find_packages, setup
 

@@ -67,7 +67,7 @@ PARAM_ROWS = [
     ("4", "MSC, 6 layers (big)", 286, 37000, msc("msc_big", 6, 1)),
     ("4", "MSC, 18 layers (big, 6x3)", 512, 37000, msc("msc_big", 6, 3)),
     # Not in the paper's tables: where table 4's base rows would land if the
-    # decoder had no context attention/gate (see README.md).
+    # decoder had no context attention/gate (see docs/msc.md).
     ("-", "MSC 6x1 base, decoder w/o context attn", None, 37000, None),
 ]
 

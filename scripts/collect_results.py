@@ -17,7 +17,7 @@ import sys
 
 # GPU-hours: what the paper states, else "n/s" (not stated) and a rough estimate = tokens the config
 # processes / an assumed per-GPU throughput (fairseq fp16: V100 ~55K tok/s base, ~20K big; P100 ~15K base,
-# ~6K big). Order of magnitude only; see README.md.
+# ~6K big). Order of magnitude only; see docs/recipes.md ("The rows").
 _H_UMST_BASE = "n/s; est. ~150 V100-h (50K updates x 614K tokens)"
 _H_UMST_BIG = "n/s; est. ~430 V100-h (50K updates x 614K tokens)"
 _H_RO = "n/s; est. ~10 V100-h (60K updates x 33K tokens)"

@@ -329,7 +329,7 @@ def test_fast_only_arch_is_the_fast_branch_alone():
 
 def test_fast_only_parameters_against_the_paper_at_40k_vocab():
     """Table 1: Fast Only (Hidden=512, L=6) has 64M parameters vs 63M for Slow Only (ratio 1.016). The
-    Hidden=32 row (42M, ratio 0.667) is 0.709 here: see README (decoder reads the fast branch through a
+    Hidden=32 row (42M, ratio 0.667) is 0.709 here: see docs/transformer_sf.md (decoder reads the fast branch through a
     32 -> 512 projection; a decoder whose cross-attention keys/values are 32 wide would be ~3M smaller)."""
     d = make_dict(["w%d" % i for i in range(40000 - 4)])
     sizes = {}

@@ -18,7 +18,7 @@ one per block.
 * ``--log-encoder-grad-norms``: per-layer encoder gradient norms (figure 5)
   written as JSONL during fairseq-train; plot with scripts/plot_grad_norms.py.
 
-Deliberate choices where the paper is silent (also in README.md):
+Deliberate choices where the paper is silent (also in docs/msc.md):
 * Block outputs are layer-normalised (one LayerNorm per block) before the
   decoder and the context cell see them, as a pre-norm encoder normalises its
   top output; the residual stream entering block n+1 is the raw B^n (Eq. 6).

@@ -15,7 +15,7 @@ the model runs under ``translation`` and ``multiscale_translation`` tasks and in
 fairseq-generate / fairseq-interactive with no side input. Subword->word groups
 (A_s) come from the same table, so ``src_word_ids`` from the task is accepted
 and ignored (both follow the same definition: 1-based words, </s> its own word).
-See ``umst_plugin/modules/slowfast_encoder.py`` for the block and README.md.
+See ``umst_plugin/modules/slowfast_encoder.py`` for the block and docs/transformer_sf.md.
 """
 import math
 

@@ -9,7 +9,7 @@ Architectures: ``umst_base`` (512/2048, 8 heads, dropouts 0.1, pre-norm; appendi
 ``umst_big`` (1024/4096, 16 heads, dropout 0.3), ``umst_base_rpr`` / ``umst_big_rpr`` (plus Shaw
 et al. relative positions in the rectified self-attention), ``umst_iwslt_de_en`` (512/1024,
 4 heads). Any depth via ``--encoder-layers``. Every ablation of tables 5, 6, 8 is a flag (see
-``add_args`` and README.md).
+``add_args`` and docs/umst.md).
 """
 import logging
 

@@ -11,7 +11,7 @@ side data is checked token by token against the binarized source::
 Input per split: the BPE source ``{pref}.{src}`` and, for ``--parser conllu``, its
 parse ``{pref}.{src}{--conllu-suffix}``. Output: see ``sidefiles``. Model parsers
 run in resumable chunks (``chunks``); ``--shard I/N`` parses one part of every
-split and ``--merge-shards N`` joins the parts (see README.md).
+split and ``--merge-shards N`` joins the parts (see docs/preprocessing.md).
 """
 import argparse
 import collections

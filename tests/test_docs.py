@@ -1,0 +1,276 @@
+"""The documentation (README.md and docs/*.md) cannot silently rot.
+
+* every relative link (and its #anchor) points to a file (and heading) that exists;
+* every command-line flag written as code (in backticks or in a fenced block) is accepted by something
+  of this project: fairseq's CLIs with the plugin loaded (their own parsers plus the options every
+  registered model, task, criterion, optimizer, scheduler, ... adds), umst-preprocess,
+  umst-average-checkpoints, or a script in scripts/ or benchmarks/; the few flags of outside tools are
+  listed in EXTERNAL_FLAGS;
+* every ``bash scripts/X.sh`` / ``python scripts/X.py`` / ``python benchmarks/X.py`` names a file that exists;
+* README.md stays a five-minute read (<= 300 lines) that starts with the two commands.
+"""
+import argparse
+import functools
+import glob
+import os
+import re
+import unicodedata
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+DOCS = [README] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+README_MAX_LINES = 300
+TWO_COMMANDS = ("bash scripts/quickstart.sh", "bash scripts/test.sh")
+
+# Flags of tools outside this project that the docs quote. Keep this short: a flag of ours belongs in a
+# parser or a script, not here.
+EXTERNAL_FLAGS = {
+    "--config-dir": "hydra's own CLI (fairseq-hydra-train --config-dir configs --config-name ROW)",
+    "--config-name": "hydra's own CLI",
+    "--combine": "the Prime authors' fairseq-0.6.2 fork (lancopku/Prime), quoted from their README",
+    "--no-deps": "pip",
+    "--no-build-isolation": "pip",
+    "--ignore-requires-python": "pip",
+}
+
+FLAG_RE = re.compile(r"(?<![\w-])--[A-Za-z][\w-]*(?:/[A-Za-z][\w-]*)*")
+LINK_RE = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+COMMAND_RE = re.compile(r"(?<![\w/.-])(?:bash|sh|python3?|taskset\s+-c\s+\S+\s+python3?)\s+((?:scripts|benchmarks)/[\w./-]+)")
+
+
+def rel(path):
+    return os.path.relpath(path, ROOT)
+
+
+def read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def code_and_prose(text):
+    """(fenced code lines, prose lines), splitting the text on ``` fences."""
+    code, prose, fence = [], [], False
+    for line in text.split("\n"):
+        if line.lstrip().startswith("```"):
+            fence = not fence
+            continue
+        (code if fence else prose).append(line)
+    return code, prose
+
+
+def code_snippets(text):
+    """Every fenced code line and every inline `code` span of a markdown text."""
+    code, prose = code_and_prose(text)
+    spans = []
+    for line in prose:
+        spans += re.findall(r"`([^`]+)`", line)
+    return code + spans
+
+
+def strip_inline_code(line):
+    return re.sub(r"`[^`]*`", "", line)
+
+
+def github_anchor(heading, seen):
+    """The id GitHub gives a heading: lower case, markup and punctuation dropped, spaces -> '-'."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip())
+    text = text.replace("`", "").lower()
+    text = "".join(c for c in text if c in " -_" or unicodedata.category(c)[0] in "LNM")
+    slug = text.replace(" ", "-")
+    n = seen.get(slug, 0)
+    seen[slug] = n + 1
+    return slug if n == 0 else "%s-%d" % (slug, n)
+
+
+def anchors(path):
+    seen, out = {}, set()
+    _, prose = code_and_prose(read(path))
+    for line in prose:
+        m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if m:
+            out.add(github_anchor(m.group(1), seen))
+    return out
+
+
+def expand(flag):
+    """`--encoder/decoder-normalize-before` names two flags."""
+    parts = flag[2:].split("/")
+    if len(parts) == 1:
+        return [flag]
+    last = parts[-1]
+    tail = last[last.index("-"):] if "-" in last else ""
+    return ["--" + p + tail for p in parts[:-1]] + ["--" + last]
+
+
+def documented_flags():
+    """{flag: [files that name it as code]}"""
+    flags = {}
+    for path in DOCS:
+        for snippet in code_snippets(read(path)):
+            for m in FLAG_RE.finditer(snippet):
+                for flag in expand(m.group(0)):
+                    flags.setdefault(flag, set()).add(rel(path))
+    return flags
+
+
+# ---------------------------------------------------------------------------------------------------------
+# (1) links
+
+
+def test_every_relative_link_points_to_an_existing_file_and_heading():
+    bad = []
+    for path in DOCS:
+        _, prose = code_and_prose(read(path))
+        for n, line in enumerate(prose, 1):
+            for target in LINK_RE.findall(strip_inline_code(line)):
+                if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+                    continue
+                file_part, _, anchor = target.partition("#")
+                dest = os.path.normpath(os.path.join(os.path.dirname(path), file_part)) if file_part else path
+                if not os.path.exists(dest):
+                    bad.append("%s: [..](%s): %s does not exist" % (rel(path), target, rel(dest)))
+                elif anchor and dest.endswith(".md") and anchor not in anchors(dest):
+                    bad.append("%s: [..](%s): no heading with anchor #%s in %s" % (rel(path), target, anchor, rel(dest)))
+    assert not bad, "broken links:\n" + "\n".join(bad)
+
+
+def test_the_link_checker_sees_links():
+    assert LINK_RE.findall("see [docs/umst.md](docs/umst.md) and ![x](a.png \"t\")") == ["docs/umst.md", "a.png"]
+    assert github_anchor("Data: side files and the `multiscale_translation` task", {}) == \
+        "data-side-files-and-the-multiscale_translation-task"
+    assert github_anchor("Fallback graph", {"fallback-graph": 1}) == "fallback-graph-1"
+    assert expand("--encoder/decoder-normalize-before") == ["--encoder-normalize-before", "--decoder-normalize-before"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# (2) flags
+
+
+def option_strings(parser):
+    return {s for action in parser._actions for s in action.option_strings if s.startswith("--")}
+
+
+def fresh_parser():
+    return argparse.ArgumentParser(add_help=False, conflict_handler="resolve")
+
+
+@functools.lru_cache(maxsize=None)
+def fairseq_flags():
+    """Every --flag fairseq's CLIs accept with --user-dir umst_plugin, for any registered component."""
+    import umst_plugin  # noqa: F401  (registers the plugin's models, archs and task)
+    from fairseq import options
+    from fairseq.models import MODEL_REGISTRY
+    from fairseq.registry import REGISTRIES
+    from fairseq.tasks import TASK_REGISTRY
+
+    flags = set()
+    for make in (options.get_training_parser, options.get_validation_parser, options.get_preprocessing_parser,
+                 options.get_generation_parser, options.get_interactive_generation_parser):
+        flags |= option_strings(make())
+    components = list(MODEL_REGISTRY.values()) + list(TASK_REGISTRY.values())
+    for registry in REGISTRIES.values():  # criterion, optimizer, lr_scheduler, bpe, tokenizer, scoring, ...
+        components += list(registry["registry"].values())
+    for cls in set(components):
+        if not hasattr(cls, "add_args"):
+            continue
+        parser = fresh_parser()
+        try:
+            cls.add_args(parser)
+        except Exception:  # an optional dependency of some fairseq component; never one of ours
+            if cls.__module__.startswith("umst_plugin"):
+                raise
+            continue
+        flags |= option_strings(parser)
+    return frozenset(flags)
+
+
+def plugin_cli_flags():
+    from umst_plugin.average_checkpoints import get_parser as average_parser
+    from umst_plugin.preprocess.cli import get_parser as preprocess_parser
+
+    return option_strings(preprocess_parser()) | option_strings(average_parser())
+
+
+def script_texts():
+    paths = [p for d in ("scripts", "benchmarks") for p in glob.glob(os.path.join(ROOT, d, "*"))
+             if os.path.isfile(p)]
+    return {rel(p): read(p) for p in paths}
+
+
+def test_every_documented_flag_exists():
+    documented = documented_flags()
+    assert len(documented) > 100, "the flag scan found too few flags: %d" % len(documented)
+    known = fairseq_flags() | plugin_cli_flags()
+    scripts = script_texts()
+    unknown = []
+    for flag, where in sorted(documented.items()):
+        if flag in known or flag in EXTERNAL_FLAGS:
+            continue
+        pattern = re.compile(r"(?<![\w-])" + re.escape(flag) + r"(?![\w-])")
+        if any(pattern.search(text) for text in scripts.values()):
+            continue
+        unknown.append("%s (in %s)" % (flag, ", ".join(sorted(where))))
+    assert not unknown, ("flags named in the docs that no parser or script of the project accepts "
+                         "(fix the docs, or list an outside tool's flag in EXTERNAL_FLAGS):\n" + "\n".join(unknown))
+
+
+def test_the_flag_check_can_fail():
+    known = fairseq_flags() | plugin_cli_flags()
+    # ours, fairseq's, a component's (optimizer), umst-preprocess's, umst-average-checkpoints'
+    for flag in ("--rsan-upsample-norm", "--msmsa-scales", "--prime-kernels", "--sf-fusion", "--encoder-blocks",
+                 "--max-tokens", "--adam-betas", "--merge-shards", "--num-epoch-checkpoints", "--subword-scheme"):
+        assert flag in known, flag
+    assert "--rsan-upsample-normalisation" not in known
+    assert "--no-such-flag" not in known
+    assert not any("--no-such-flag" in text for text in script_texts().values())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# (3) commands
+
+
+def test_every_script_the_docs_run_exists():
+    missing = []
+    for path in DOCS:
+        for snippet in code_snippets(read(path)):
+            for target in COMMAND_RE.findall(snippet):
+                if not os.path.isfile(os.path.join(ROOT, target)):
+                    missing.append("%s: %s" % (rel(path), target))
+    assert not missing, "commands in the docs name scripts that do not exist:\n" + "\n".join(missing)
+
+
+def test_the_command_scan_sees_commands():
+    assert COMMAND_RE.findall("taskset -c 0 python benchmarks/bench_preprocess.py --sentences 10") == \
+        ["benchmarks/bench_preprocess.py"]
+    assert COMMAND_RE.findall("ARCH=x bash scripts/quickstart.sh; python scripts/score.py a") == \
+        ["scripts/quickstart.sh", "scripts/score.py"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# (4) the README itself
+
+
+def test_readme_is_short_and_starts_with_the_two_commands():
+    text = read(README)
+    lines = text.rstrip("\n").split("\n")
+    assert len(lines) <= README_MAX_LINES, "README.md has %d lines (at most %d): move detail to docs/" % (
+        len(lines), README_MAX_LINES)
+    heading = lines.index("## The two commands")
+    assert heading < 15, "the two commands must stay near the top"
+    code, _ = code_and_prose("\n".join(lines[heading:heading + 20]))
+    commands = [re.sub(r"\s+#.*$", "", line).strip() for line in code if line.strip()]
+    assert commands[:2] == list(TWO_COMMANDS), commands
+    for cmd in TWO_COMMANDS:
+        assert os.path.isfile(os.path.join(ROOT, cmd.split()[1]))
+
+
+@pytest.mark.parametrize("page", ["umst", "transformer_sf", "msc", "msmsa", "prime"])
+def test_each_architecture_page_is_linked_from_the_readme_and_links_back(page):
+    path = os.path.join(ROOT, "docs", page + ".md")
+    assert os.path.isfile(path)
+    assert "(docs/%s.md)" % page in read(README)
+    text = read(path)
+    assert "](../README.md" in text
+    assert "## Real data (Multi30k En-De)" in text and "](multi30k.md)" in text
