@@ -108,6 +108,22 @@ ROWS = {
                                       lenpen=0.5, average="epoch:10"),
     "prime-t1-prime-big": _row("Prime", "1", "Unified Transformer (Prime) big", "wmt14_en_de", "prime_big", 29.9,
                                params="243M", gpus=4, gpu_hours=_H_PRIME, lenpen=0.5, average="epoch:10"),
+    # --- Multi30k En-De (docs/multi30k.md): real language at Transformer-tiny size, 1 GPU ----------
+    # Only the transformer row has a published number (Wu et al. 2021, Revisit-MMT: tokenized BLEU on
+    # test_2016_flickr); scripts/multi30k_table.py trains, decodes and tabulates these rows.
+    **{row: _row("Multi30k", "-", model, "multi30k_en_de", arch, bleu, gpus=1, gpu_hours="<1 GPU-h (tiny)", beam=5,
+                 lenpen=1.0, average="epoch:5")
+       for row, model, arch, bleu in [
+           ("m30k-transformer", "Transformer-tiny (post-norm)", "transformer", 41.02),
+           ("m30k-transformer-prenorm", "Transformer-tiny (pre-norm)", "transformer", None),
+           ("m30k-umst", "UMST tiny", "umst_base", None),
+           ("m30k-umst-noparse", "UMST tiny, no phrase edges", "umst_base", None),
+           ("m30k-umst-random-phrase", "UMST tiny, random phrase adjacency", "umst_base", None),
+           ("m30k-transformer-sf", "TranSFormer tiny", "transformer_sf_base", None),
+           ("m30k-msc", "MSC tiny (4 blocks)", "msc_iwslt_de_en", None),
+           ("m30k-msmsa", "MSMSA tiny", "msmsa_base", None),
+           ("m30k-prime", "Prime tiny", "prime_base", None),
+           ("m30k-prime-simple", "Prime-simple tiny", "prime_simple_base", None)]},
 }
 
 

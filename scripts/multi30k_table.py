@@ -8,7 +8,7 @@
 For each row of configs/m30k-*.yaml and each seed: fairseq-hydra-train with the row's config
 (``--max-update`` below the reference 8,000 compresses the warm-up in proportion: warm-up =
 max-update / 4, the reference's 2,000 of 8,000), umst-average-checkpoints over the last
-``--average`` epoch checkpoints, fairseq-generate with beam 5 / lenpen 1 on test (2016 Flickr),
+``--average`` checkpoints (saved every ``--save-every`` updates, about an epoch), fairseq-generate with beam 5 / lenpen 1 on test (2016 Flickr),
 test1 (2017 Flickr) and test2 (2017 MSCOCO), scored by scripts/score.py: tokenized BLEU
 (multi-bleu style, no compound splitting, as the published 41.02) and detokenized sacreBLEU
 with its signature. Runs are resumable: a finished step is not redone (delete its files to redo).
@@ -59,7 +59,11 @@ def train_cmd(args, row, seed, save):
            f"task.data={args.data + DATA_VARIANT.get(row, '')}", f"common.user_dir={ROOT}/umst_plugin",
            f"checkpoint.save_dir={save}", f"hydra.run.dir={save}", f"common.seed={seed}",
            f"optimization.max_update={args.max_update}", f"lr_scheduler.warmup_updates={warmup}",
-           f"dataset.max_tokens={args.max_tokens}", "common.log_interval=25", "dataset.num_workers=0"]
+           f"dataset.max_tokens={args.max_tokens}", "common.log_interval=25", "dataset.num_workers=0",
+           # update checkpoints about one epoch apart (29,000 captions ~ 53 batches of 8,192 tokens), so
+           # the average covers the last --average "epochs" including the final updates
+           "checkpoint.no_epoch_checkpoints=true", f"checkpoint.save_interval_updates={args.save_every}",
+           f"checkpoint.keep_interval_updates={args.average}"]
     if args.cpu:
         cmd += ["common.cpu=true"]
     if args.fp16:
@@ -166,7 +170,7 @@ def evaluate(args, row, seed):
     avg = os.path.join(save, f"checkpoint_avg{args.average}.pt")
     if not os.path.exists(avg):
         sh([sys.executable, "-m", "umst_plugin.average_checkpoints", "--inputs", save,
-            "--num-epoch-checkpoints", str(args.average), "--output", avg], os.path.join(save, "eval.log"))
+            "--num-update-checkpoints", str(args.average), "--output", avg], os.path.join(save, "eval.log"))
     data = args.data + DATA_VARIANT.get(row, "")
     for subset, _ in TEST_SETS:
         out = os.path.join(save, f"eval-{subset}")
@@ -225,7 +229,7 @@ def table(args, rows, seeds):
               f"seeds {','.join(map(str, seeds))}, {'fp16' if args.fp16 else 'bf16' if args.bf16 else 'fp32'}, "
               f"{args.jobs} training job(s) at a time"
               f"{f' with {args.threads} thread(s) each' if args.threads else ''}; hardware: {hw}. "
-              f"Average of the last {args.average} epoch checkpoints, beam 5, lenpen 1. "
+              f"Average of the last {args.average} checkpoints ({args.save_every} updates apart), beam 5, lenpen 1. "
               "BLEU: tokenized (multi-bleu style on the lowercased Moses-tokenized text, no compound splitting), "
               "mean ± standard deviation over seeds.", ""]
     head = ("| row | params | " + " | ".join(f"{name} BLEU" for _, name in TEST_SETS)
@@ -282,7 +286,10 @@ def main(argv=None):
     p.add_argument("--seeds", default="1,2", help="comma-separated seeds (default: 1,2)")
     p.add_argument("--max-update", type=int, default=8000, help="updates per run (reference: 8000)")
     p.add_argument("--max-tokens", type=int, default=8192, help="tokens per update (reference: 8192)")
-    p.add_argument("--average", type=int, default=5, help="average the last N epoch checkpoints (default: 5)")
+    p.add_argument("--average", type=int, default=5,
+                   help="average the last N update checkpoints, --save-every apart (default: 5)")
+    p.add_argument("--save-every", type=int, default=50,
+                   help="updates between checkpoints (default: 50, about one epoch at 8,192 tokens)")
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--jobs", type=int, default=1, help="trainings at a time (several fit on one GPU)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads per training (OMP/MKL; 0 = torch's default)")
@@ -302,6 +309,9 @@ def main(argv=None):
     if unknown:
         p.error(f"unknown rows {unknown}; rows: {', '.join(ROWS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
+    if args.max_update % args.save_every:
+        p.error(f"--max-update {args.max_update} must be a multiple of --save-every {args.save_every} "
+                "(the last checkpoint must hold the final update)")
     for r in rows:
         data = args.data + DATA_VARIANT.get(r, "")
         if not os.path.isdir(data):
