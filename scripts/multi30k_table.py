@@ -98,16 +98,21 @@ def trained(save, max_update):
 
 
 def train_all(args, runs):
-    """Train the runs, --jobs at a time, printing every job's progress every --status-every seconds."""
+    """Train the runs, --jobs at a time, printing every job's progress every --status-every seconds;
+    a finished training is averaged and decoded right away (in its freed slot), so results land as
+    they come."""
     pending = [r for r in runs if not trained(run_dir(args.out, *r), args.max_update)]
     for r in runs:
         if r not in pending:
             log(f"{r[0]} seed {r[1]}: trained before")
+            log(f"{r[0]} seed {r[1]}: average + decode test sets")
+            evaluate(args, *r)
     active = {}
     env = dict(os.environ)
     if args.threads:
         env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"  # fairseq logs to stdout: unbuffered, so the progress lines are current
     last_status = time.time()
     failed = []
     while pending or active:
@@ -143,7 +148,12 @@ def train_all(args, runs):
             with open(os.path.join(save, "train-done.json"), "w") as f:
                 json.dump(dict(max_update=args.max_update, wall_s=round(prev + wall, 1), jobs=args.jobs,
                                threads=args.threads, loss=loss), f)
-            log(f"{key[0]} seed {key[1]}: trained {upd} updates in {wall:.0f} s (last train loss {loss})")
+            log(f"{key[0]} seed {key[1]}: trained {upd} updates in {wall:.0f} s (last train loss {loss}); "
+                "average + decode test sets")
+            evaluate(args, *key)
+            log(f"{key[0]} seed {key[1]}: " + ", ".join(
+                f"{subset} BLEU {read_json(os.path.join(save, f'eval-{subset}', 'results.json'))['tok_bleu']}"
+                for subset, _ in TEST_SETS))
         if active and time.time() - last_status >= args.status_every:
             last_status = time.time()
             parts = []
@@ -318,15 +328,10 @@ def main(argv=None):
             p.error(f"row {r} needs the data-bin {data} (run scripts/prepare-multi30k.sh)")
     args.out = os.path.abspath(args.out)
     if not args.table_only:
-        runs = [(r, s) for r in rows for s in seeds]
+        runs = [(r, s) for s in seeds for r in rows]  # seed-major: every row gets one seed first
         log(f"{len(runs)} runs: {len(rows)} rows x seeds {seeds}, {args.max_update} updates each, "
             f"{args.jobs} at a time; output {args.out}")
         failed = train_all(args, runs)
-        for row, seed in runs:
-            if (row, seed) in failed:
-                continue
-            log(f"{row} seed {seed}: average + decode test sets")
-            evaluate(args, row, seed)
         if failed:
             log(f"failed runs: {failed}")
     text = table(args, rows, seeds)
