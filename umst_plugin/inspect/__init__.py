@@ -65,6 +65,7 @@ def add_inspect_args(parser):
     group.add_argument("--head", type=int, default=None, metavar="H",
                        help="1-based attention head (default: mean over heads; MSMSA: every head)")
     group.add_argument("--columns", type=int, default=3, metavar="C", help="heatmaps per row (default 3)")
+    group.add_argument("--dpi", type=int, default=100, help="resolution of the PNG (default 100)")
     return parser
 
 
@@ -153,13 +154,13 @@ def load_model(cfg, task):
     if not os.path.isfile(path):
         raise InspectError(f"checkpoint not found: {path}")
     overrides = eval(cfg.common_eval.model_overrides) if cfg.common_eval.model_overrides else {}
-    models, _, _ = checkpoint_utils.load_model_ensemble_and_task(utils.split_paths(path), arg_overrides=overrides,
-                                                                 task=task)
+    models, saved_cfg, _ = checkpoint_utils.load_model_ensemble_and_task(utils.split_paths(path),
+                                                                         arg_overrides=overrides, task=task)
     model = models[0]
     model.eval()
     if not cfg.common.cpu and torch.cuda.is_available():
         model = model.cuda()
-    return model
+    return model, getattr(saved_cfg.model, "arch", None) or getattr(saved_cfg.model, "_name", None)
 
 
 def run(argv=None, log=print):
@@ -183,10 +184,9 @@ def run(argv=None, log=print):
 
     capture, family = Capture("scales"), None
     if cfg.common_eval.path:
-        model = load_model(cfg, task)
+        model, arch = load_model(cfg, task)
         family = family_of(model)
         if family is None:
-            arch = getattr(getattr(model, "cfg", None), "arch", None) or type(model).__name__
             raise InspectError(f"don't know how to inspect a checkpoint of arch {arch!r} (encoder "
                                f"{type(model.encoder).__name__}); known families: {', '.join(FAMILIES)}")
         device = next(model.parameters()).device
@@ -205,12 +205,12 @@ def run(argv=None, log=print):
     if source.target:
         heading += f"\ntarget: {source.target}"
     if family:
-        heading += f"\nmodel: {family} ({cfg.common_eval.path})"
+        heading += f"\nmodel: {arch} ({cfg.common_eval.path})"
     heading = "\n".join(line if len(line) <= 160 else line[:159] + "…" for line in heading.split("\n"))
     fig = make_figure(source, panels, heading, ncols=args.columns)
     out_dir = os.path.dirname(os.path.abspath(args.output))
     os.makedirs(out_dir, exist_ok=True)
-    fig.savefig(args.output, dpi=100)
+    fig.savefig(args.output, dpi=args.dpi)
     log(f"umst-inspect: wrote {args.output} ({len(source.pieces)} subwords, {len(source.words)} words"
         f"{', model ' + family if family else ''})")
     log("  panels: source scales (subwords -> words -> dependency arcs); "
