@@ -81,8 +81,10 @@ def draw_heatmap(fig, ax, panel):
     if panel.annotate and m.size <= 400:
         for (r, c), v in np.ndenumerate(m):
             if np.isfinite(v):
+                red, green, blue, _ = im.cmap(im.norm(v))
+                dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5
                 ax.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=min(8, _font(len(cols), budget=120)),
-                        color="white" if (v - (panel.vmin or 0)) < 0.5 * (vmax - (panel.vmin or 0)) else "black")
+                        color="white" if dark else "black")
     title = "\n".join(textwrap.fill(line, 52) for line in panel.title.split("\n"))
     ax.set_title(title, fontsize=9)
     cbar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
