@@ -119,8 +119,6 @@ def source_from_sample(task, sample, origin):
 
 
 def sample_from_index(task, cfg, subset, index):
-    from fairseq.data import data_utils  # noqa: F401
-
     try:
         task.load_dataset(subset, combine=False, epoch=1)
     except FileNotFoundError as e:
@@ -147,8 +145,6 @@ def sample_from_sentence(task, cfg, sentence):
 
 def load_model(cfg, task):
     from fairseq import checkpoint_utils, utils
-
-    from umst_plugin.preprocess.errors import SideDataError  # noqa: F401
 
     path = cfg.common_eval.path
     if not os.path.isfile(path):
