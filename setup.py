@@ -34,12 +34,14 @@ setup(
         "spacy": ["spacy>=3.5"],
         "recipes": ["sacremoses", "subword-nmt"],
         "test": ["pytest", "pytest-xdist", "matplotlib"],
+        "inspect": ["matplotlib"],
     },
     entry_points={
         "console_scripts": [
             "umst-preprocess=umst_plugin.preprocess.cli:main",
             "umst-toy-corpus=umst_plugin.toy:main",
             "umst-average-checkpoints=umst_plugin.average_checkpoints:main",
+            "umst-inspect=umst_plugin.inspect:main",
         ],
     },
 )

@@ -38,7 +38,12 @@ class FeatureFusion(nn.Module):
     ``out = g * a_h + (1 - g) * a_c``.  W1 and W2 are stored as one
     ``Linear(2C, C)`` over ``[a_h; a_c]`` -- the same map and parameter count.
     ``add`` (table 5, "feature fusion with addition"): ``out = a_h + a_c``.
+
+    ``record``: None (default, nothing kept) or a list to which every gated forward appends its gate
+    ``g`` (like ``attn_hidden``, detached); set per instance by ``umst-inspect``.
     """
+
+    record = None
 
     def __init__(self, embed_dim: int, mode: str = "gate"):
         super().__init__()
@@ -54,6 +59,8 @@ class FeatureFusion(nn.Module):
         if self.gate_proj is None:
             return attn_hidden + attn_context
         gate = torch.sigmoid(self.gate_proj(torch.cat([attn_hidden, attn_context], dim=-1)))
+        if self.record is not None:
+            self.record.append(gate.detach())
         return gate * attn_hidden + (1.0 - gate) * attn_context
 
 

@@ -67,7 +67,12 @@ class WidthChangingAttention(nn.Module):
 
     forward(query [Lq x B x Cq], kv [Lk x B x Ckv], key_padding_mask [B x Lk] bool) -> Lq x B x Cq.
     Parameters: q_proj Cq->Cq, k_proj / v_proj Ckv->Cq (W^k, W^v in R^{Ckv x Cq}), out_proj Cq->Cq.
+
+    ``record``: None (default, nothing kept) or a list to which every forward appends its attention
+    weights (B x H x Lq x Lk, detached); set per instance by ``umst-inspect``.
     """
+
+    record = None
 
     def __init__(self, embed_dim, kv_dim, num_heads, dropout=0.0):
         super().__init__()
@@ -106,6 +111,8 @@ class WidthChangingAttention(nn.Module):
         logits = upcast_half(logits)
         logits.masked_fill_(key_padding_mask.view(batch, 1, 1, -1), float("-inf"))  # fresh tensor: in place
         weights = F.dropout(F.softmax(logits, dim=-1), p=self.dropout, training=self.training).to(q.dtype)
+        if self.record is not None:
+            self.record.append(weights.detach())
         if self.reassociate:
             context = torch.einsum("bhqk,bkc->bhqc", weights, kv_b)
             w_v = self.v_proj.weight.view(heads, head_dim, self.kv_dim)

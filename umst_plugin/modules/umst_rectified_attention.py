@@ -217,13 +217,16 @@ class RectifiedSelfAttention(nn.Module):
         return self.out_proj(self._merge(out))
 
     def attention_maps(self, x, x_word, graphs: UMSTGraphs):
-        """Dense (ATTN1, ATTN2, fused map) per head, B x H x T x T, for tests and visualisation only
-        (no dropout, no relative positions)."""
+        """Dense (ATTN1, ATTN2, fused map) per head, B x H x T x T (ATTN2: B x H x W x W), for tests and
+        visualisation only (no dropout). With relative positions ATTN1's logits include Shaw et al.'s key
+        term; their value term is not a map and is not included."""
         scale = 1.0 / math.sqrt(self.head_dim)
         q, k = self._heads(self.q_proj(x)), self._heads(self.k_proj(x))
-        a1 = torch.softmax(
-            (q @ k.transpose(-1, -2) * scale).masked_fill(graphs.token_pad[:, None, None, :], float("-inf")), -1
-        )
+        scores = q @ k.transpose(-1, -2)
+        if self.rel_keys is not None:
+            rel_k, _ = self._relative_keys_values(q.size(2), q.device, q.dtype)
+            scores = scores + torch.einsum("bhid,ijd->bhij", q, rel_k)
+        a1 = torch.softmax((scores * scale).masked_fill(graphs.token_pad[:, None, None, :], float("-inf")), -1)
         wq = self.q_proj if self.share_qk else self.word_q_proj
         wk = self.k_proj if self.share_qk else self.word_k_proj
         qw, kw = self._heads(wq(x_word)), self._heads(wk(x_word))

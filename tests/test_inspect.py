@@ -1,0 +1,261 @@
+"""umst-inspect: pictures of one toy sentence at its scales, with and without tiny checkpoints of every
+architecture family; clear errors; the record hooks leave outputs unchanged.
+
+Kept small for a shared CPU: a 60-sentence toy corpus and untrained tiny models saved in fairseq's
+checkpoint format (what fairseq-train writes: cfg, model state, optimizer history)."""
+import os
+import shutil
+
+import pytest
+import torch
+
+import e2e
+from umst_plugin import dev
+from umst_plugin import inspect as umst_inspect
+from umst_plugin.inspect.capture import InspectError
+
+pytest.importorskip("matplotlib")
+
+TINY = dict(encoder_layers=2, decoder_layers=2, encoder_embed_dim=16, decoder_embed_dim=16,
+            encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32, encoder_attention_heads=2,
+            decoder_attention_heads=2, share_all_embeddings=True, dropout=0.1)
+NO_LAYERS = {k: v for k, v in TINY.items() if k not in ("encoder_layers", "decoder_layers")}
+
+# family -> (arch, overrides, number of model panels with default --layer/--head)
+FAMILIES = {
+    "umst": ("umst_base", TINY, 4),
+    "transformer_sf": ("transformer_sf_base", {**TINY, "fast_embed_dim": 8, "fast_ffn_embed_dim": 16,
+                                               "fast_attention_heads": 2}, 1),  # last layer: slow reads fast only
+    "msmsa": ("msmsa_base", {**TINY, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+                             "msmsa_scales": "1,3,N/4,N/2", "msmsa_min_block": 2}, 4),
+    "msc": ("msc_iwslt_de_en", dict(encoder_blocks=2, encoder_layers_per_block=2, **NO_LAYERS), 2),
+    "prime": ("prime_base", {**TINY, "prime_kernels": "3,7"}, 4),
+    "transformer": ("transformer", TINY, 1),
+}
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    """e2e.binarize's fairseq-preprocess + umst-preprocess, run in this process (no CLI start-up)."""
+    from fairseq import options
+    from fairseq_cli import preprocess as fairseq_preprocess
+
+    from umst_plugin.preprocess import cli as umst_preprocess
+
+    root = tmp_path_factory.mktemp("inspect_toy")
+    raw = e2e.make_toy_corpus(str(root / "raw"), n_train=60, n_valid=5, n_test=7, merges=150)
+    databin = str(root / "data-bin")
+    prefs = ["--source-lang", e2e.SRC, "--target-lang", e2e.TGT, "--trainpref", os.path.join(raw, "train"),
+             "--validpref", os.path.join(raw, "valid"), "--testpref", os.path.join(raw, "test"), "--destdir", databin]
+    fairseq_preprocess.main(options.get_preprocessing_parser().parse_args(prefs + ["--joined-dictionary",
+                                                                                   "--workers", "1"]))
+    assert umst_preprocess.main(prefs) == 0
+    return raw, databin
+
+
+DPI = 40
+
+
+def run(argv):
+    return umst_inspect.run(argv + ["--dpi", str(DPI)])  # small PNGs: the drawing is the same, saving is faster
+
+
+def save_tiny_checkpoint(databin, arch, overrides, path, seed=1):
+    """A freshly initialised model in fairseq's checkpoint format (as Trainer.save_checkpoint writes it)."""
+    from fairseq import tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from omegaconf import OmegaConf
+
+    args = dev.parse_args(arch, {**overrides, "source_lang": e2e.SRC, "target_lang": e2e.TGT}, data=databin)
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    torch.manual_seed(seed)
+    model = task.build_model(cfg.model)
+    state = {
+        "cfg": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+        "args": None,
+        "model": model.state_dict(),
+        "criterion": None,
+        "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion", "optimizer_name": "FairseqAdam",
+                               "lr_scheduler_state": {"best": None}, "num_updates": 0}],
+        "task_state": {},
+        "extra_state": {"train_iterator": {"epoch": 1, "iterations_in_epoch": 0, "shuffle": True}},
+        "last_optimizer_state": None,
+    }
+    torch.save(state, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def checkpoints(toy, tmp_path_factory):
+    _, databin = toy
+    root = tmp_path_factory.mktemp("inspect_ckpt")
+    return {family: save_tiny_checkpoint(databin, arch, overrides, str(root / f"{family}.pt"))
+            for family, (arch, overrides, _) in FAMILIES.items()}
+
+
+def _check_png(result, n_axes_min):
+    import matplotlib.image
+
+    assert os.path.getsize(result.output) > 5_000
+    image = matplotlib.image.imread(result.output)
+    width, height = (result.figure.get_size_inches() * DPI).astype(int)  # Agg truncates
+    assert image.shape[:2] == (height, width)
+    heatmaps = [ax for ax in result.figure.axes if ax.get_images()]
+    assert len(heatmaps) >= n_axes_min
+    return heatmaps
+
+
+def test_scales_only(toy, tmp_path, capsys):
+    _, databin = toy
+    out = str(tmp_path / "scales.png")
+    result = run([databin, "--subset", "test", "--index", "2", "--output", out])
+    heatmaps = _check_png(result, 2)
+    assert [ax.get_title().split("\n")[0] for ax in heatmaps] == ["subword -> word map G_b->w",
+                                                                   "phrase graph D^-1/2 (A_p + I) D^-1/2"]
+    src = result.source
+    assert src.pieces[-1] == "</s>" and src.words[-1] == "</s>"
+    assert len(src.heads) == len(src.words) == src.phrase_adj.shape[0]
+    assert max(src.token_word) == len(src.words) - 1
+    with open(os.path.join(toy[0], "test.tok.kel"), encoding="utf-8") as f:
+        assert src.words[:-1] == f.readlines()[2].split()  # words rebuilt from the BPE pieces and word ids
+    assert "wrote " + out in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_with_checkpoint(family, toy, checkpoints, tmp_path):
+    _, databin = toy
+    out = str(tmp_path / f"{family}.png")
+    result = run([databin, "--index", "0", "--path", checkpoints[family], "--output", out])
+    assert result.family == family
+    n_model_panels = FAMILIES[family][2]
+    heatmaps = _check_png(result, 2 + n_model_panels)
+    assert len(heatmaps) == 2 + n_model_panels, [ax.get_title() for ax in heatmaps]
+    for panel in result.panels[2:]:  # rows of attention maps / per-position kernels are distributions
+        if family == "msc" or "softmax(alpha)" in panel.title:
+            continue
+        sums = torch.tensor(panel.matrix).sum(-1)
+        if family == "prime":  # taps that fall outside the sentence read zero padding: their weight is not drawn
+            assert sums.max() <= 1 + 1e-4 and abs(float(sums[len(sums) // 2]) - 1) < 1e-4, panel.title
+        else:
+            torch.testing.assert_close(sums, torch.ones(len(panel.rows)), atol=1e-4, rtol=0, msg=panel.title)
+
+
+def test_layer_and_head(toy, checkpoints, tmp_path):
+    _, databin = toy
+    result = run([databin, "--index", "1", "--path", checkpoints["umst"], "--layer", "1", "--head", "2",
+                  "--output", str(tmp_path / "u.png")])
+    assert len(result.panels) == 6 and all("layer 1/2, head 2/2" in p.title for p in result.panels[2:])
+    with pytest.raises(InspectError, match="--layer 3 is out of range: the model has 2 encoder layers"):
+        run([databin, "--index", "1", "--path", checkpoints["msmsa"], "--layer", "3", "--output", str(tmp_path / "x.png")])
+    with pytest.raises(InspectError, match="--head 5 is out of range: this attention has 4 heads"):
+        run([databin, "--index", "1", "--path", checkpoints["msmsa"], "--head", "5", "--output", str(tmp_path / "x.png")])
+
+
+def test_umst_maps_are_the_modules_own(toy, checkpoints):
+    """The drawn fused map times V (and the output projection) is what RSAN returned in the forward."""
+    from fairseq import checkpoint_utils
+
+    from umst_plugin.modules.umst_graphs import upsample_attention_map
+
+    _, databin = toy
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([checkpoints["umst"]],
+                                                                     arg_overrides={"data": databin})
+    model = models[0].eval()
+    task.load_dataset("test")
+    sample = task.dataset("test").collater([task.dataset("test")[0]])
+    rsan = model.encoder.layers[-1].self_attn
+    seen = {}
+    rsan.register_forward_hook(lambda m, args, out: seen.update(args=args, out=out))
+    with torch.no_grad():
+        model.encoder(**dev.encoder_inputs(model, sample))
+        x, x_word, graphs = seen["args"]
+        a1, a2, fused = rsan.attention_maps(x, x_word, graphs)
+        torch.testing.assert_close(fused, 0.5 * (a1 + upsample_attention_map(a2, graphs, normalize=True)))
+        v = rsan._heads(rsan.v_proj(x))
+        again = rsan.out_proj(rsan._merge(fused @ v))
+    torch.testing.assert_close(again, seen["out"], atol=1e-5, rtol=1e-4)
+
+
+def test_record_hooks_do_not_change_outputs():
+    from umst_plugin.modules.msc_layers import FeatureFusion
+    from umst_plugin.modules.slowfast_fusion import WidthChangingAttention
+
+    torch.manual_seed(0)
+    for module, inputs in ((WidthChangingAttention(16, 4, 2).eval(),
+                            (torch.randn(5, 2, 16), torch.randn(9, 2, 4), torch.zeros(2, 9, dtype=torch.bool))),
+                           (FeatureFusion(8).eval(), (torch.randn(5, 2, 8), torch.randn(5, 2, 8)))):
+        assert module.record is None
+        off = module(*inputs)
+        module.record = []
+        on = module(*inputs)
+        assert torch.equal(off, on) and len(module.record) == 1 and not module.record[0].requires_grad
+        module.record = None
+
+
+def test_sentence_without_parser(toy, tmp_path):
+    raw, databin = toy
+    with open(os.path.join(raw, "test.tok.kel"), encoding="utf-8") as f:
+        line = f.readline().strip()
+    result = run([databin, "--sentence", line + " zzzunknown", "--source-parser", "none",
+                               "--bpe", "subword_nmt", "--bpe-codes", os.path.join(raw, "bpe.codes"),
+                               "--output", str(tmp_path / "s.png")])
+    n = len(line.split())
+    assert result.source.words[:n] == line.split()
+    assert "<unk>" in "".join(result.source.words[n:-1])  # the unknown word's BPE pieces map to <unk>
+    assert result.source.heads == [0] * len(result.source.words)  # the no-edge fallback graph
+    _check_png(result, 2)
+
+
+def test_sentence_with_spacy(toy, tmp_path):
+    from umst_plugin.preprocess.errors import ParserSetupError
+
+    pytest.importorskip("spacy")
+    raw, databin = toy
+    with open(os.path.join(raw, "test.tok.kel"), encoding="utf-8") as f:
+        line = f.readline().strip()
+    try:
+        result = run([databin, "--sentence", line, "--source-parser", "spacy", "--source-parser-model",
+                      "en_core_web_md", "--bpe", "subword_nmt", "--bpe-codes", os.path.join(raw, "bpe.codes"),
+                      "--output", str(tmp_path / "sp.png")])
+    except ParserSetupError as e:
+        pytest.skip(f"spaCy model not available: {e}")
+    heads = result.source.heads[:-1]
+    assert result.source.words[:-1] == line.split() and len(heads) == len(line.split())
+    assert 0 in heads and any(h > 0 for h in heads)  # spaCy's tree, not the no-edge fallback
+
+
+def test_errors(toy, checkpoints, tmp_path, capsys):
+    raw, databin = toy
+    out = str(tmp_path / "e.png")
+    with pytest.raises(InspectError, match=r"--index 7 is out of range: subset 'test' of .* has 7 sentences"):
+        run([databin, "--index", "7", "--output", out])
+    assert umst_inspect.main([databin, "--index", "99", "--output", out]) == 2
+    assert "out of range" in capsys.readouterr().err
+
+    broken = str(tmp_path / "broken-bin")
+    shutil.copytree(databin, broken)
+    missing = os.path.join(broken, f"test.{e2e.SRC}-{e2e.TGT}.{e2e.SRC}.wordids.bin")
+    assert os.path.exists(missing)
+    os.remove(missing)
+    with pytest.raises(ValueError, match="wordids.bin: side data not found"):
+        run([broken, "--index", "0", "--output", out])
+
+    lstm = save_tiny_checkpoint(databin, "lstm", dict(encoder_embed_dim=8, decoder_embed_dim=8,
+                                                      encoder_hidden_size=8, decoder_hidden_size=8,
+                                                      decoder_out_embed_dim=8), str(tmp_path / "lstm.pt"))
+    with pytest.raises(InspectError, match="don't know how to inspect a checkpoint of arch 'lstm'"):
+        run([databin, "--index", "0", "--path", lstm, "--output", out])
+    with pytest.raises(InspectError, match="exactly one of --index"):
+        run([databin, "--output", out])
+
+
+def test_python_dash_m(toy, tmp_path, monkeypatch, capsys):
+    """``python -m umst_plugin.inspect`` (run in this process: the module's __main__, exit status 2 on errors)."""
+    import runpy
+
+    _, databin = toy
+    monkeypatch.setattr("sys.argv", ["umst-inspect", databin, "--index", "70", "--output", str(tmp_path / "m.png")])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_module("umst_plugin.inspect", run_name="__main__")
+    assert exit_info.value.code == 2 and "subset 'test' of" in capsys.readouterr().err

@@ -1,0 +1,5 @@
+import sys
+
+from umst_plugin.inspect import main
+
+sys.exit(main())
