@@ -187,10 +187,15 @@ def fairseq_flags():
 
 
 def plugin_cli_flags():
+    from fairseq.data.encoders.subword_nmt_bpe import SubwordNMTBPEConfig
     from umst_plugin.average_checkpoints import get_parser as average_parser
+    from umst_plugin.inspect import add_inspect_args
     from umst_plugin.preprocess.cli import get_parser as preprocess_parser
 
-    return option_strings(preprocess_parser()) | option_strings(average_parser())
+    # umst-inspect's own group, and the BPE options it takes as fairseq-interactive does
+    bpe = {"--" + name.replace("_", "-") for name in SubwordNMTBPEConfig.__dataclass_fields__}
+    return (option_strings(preprocess_parser()) | option_strings(average_parser())
+            | option_strings(add_inspect_args(argparse.ArgumentParser())) | bpe)
 
 
 def script_texts():
