@@ -9,9 +9,9 @@ all happen before pip runs. The real thing (build a wheelhouse, install it into 
 import ast
 import os
 import re
-import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
@@ -171,7 +171,10 @@ def test_wheelhouse_then_offline_install_into_fresh_venv(tmp_path):
     import e2e
 
     pv = "%d.%d" % sys.version_info[:2]
-    wh = tmp_path / "wh"
+    # UMST_TEST_OFFLINE_DEST + UMST_TEST_OFFLINE_PIP_CACHE: reuse a wheelhouse folder and the pip
+    # cache of an earlier run there, so pip reuses the fairseq wheel it built then (no 4-minute build)
+    wh = Path(os.environ.get("UMST_TEST_OFFLINE_DEST") or tmp_path / "wh")
+    cache = os.environ.get("UMST_TEST_OFFLINE_PIP_CACHE") or str(tmp_path / "cache")
     proc = bash(WHEELHOUSE, "--full", "--python-version", pv, "--dest", str(wh), "--builder-python", sys.executable,
                 timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -185,7 +188,7 @@ def test_wheelhouse_then_offline_install_into_fresh_venv(tmp_path):
     subprocess.run([py, "-m", "pip", "install", "-q", f"torch=={torch.__version__.split('+')[0]}"], check=True)
 
     # offline: no index, and no network at all where unshare is allowed
-    env = {**os.environ, "PIP_NO_INDEX": "1", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = {**os.environ, "PIP_NO_INDEX": "1", "XDG_CACHE_HOME": cache}
     cmd = ["bash", INSTALL, str(wh), "--python", py]
     if subprocess.run(["unshare", "-rn", "true"], capture_output=True).returncode == 0:
         cmd = ["unshare", "-rn"] + cmd
@@ -218,4 +221,3 @@ def test_wheelhouse_then_offline_install_into_fresh_venv(tmp_path):
               "--save-dir", tmp_path / "ckpt", "--no-save", "--disable-validation", "--num-workers", "0",
               "--data-buffer-size", "0", "--log-format", "simple", "--log-interval", "1", "--no-progress-bar")
     assert "done training" in log, log[-3000:]
-    shutil.rmtree(wh, ignore_errors=True)
