@@ -58,6 +58,7 @@ DIR="$(cd "$DIR" && pwd)"
 [ -f "$DIR/MANIFEST.txt" ] && [ -f "$DIR/requirements.txt" ] || die "$DIR has no MANIFEST.txt/requirements.txt: not a wheelhouse from offline-wheelhouse.sh"
 echo "  wheelhouse: $DIR ($(du -sh "$DIR" | cut -f1))"
 command -v "$PY" >/dev/null 2>&1 || die "no Python '$PY' (pass --python)"
+case "$PY" in */*) PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")" ;; esac
 echo "  python: $(command -v "$PY") ($("$PY" -c 'import sys; print(sys.version.split()[0])'))"
 # torch-family files: a pip run could pick them; there must be none.
 BAD="$(cd "$DIR" && ls -1 | grep -iE '^(torch|torchaudio|torchvision|triton|nvidia[-_])[^/]*\.(whl|tar\.gz|zip)$' || true)"
@@ -97,6 +98,7 @@ EOF
   echo "  present as the wheelhouse expects: $(echo "$EXPECTED" | wc -w) packages"
 fi
 WORK="$(mktemp -d)"; trap 'rm -rf "$WORK"' EXIT
+cd "$WORK"   # so that no umst_plugin/ or fairseq/ in the caller's folder shadows what gets installed
 echo "torch==$TORCH_BEFORE" > "$WORK/constraints.txt"
 # --isolated: no PIP_* variables or user pip.conf (e.g. extra find-links) take part.
 PIP=("$PY" -m pip --isolated install --no-index --find-links "$DIR" --no-deps -c "$WORK/constraints.txt")
@@ -182,8 +184,14 @@ assert 'umst_base' in archs and 'multiscale_translation' in TASK_REGISTRY, archs
 print('fairseq', fairseq.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())
 print(len(archs), 'plugin archs:', ' '.join(archs))
 " )
-  FT="$(command -v fairseq-train || true)"
-  [ -n "$FT" ] || die "fairseq-train is not on PATH"
+  # the console script pip just wrote: --target's bin/, else this Python's scripts folder
+  # (a venv's bin/, which need not be on PATH when --python names its interpreter)
+  SCRIPTS="$("$PY" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
+  FT=""
+  for cand in ${TARGET:+"$TARGET/bin/fairseq-train"} "$SCRIPTS/fairseq-train" "$(command -v fairseq-train || true)"; do
+    [ -n "$cand" ] && [ -x "$cand" ] && { FT="$cand"; break; }
+  done
+  [ -n "$FT" ] || die "no fairseq-train in ${TARGET:+$TARGET/bin, }$SCRIPTS or on PATH"
   ( set -x; "$FT" --help --user-dir "$USER_DIR" --task multiscale_translation > "$WORK/help.txt" )
   grep -q -- "--arch" "$WORK/help.txt" || die "fairseq-train --help printed no --arch"
   echo "  fairseq-train --help --user-dir $USER_DIR: ok ($(wc -l < "$WORK/help.txt") lines, $FT)"
