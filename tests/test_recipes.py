@@ -234,7 +234,16 @@ def test_multi30k_table_runner_end_to_end(prepared, tmp_path):
            "--max-tokens", "1000", "--cpu", "--jobs", "2", "--threads", "1", "--beam", "2",
            "--out", tmp_path / "runs", "--docs", docs, "--status-every", "5",
            "dataset.data_buffer_size=0", "dataset.disable_validation=true", *tiny]
-    log = sh(*cmd)
+    def run_table():
+        proc = subprocess.run(list(map(str, cmd)), env=env(), capture_output=True, text=True, cwd=ROOT)
+        if proc.returncode != 0:  # show the runner's log and the end of every run's logs
+            logs = "".join(f"\n--- {f}\n" + open(f, errors="replace").read()[-3000:]
+                           for f in sorted(glob.glob(str(tmp_path / "runs" / "*" / "seed1" / "*.log"))))
+            raise AssertionError(f"multi30k_table.py failed ({proc.returncode})\n{proc.stdout[-3000:]}\n"
+                                 f"{proc.stderr[-3000:]}{logs}")
+        return proc.stdout + proc.stderr
+
+    log = run_table()
     table = (tmp_path / "runs" / "table.md").read_text()
     for row in rows:
         line = next((x for x in table.splitlines() if f"(`{row}`)" in x), None)
@@ -255,7 +264,7 @@ def test_multi30k_table_runner_end_to_end(prepared, tmp_path):
     page = docs.read_text()
     assert page == f"# page\n\n{multi30k_table.MARK_BEGIN}\n{table}{multi30k_table.MARK_END}\n\ntail\n"
     assert "trained before" not in log
-    again = sh(*cmd)
+    again = run_table()
     for row in rows:
         assert f"{row} seed 1: trained before" in again, again[-3000:]
     assert "training started" not in again
@@ -405,8 +414,8 @@ def _value(v):
 def tiny_overrides(arch):
     family = model_family(arch)
     model = {**TINY, **TINY_FAMILY.get(family, {})}
-    if family == "msc":
-        model = {k: v for k, v in model.items() if k != "encoder_layers"}
+    if family == "msc":  # the depth is blocks x layers per block (a row may also state the product)
+        model["encoder_layers"] = model["encoder_blocks"] * model["encoder_layers_per_block"]
     return [f"++model.{k}={_value(v)}" for k, v in model.items()]
 
 
