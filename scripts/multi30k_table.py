@@ -138,7 +138,10 @@ def train_all(args, runs):
             wall = time.time() - start
             if proc.returncode != 0 or upd < args.max_update:
                 failed.append(key)
-                log(f"{key[0]} seed {key[1]}: FAILED (exit {proc.returncode}, {upd} updates); see {save}/train.log")
+                with open(os.path.join(save, "train.log"), errors="replace") as f:
+                    tail = "".join(f.readlines()[-15:])
+                log(f"{key[0]} seed {key[1]}: FAILED (exit {proc.returncode}, {upd} updates); see {save}/train.log:\n"
+                    + tail)
                 continue
             prev = 0.0
             prev_stamp = os.path.join(save, "train-time.json")
@@ -348,7 +351,7 @@ def main(argv=None):
             f.write(head + MARK_BEGIN + "\n" + text + MARK_END + tail)
     print(text)
     log(f"table: {os.path.join(args.out, 'table.md')}")
-    return 0
+    return 1 if not args.table_only and failed else 0
 
 
 if __name__ == "__main__":

@@ -94,7 +94,8 @@ stage_extract() {
     for split in train valid "${TEST_SPLITS[@]}"; do
         n_src=$(wc -l < "$WORK/orig/$split.$SRC.tmp"); n_tgt=$(wc -l < "$WORK/orig/$split.$TGT.tmp")
         if [[ "$n_src" != "$n_tgt" ]]; then
-            echo "[$NAME] ERROR: $split: $n_src $SRC lines but $n_tgt $TGT lines; the sides must align" >&2; exit 1
+            echo "[$NAME] ERROR: $split: $n_src $SRC lines but $n_tgt $TGT lines; the sides must align" >&2
+            rm -f "$WORK"/orig/*.tmp; exit 1
         fi
     done
     for split in train valid "${TEST_SPLITS[@]}"; do

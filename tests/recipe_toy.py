@@ -58,3 +58,88 @@ def write_toy_wmt(dataset, raw_dir, conllu_dir, n_train=300, n_valid=30, n_test=
         shutil.copy(os.path.join(work, f"{split}.kel.conllu"), os.path.join(conllu_dir, f"{split}.en.conllu"))
     shutil.rmtree(work)
     return n_train - 1
+
+
+# ---- Multi30k ----------------------------------------------------------------------------------
+
+# (raw file stem, fairseq split, lines taken by default)
+MULTI30K_FILES = [("train", "train", 300), ("val", "valid", 60), ("test_2016_flickr", "test", 40),
+                  ("test_2017_flickr", "test1", 40), ("test_2017_mscoco", "test2", 30)]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The real raw files, beside a checkout (CI clones the repo with shared/ next to it).
+SHARED_MULTI30K = os.path.join(ROOT, "..", "shared", "data", "multi30k")
+
+
+def write_gz(path, lines):
+    """Gzip ``lines`` reproducibly (no name, mtime 0), as the pinned release files are compressed."""
+    import gzip
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
+        f.write("".join(line + "\n" for line in lines).encode("utf-8"))
+
+
+def read_gz(path, limit=None):
+    import gzip
+
+    out = []
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            if limit is not None and len(out) >= limit:
+                break
+            out.append(line.rstrip("\n"))
+    return out
+
+
+def sha256(path):
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_multi30k_standin(raw_dir, counts=None, shared_dir=SHARED_MULTI30K, seed=1):
+    """The ten Multi30k raw files (``{stem}.{en,de}.gz``) in ``raw_dir``: the first lines of the real
+    files when ``shared_dir`` holds them, else the toy corpus under those names.
+
+    ``counts`` maps a fairseq split (train, valid, test, test1, test2) to its number of lines
+    (default: 300 / 60 / 40 / 40 / 30). Returns (source, {split: lines}).
+    """
+    counts = {split: n for _, split, n in MULTI30K_FILES} | dict(counts or {})
+    real = shared_dir and all(os.path.exists(os.path.join(shared_dir, f"{stem}.{lang}.gz"))
+                              for stem, _, _ in MULTI30K_FILES for lang in ("en", "de"))
+    if real:
+        for stem, split, _ in MULTI30K_FILES:
+            for lang in ("en", "de"):
+                write_gz(os.path.join(raw_dir, f"{stem}.{lang}.gz"),
+                         read_gz(os.path.join(shared_dir, f"{stem}.{lang}.gz"), counts[split]))
+        return "shared", counts
+    work = raw_dir + ".toy"
+    n_test = counts["test"] + counts["test1"] + counts["test2"]
+    toy.write_toy_corpus(work, seed, counts["train"], counts["valid"], n_test)
+    for lang, toy_lang in (("en", toy.SRC), ("de", toy.TGT)):
+        text = {split: _lines(os.path.join(work, f"{split}.tok.{toy_lang}")) for split in ("train", "valid", "test")}
+        tests = text["test"]
+        text["test"], text["test1"], text["test2"] = (tests[:counts["test"]],
+                                                      tests[counts["test"]:counts["test"] + counts["test1"]],
+                                                      tests[counts["test"] + counts["test1"]:])
+        for stem, split, _ in MULTI30K_FILES:
+            write_gz(os.path.join(raw_dir, f"{stem}.{lang}.gz"), text[split])
+    shutil.rmtree(work)
+    return "toy", counts
+
+
+def write_multi30k_sources(path, raw_dir, url_prefix="file:///nonexistent", sha=None):
+    """A MULTI30K_SOURCES list (scripts/multi30k-sources.txt's format) pinning the files of
+    ``raw_dir`` by their sha256 (or ``sha[file]``)."""
+    sha = dict(sha or {})
+    lines = ["# stand-in Multi30k files (tests)", f"url-prefix {url_prefix}"]
+    for stem, split, _ in MULTI30K_FILES:
+        for lang in ("en", "de"):
+            name = f"{stem}.{lang}.gz"
+            lines.append(f"{name} {sha.get(name) or sha256(os.path.join(raw_dir, name))} {split}")
+    _write(str(path), lines)
+    return str(path)
