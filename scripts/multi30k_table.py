@@ -277,7 +277,7 @@ def table(args, rows, seeds):
         lines.append("| " + " | ".join(cells) + f" |{'' if n == len(seeds) else f' ({n} of {len(seeds)} seeds)'}")
     if sig:
         lines += ["", f"sacreBLEU signature: `{sig}`"]
-    src = os.path.join(args.data, "..", "..", "orig", "test.en")
+    src = os.path.join(args.data, "..", "..", "tok", "test.en")  # as the model read it (tokenized, cased as the recipe)
     ref = os.path.join(args.data, "ref", "test.detok.de")
     if samples and os.path.exists(ref):
         srcs = open(src, encoding="utf-8").read().splitlines() if os.path.exists(src) else []

@@ -192,7 +192,7 @@ def test_multi30k_prepare_runs_every_stage(prepared):
     if p["origin"] == "shared":  # the real captions are cased: the lowercasing above did something
         assert any(c.isupper() for c in recipe_toy.read_gz(os.path.join(p["raw"], "test_2016_flickr.de.gz"))[0])
     assert os.path.exists(os.path.join(db, "bpe.codes"))
-    assert os.path.exists(os.path.join(p["work"], "orig", "test.en"))  # the table's sample sources
+    assert os.path.exists(os.path.join(p["work"], "tok", "test.en"))  # the table's sample sources
 
 
 def test_multi30k_rerun_skips_every_stage(prepared):
