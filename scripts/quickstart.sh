@@ -6,7 +6,8 @@
 #   -> umst-inspect picture of one test sentence (when umst_plugin.inspect is installed).
 # Full logs go to $WORK/*.log; TensorBoard event files to $WORK/tensorboard/$ARCH.
 # Environment overrides: ARCH (default umst_base), MAX_UPDATE (default 1000), WORK (default ./demo),
-# EXTRA_TRAIN_ARGS, VENV (default ./.venv), SKIP_SETUP=1 (use the current environment as is).
+# EXTRA_TRAIN_ARGS, VENV (default ./.venv), SKIP_SETUP=1 (use the current environment as is),
+# OMP_NUM_THREADS (default 1).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export VENV="${VENV:-$ROOT/.venv}"
@@ -16,6 +17,9 @@ else
   bash "$ROOT/scripts/setup_env.sh"
 fi
 export PATH="$VENV/bin:$PATH"
+# One intra-op thread: the demo model's matrices are tiny, and on a busy 2-core machine two OpenMP
+# threads spin-wait on each other (40 updates: 10 s with 1 thread, 185 s with 2, load average 8).
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 WORK="${WORK:-$ROOT/demo}"
 ARCH="${ARCH:-umst_base}"
@@ -55,7 +59,7 @@ fairseq-train data-bin --user-dir "$ROOT/umst_plugin" --task multiscale_translat
   --share-all-embeddings --dropout 0.1 --optimizer adam --adam-betas '(0.9,0.98)' --lr 3e-3 \
   --lr-scheduler inverse_sqrt --warmup-updates 200 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
   --max-tokens 2048 --max-update "$MAX_UPDATE" --save-dir "$CKPT" --no-epoch-checkpoints --keep-last-epochs 1 \
-  --log-format simple --log-interval 50 --tensorboard-logdir "$TB" --num-workers 0 --seed 1 \
+  --log-format simple --log-interval 20 --tensorboard-logdir "$TB" --num-workers 0 --seed 1 \
   ${EXTRA_TRAIN_ARGS:-} 2>&1 | python "$ROOT/scripts/train_progress.py" --log "train-$ARCH.log" --max-update "$MAX_UPDATE" \
   || { echo "fairseq-train failed; the end of train-$ARCH.log:"; tail -n 30 "train-$ARCH.log"; exit 1; }
 TRAIN_SECONDS=$((SECONDS - TRAIN_START))

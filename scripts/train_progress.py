@@ -3,8 +3,8 @@
     fairseq-train ... --log-format simple --log-interval 50 2>&1 \
         | python scripts/train_progress.py --log train.log --max-update 1000
 
-Every line fairseq writes goes to ``--log`` unchanged. The terminal gets one line
-per ``--log-interval`` (update count, epoch, training loss of the interval, the
+Every line fairseq writes goes to ``--log`` unchanged. The terminal gets a line
+per ``--log-interval``, at most one every ``--every`` seconds (update count, epoch, training loss of the interval, the
 latest validation loss, updates/s, elapsed wall time and an ETA from the average
 rate so far), the model size, warnings/errors/tracebacks, and fairseq's
 "done training" line. Exit status: 0 (the caller checks fairseq's own status with
@@ -13,6 +13,7 @@ rate so far), the model size, warnings/errors/tracebacks, and fairseq's
 import argparse
 import re
 import sys
+import time
 
 KV = re.compile(r"([a-z_]+)=([-0-9.e+]+)")
 
@@ -31,9 +32,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--log", required=True, help="file that receives every line")
     ap.add_argument("--max-update", type=int, default=0)
+    ap.add_argument("--every", type=float, default=10.0, help="seconds between progress lines, at least")
     args = ap.parse_args(argv)
     valid_loss = None
     in_traceback = False
+    last_shown = -args.every
     with open(args.log, "w", encoding="utf-8") as log:
         for line in sys.stdin:
             log.write(line)
@@ -51,6 +54,9 @@ def main(argv=None):
                 kv = dict(KV.findall(text))
                 epoch = re.search(r"epoch (\d+)", text)
                 n, wall = int(float(kv.get("num_updates", 0))), float(kv.get("wall", 0))
+                if time.monotonic() - last_shown < args.every and n != args.max_update:
+                    continue
+                last_shown = time.monotonic()
                 parts = [f"update {n:>{len(str(args.max_update or n))}}" + (f"/{args.max_update}" if args.max_update else "")]
                 if epoch:
                     parts[0] += f" (epoch {int(epoch.group(1))})"
