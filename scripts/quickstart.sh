@@ -59,6 +59,7 @@ fairseq-train data-bin --user-dir "$ROOT/umst_plugin" --task multiscale_translat
   --share-all-embeddings --dropout 0.1 --optimizer adam --adam-betas '(0.9,0.98)' --lr 3e-3 \
   --lr-scheduler inverse_sqrt --warmup-updates 200 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
   --max-tokens 2048 --max-update "$MAX_UPDATE" --save-dir "$CKPT" --no-epoch-checkpoints --keep-last-epochs 1 \
+  --validate-interval 4 --save-interval 4 \
   --log-format simple --log-interval 20 --tensorboard-logdir "$TB" --num-workers 0 --seed 1 \
   ${EXTRA_TRAIN_ARGS:-} 2>&1 | python "$ROOT/scripts/train_progress.py" --log "train-$ARCH.log" --max-update "$MAX_UPDATE" \
   || { echo "fairseq-train failed; the end of train-$ARCH.log:"; tail -n 30 "train-$ARCH.log"; exit 1; }
@@ -90,7 +91,8 @@ PICTURE=""
 if python -c "import umst_plugin.inspect" 2>/dev/null; then
   PICTURE="$WORK/inspect-$ARCH-test0.png"
   echo "== umst-inspect: test sentence 0 -> $PICTURE"
-  python -m umst_plugin.inspect data-bin --subset test --index 0 --output "$PICTURE" --path "$CKPT/checkpoint_best.pt" \
+  python -m umst_plugin.inspect data-bin --user-dir "$ROOT/umst_plugin" --subset test --index 0 --output "$PICTURE" \
+    --path "$CKPT/checkpoint_best.pt" \
     > "inspect-$ARCH.log" 2>&1 || { tail -n 30 "inspect-$ARCH.log"; exit 1; }
 fi
 
