@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The main job on the bundled toy corpus, from a fresh machine:
 #   set up .venv -> toy corpus + gold CoNLL-U + BPE -> fairseq-preprocess -> umst-preprocess
-#   -> fairseq-train (a small model, about 3 minutes on 2 CPU cores; progress on the terminal)
+#   -> fairseq-train (a small model, 800 updates: about 3 minutes on 2 CPU cores; progress on the terminal)
 #   -> fairseq-generate --scoring sacrebleu (BLEU line + a few test translations)
 #   -> umst-inspect picture of one test sentence (when umst_plugin.inspect is installed).
 # Full logs go to $WORK/*.log; TensorBoard event files to $WORK/tensorboard/$ARCH.
-# Environment overrides: ARCH (default umst_base), MAX_UPDATE (default 1000), WORK (default ./demo),
+# Environment overrides: ARCH (default umst_base), MAX_UPDATE (default 800), WORK (default ./demo),
 # EXTRA_TRAIN_ARGS, VENV (default ./.venv), SKIP_SETUP=1 (use the current environment as is),
 # OMP_NUM_THREADS (default 1).
 set -euo pipefail
@@ -23,7 +23,7 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 WORK="${WORK:-$ROOT/demo}"
 ARCH="${ARCH:-umst_base}"
-MAX_UPDATE="${MAX_UPDATE:-1000}"
+MAX_UPDATE="${MAX_UPDATE:-800}"
 SRC=kel; TGT=mor
 N_SHOW=5  # test sentences shown at the end
 mkdir -p "$WORK"
