@@ -28,6 +28,8 @@ setup(
         "cython",
         "scikit-learn",
         "packaging",
+        # fairseq-train --tensorboard-logdir (and no "Please install tensorboardX" on every start)
+        "tensorboardX",
     ],
     extras_require={
         "stanza": ["stanza>=1.5"],

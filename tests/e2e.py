@@ -63,16 +63,17 @@ TINY = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim",
         "--decoder-attention-heads", "2"]
 
 
-def train(databin, save_dir, arch, *extra, task="multiscale_translation", max_update=20, lr="2e-3"):
+def train(databin, save_dir, arch, *extra, task="multiscale_translation", max_update=20, lr="2e-3",
+          validate=False, num_workers=0):
+    """fairseq-train, fairseq's default --data-buffer-size (the prefetch thread; umst_plugin.prefetch_exit
+    stops it cleanly at exit); no validation unless ``validate``."""
     proc = fairseq("train", databin, "--user-dir", PLUGIN, "--task", task, "--arch", arch,
                    "--optimizer", "adam", "--lr", lr, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
                    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
                    "--max-tokens", "1000", "--max-update", str(max_update), "--save-dir", save_dir,
-                   "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "5", "--num-workers", "0",
-                   "--seed", "1", "--no-progress-bar", "--disable-validation",
-                   # no background prefetch thread: when --max-update stops mid-epoch, fairseq's
-                   # BufferedIterator thread can still be collating at interpreter exit and abort it
-                   "--data-buffer-size", "0", *extra)
+                   "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "5",
+                   "--num-workers", str(num_workers), "--seed", "1", "--no-progress-bar",
+                   *(() if validate else ("--disable-validation",)), *extra)
     return proc.stdout + proc.stderr
 
 

@@ -436,7 +436,9 @@ def cpu_overrides(row, databin, save_dir, max_update):
     return [f"task.data={databin}", f"common.user_dir={e2e.PLUGIN}", "common.cpu=true", "common.fp16=false",
             "common.log_interval=1", "common.seed=1", "distributed_training.distributed_world_size=1",
             "dataset.max_tokens=500", "dataset.num_workers=0", "dataset.disable_validation=true",
-            # no background prefetch thread: stopping mid-epoch can leave it collating at exit (abort)
+            # no background prefetch thread: most rows train in-process, where a run that stops mid-epoch
+            # would leave fairseq's prefetch thread behind in the test process (the abort at exit it used
+            # to cause is gone: umst_plugin.prefetch_exit)
             "dataset.data_buffer_size=0", "optimization.update_freq=[1]", f"optimization.max_update={max_update}",
             f"checkpoint.save_dir={save_dir}", *tiny_overrides(collect_results.ROWS[row]["arch"])]
 
