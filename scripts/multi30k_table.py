@@ -242,6 +242,7 @@ def table(args, rows, seeds):
               f"seeds {','.join(map(str, seeds))}, {'fp16' if args.fp16 else 'bf16' if args.bf16 else 'fp32'}, "
               f"{args.jobs} training job(s) at a time"
               f"{f' with {args.threads} thread(s) each' if args.threads else ''}; hardware: {hw}. "
+              f"{'Overrides: `' + ' '.join(args.override) + '`. ' if args.override else ''}"
               f"Average of the last {args.average} checkpoints ({args.save_every} updates apart), beam 5, lenpen 1. "
               "BLEU: tokenized (multi-bleu style on the lowercased Moses-tokenized text, no compound splitting), "
               "mean ± standard deviation over seeds.", ""]
