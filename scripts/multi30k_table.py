@@ -89,6 +89,20 @@ def last_update(train_log):
     return upd, loss
 
 
+def last_valid_ppl(train_log):
+    """Perplexity of the last validation in a fairseq log (None if none ran): a less noisy signal
+    than BLEU early in training."""
+    ppl = None
+    if os.path.exists(train_log):
+        with open(train_log, errors="replace") as f:
+            for line in f:
+                if "valid on" in line:
+                    m = re.search(r"\| ppl ([\d.]+)", line)
+                    if m:
+                        ppl = float(m.group(1))
+    return ppl
+
+
 def trained(save, max_update):
     stamp = os.path.join(save, "train-done.json")
     if os.path.exists(stamp):
@@ -247,12 +261,12 @@ def table(args, rows, seeds):
               "BLEU: tokenized (multi-bleu style on the lowercased Moses-tokenized text, no compound splitting), "
               "mean ± standard deviation over seeds.", ""]
     head = ("| row | params | " + " | ".join(f"{name} BLEU" for _, name in TEST_SETS)
-            + " | 2016 Flickr sacreBLEU | train wall time / run | published |")
+            + " | 2016 Flickr sacreBLEU | hyp/ref length | valid ppl | train wall time / run | published |")
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     samples = {}
     for row in rows:
         per_set = {s: [] for s, _ in TEST_SETS}
-        sacre, walls, params = [], [], None
+        sacre, ratios, walls, ppls, params = [], [], [], [], None
         for seed in seeds:
             save = run_dir(args.out, row, seed)
             for subset, _ in TEST_SETS:
@@ -260,11 +274,17 @@ def table(args, rows, seeds):
                 if os.path.exists(res):
                     r = read_json(res)
                     per_set[subset].append(r["tok_bleu"])
+                    m = re.search(r"ratio = ([\d.]+)", r.get("tok_bleu_detail", ""))
+                    if subset == "test" and m:
+                        ratios.append(float(m.group(1)))
                     if subset == "test" and "sacrebleu" in r:
                         sacre.append(r["sacrebleu"])
                         sig = r.get("sacrebleu_signature", sig)
             if os.path.exists(os.path.join(save, "train-done.json")):
                 walls.append(read_json(os.path.join(save, "train-done.json"))["wall_s"])
+                ppl = last_valid_ppl(os.path.join(save, "train.log"))
+                if ppl is not None:
+                    ppls.append(ppl)
             if os.path.exists(os.path.join(save, "params.json")):
                 params = read_json(os.path.join(save, "params.json"))["parameters"]
             gen = os.path.join(save, "eval-test", "generate-test.txt")
@@ -273,9 +293,11 @@ def table(args, rows, seeds):
         n = len(per_set["test"])
         cells = [LABELS[row] + f" (`{row}`)", f"{params / 1e6:.2f}M" if params else "–"]
         cells += [mean_spread(per_set[s]) for s, _ in TEST_SETS]
-        cells += [mean_spread(sacre), f"{statistics.mean(walls) / 60:.1f} min" if walls else "–",
+        cells += [mean_spread(sacre), mean_spread(ratios), mean_spread(ppls), f"{statistics.mean(walls) / 60:.1f} min" if walls else "–",
                   f"{REFERENCE[row]} (8,000 updates, 2 GPUs)" if row in REFERENCE else ""]
-        lines.append("| " + " | ".join(cells) + f" |{'' if n == len(seeds) else f' ({n} of {len(seeds)} seeds)'}")
+        if n != len(seeds):
+            cells[0] += f" ({n} of {len(seeds)} seeds)"
+        lines.append("| " + " | ".join(cells) + " |")
     if sig:
         lines += ["", f"sacreBLEU signature: `{sig}`"]
     src = os.path.join(args.data, "..", "..", "tok", "test.en")  # as the model read it (tokenized, cased as the recipe)
