@@ -252,8 +252,10 @@ def test_multi30k_table_runner_end_to_end(prepared, tmp_path):
         assert re.fullmatch(r"0\.\d\dM", cells[1]), line  # params of the tiny model
         for cell in cells[2:6]:  # three tokenized BLEU columns and sacreBLEU
             assert re.fullmatch(r"\d+\.\d\d", cell), line
-        assert cells[6].endswith(" min"), line
-        assert ("41.02" in cells[7]) == (row == "m30k-transformer"), line
+        assert re.fullmatch(r"\d+\.\d\d", cells[6]), line  # hypothesis / reference length
+        assert re.fullmatch(r"\d+\.\d\d", cells[7]), line  # validation perplexity of the last validation
+        assert cells[8].endswith(" min"), line
+        assert ("41.02" in cells[9]) == (row == "m30k-transformer"), line
         for subset in ("test", "test1", "test2"):
             with open(tmp_path / "runs" / row / "seed1" / f"eval-{subset}" / "results.json") as f:
                 assert json.load(f)["sentences"] == p["counts"][subset]
