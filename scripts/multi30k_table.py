@@ -301,7 +301,7 @@ def table(args, rows, seeds):
     if sig:
         lines += ["", f"sacreBLEU signature: `{sig}`"]
     src = os.path.join(args.data, "..", "..", "tok", "test.en")  # as the model read it (tokenized, cased as the recipe)
-    ref = os.path.join(args.data, "ref", "test.detok.de")
+    ref = os.path.join(args.data, "ref", "test.tok.de")
     if samples and os.path.exists(ref):
         srcs = open(src, encoding="utf-8").read().splitlines() if os.path.exists(src) else []
         refs = open(ref, encoding="utf-8").read().splitlines()
