@@ -6,8 +6,8 @@
 # (BPE merges, parser) live in directories named after it.
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# A recipe may set these before sourcing: the test sets (fairseq names test, test1, ...) and extra
-# arguments of every tokenize call (e.g. --lowercase).
+# A recipe may set these before sourcing: the test sets (fairseq names test, test1, ...), extra
+# arguments of every tokenize call (e.g. --lowercase) and CLEAN_RATIO (clean-corpus-n's -ratio, 1.5).
 TEST_SPLITS=("${TEST_SPLITS[@]:-test}")
 TOKENIZE_ARGS=("${TOKENIZE_ARGS[@]+"${TOKENIZE_ARGS[@]}"}")
 PY="${PYTHON:-python3}"
@@ -115,7 +115,7 @@ stage_tokenize() {
 
 stage_clean() {
     done_stage clean && { say "clean: done before"; return; }
-    "$PY" "$PREP" clean --ratio 1.5 --min 1 --max 250 --keep-file "$WORK/tok/train.clean.keep" \
+    "$PY" "$PREP" clean --ratio "${CLEAN_RATIO:-1.5}" --min 1 --max 250 --keep-file "$WORK/tok/train.clean.keep" \
         "$WORK/tok/train" "$SRC" "$TGT" "$WORK/tok/train.clean"
     mark_stage clean
 }
@@ -141,9 +141,16 @@ stage_bpe() {
 
 # Binarize and parse run in one Python process (importing fairseq once; it takes seconds), each
 # still its own stage with its own stamp.
+# test_prefixes: the BPE prefixes of the test sets, comma-separated (fairseq's --testpref)
+test_prefixes() {
+    local split prefixes=""
+    for split in "${TEST_SPLITS[@]}"; do prefixes+="${prefixes:+,}$BPE_DIR/$split"; done
+    echo "$prefixes"
+}
+
 stage_binarize_and_parse() {
-    local key="$PARSER:$PARSER_ARGS" binarize=() parse=() split testpref=""
-    for split in "${TEST_SPLITS[@]}"; do testpref+="${testpref:+,}$BPE_DIR/$split"; done
+    local key="$PARSER:$PARSER_ARGS" binarize=() parse=() split testpref
+    testpref="$(test_prefixes)"
     if done_stage "binarize$MERGES"; then
         say "binarize: done before"
     else

@@ -24,6 +24,9 @@ if [[ "$CASE" == cased ]]; then NAME=multi30k_en_de_cased; TOKENIZE_ARGS=(--no-a
 else NAME=multi30k_en_de; TOKENIZE_ARGS=(--lowercase --no-aggressive-dashes); fi
 DEFAULT_WORK=data/$NAME; DEFAULT_MERGES=10000
 TEST_SPLITS=(test test1 test2)
+# Captions are short and parallel by construction: keep every non-empty pair (no length-ratio
+# filter, unlike the WMT recipes), so the training set is the published 29,000 pairs.
+CLEAN_RATIO=1000
 source "$(dirname "${BASH_SOURCE[0]}")/prepare-common.sh"
 SOURCES="${MULTI30K_SOURCES:-$ROOT/scripts/multi30k-sources.txt}"
 usage() {
@@ -107,28 +110,18 @@ stage_extract() {
     mark_stage extract "$CASE"
 }
 
-# Captions are short and parallel by construction: keep every non-empty pair (no length-ratio
-# filter, unlike the WMT recipes), so the training set is the published 29,000 pairs.
-stage_clean() {
-    done_stage clean && { say "clean: done before"; return; }
-    "$PY" "$PREP" clean --ratio 1000 --min 1 --max 250 --keep-file "$WORK/tok/train.clean.keep" \
-        "$WORK/tok/train" "$SRC" "$TGT" "$WORK/tok/train.clean"
-    mark_stage clean
-}
-
 # The UMST ablation "no phrase edges": the same data-bin (fairseq files linked, not copied) with side
 # files from umst-preprocess --parser none (every word its own phrase): DATABIN_noparse.
 stage_noparse_variant() {
-    local dest="${DATABIN}_noparse" split testpref="" f
+    local dest="${DATABIN}_noparse" f
     done_stage "noparse$MERGES" && { say "no-parse variant: done before"; return; }
-    for split in "${TEST_SPLITS[@]}"; do testpref+="${testpref:+,}$BPE_DIR/$split"; done
     rm -rf "$dest" "$dest.tmp"; mkdir -p "$dest.tmp"
     for f in "$DATABIN"/*; do
         case "$(basename "$f")" in *.wordids*|*.heads*|*.labels*) ;; *) ln -s "$f" "$dest.tmp/" ;; esac
     done
     say "no-parse variant (umst-preprocess --parser none): $dest"
     "$PY" -m umst_plugin.preprocess --source-lang "$SRC" --target-lang "$TGT" --trainpref "$BPE_DIR/train" \
-        --validpref "$BPE_DIR/valid" --testpref "$testpref" --destdir "$dest.tmp" \
+        --validpref "$BPE_DIR/valid" --testpref "$(test_prefixes)" --destdir "$dest.tmp" \
         --text-dir "$BPE_DIR/side-noparse" --parser none --no-progress
     mv "$dest.tmp" "$dest"
     mark_stage "noparse$MERGES"

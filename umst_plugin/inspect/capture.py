@@ -173,7 +173,9 @@ def _fairseq_mha_per_head(weights, n_heads):
     return weights[0].unsqueeze(0), False
 
 
-def capture_transformer(model, sample, source, layer=None, head=None):
+def _encoder_self_attention(model, sample, layer):
+    """Run the encoder once, keeping the chosen layer's self-attention weights:
+    -> (layer index, number of layers, the attention module, its weights)."""
     layers = model.encoder.layers
     index = resolve_layer(layer, len(layers))
     attn = layers[index].self_attn
@@ -184,7 +186,12 @@ def capture_transformer(model, sample, source, layer=None, head=None):
     finally:
         for h in handles:
             h.remove()
-    maps, per_head = _fairseq_mha_per_head(store[0], attn.num_heads)
+    return index, len(layers), attn, store[0]
+
+
+def capture_transformer(model, sample, source, layer=None, head=None):
+    index, n_layers, attn, weights = _encoder_self_attention(model, sample, layer)
+    maps, per_head = _fairseq_mha_per_head(weights, attn.num_heads)
     notes = []
     if per_head:
         matrix, which = pick_head(maps, head, attn.num_heads)
@@ -193,7 +200,7 @@ def capture_transformer(model, sample, source, layer=None, head=None):
         if head is not None:
             notes.append("this attention returned head-averaged weights only; --head ignored")
     pieces = source.pieces
-    title = f"transformer encoder self-attention\nlayer {index + 1}/{len(layers)}, {which}"
+    title = f"transformer encoder self-attention\nlayer {index + 1}/{n_layers}, {which}"
     return Capture("transformer", [Panel(title, _np(matrix), pieces, pieces, "query", "key")], notes)
 
 
@@ -210,17 +217,8 @@ def _scale_width(scale, n_tokens):
 
 
 def capture_msmsa(model, sample, source, layer=None, head=None):
-    layers = model.encoder.layers
-    index = resolve_layer(layer, len(layers))
-    attn = layers[index].self_attn
-    store = []
-    handles = _ask_for_weights(attn, store)
-    try:
-        _run_encoder(model, sample)
-    finally:
-        for h in handles:
-            h.remove()
-    weights = store[0][0]  # H x T x T (MultiScaleSelfAttention: B x H x T x S)
+    index, n_layers, attn, weights = _encoder_self_attention(model, sample, layer)
+    weights = weights[0]  # H x T x T (MultiScaleSelfAttention: B x H x T x S)
     n_tokens = len(source.pieces)
     heads = range(attn.num_heads) if head is None else [resolve_head(head, attn.num_heads)]
     pieces = source.pieces
@@ -228,7 +226,7 @@ def capture_msmsa(model, sample, source, layer=None, head=None):
     for h in heads:
         scale = attn.head_scales[h]
         title = (f"MSMSA head {h + 1}/{attn.num_heads}: scale {scale}, {_scale_width(scale, n_tokens)}\n"
-                 f"layer {index + 1}/{len(layers)}")
+                 f"layer {index + 1}/{n_layers}")
         panels.append(Panel(title, _np(weights[h]), pieces, pieces, "query", "key"))
     return Capture("msmsa", panels)
 
