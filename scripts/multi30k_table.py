@@ -17,7 +17,6 @@ Writes OUT/table.md (and, with --docs FILE, the same text between the markers
 The UMST "no parse" row reads DATA_BIN_noparse (written by prepare-multi30k.sh).
 """
 import argparse
-import glob
 import json
 import os
 import platform
@@ -29,6 +28,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "configs")
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import score  # noqa: E402  (scripts/score.py: reads fairseq-generate output as evaluate.sh scores it)
 ROWS = ["m30k-transformer", "m30k-transformer-prenorm", "m30k-umst", "m30k-transformer-sf", "m30k-msc",
         "m30k-msmsa", "m30k-prime", "m30k-prime-simple", "m30k-umst-noparse", "m30k-umst-random-phrase"]
 LABELS = {
@@ -53,8 +54,13 @@ def run_dir(out, row, seed):
     return os.path.join(out, row, f"seed{seed}")
 
 
+def warmup_updates(max_update):
+    """The reference's 2,000 warm-up updates of 8,000, compressed in proportion for shorter runs."""
+    return max(1, round(2000 * min(max_update, 8000) / 8000))
+
+
 def train_cmd(args, row, seed, save):
-    warmup = max(1, round(2000 * args.max_update / 8000)) if args.max_update < 8000 else 2000
+    warmup = warmup_updates(args.max_update)
     cmd = [sys.executable, "-m", "fairseq_cli.hydra_train", "--config-dir", CONFIGS, "--config-name", row,
            f"task.data={args.data + DATA_VARIANT.get(row, '')}", f"common.user_dir={ROOT}/umst_plugin",
            f"checkpoint.save_dir={save}", f"hydra.run.dir={save}", f"common.seed={seed}",
@@ -157,13 +163,8 @@ def train_all(args, runs):
                 log(f"{key[0]} seed {key[1]}: FAILED (exit {proc.returncode}, {upd} updates); see {save}/train.log:\n"
                     + tail)
                 continue
-            prev = 0.0
-            prev_stamp = os.path.join(save, "train-time.json")
-            if os.path.exists(prev_stamp):  # a resumed run adds its earlier time
-                with open(prev_stamp) as f:
-                    prev = json.load(f).get("wall_s", 0.0)
             with open(os.path.join(save, "train-done.json"), "w") as f:
-                json.dump(dict(max_update=args.max_update, wall_s=round(prev + wall, 1), jobs=args.jobs,
+                json.dump(dict(max_update=args.max_update, wall_s=round(wall, 1), jobs=args.jobs,
                                threads=args.threads, loss=loss), f)
             log(f"{key[0]} seed {key[1]}: trained {upd} updates in {wall:.0f} s (last train loss {loss}); "
                 "average + decode test sets")
@@ -229,16 +230,6 @@ def read_json(path):
         return json.load(f)
 
 
-def hypotheses(path):
-    hyps = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("H-"):
-                sid, _, text = line.rstrip("\n").split("\t", 2)
-                hyps[int(sid[2:])] = text
-    return hyps
-
-
 def mean_spread(values):
     if not values:
         return "–"
@@ -252,7 +243,7 @@ def table(args, rows, seeds):
     sig = None
     hw = args.hardware or f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores"
     lines += [f"Budget: {args.max_update} updates of {args.max_tokens} tokens per row and seed "
-              f"(reference: 8,000 x 8,192), warm-up {max(1, round(2000 * min(args.max_update, 8000) / 8000))}, "
+              f"(reference: 8,000 x 8,192), warm-up {warmup_updates(args.max_update)}, "
               f"seeds {','.join(map(str, seeds))}, {'fp16' if args.fp16 else 'bf16' if args.bf16 else 'fp32'}, "
               f"{args.jobs} training job(s) at a time"
               f"{f' with {args.threads} thread(s) each' if args.threads else ''}; hardware: {hw}. "
@@ -289,7 +280,7 @@ def table(args, rows, seeds):
                 params = read_json(os.path.join(save, "params.json"))["parameters"]
             gen = os.path.join(save, "eval-test", "generate-test.txt")
             if row not in samples and os.path.exists(gen):
-                samples[row] = hypotheses(gen)
+                samples[row] = dict(enumerate(score.read_generate(gen)[0]))
         n = len(per_set["test"])
         cells = [LABELS[row] + f" (`{row}`)", f"{params / 1e6:.2f}M" if params else "–"]
         cells += [mean_spread(per_set[s]) for s, _ in TEST_SETS]
