@@ -5,20 +5,22 @@ registers the ``multiscale_translation`` task and every architecture in
 ``umst_plugin/models`` (each module is imported here so that registration
 happens exactly once), and allow-lists the classes fairseq checkpoints contain
 so they load under torch>=2.6's ``weights_only=True`` default. It also lets
-``fairseq-hydra-train`` build argparse-style models (``legacy_hydra.py``), and
+``fairseq-hydra-train`` build argparse-style models (``legacy_hydra.py``),
 stops fairseq's batch-prefetch thread cleanly at exit (``prefetch_exit.py``: a
 run that stops mid-epoch would otherwise abort with "terminate called without an
-active exception").
+active exception"), and zeroes the never-initialized, unused ``conv_bias`` of
+fairseq's lightconv models (``dynamicconv_init.py``).
 """
 import importlib
 import os
 
 from umst_plugin.checkpoint_safety import allow_fairseq_checkpoint_classes
-from umst_plugin import legacy_hydra, prefetch_exit
+from umst_plugin import dynamicconv_init, legacy_hydra, prefetch_exit
 
 allow_fairseq_checkpoint_classes()
 legacy_hydra.install()
 prefetch_exit.install()
+dynamicconv_init.install()
 
 __version__ = "0.1.0"
 

@@ -1,0 +1,37 @@
+"""Give fairseq's lightconv/dynamicconv models a defined ``conv_bias``.
+
+fairseq's ``lightconv`` architectures (the DynamicConv rows of the Prime tables)
+build their convolutions with ``DynamicConv_scripatable``, which always allocates
+``conv_bias = nn.Parameter(torch.Tensor(input_size))`` -- uninitialized memory --
+and sets it to zero only when ``conv_bias=True``. With the default
+``conv_bias=False`` the parameter is never used in the forward pass, but it is a
+real parameter: it is saved in every checkpoint, averaged by
+``umst-average-checkpoints``, and counted by parameter checks. Whatever bytes the
+allocator handed back end up there, NaN and Inf included (reproduced: 18 of 20
+constructions right after freeing a NaN tensor of the same size), so "are all
+weights finite?" fails at random on a model that trains correctly.
+
+``install()`` (called on plugin import) wraps ``reset_parameters`` so the unused
+bias is zeroed as well. The forward pass is unchanged: it adds ``conv_bias`` only
+when ``has_conv_bias`` is set, exactly as before.
+"""
+import torch
+
+_INSTALLED = "_umst_defined_conv_bias"
+
+
+def install():
+    from fairseq.modules.dynamic_convolution import DynamicConv_scripatable
+
+    if getattr(DynamicConv_scripatable.reset_parameters, _INSTALLED, False):
+        return
+    original = DynamicConv_scripatable.reset_parameters
+
+    def reset_parameters(self):
+        original(self)
+        if not self.has_conv_bias:
+            with torch.no_grad():
+                self.conv_bias.zero_()
+
+    setattr(reset_parameters, _INSTALLED, True)
+    DynamicConv_scripatable.reset_parameters = reset_parameters
