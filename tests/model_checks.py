@@ -103,6 +103,21 @@ def check_every_parameter_gets_gradient(arch, overrides, device="cpu"):
     assert not bad, f"{arch}: non-finite gradients: {bad}"
 
 
+def check_parameters_defined_on_construction(arch, overrides, task="multiscale_translation"):
+    """Every parameter and buffer is initialized, not leftover allocator memory: the blocks of a
+    first build are refilled with NaN and freed, so a second build that skipped an init would get
+    them back (the CPU allocator reuses freed blocks of the same size)."""
+    model, _ = dev.build_model(arch, overrides, task=task)
+    shapes = [t.shape for t in list(model.parameters()) + list(model.buffers()) if t.is_floating_point()]
+    del model
+    poison = [torch.full(shape, float("nan")) for shape in shapes]
+    del poison
+    model, _ = dev.build_model(arch, overrides, task=task)
+    bad = [n for n, t in list(model.named_parameters()) + list(model.named_buffers())
+           if t.is_floating_point() and not torch.isfinite(t).all()]
+    assert not bad, f"{arch}: uninitialized (non-finite) tensors after construction: {bad}"
+
+
 def check_dropout_off_in_eval(arch, overrides, device="cpu"):
     """Two eval passes are identical (no dropout left on), two train passes differ."""
     overrides = {**overrides, "dropout": 0.3, "attention_dropout": 0.3}
