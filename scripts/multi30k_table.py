@@ -13,7 +13,9 @@ test1 (2017 Flickr) and test2 (2017 MSCOCO), scored by scripts/score.py: tokeniz
 (multi-bleu style, no compound splitting, as the published 41.02) and detokenized sacreBLEU
 with its signature. Runs are resumable: a finished step is not redone (delete its files to redo).
 Writes OUT/table.md (and, with --docs FILE, the same text between the markers
-``<!-- multi30k-table:begin -->`` / ``<!-- multi30k-table:end -->`` of FILE).
+``<!-- multi30k-table:begin -->`` / ``<!-- multi30k-table:end -->`` of FILE; with
+--docs-block NAME, between ``<!-- multi30k-table:NAME:begin -->`` / ``...:NAME:end -->``, so
+one page can hold tables of several budgets).
 The UMST "no parse" row reads DATA_BIN_noparse (written by prepare-multi30k.sh).
 """
 import argparse
@@ -43,7 +45,15 @@ DATA_VARIANT = {"m30k-umst-noparse": "_noparse"}
 TEST_SETS = [("test", "2016 Flickr"), ("test1", "2017 Flickr"), ("test2", "2017 MSCOCO")]
 REFERENCE = {"m30k-transformer": 41.02}  # Wu et al. 2021 (Revisit-MMT), tokenized BLEU, test_2016_flickr
 SAMPLE_IDS = [0, 1, 2, 3, 4]
-MARK_BEGIN, MARK_END = "<!-- multi30k-table:begin -->", "<!-- multi30k-table:end -->"
+
+
+def markers(block=""):
+    """The docs markers the table is written between: ``multi30k-table`` or ``multi30k-table:BLOCK``."""
+    name = "multi30k-table" + (f":{block}" if block else "")
+    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+
+
+MARK_BEGIN, MARK_END = markers()
 
 
 def log(msg):
@@ -325,6 +335,8 @@ def main(argv=None):
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--out", default="runs/multi30k", help="where runs go (default: runs/multi30k)")
     p.add_argument("--docs", help="also write the table between the multi30k-table markers of this file")
+    p.add_argument("--docs-block", default="",
+                   help="write between the multi30k-table:NAME markers instead (a second table on the same page)")
     p.add_argument("--hardware", help="hardware named in the table (default: CPU model and core count)")
     p.add_argument("--status-every", type=float, default=30.0, help="seconds between progress lines")
     p.add_argument("--table-only", action="store_true", help="only (re)write the table from finished runs")
@@ -356,13 +368,14 @@ def main(argv=None):
     with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
         f.write(text)
     if args.docs:
+        begin, end = markers(args.docs_block)
         doc = open(args.docs, encoding="utf-8").read()
-        if MARK_BEGIN not in doc or MARK_END not in doc:
-            raise SystemExit(f"{args.docs}: no {MARK_BEGIN} ... {MARK_END} markers to write the table between")
-        head, rest = doc.split(MARK_BEGIN, 1)
-        _, tail = rest.split(MARK_END, 1)
+        if begin not in doc or end not in doc:
+            raise SystemExit(f"{args.docs}: no {begin} ... {end} markers to write the table between")
+        head, rest = doc.split(begin, 1)
+        _, tail = rest.split(end, 1)
         with open(args.docs, "w", encoding="utf-8") as f:
-            f.write(head + MARK_BEGIN + "\n" + text + MARK_END + tail)
+            f.write(head + begin + "\n" + text + end + tail)
     print(text)
     log(f"table: {os.path.join(args.out, 'table.md')}")
     return 1 if not args.table_only and failed else 0

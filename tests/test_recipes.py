@@ -271,6 +271,16 @@ def test_multi30k_table_runner_end_to_end(prepared, tmp_path):
         assert f"{row} seed 1: trained before" in again, again[-3000:]
     assert "training started" not in again
     assert (tmp_path / "runs" / "table.md").read_text() == table
+    # --table-only --docs-block NAME: a second table on the same page, the first block untouched
+    begin, end = multi30k_table.markers("longer")
+    docs.write_text(page + f"\n{begin}\nold\n{end}\n")
+    cmd += ["--table-only", "--docs-block", "longer"]
+    assert "training started" not in run_table()
+    assert docs.read_text() == page + f"\n{begin}\n{table}{end}\n"
+    docs.write_text(page)  # no such block: a clear error, the page unchanged
+    proc = subprocess.run(list(map(str, cmd)), env=env(), capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode != 0 and f"no {begin} ... {end} markers" in proc.stderr, proc.stderr[-2000:]
+    assert docs.read_text() == page
 
 
 def _fake_archive(path, member):
