@@ -12,10 +12,10 @@ max-update / 4, the reference's 2,000 of 8,000), umst-average-checkpoints over t
 test1 (2017 Flickr) and test2 (2017 MSCOCO), scored by scripts/score.py: tokenized BLEU
 (multi-bleu style, no compound splitting, as the published 41.02) and detokenized sacreBLEU
 with its signature. Runs are resumable: a finished step is not redone (delete its files to redo).
-Writes OUT/table.md (and, with --docs FILE, the same text between the markers
-``<!-- multi30k-table:begin -->`` / ``<!-- multi30k-table:end -->`` of FILE; with
---docs-block NAME, between ``<!-- multi30k-table:NAME:begin -->`` / ``...:NAME:end -->``, so
-one page can hold tables of several budgets).
+Writes OUT/table.md and OUT/runs.json (every run's numbers per seed, and the budget); with
+--docs FILE also the table between the markers ``<!-- multi30k-table:begin -->`` /
+``<!-- multi30k-table:end -->`` of FILE, or with --docs-block NAME between
+``<!-- multi30k-table:NAME:begin -->`` / ``...:NAME:end -->`` (tables of several budgets on one page).
 The UMST "no parse" row reads DATA_BIN_noparse (written by prepare-multi30k.sh).
 """
 import argparse
@@ -248,6 +248,36 @@ def mean_spread(values):
     return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
 
 
+def run_results(args, row, seed):
+    """What one finished run measured (keys only for what exists): BLEU per test set, sacreBLEU and
+    its signature, hypothesis/reference length on test, last validation perplexity, train wall
+    time, parameters."""
+    save = run_dir(args.out, row, seed)
+    out = {"row": row, "seed": seed, "bleu": {}}
+    for subset, _ in TEST_SETS:
+        res = os.path.join(save, f"eval-{subset}", "results.json")
+        if not os.path.exists(res):
+            continue
+        r = read_json(res)
+        out["bleu"][subset] = r["tok_bleu"]
+        if subset == "test":
+            m = re.search(r"ratio = ([\d.]+)", r.get("tok_bleu_detail", ""))
+            if m:
+                out["length_ratio"] = float(m.group(1))
+            if "sacrebleu" in r:
+                out["sacrebleu"] = r["sacrebleu"]
+                if r.get("sacrebleu_signature"):
+                    out["sacrebleu_signature"] = r["sacrebleu_signature"]
+    if os.path.exists(os.path.join(save, "train-done.json")):
+        out["train_wall_s"] = read_json(os.path.join(save, "train-done.json"))["wall_s"]
+        ppl = last_valid_ppl(os.path.join(save, "train.log"))
+        if ppl is not None:
+            out["valid_ppl"] = ppl
+    if os.path.exists(os.path.join(save, "params.json")):
+        out["parameters"] = read_json(os.path.join(save, "params.json"))["parameters"]
+    return out
+
+
 def table(args, rows, seeds):
     lines = []
     sig = None
@@ -266,29 +296,16 @@ def table(args, rows, seeds):
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     samples = {}
     for row in rows:
-        per_set = {s: [] for s, _ in TEST_SETS}
-        sacre, ratios, walls, ppls, params = [], [], [], [], None
+        runs = [run_results(args, row, seed) for seed in seeds]
+        per_set = {s: [r["bleu"][s] for r in runs if s in r["bleu"]] for s, _ in TEST_SETS}
+        sacre = [r["sacrebleu"] for r in runs if "sacrebleu" in r]
+        ratios = [r["length_ratio"] for r in runs if "length_ratio" in r]
+        walls = [r["train_wall_s"] for r in runs if "train_wall_s" in r]
+        ppls = [r["valid_ppl"] for r in runs if "valid_ppl" in r]
+        params = next((r["parameters"] for r in runs if "parameters" in r), None)
+        sig = next((r["sacrebleu_signature"] for r in runs if "sacrebleu_signature" in r), sig)
         for seed in seeds:
-            save = run_dir(args.out, row, seed)
-            for subset, _ in TEST_SETS:
-                res = os.path.join(save, f"eval-{subset}", "results.json")
-                if os.path.exists(res):
-                    r = read_json(res)
-                    per_set[subset].append(r["tok_bleu"])
-                    m = re.search(r"ratio = ([\d.]+)", r.get("tok_bleu_detail", ""))
-                    if subset == "test" and m:
-                        ratios.append(float(m.group(1)))
-                    if subset == "test" and "sacrebleu" in r:
-                        sacre.append(r["sacrebleu"])
-                        sig = r.get("sacrebleu_signature", sig)
-            if os.path.exists(os.path.join(save, "train-done.json")):
-                walls.append(read_json(os.path.join(save, "train-done.json"))["wall_s"])
-                ppl = last_valid_ppl(os.path.join(save, "train.log"))
-                if ppl is not None:
-                    ppls.append(ppl)
-            if os.path.exists(os.path.join(save, "params.json")):
-                params = read_json(os.path.join(save, "params.json"))["parameters"]
-            gen = os.path.join(save, "eval-test", "generate-test.txt")
+            gen = os.path.join(run_dir(args.out, row, seed), "eval-test", "generate-test.txt")
             if row not in samples and os.path.exists(gen):
                 samples[row] = dict(enumerate(score.read_generate(gen)[0]))
         n = len(per_set["test"])
@@ -367,6 +384,11 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
         f.write(text)
+    with open(os.path.join(args.out, "runs.json"), "w", encoding="utf-8") as f:  # every run, per seed
+        budget = {k: getattr(args, k) for k in ("max_update", "max_tokens", "average", "save_every", "beam", "jobs",
+                                                "threads", "cpu", "fp16", "bf16", "override", "hardware")}
+        json.dump({"budget": dict(budget, warmup_updates=warmup_updates(args.max_update)),
+                   "runs": [run_results(args, r, s) for s in seeds for r in rows]}, f, indent=1)
     if args.docs:
         begin, end = markers(args.docs_block)
         doc = open(args.docs, encoding="utf-8").read()

@@ -260,6 +260,13 @@ def test_multi30k_table_runner_end_to_end(prepared, tmp_path):
             with open(tmp_path / "runs" / row / "seed1" / f"eval-{subset}" / "results.json") as f:
                 assert json.load(f)["sentences"] == p["counts"][subset]
     assert "sacreBLEU signature: `nrefs:1|case:mixed" in table
+    with open(tmp_path / "runs" / "runs.json") as f:  # the same numbers per seed, machine-readable
+        runs = json.load(f)
+    assert runs["budget"]["max_update"] == 2 and [(r["row"], r["seed"]) for r in runs["runs"]] == [(r, 1) for r in rows]
+    for r in runs["runs"]:
+        with open(tmp_path / "runs" / r["row"] / "seed1" / "eval-test1" / "results.json") as f:
+            assert r["bleu"]["test1"] == json.load(f)["tok_bleu"]
+        assert r["parameters"] > 0 and r["valid_ppl"] > 1 and r["train_wall_s"] > 0
     for i in range(5):
         assert f"**{i}.** source: " in table and "source: ?" not in table
     assert table.count("UMST, `--parser none` (no phrase edges): ") == 5, table
