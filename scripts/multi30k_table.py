@@ -12,7 +12,8 @@ max-update / 4, the reference's 2,000 of 8,000), umst-average-checkpoints over t
 test1 (2017 Flickr) and test2 (2017 MSCOCO), scored by scripts/score.py: tokenized BLEU
 (multi-bleu style, no compound splitting, as the published 41.02) and detokenized sacreBLEU
 with its signature. Runs are resumable: a finished step is not redone (delete its files to redo).
-Writes OUT/table.md and OUT/runs.json (every run's numbers per seed, and the budget); with
+Writes OUT/table.md, OUT/runs.json (every run's numbers per seed, and the budget) and
+OUT/valid-ppl.png (validation perplexity against updates, every run); with
 --docs FILE also the table between the markers ``<!-- multi30k-table:begin -->`` /
 ``<!-- multi30k-table:end -->`` of FILE, or with --docs-block NAME between
 ``<!-- multi30k-table:NAME:begin -->`` / ``...:NAME:end -->`` (tables of several budgets on one page).
@@ -105,18 +106,60 @@ def last_update(train_log):
     return upd, loss
 
 
-def last_valid_ppl(train_log):
-    """Perplexity of the last validation in a fairseq log (None if none ran): a less noisy signal
-    than BLEU early in training."""
-    ppl = None
+def valid_curve(train_log):
+    """[(update, validation perplexity), ...] of a fairseq log, in order (one point per update count)."""
+    points = {}
     if os.path.exists(train_log):
         with open(train_log, errors="replace") as f:
             for line in f:
                 if "valid on" in line:
-                    m = re.search(r"\| ppl ([\d.]+)", line)
-                    if m:
-                        ppl = float(m.group(1))
-    return ppl
+                    ppl, upd = re.search(r"\| ppl ([\d.]+)", line), re.search(r"\| num_updates (\d+)", line)
+                    if ppl and upd:
+                        points[int(upd.group(1))] = float(ppl.group(1))
+    return sorted(points.items())
+
+
+def last_valid_ppl(train_log):
+    """Perplexity of the last validation in a fairseq log (None if none ran): a less noisy signal
+    than BLEU early in training."""
+    curve = valid_curve(train_log)
+    return curve[-1][1] if curve else None
+
+
+def plot_valid_curves(args, rows, seeds, path):
+    """Validation perplexity against updates, one line per run (colour: row, line style: seed)."""
+    try:
+        import matplotlib
+    except ImportError:  # an optional extra (pip install -e .[inspect]); the table does not need it
+        log("matplotlib is not installed: no valid-ppl.png (pip install matplotlib)")
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    colours = plt.get_cmap("tab10")
+    styles = ["-", "--", ":", "-."]
+    drawn = False
+    for i, row in enumerate(rows):
+        for j, seed in enumerate(seeds):
+            curve = valid_curve(os.path.join(run_dir(args.out, row, seed), "train.log"))
+            if curve:
+                ax.plot(*zip(*curve), color=colours(i % 10), linestyle=styles[j % len(styles)], marker=".",
+                        label=f"{LABELS[row].split(' (`')[0]}" + (f" seed {seed}" if len(seeds) > 1 else ""))
+                drawn = True
+    if not drawn:
+        plt.close(fig)
+        return False
+    ax.set_yscale("log")
+    ax.set_xlabel("update")
+    ax.set_ylabel("validation perplexity (log scale)")
+    ax.set_title(f"Multi30k En-De valid, {args.max_update} updates of {args.max_tokens} tokens")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return True
 
 
 def trained(save, max_update):
@@ -384,6 +427,8 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
         f.write(text)
+    if plot_valid_curves(args, rows, seeds, os.path.join(args.out, "valid-ppl.png")):
+        log(f"validation curves: {os.path.join(args.out, 'valid-ppl.png')}")
     with open(os.path.join(args.out, "runs.json"), "w", encoding="utf-8") as f:  # every run, per seed
         budget = {k: getattr(args, k) for k in ("max_update", "max_tokens", "average", "save_every", "beam", "jobs",
                                                 "threads", "cpu", "fp16", "bf16", "override", "hardware")}
