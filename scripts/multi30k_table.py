@@ -119,14 +119,7 @@ def valid_curve(train_log):
     return sorted(points.items())
 
 
-def last_valid_ppl(train_log):
-    """Perplexity of the last validation in a fairseq log (None if none ran): a less noisy signal
-    than BLEU early in training."""
-    curve = valid_curve(train_log)
-    return curve[-1][1] if curve else None
-
-
-def plot_valid_curves(args, rows, seeds, path):
+def plot_valid_curves(args, rows, seeds, results, path):
     """Validation perplexity against updates, one line per run (colour: row, line style: seed)."""
     try:
         import matplotlib
@@ -142,7 +135,7 @@ def plot_valid_curves(args, rows, seeds, path):
     drawn = False
     for i, row in enumerate(rows):
         for j, seed in enumerate(seeds):
-            curve = valid_curve(os.path.join(run_dir(args.out, row, seed), "train.log"))
+            curve = results[row, seed].get("valid_curve")
             if curve:
                 ax.plot(*zip(*curve), color=colours(i % 10), linestyle=styles[j % len(styles)], marker=".",
                         label=f"{LABELS[row].split(' (`')[0]}" + (f" seed {seed}" if len(seeds) > 1 else ""))
@@ -293,8 +286,8 @@ def mean_spread(values):
 
 def run_results(args, row, seed):
     """What one finished run measured (keys only for what exists): BLEU per test set, sacreBLEU and
-    its signature, hypothesis/reference length on test, last validation perplexity, train wall
-    time, parameters."""
+    its signature, hypothesis/reference length on test, the validation perplexity curve and its last
+    point (a less noisy signal than BLEU early in training), train wall time, parameters."""
     save = run_dir(args.out, row, seed)
     out = {"row": row, "seed": seed, "bleu": {}}
     for subset, _ in TEST_SETS:
@@ -313,15 +306,15 @@ def run_results(args, row, seed):
                     out["sacrebleu_signature"] = r["sacrebleu_signature"]
     if os.path.exists(os.path.join(save, "train-done.json")):
         out["train_wall_s"] = read_json(os.path.join(save, "train-done.json"))["wall_s"]
-        ppl = last_valid_ppl(os.path.join(save, "train.log"))
-        if ppl is not None:
-            out["valid_ppl"] = ppl
+        curve = valid_curve(os.path.join(save, "train.log"))
+        if curve:
+            out["valid_ppl"], out["valid_curve"] = curve[-1][1], curve
     if os.path.exists(os.path.join(save, "params.json")):
         out["parameters"] = read_json(os.path.join(save, "params.json"))["parameters"]
     return out
 
 
-def table(args, rows, seeds):
+def table(args, rows, seeds, results):
     lines = []
     sig = None
     hw = args.hardware or f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores"
@@ -339,7 +332,7 @@ def table(args, rows, seeds):
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     samples = {}
     for row in rows:
-        runs = [run_results(args, row, seed) for seed in seeds]
+        runs = [results[row, seed] for seed in seeds]
         per_set = {s: [r["bleu"][s] for r in runs if s in r["bleu"]] for s, _ in TEST_SETS}
         sacre = [r["sacrebleu"] for r in runs if "sacrebleu" in r]
         ratios = [r["length_ratio"] for r in runs if "length_ratio" in r]
@@ -423,17 +416,18 @@ def main(argv=None):
         failed = train_all(args, runs)
         if failed:
             log(f"failed runs: {failed}")
-    text = table(args, rows, seeds)
+    results = {(r, s): run_results(args, r, s) for s in seeds for r in rows}  # read every run once
+    text = table(args, rows, seeds, results)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
         f.write(text)
-    if plot_valid_curves(args, rows, seeds, os.path.join(args.out, "valid-ppl.png")):
+    if plot_valid_curves(args, rows, seeds, results, os.path.join(args.out, "valid-ppl.png")):
         log(f"validation curves: {os.path.join(args.out, 'valid-ppl.png')}")
     with open(os.path.join(args.out, "runs.json"), "w", encoding="utf-8") as f:  # every run, per seed
         budget = {k: getattr(args, k) for k in ("max_update", "max_tokens", "average", "save_every", "beam", "jobs",
                                                 "threads", "cpu", "fp16", "bf16", "override", "hardware")}
         json.dump({"budget": dict(budget, warmup_updates=warmup_updates(args.max_update)),
-                   "runs": [run_results(args, r, s) for s in seeds for r in rows]}, f, indent=1)
+                   "runs": list(results.values())}, f, indent=1)
     if args.docs:
         begin, end = markers(args.docs_block)
         doc = open(args.docs, encoding="utf-8").read()

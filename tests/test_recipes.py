@@ -267,6 +267,7 @@ def test_multi30k_table_runner_end_to_end(prepared, tmp_path):
         with open(tmp_path / "runs" / r["row"] / "seed1" / "eval-test1" / "results.json") as f:
             assert r["bleu"]["test1"] == json.load(f)["tok_bleu"]
         assert r["parameters"] > 0 and r["valid_ppl"] > 1 and r["train_wall_s"] > 0
+        assert r["valid_curve"][-1] == [2, r["valid_ppl"]]  # the curve the picture draws ends at the table's ppl
     assert (tmp_path / "runs" / "valid-ppl.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the curves picture
     for i in range(5):
         assert f"**{i}.** source: " in table and "source: ?" not in table
