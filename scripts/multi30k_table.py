@@ -18,12 +18,32 @@ OUT/valid-ppl.png (validation perplexity against updates, every run); with
 ``<!-- multi30k-table:end -->`` of FILE, or with --docs-block NAME between
 ``<!-- multi30k-table:NAME:begin -->`` / ``...:NAME:end -->`` (tables of several budgets on one page).
 The UMST "no parse" row reads DATA_BIN_noparse (written by prepare-multi30k.sh).
+
+Checkpoints: every ``--save-every`` updates, or at every epoch end with ``--save-every epoch`` (the
+reference's "last 5 epoch checkpoints"). The averaged checkpoints always end at the final model: where
+the budget ends on an epoch boundary fairseq writes no update checkpoint there, only checkpoint_last.pt,
+and that file is then the last of the average (OUT/ROW/seedS/averaged.json lists what was averaged).
+
+Runs survive the machine: a training killed at any moment (kill -9, machine gone) resumes from its
+checkpoint_last.pt when the runner is re-run, losing only the updates since that checkpoint; its log
+(train.log, appended, one ``# started ...`` header per segment) is read whole, and its training time is
+the time per update over all segments times the budget (redone updates and restarts are not counted
+twice). A training of the runner dies with the runner (a re-run never meets an orphan writing the same
+checkpoints); a re-run while another runner trains the same run stops with an error.
+
+With ``--significance`` each row is compared with the pre-norm transformer of the same seed by sacreBLEU's
+paired bootstrap resampling (1,000 samples, tokenized BLEU on test_2016_flickr): the table shows the
+difference and its p value per seed.
 """
 import argparse
+import ctypes
+import datetime
 import json
 import os
 import platform
 import re
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -45,6 +65,8 @@ LABELS = {
 DATA_VARIANT = {"m30k-umst-noparse": "_noparse"}
 TEST_SETS = [("test", "2016 Flickr"), ("test1", "2017 Flickr"), ("test2", "2017 MSCOCO")]
 REFERENCE = {"m30k-transformer": 41.02}  # Wu et al. 2021 (Revisit-MMT), tokenized BLEU, test_2016_flickr
+BASELINE = "m30k-transformer-prenorm"  # what --significance compares every other row with, seed by seed
+SEGMENT_HEADER = "# started "  # train.log: one header per training segment (a resumed run has several)
 SAMPLE_IDS = [0, 1, 2, 3, 4]
 
 
@@ -65,22 +87,33 @@ def run_dir(out, row, seed):
     return os.path.join(out, row, f"seed{seed}")
 
 
-def warmup_updates(max_update):
-    """The reference's 2,000 warm-up updates of 8,000, compressed in proportion for shorter runs."""
+def warmup_updates(max_update, fixed=None):
+    """``fixed`` (--warmup) if given, else the reference's 2,000 warm-up updates of 8,000, compressed in
+    proportion for shorter runs."""
+    if fixed is not None:
+        return fixed
     return max(1, round(2000 * min(max_update, 8000) / 8000))
 
 
+def checkpoint_overrides(save_every, keep):
+    """Where fairseq saves: every ``save_every`` updates, or at every epoch end ("epoch"); the newest
+    ``keep`` kept (0: all, for a budget curve)."""
+    keep = -1 if keep == 0 else keep
+    if save_every == "epoch":
+        return ["checkpoint.no_epoch_checkpoints=false", "checkpoint.save_interval_updates=0",
+                f"checkpoint.keep_last_epochs={keep}"]
+    return ["checkpoint.no_epoch_checkpoints=true", f"checkpoint.save_interval_updates={save_every}",
+            f"checkpoint.keep_interval_updates={keep}"]
+
+
 def train_cmd(args, row, seed, save):
-    warmup = warmup_updates(args.max_update)
+    warmup = warmup_updates(args.max_update, args.warmup)
     cmd = [sys.executable, "-m", "fairseq_cli.hydra_train", "--config-dir", CONFIGS, "--config-name", row,
            f"task.data={args.data + DATA_VARIANT.get(row, '')}", f"common.user_dir={ROOT}/umst_plugin",
            f"checkpoint.save_dir={save}", f"hydra.run.dir={save}", f"common.seed={seed}",
            f"optimization.max_update={args.max_update}", f"lr_scheduler.warmup_updates={warmup}",
-           f"dataset.max_tokens={args.max_tokens}", "common.log_interval=25", "dataset.num_workers=0",
-           # update checkpoints about one epoch apart (29,000 captions ~ 53 batches of 8,192 tokens), so
-           # the average covers the last --average "epochs" including the final updates
-           "checkpoint.no_epoch_checkpoints=true", f"checkpoint.save_interval_updates={args.save_every}",
-           f"checkpoint.keep_interval_updates={args.average}"]
+           f"dataset.max_tokens={args.max_tokens}", "common.log_interval=25", "dataset.num_workers=0"]
+    cmd += checkpoint_overrides(args.save_every, args.keep if args.keep is not None else args.average)
     if args.cpu:
         cmd += ["common.cpu=true"]
     if args.fp16:
@@ -104,6 +137,52 @@ def last_update(train_log):
             if m:
                 loss = float(m.group(1))
     return upd, loss
+
+
+LOG_TIME = re.compile(r"^\[?(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)")
+
+
+def training_segments(train_log):
+    """[{"start", "end" (seconds since the epoch), "from_update", "to_update"}, ...]: one entry per
+    training process that wrote to the log (the runner heads each with ``# ...``; a resumed process
+    starts from the update of the checkpoint it loaded, which fairseq logs as ``(epoch E @ U updates)``)."""
+    segments = []
+    if not os.path.exists(train_log):
+        return segments
+    with open(train_log, errors="replace") as f:
+        for line in f:
+            if line.startswith("# "):
+                m = re.match(r"# started (\S+)", line)
+                start = datetime.datetime.fromisoformat(m.group(1)).timestamp() if m else None
+                segments.append(dict(start=start, end=start, from_update=0, to_update=0))
+                continue
+            if not segments:
+                segments.append(dict(start=None, end=None, from_update=0, to_update=0))
+            seg = segments[-1]
+            m = LOG_TIME.match(line)
+            if m:
+                t = datetime.datetime.fromisoformat(m.group(1).replace("T", " ")).timestamp()
+                seg["start"] = t if seg["start"] is None else seg["start"]
+                seg["end"] = t
+            m = re.search(r"Loaded checkpoint .*\(epoch \d+ @ (\d+) updates", line)
+            if m:
+                seg["from_update"] = seg["to_update"] = int(m.group(1))
+            m = re.search(r"num_updates=(\d+)", line) or re.search(r"\| num_updates (\d+)", line)
+            if m:
+                seg["to_update"] = max(seg["to_update"], int(m.group(1)))
+    return [s for s in segments if s["start"] is not None]
+
+
+def training_time(train_log, max_update):
+    """Seconds of training for ``max_update`` updates: time per update over every segment of the log
+    (validation and checkpoint saving included) times the budget, so that the updates a killed
+    segment did after its last checkpoint, redone by the next, are not counted twice. None without
+    any timed update."""
+    segs = training_segments(train_log)
+    done = sum(s["to_update"] - s["from_update"] for s in segs)
+    if done <= 0:
+        return None
+    return sum(s["end"] - s["start"] for s in segs) / done * max_update
 
 
 def valid_curve(train_log):
@@ -155,6 +234,38 @@ def plot_valid_curves(args, rows, seeds, results, path):
     return True
 
 
+def plot_budget_curves(args, curves, path):
+    """BLEU of the averaged model against the update it ends at (valid solid, test dashed), per run."""
+    try:
+        import matplotlib
+    except ImportError:
+        log("matplotlib is not installed: no bleu-curve.png (pip install matplotlib)")
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    colours = plt.get_cmap("tab10")
+    for i, ((row, seed), points) in enumerate(sorted(curves.items())):
+        if points:
+            ups = [p["update"] for p in points]
+            name = f"{LABELS[row].split(' (`')[0]} seed {seed}"
+            ax.plot(ups, [p["valid"] for p in points], color=colours(i % 10), marker=".", label=f"{name}, valid")
+            ax.plot(ups, [p["test"] for p in points], color=colours(i % 10), linestyle="--", marker=".",
+                    label=f"{name}, test 2016 Flickr")
+    ax.set_xlabel("update (the average of the last checkpoints ends here)")
+    ax.set_ylabel("tokenized BLEU")
+    ax.set_title(f"Multi30k En-De: BLEU of the average of the last {args.average} checkpoints, "
+                 f"{args.max_tokens} tokens per update")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    log(f"BLEU curves: {path}")
+    return True
+
+
 def trained(save, max_update):
     stamp = os.path.join(save, "train-done.json")
     if os.path.exists(stamp):
@@ -163,10 +274,80 @@ def trained(save, max_update):
     return False
 
 
+def die_with_parent():
+    """In the training's process, before exec: be killed when the runner dies (Linux PR_SET_PDEATHSIG),
+    so that a killed runner never leaves a training that a re-run would meet writing the same files."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except OSError:  # not Linux: an orphan may go on; the lock file still stops a second runner
+        pass
+
+
+def claim(save):
+    """Take the run directory for this runner (SAVE/runner.pid); stop if a live runner holds it."""
+    lock = os.path.join(save, "runner.pid")
+    if os.path.exists(lock):
+        with open(lock) as f:
+            pid = int(f.read().strip() or 0)
+        alive = pid > 0 and pid != os.getpid() and os.path.exists(f"/proc/{pid}")
+        if alive:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                alive = b"multi30k_table" in f.read()
+        if alive:
+            raise SystemExit(f"{save}: another runner (pid {pid}) is training this run; wait for it or kill it")
+    with open(lock, "w") as f:
+        f.write(str(os.getpid()))
+
+
+def forget_results(save):
+    """Remove what an earlier budget of this run measured (its average, scores and stamp)."""
+    for name in os.listdir(save):
+        if name.startswith(("checkpoint_avg", "eval-")) or name == "train-done.json":
+            path = os.path.join(save, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+
+
+def settings(cmd):
+    """The hydra overrides of a training command that decide its model (all but the budget and how many
+    checkpoints are kept), as a set."""
+    args = cmd.split() if isinstance(cmd, str) else cmd
+    args = args[args.index("fairseq_cli.hydra_train") + 1:] if "fairseq_cli.hydra_train" in args else args
+    return {a for a in args if not a.startswith(("optimization.max_update=", "checkpoint.keep_"))}
+
+
+def adopt_longer_run(args, row, seed):
+    """A run already trained past --max-update with the same settings (a budget-finding run, --keep 0)
+    answers for the shorter budget: with the inverse-sqrt schedule and fixed --warmup, fairseq's
+    per-update seeds and per-epoch shuffling, its model of update N is the N-update run's model. Stamp it
+    trained; evaluate() averages its saved models up to --max-update. Stops if its settings differ."""
+    save = run_dir(args.out, row, seed)
+    train_log = os.path.join(save, "train.log")
+    if trained(save, args.max_update) or last_update(train_log)[0] <= args.max_update:
+        return
+    with open(train_log, errors="replace") as f:
+        headers = [line[2:].split(": ", 1)[-1] for line in f if line.startswith("# ")]
+    want = settings(train_cmd(args, row, seed, save))
+    for header in headers:
+        if settings(header) != want:
+            raise SystemExit(f"{save} trained past --max-update {args.max_update} with other settings: "
+                             f"{sorted(settings(header) ^ want)}; use another --out")
+    forget_results(save)
+    with open(os.path.join(save, "train-done.json"), "w") as f:
+        json.dump(dict(max_update=args.max_update, wall_s=round(training_time(train_log, args.max_update), 1),
+                       trained_to=last_update(train_log)[0], jobs=args.jobs, threads=args.threads), f)
+    log(f"{row} seed {seed}: trained to update {last_update(train_log)[0]} before; its first {args.max_update} "
+        "updates are this budget's run")
+
+
 def train_all(args, runs):
     """Train the runs, --jobs at a time, printing every job's progress every --status-every seconds;
     a finished training is averaged and decoded right away (in its freed slot), so results land as
     they come."""
+    for r in runs:
+        adopt_longer_run(args, *r)
     pending = [r for r in runs if not trained(run_dir(args.out, *r), args.max_update)]
     for r in runs:
         if r not in pending:
@@ -186,13 +367,19 @@ def train_all(args, runs):
             row, seed = pending.pop(0)
             save = run_dir(args.out, row, seed)
             os.makedirs(save, exist_ok=True)
+            claim(save)
+            resumed = os.path.exists(os.path.join(save, "checkpoint_last.pt"))
+            forget_results(save)
             logf = open(os.path.join(save, "train.log"), "a")
             cmd = train_cmd(args, row, seed, save)
-            logf.write("# " + " ".join(cmd) + "\n")
+            logf.write(f"{SEGMENT_HEADER}{datetime.datetime.now().isoformat(timespec='seconds')} "
+                       f"runner pid {os.getpid()}: " + " ".join(cmd) + "\n")
             logf.flush()
-            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                    preexec_fn=die_with_parent)
             active[(row, seed)] = (proc, time.time(), logf)
-            log(f"{row} seed {seed}: training started (log {save}/train.log)")
+            log(f"{row} seed {seed}: training {'resumed from checkpoint_last.pt' if resumed else 'started'} "
+                f"(log {save}/train.log)")
         time.sleep(2)
         for key, (proc, start, logf) in list(active.items()):
             if proc.poll() is None:
@@ -201,7 +388,7 @@ def train_all(args, runs):
             del active[key]
             save = run_dir(args.out, *key)
             upd, loss = last_update(os.path.join(save, "train.log"))
-            wall = time.time() - start
+            wall = training_time(os.path.join(save, "train.log"), args.max_update) or time.time() - start
             if proc.returncode != 0 or upd < args.max_update:
                 failed.append(key)
                 with open(os.path.join(save, "train.log"), errors="replace") as f:
@@ -212,7 +399,7 @@ def train_all(args, runs):
             with open(os.path.join(save, "train-done.json"), "w") as f:
                 json.dump(dict(max_update=args.max_update, wall_s=round(wall, 1), jobs=args.jobs,
                                threads=args.threads, loss=loss), f)
-            log(f"{key[0]} seed {key[1]}: trained {upd} updates in {wall:.0f} s (last train loss {loss}); "
+            log(f"{key[0]} seed {key[1]}: trained {upd} updates, {wall:.0f} s of training (last train loss {loss}); "
                 "average + decode test sets")
             evaluate(args, *key)
             log(f"{key[0]} seed {key[1]}: " + ", ".join(
@@ -239,27 +426,108 @@ def sh(cmd, logfile):
         raise SystemExit(f"failed ({rc}): {' '.join(cmd)}; see {logfile}")
 
 
+CHECKPOINT_NAME = re.compile(r"^checkpoint(?:(\d+)|_\d+_(\d+)|_last)\.pt$")
+
+
+def checkpoint_updates(path):
+    """The update count a fairseq checkpoint was saved at."""
+    import torch
+
+    state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    return state["optimizer_history"][-1]["num_updates"]
+
+
+def saved_models(save):
+    """{update count: path} of every model a run saved: update checkpoints (count in the name), epoch
+    checkpoints and checkpoint_last.pt (count read from the file; a named checkpoint wins a tie)."""
+    found = {}
+    for name in sorted(os.listdir(save)):  # checkpoint_last.pt sorts after every other checkpoint name
+        m = CHECKPOINT_NAME.match(name)
+        if m:
+            path = os.path.join(save, name)
+            found.setdefault(int(m.group(2)) if m.group(2) else checkpoint_updates(path), path)
+    return found
+
+
+def models_to_average(save, n, final):
+    """[(update, path), ...]: the newest ``n`` saved models up to update ``final``, the last being the
+    model of update ``final`` itself (checkpoint_last.pt where the budget ended on an epoch boundary
+    and fairseq wrote no update checkpoint)."""
+    found = saved_models(save)
+    updates = sorted(u for u in found if u <= final)
+    if not updates or updates[-1] != final:
+        raise SystemExit(f"{save}: no saved model of update {final} (saved: {updates[-6:]}); "
+                         "the run did not reach its budget or its checkpoints were deleted")
+    if len(updates) < n:
+        raise SystemExit(f"{save}: {len(updates)} saved models up to update {final}, --average {n} needs {n}")
+    return [(u, found[u]) for u in updates[-n:]]
+
+
+def average(save, n, final, output):
+    """Average the newest ``n`` models up to ``final`` into ``output`` (kept: a re-run reuses it) and
+    list them in OUTPUT.json."""
+    if not os.path.exists(output):
+        picks = models_to_average(save, n, final)
+        sh([sys.executable, "-m", "umst_plugin.average_checkpoints", "--inputs", *[p for _, p in picks],
+            "--output", output], os.path.join(save, "eval.log"))
+        with open(output[:-3] + ".json", "w") as f:
+            json.dump([dict(update=u, file=os.path.basename(p)) for u, p in picks], f)
+    return output
+
+
+def decode(args, row, checkpoint, subset, out, log_file):
+    """fairseq-generate (beam --beam, lenpen 1) + scripts/score.py on one subset, unless done before."""
+    if os.path.exists(os.path.join(out, "results.json")):
+        return read_json(os.path.join(out, "results.json"))
+    cmd = ["bash", os.path.join(ROOT, "scripts/evaluate.sh"), "--data", args.data + DATA_VARIANT.get(row, ""),
+           "--checkpoint", checkpoint, "--out", out, "--subset", subset, "--beam", str(args.beam), "--lenpen", "1",
+           "--no-compound-split", "--max-tokens", "4096"]
+    if args.cpu:
+        cmd += ["--", "--cpu"]
+    sh(cmd, log_file)
+    return read_json(os.path.join(out, "results.json"))
+
+
 def evaluate(args, row, seed):
     save = run_dir(args.out, row, seed)
-    avg = os.path.join(save, f"checkpoint_avg{args.average}.pt")
-    if not os.path.exists(avg):
-        sh([sys.executable, "-m", "umst_plugin.average_checkpoints", "--inputs", save,
-            "--num-update-checkpoints", str(args.average), "--output", avg], os.path.join(save, "eval.log"))
-    data = args.data + DATA_VARIANT.get(row, "")
+    avg = average(save, args.average, args.max_update, os.path.join(save, f"checkpoint_avg{args.average}.pt"))
     for subset, _ in TEST_SETS:
-        out = os.path.join(save, f"eval-{subset}")
-        if os.path.exists(os.path.join(out, "results.json")):
-            continue
-        cmd = ["bash", os.path.join(ROOT, "scripts/evaluate.sh"), "--data", data, "--checkpoint", avg, "--out", out,
-               "--subset", subset, "--beam", str(args.beam), "--lenpen", "1", "--no-compound-split",
-               "--max-tokens", "4096"]
-        if args.cpu:
-            cmd += ["--", "--cpu"]
-        sh(cmd, os.path.join(save, "eval.log"))
+        decode(args, row, avg, subset, os.path.join(save, f"eval-{subset}"), os.path.join(save, "eval.log"))
     params = os.path.join(save, "params.json")
     if not os.path.exists(params):
         with open(params, "w") as f:
             json.dump({"parameters": count_parameters(avg)}, f)
+
+
+def budget_curve(args, row, seed, every):
+    """BLEU (valid and test_2016_flickr) of the average of the last --average models ending at every
+    ``every``-th update of a run that kept all its checkpoints (--keep 0): where BLEU stops rising is the
+    budget. [{"update", "valid", "test", "valid_ppl"}, ...], also in SAVE/budget-curve.json."""
+    save = run_dir(args.out, row, seed)
+    found = saved_models(save)
+    ppl = dict(valid_curve(os.path.join(save, "train.log")))
+    points = []
+    for final in sorted(u for u in found if u % every == 0 and u > 0):
+        try:
+            models_to_average(save, args.average, final)
+        except SystemExit:  # fewer than --average saved models so far
+            continue
+        outs = {subset: os.path.join(save, "curve", f"{final}-{subset}") for subset in ("valid", "test")}
+        ckpt = None
+        if not all(os.path.exists(os.path.join(o, "results.json")) for o in outs.values()):
+            ckpt = average(save, args.average, final,
+                           os.path.join(save, "curve", f"checkpoint_avg{args.average}_{final}.pt"))
+        point = dict(update=final, valid_ppl=ppl.get(final))
+        for subset, out in outs.items():
+            point[subset] = decode(args, row, ckpt, subset, out, os.path.join(save, "curve", "eval.log"))["tok_bleu"]
+        if ckpt:
+            os.remove(ckpt)  # an average is as large as the model and quick to redo; its scores stay
+        points.append(point)
+        log(f"{row} seed {seed}: average of {args.average} ending at update {final}: valid BLEU {point['valid']}, "
+            f"test BLEU {point['test']}, valid ppl {point['valid_ppl']}")
+    with open(os.path.join(save, "budget-curve.json"), "w") as f:
+        json.dump(points, f, indent=1)
+    return points
 
 
 def count_parameters(checkpoint):
@@ -306,7 +574,7 @@ def run_results(args, row, seed):
                     out["sacrebleu_signature"] = r["sacrebleu_signature"]
     if os.path.exists(os.path.join(save, "train-done.json")):
         out["train_wall_s"] = read_json(os.path.join(save, "train-done.json"))["wall_s"]
-        curve = valid_curve(os.path.join(save, "train.log"))
+        curve = [(u, ppl) for u, ppl in valid_curve(os.path.join(save, "train.log")) if u <= args.max_update]
         if curve:
             out["valid_ppl"], out["valid_curve"] = curve[-1][1], curve
     if os.path.exists(os.path.join(save, "params.json")):
@@ -314,22 +582,76 @@ def run_results(args, row, seed):
     return out
 
 
+def paired_bootstrap(baseline_gen, system_gen, tok_ref, samples=1000):
+    """(BLEU difference, p value) of a system against the baseline on the same sentences: sacreBLEU's
+    paired bootstrap resampling on tokenized BLEU (the table's metric; sacreBLEU's fixed seed 12345)."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    refs = score.read_lines(tok_ref)
+    base, system = score.read_generate(baseline_gen)[0], score.read_generate(system_gen)[0]
+    test = PairedTest([("baseline", base), ("system", system)],
+                      {"BLEU": BLEU(tokenize="none", smooth_method="none", force=True)}, [refs],
+                      test_type="bs", n_samples=samples)
+    _, scores = test()
+    baseline, result = scores["BLEU"]
+    return round(result.score - baseline.score, 2), result.p_value
+
+
+def significance(args, rows, seeds):
+    """{(row, seed): (difference, p)} against BASELINE of the same seed on test_2016_flickr."""
+    out = {}
+    ref = os.path.join(args.data, "ref", "test.tok.de")
+    for seed in seeds:
+        base = os.path.join(run_dir(args.out, BASELINE, seed), "eval-test", "generate-test.txt")
+        for row in rows:
+            gen = os.path.join(run_dir(args.out, row, seed), "eval-test", "generate-test.txt")
+            if row != BASELINE and os.path.exists(base) and os.path.exists(gen):
+                out[row, seed] = paired_bootstrap(base, gen, ref, args.bootstrap_samples)
+    return out
+
+
+def significance_cell(row, seeds, sig):
+    if row == BASELINE:
+        return "baseline"
+    parts = []
+    for seed in seeds:
+        if (row, seed) in sig:
+            diff, p = sig[row, seed]
+            text = f"{diff:+.2f} (p={p:.3f})"
+            parts.append(f"**{text}**" if p < 0.05 else text)
+        else:
+            parts.append("–")
+    return " / ".join(parts)
+
+
 def table(args, rows, seeds, results):
     lines = []
-    sig = None
     hw = args.hardware or f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores"
+    every = "every epoch end" if args.save_every == "epoch" else f"{args.save_every} updates apart"
     lines += [f"Budget: {args.max_update} updates of {args.max_tokens} tokens per row and seed "
-              f"(reference: 8,000 x 8,192), warm-up {warmup_updates(args.max_update)}, "
+              f"(reference: 8,000 x 8,192), warm-up {warmup_updates(args.max_update, args.warmup)}, "
               f"seeds {','.join(map(str, seeds))}, {'fp16' if args.fp16 else 'bf16' if args.bf16 else 'fp32'}, "
               f"{args.jobs} training job(s) at a time"
               f"{f' with {args.threads} thread(s) each' if args.threads else ''}; hardware: {hw}. "
               f"{'Overrides: `' + ' '.join(args.override) + '`. ' if args.override else ''}"
-              f"Average of the last {args.average} checkpoints ({args.save_every} updates apart), beam 5, lenpen 1. "
+              f"Average of the last {args.average} checkpoints (saved {every}; the last is the final model), "
+              f"beam {args.beam}, lenpen 1. "
               "BLEU: tokenized (multi-bleu style on the lowercased Moses-tokenized text, no compound splitting), "
               "mean ± standard deviation over seeds.", ""]
+    sig = significance(args, rows, seeds) if args.significance else None
+    if sig is not None:
+        lines[-2] += (f" Last column: 2016 Flickr tokenized BLEU difference to the pre-norm transformer of the same "
+                      f"seed (seeds {', '.join(map(str, seeds))} in order), p of sacreBLEU's paired bootstrap "
+                      f"({args.bootstrap_samples} samples); bold: p < 0.05.")
+    walls_of = {row: [results[row, s]["train_wall_s"] for s in seeds if "train_wall_s" in results[row, s]]
+                for row in rows}
+    base_wall = statistics.mean(walls_of[BASELINE]) if walls_of.get(BASELINE) else None
     head = ("| row | params | " + " | ".join(f"{name} BLEU" for _, name in TEST_SETS)
-            + " | 2016 Flickr sacreBLEU | hyp/ref length | valid ppl | train wall time / run | published |")
+            + " | 2016 Flickr sacreBLEU | hyp/ref length | valid ppl | train wall time / run | published |"
+            + (" vs pre-norm transformer, per seed |" if sig is not None else ""))
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
+    signature = None
     samples = {}
     for row in rows:
         runs = [results[row, seed] for seed in seeds]
@@ -339,7 +661,7 @@ def table(args, rows, seeds, results):
         walls = [r["train_wall_s"] for r in runs if "train_wall_s" in r]
         ppls = [r["valid_ppl"] for r in runs if "valid_ppl" in r]
         params = next((r["parameters"] for r in runs if "parameters" in r), None)
-        sig = next((r["sacrebleu_signature"] for r in runs if "sacrebleu_signature" in r), sig)
+        signature = next((r["sacrebleu_signature"] for r in runs if "sacrebleu_signature" in r), signature)
         for seed in seeds:
             gen = os.path.join(run_dir(args.out, row, seed), "eval-test", "generate-test.txt")
             if row not in samples and os.path.exists(gen):
@@ -347,13 +669,18 @@ def table(args, rows, seeds, results):
         n = len(per_set["test"])
         cells = [LABELS[row] + f" (`{row}`)", f"{params / 1e6:.2f}M" if params else "–"]
         cells += [mean_spread(per_set[s]) for s, _ in TEST_SETS]
-        cells += [mean_spread(sacre), mean_spread(ratios), mean_spread(ppls), f"{statistics.mean(walls) / 60:.1f} min" if walls else "–",
+        wall = f"{statistics.mean(walls) / 60:.1f} min" if walls else "–"
+        if walls and base_wall:
+            wall += f" ({statistics.mean(walls) / base_wall:.2f}x)"
+        cells += [mean_spread(sacre), mean_spread(ratios), mean_spread(ppls), wall,
                   f"{REFERENCE[row]} (8,000 updates, 2 GPUs)" if row in REFERENCE else ""]
+        if sig is not None:
+            cells.append(significance_cell(row, seeds, sig))
         if n != len(seeds):
             cells[0] += f" ({n} of {len(seeds)} seeds)"
         lines.append("| " + " | ".join(cells) + " |")
-    if sig:
-        lines += ["", f"sacreBLEU signature: `{sig}`"]
+    if signature:
+        lines += ["", f"sacreBLEU signature: `{signature}`"]
     src = os.path.join(args.data, "..", "..", "tok", "test.en")  # as the model read it (tokenized, cased as the recipe)
     ref = os.path.join(args.data, "ref", "test.tok.de")
     if samples and os.path.exists(ref):
@@ -369,6 +696,15 @@ def table(args, rows, seeds, results):
     return "\n".join(lines) + "\n"
 
 
+def save_every(value):
+    """--save-every: a positive number of updates, or 'epoch'."""
+    if value == "epoch":
+        return value
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of updates or 'epoch', got {value!r}")
+    return int(value)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="the data-bin of prepare-multi30k.sh")
@@ -377,9 +713,20 @@ def main(argv=None):
     p.add_argument("--max-update", type=int, default=8000, help="updates per run (reference: 8000)")
     p.add_argument("--max-tokens", type=int, default=8192, help="tokens per update (reference: 8192)")
     p.add_argument("--average", type=int, default=5,
-                   help="average the last N update checkpoints, --save-every apart (default: 5)")
-    p.add_argument("--save-every", type=int, default=50,
-                   help="updates between checkpoints (default: 50, about one epoch at 8,192 tokens)")
+                   help="average the last N checkpoints, --save-every apart, the last being the final model (default: 5)")
+    p.add_argument("--save-every", type=save_every, default=50,
+                   help="updates between checkpoints, or 'epoch' for a checkpoint at every epoch end "
+                        "(default: 50, about one epoch at 8,192 tokens)")
+    p.add_argument("--keep", type=int, help="checkpoints kept per run (default: --average; 0: all, for --curve-every)")
+    p.add_argument("--warmup", type=int,
+                   help="warm-up updates (default: the reference's 2,000 of 8,000 in proportion to --max-update); "
+                        "fixed, a longer run's checkpoints are those of a shorter one (inverse-sqrt schedule)")
+    p.add_argument("--significance", action="store_true",
+                   help=f"compare every row with {BASELINE} of the same seed (paired bootstrap) in a last column")
+    p.add_argument("--bootstrap-samples", type=int, default=1000, help="paired bootstrap resamples (default: 1000)")
+    p.add_argument("--curve-every", type=int,
+                   help="after training, BLEU on valid and test of the average ending at every N-th update "
+                        "(needs --keep 0): OUT/ROW/seedS/budget-curve.json and OUT/bleu-curve.png")
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--jobs", type=int, default=1, help="trainings at a time (several fit on one GPU)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads per training (OMP/MKL; 0 = torch's default)")
@@ -401,7 +748,7 @@ def main(argv=None):
     if unknown:
         p.error(f"unknown rows {unknown}; rows: {', '.join(ROWS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
-    if args.max_update % args.save_every:
+    if args.save_every != "epoch" and args.max_update % args.save_every:
         p.error(f"--max-update {args.max_update} must be a multiple of --save-every {args.save_every} "
                 "(the last checkpoint must hold the final update)")
     for r in rows:
@@ -426,8 +773,11 @@ def main(argv=None):
     with open(os.path.join(args.out, "runs.json"), "w", encoding="utf-8") as f:  # every run, per seed
         budget = {k: getattr(args, k) for k in ("max_update", "max_tokens", "average", "save_every", "beam", "jobs",
                                                 "threads", "cpu", "fp16", "bf16", "override", "hardware")}
-        json.dump({"budget": dict(budget, warmup_updates=warmup_updates(args.max_update)),
+        json.dump({"budget": dict(budget, warmup_updates=warmup_updates(args.max_update, args.warmup)),
                    "runs": list(results.values())}, f, indent=1)
+    if args.curve_every:
+        curves = {(r, s): budget_curve(args, r, s, args.curve_every) for s in seeds for r in rows}
+        plot_budget_curves(args, curves, os.path.join(args.out, "bleu-curve.png"))
     if args.docs:
         begin, end = markers(args.docs_block)
         doc = open(args.docs, encoding="utf-8").read()

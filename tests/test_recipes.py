@@ -292,6 +292,113 @@ def test_multi30k_table_runner_end_to_end(prepared, tmp_path):
     assert docs.read_text() == page
 
 
+def test_multi30k_runner_resumes_a_killed_training_and_averages_the_final_model(prepared, tmp_path):
+    """kill -9 of the runner mid-training kills its training too; a re-run resumes from checkpoint_last.pt
+    and finishes at the budget, read from the whole log. The budget ends on an epoch boundary, where
+    fairseq writes no update checkpoint: the average must still end at the final model (checkpoint_last.pt).
+    A later shorter budget is answered by the longer run's saved models."""
+    import signal
+    import time
+
+    p = prepared["multi30k"]
+    out = tmp_path / "runs"
+    save = out / multi30k_table.BASELINE / "seed1"
+    train_log = save / "train.log"
+
+    def cmd(max_update):
+        return [sys.executable, os.path.join(SCRIPTS, "multi30k_table.py"), "--data", p["databin"], "--rows",
+                multi30k_table.BASELINE, "--seeds", "1", "--max-update", str(max_update), "--save-every", "1",
+                "--keep", "0", "--warmup", "4", "--average", "3", "--max-tokens", "300", "--cpu", "--threads", "1",
+                "--beam", "1", "--out", out, "--status-every", "5", "dataset.data_buffer_size=0",
+                "common.log_interval=1", *tiny_overrides("transformer")]
+
+    # 1. start a long budget, kill -9 the runner right after the first epoch ends
+    runner = subprocess.Popen(list(map(str, cmd(1000))), env=env(), cwd=ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    epoch = None
+    while epoch is None and time.time() < deadline and runner.poll() is None:
+        time.sleep(0.2)
+        if train_log.exists():
+            epoch = re.search(r"end of epoch 1 \(average epoch stats below\)\n.*?num_updates (\d+)",
+                              train_log.read_text(errors="replace"), re.S)
+    assert epoch, f"no epoch end in time\n{train_log.read_text(errors='replace')[-3000:] if train_log.exists() else ''}"
+    runner.send_signal(signal.SIGKILL)
+    runner.wait()
+    per_epoch = int(epoch.group(1))
+    budget = 2 * per_epoch  # ends on the second epoch's boundary
+    for _ in range(50):  # the training dies with its runner (PR_SET_PDEATHSIG)
+        if str(save) not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the training outlived its killed runner")
+    killed_at = multi30k_table.last_update(str(train_log))[0]
+    assert per_epoch <= killed_at < budget, (per_epoch, killed_at)
+    assert not (save / "train-done.json").exists()
+
+    # 2. re-run with the two-epoch budget: resumes, finishes at the budget, the final model averaged
+    proc = subprocess.run(list(map(str, cmd(budget))), env=env(), capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "training resumed from checkpoint_last.pt" in proc.stdout, proc.stdout[-3000:]
+    text = train_log.read_text(errors="replace")
+    assert text.count(multi30k_table.SEGMENT_HEADER) == 2
+    assert re.search(r"\(epoch 2 @ \d+ updates", text)  # fairseq loaded checkpoint_last.pt
+    assert multi30k_table.last_update(str(train_log))[0] == budget
+    segments = multi30k_table.training_segments(str(train_log))
+    assert [s["to_update"] for s in segments] == [killed_at, budget] and segments[1]["from_update"] <= killed_at
+    assert not (save / f"checkpoint_{2}_{budget}.pt").exists()  # fairseq's epoch-boundary gap
+    with open(save / "checkpoint_avg3.json") as f:
+        averaged = json.load(f)
+    assert averaged == [dict(update=budget - 2, file=f"checkpoint_2_{budget - 2}.pt"),
+                        dict(update=budget - 1, file=f"checkpoint_2_{budget - 1}.pt"),
+                        dict(update=budget, file="checkpoint_last.pt")]
+    with open(out / "runs.json") as f:
+        run = json.load(f)["runs"][0]
+    validated = [u for u, _ in run["valid_curve"]]  # fairseq validates at every save: both segments' points
+    assert per_epoch in validated and validated[-1] == budget and min(validated) < killed_at
+    assert run["train_wall_s"] > 0 and set(run["bleu"]) == {"test", "test1", "test2"}
+
+    # 3. a shorter budget is the longer run's prefix: no training, its saved models up to that update
+    proc = subprocess.run(list(map(str, cmd(budget - 1))), env=env(), capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"trained to update {budget} before" in proc.stdout and "training started" not in proc.stdout
+    with open(save / "checkpoint_avg3.json") as f:
+        assert [a["update"] for a in json.load(f)] == [budget - 3, budget - 2, budget - 1]
+    # ... but not with other settings
+    other = list(map(str, cmd(budget - 2)))
+    other[other.index("--warmup") + 1] = "5"
+    proc = subprocess.run(other, env=env(), capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode != 0 and "trained past --max-update" in proc.stderr and "warmup_updates" in proc.stderr
+
+
+def _write_generate(path, hyps):
+    path.write_text("".join(f"S-{i}\tx\nT-{i}\tx\nH-{i}\t-0.1\t{h}\n" for i, h in enumerate(hyps)))
+    return str(path)
+
+
+def test_paired_bootstrap_against_the_baseline(tmp_path):
+    """sacreBLEU's paired bootstrap on tokenized BLEU: two systems that each garble a different sixth of
+    the sentences are level (no difference, p well above 0.05); the reference itself beats a system that
+    garbles every sentence with p < 0.05."""
+    refs = [f"ein hund läuft {i} mal durch den schnee ." for i in range(60)]
+    ref = tmp_path / "ref.tok.de"
+    ref.write_text("\n".join(refs) + "\n")
+    garbled = [f"eine katze sitzt {i} auf dem tisch" for i in range(60)]
+    one = [garbled[i] if i % 6 == 0 else r for i, r in enumerate(refs)]
+    other = [garbled[i] if i % 6 == 3 else r for i, r in enumerate(refs)]
+    diff, p = multi30k_table.paired_bootstrap(_write_generate(tmp_path / "one.txt", one),
+                                              _write_generate(tmp_path / "other.txt", other), str(ref), 200)
+    assert diff == 0 and p > 0.2
+    diff, p = multi30k_table.paired_bootstrap(_write_generate(tmp_path / "garbled.txt", garbled),
+                                              _write_generate(tmp_path / "good.txt", refs), str(ref), 200)
+    assert diff > 50 and p < 0.05
+    sig = {("m30k-umst", 1): (1.234, 0.01), ("m30k-umst", 2): (-0.5, 0.3)}
+    assert multi30k_table.significance_cell("m30k-umst", [1, 2], sig) == "**+1.23 (p=0.010)** / -0.50 (p=0.300)"
+    assert multi30k_table.significance_cell("m30k-umst", [1, 3], sig).endswith(" / –")
+    assert multi30k_table.significance_cell(multi30k_table.BASELINE, [1, 2], sig) == "baseline"
+
+
 def _fake_archive(path, member):
     import tarfile
     import zipfile
