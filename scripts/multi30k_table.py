@@ -318,6 +318,21 @@ def settings(cmd):
     return {a for a in args if not a.startswith(("optimization.max_update=", "checkpoint.keep_"))}
 
 
+def check_same_settings(args, row, seed, what):
+    """Stop unless every training segment logged in the run's train.log ran with this command's settings."""
+    save = run_dir(args.out, row, seed)
+    train_log = os.path.join(save, "train.log")
+    if not os.path.exists(train_log):
+        return
+    with open(train_log, errors="replace") as f:
+        headers = [line[2:].split(": ", 1)[-1] for line in f if line.startswith("# ")]
+    want = settings(train_cmd(args, row, seed, save))
+    for header in headers:
+        if settings(header) != want:
+            raise SystemExit(f"{save} {what} with other settings: {sorted(settings(header) ^ want)}; "
+                             "use another --out")
+
+
 def adopt_longer_run(args, row, seed):
     """A run already trained past --max-update with the same settings (a budget-finding run, --keep 0)
     answers for the shorter budget: with the inverse-sqrt schedule and fixed --warmup, fairseq's
@@ -327,13 +342,7 @@ def adopt_longer_run(args, row, seed):
     train_log = os.path.join(save, "train.log")
     if trained(save, args.max_update) or last_update(train_log)[0] <= args.max_update:
         return
-    with open(train_log, errors="replace") as f:
-        headers = [line[2:].split(": ", 1)[-1] for line in f if line.startswith("# ")]
-    want = settings(train_cmd(args, row, seed, save))
-    for header in headers:
-        if settings(header) != want:
-            raise SystemExit(f"{save} trained past --max-update {args.max_update} with other settings: "
-                             f"{sorted(settings(header) ^ want)}; use another --out")
+    check_same_settings(args, row, seed, f"trained past --max-update {args.max_update}")
     forget_results(save)
     with open(os.path.join(save, "train-done.json"), "w") as f:
         json.dump(dict(max_update=args.max_update, wall_s=round(training_time(train_log, args.max_update), 1),
@@ -369,6 +378,8 @@ def train_all(args, runs):
             os.makedirs(save, exist_ok=True)
             claim(save)
             resumed = os.path.exists(os.path.join(save, "checkpoint_last.pt"))
+            if resumed:  # continue only the same training (a longer budget is the same training)
+                check_same_settings(args, row, seed, "was trained")
             forget_results(save)
             logf = open(os.path.join(save, "train.log"), "a")
             cmd = train_cmd(args, row, seed, save)

@@ -370,6 +370,11 @@ def test_multi30k_runner_resumes_a_killed_training_and_averages_the_final_model(
     other[other.index("--warmup") + 1] = "5"
     proc = subprocess.run(other, env=env(), capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode != 0 and "trained past --max-update" in proc.stderr and "warmup_updates" in proc.stderr
+    # ... and a longer budget continues the training only with its settings
+    other[other.index("--max-update") + 1] = str(budget + 1)
+    proc = subprocess.run(other, env=env(), capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode != 0 and "was trained with other settings" in proc.stderr, proc.stderr[-2000:]
+    assert multi30k_table.last_update(str(train_log))[0] == budget
 
 
 def _write_generate(path, hyps):
