@@ -252,7 +252,7 @@ class PreprocessingRecord:
         if self.moses_punctuation:
             steps.append("Moses punctuation normalisation")
         if self.remove_non_printing:
-            steps.append("non-printing characters removed")
+            steps.append("non-printing characters to spaces")
         if lang in self.romanian:
             steps.append("Romanian normalisation and diacritics removal")
         if self.lowercase:
