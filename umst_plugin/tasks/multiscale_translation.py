@@ -27,12 +27,12 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
+from umst_plugin import text_preprocessing as textprep  # (the config field takes the plain name)
 from umst_plugin.data.side_data_dataset import SideDataLanguagePairDataset
 from umst_plugin.data.word_boundaries import boundary_table, word_ids_from_tokens, words_from_pieces
 from umst_plugin.preprocess.errors import SideDataError
 from umst_plugin.preprocess.sidefiles import HEADS, WORD_IDS
 from umst_plugin.preprocess.text import moses_unescape
-from umst_plugin import text_preprocessing as textprep  # (the config field takes the plain name)
 
 logger = logging.getLogger(__name__)
 
