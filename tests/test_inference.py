@@ -232,6 +232,14 @@ def test_raw_text_reaches_the_model_as_in_training(family, m30k, checkpoints):
     assert hyps[0] == hyps[1] and hyps[2] == hyps[3] and detoks[0] == detoks[1]
     assert hyps[0][1] == hub_bpe and detoks[0][1] == translation
     assert float(hyps[0][0]) == pytest.approx(hub_score, abs=1e-4)
+    if family == "umst":  # fairseq-interactive with the usual arguments, which agree with the record
+        explicit_out = e2e.fairseq(
+            "interactive", db, "--user-dir", e2e.PLUGIN, "--task", "multiscale_translation", "--path",
+            os.path.join(save_dir, "checkpoint_last.pt"), *flags, "--source-lang", SRC, "--target-lang", TGT,
+            "--tokenizer", "moses", "--bpe", "subword_nmt", "--bpe-codes", os.path.join(db, "bpe.codes"),
+            input=f"{raw}\n{DOGS}\n").stdout
+        assert output_lines(explicit_out, "S") == {0: sources[0], 1: sources[2]}, explicit_out[-3000:]
+        assert output_lines(explicit_out, "H") == {0: hyps[0], 1: hyps[2]}
 
     out = e2e.fairseq("generate", db, "--user-dir", e2e.PLUGIN, "--task", "multiscale_translation", "--path",
                       os.path.join(save_dir, "checkpoint_last.pt"), "--gen-subset", "test", "--batch-size", "1",
