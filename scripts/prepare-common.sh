@@ -98,13 +98,16 @@ stage_extract() {
     mark_stage extract
 }
 
+# romanian_lang LANG: true when LANG's text gets normalise-romanian + remove-diacritics (tokenize's --romanian)
+romanian_lang() { [[ "$1" == ro ]]; }
+
 stage_tokenize() {
     done_stage tokenize && { say "tokenize: done before"; return; }
     mkdir -p "$WORK/tok"
     local split lang extra
     for split in train valid "${TEST_SPLITS[@]}"; do
         for lang in "$SRC" "$TGT"; do
-            extra=("${TOKENIZE_ARGS[@]}"); [[ "$lang" == ro ]] && extra+=(--romanian)
+            extra=("${TOKENIZE_ARGS[@]}"); romanian_lang "$lang" && extra+=(--romanian)
             say "tokenize $split.$lang"
             "$PY" "$PREP" tokenize --lang "$lang" "${extra[@]}" --workers "$WORKERS" \
                 "$WORK/orig/$split.$lang" "$WORK/tok/$split.$lang"
@@ -209,7 +212,17 @@ stage_stats() {
         cp "$WORK/ref/$split.$TGT" "$DATABIN/ref/$split.detok.$TGT"
     done
     cp "$BPE_DIR/codes" "$DATABIN/bpe.codes"
-    say "data-bin ready: $DATABIN"
+}
+
+# DATA_BIN/preprocessing.json: what the tokenize stage did (its own flags) and the BPE codes copied
+# above, which the multiscale_translation task applies to raw input (fairseq-interactive,
+# from_pretrained, umst-inspect --sentence; docs/inference.md). Cheap, so it runs every time: a re-run
+# of the recipe adds the record to a data-bin made before records existed.
+stage_record() {
+    local lang args=(--databin "$DATABIN" --langs "$SRC" "$TGT" --bpe-codes bpe.codes --merges "$MERGES"
+                     --written-by "scripts/$(basename "$0")" "${TOKENIZE_ARGS[@]+"${TOKENIZE_ARGS[@]}"}")
+    for lang in "$SRC" "$TGT"; do romanian_lang "$lang" && args+=(--romanian-lang "$lang"); done
+    "$PY" "$PREP" record "${args[@]}"
 }
 
 run_all_stages() {
@@ -220,4 +233,6 @@ run_all_stages() {
     stage_bpe
     stage_binarize_and_parse
     stage_stats
+    stage_record
+    say "data-bin ready: $DATABIN"
 }

@@ -11,7 +11,8 @@
 #   bash scripts/prepare-multi30k.sh            # downloads the pinned files (stanza parser)
 #
 # Splits: train, valid = val, test = test_2016_flickr, test1 = test_2017_flickr,
-# test2 = test_2017_mscoco. Output: WORK/data-bin/multi30k_en_de_bpeN (+ ref/, bpe.codes);
+# test2 = test_2017_mscoco. Output: WORK/data-bin/multi30k_en_de_bpeN (+ ref/, bpe.codes,
+# preprocessing.json: the record that makes raw input at inference lowercased too);
 # with --cased, data/multi30k_en_de_cased/.../multi30k_en_de_cased_bpeN.
 set -euo pipefail
 SRC=en; TGT=de
@@ -114,7 +115,12 @@ stage_extract() {
 # files from umst-preprocess --parser none (every word its own phrase): DATABIN_noparse.
 stage_noparse_variant() {
     local dest="${DATABIN}_noparse" f
-    done_stage "noparse$MERGES" && { say "no-parse variant: done before"; return; }
+    if done_stage "noparse$MERGES"; then
+        say "no-parse variant: done before"
+        # a variant made before data-bins carried preprocessing.json links the record now
+        [[ -e "$dest/preprocessing.json" ]] || ln -s "$DATABIN/preprocessing.json" "$dest/"
+        return
+    fi
     rm -rf "$dest" "$dest.tmp"; mkdir -p "$dest.tmp"
     for f in "$DATABIN"/*; do
         case "$(basename "$f")" in *.wordids*|*.heads*|*.labels*) ;; *) ln -s "$f" "$dest.tmp/" ;; esac

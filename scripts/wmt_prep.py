@@ -10,6 +10,9 @@ recipes need no Perl checkout:
   for Romanian normalise-romanian.py + remove-diacritics.py (Sennrich's
   wmt16-scripts, the Lee et al. 2018 / Kasai et al. 2020 setup), then
   tokenizer.perl -a (aggressive hyphen splitting, as fairseq's recipe), via sacremoses.
+* ``record``: DATA_BIN/preprocessing.json, what ``tokenize`` did and the BPE codes, which the
+  multiscale_translation task applies to raw input (umst_plugin/text_preprocessing.py, whose
+  LinePreparer is also what ``tokenize`` runs).
 * ``lowercase``: lowercase a file (the detokenized reference of the lowercased Multi30k recipe).
 * ``normalize-ro``: only the Romanian normalisation and diacritic removal, for
   the detokenized reference that sacrebleu scores against.
@@ -23,7 +26,6 @@ import json
 import os
 import re
 import sys
-import unicodedata
 from multiprocessing import Pool
 
 SEG = re.compile(r"<seg[^>]*>\s*(.*?)\s*</seg>", re.I)
@@ -54,48 +56,35 @@ def cmd_sgm(args):
 
 # ---- normalisation and tokenization ---------------------------------------------------------
 
-def normalise_romanian(text):
-    """wmt16-scripts normalise-romanian.py: cedilla forms -> comma-below forms."""
-    text = text.replace("\u015e", "\u0218").replace("\u015f", "\u0219")
-    return text.replace("\u0162", "\u021a").replace("\u0163", "\u021b")
+def _load_text_preprocessing():
+    """umst_plugin/text_preprocessing.py, loaded by path: importing it through the package would import
+    fairseq and torch (umst_plugin/__init__.py registers the models) in every tokenize call. Inference
+    prepares raw input with the same module, so the recipe's steps and the model's input agree."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "umst_plugin",
+                        "text_preprocessing.py")
+    spec = importlib.util.spec_from_file_location("umst_text_preprocessing", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def remove_romanian_diacritics(text):
-    """wmt16-scripts remove-diacritics.py."""
-    text = text.replace("\u0218", "S").replace("\u0219", "s")
-    text = text.replace("\u021a", "T").replace("\u021b", "t")
-    text = text.replace("\u0102", "A").replace("\u0103", "a")
-    text = text.replace("\u00c2", "A").replace("\u00e2", "a")
-    return text.replace("\u00ce", "I").replace("\u00ee", "i")
-
-
-def remove_non_printing(text):
-    """remove-non-printing-char.perl: every Unicode category C character becomes a space."""
-    return "".join(" " if unicodedata.category(c).startswith("C") else c for c in text)
-
+textprep = _load_text_preprocessing()
+normalise_romanian = textprep.normalise_romanian
+remove_romanian_diacritics = textprep.remove_romanian_diacritics
+remove_non_printing = textprep.remove_non_printing
 
 _WORKER = {}
 
 
-def _init_worker(lang, romanian, tokenize, lowercase=False, aggressive_dashes=True):
-    from sacremoses import MosesPunctNormalizer, MosesTokenizer
-
-    _WORKER.update(norm=MosesPunctNormalizer(lang=lang), tok=MosesTokenizer(lang=lang), romanian=romanian,
-                   tokenize=tokenize, lowercase=lowercase, aggressive_dashes=aggressive_dashes)
+def _init_worker(lang, romanian, lowercase=False, aggressive_dashes=True):
+    _WORKER["prepare"] = textprep.LinePreparer(lang, romanian=romanian, lowercase=lowercase,
+                                               aggressive_dash_splits=aggressive_dashes)
 
 
 def _process(line):
-    w = _WORKER
-    text = w["norm"].normalize(line.rstrip("\n"))
-    text = remove_non_printing(text)
-    if w["romanian"]:
-        text = remove_romanian_diacritics(normalise_romanian(text))
-    if w.get("lowercase"):
-        text = text.lower()
-    if not w["tokenize"]:
-        return " ".join(text.split())
-    return w["tok"].tokenize(text, aggressive_dash_splits=w.get("aggressive_dashes", True), return_str=True,
-                             escape=True)
+    return _WORKER["prepare"](line)
 
 
 def map_lines(args, func, init_args):
@@ -112,7 +101,21 @@ def map_lines(args, func, init_args):
 
 
 def cmd_tokenize(args):
-    map_lines(args, _process, (args.lang, args.romanian, True, args.lowercase, not args.no_aggressive_dashes))
+    map_lines(args, _process, (args.lang, args.romanian, args.lowercase, not args.no_aggressive_dashes))
+
+
+def cmd_record(args):
+    """DATABIN/preprocessing.json: what the tokenize stage did (the same flags) and the BPE codes, read by
+    the multiscale_translation task to prepare raw input (fairseq-interactive, from_pretrained)."""
+    try:
+        path = textprep.write_record(
+            args.databin, args.langs, lowercase=args.lowercase, aggressive_dash_splits=not args.no_aggressive_dashes,
+            romanian=args.romanian_lang, bpe_codes=args.bpe_codes, merges=args.merges, written_by=args.written_by)
+        record = textprep.read_record(args.databin)
+    except textprep.RecordError as e:
+        raise SystemExit(f"record: {e}")
+    for lang in record.languages:
+        print(f"{path}: {lang}: {record.describe(lang)}", file=sys.stderr)
 
 
 def cmd_lowercase(args):
@@ -241,6 +244,18 @@ def main(argv=None):
     s.add_argument("input")
     s.add_argument("output")
     s.set_defaults(func=cmd_tokenize)
+    s = sub.add_parser("record", help="write DATABIN/preprocessing.json (how the text was prepared)")
+    s.add_argument("--databin", required=True)
+    s.add_argument("--langs", nargs="+", required=True, help="the data-bin's languages, e.g. en de")
+    s.add_argument("--lowercase", action="store_true", help="the tokenize stage lowercased (as its --lowercase)")
+    s.add_argument("--no-aggressive-dashes", action="store_true", help="as the tokenize stage's flag")
+    s.add_argument("--romanian-lang", action="append", default=[], metavar="LANG",
+                   help="a language the tokenize stage ran with --romanian (repeatable)")
+    s.add_argument("--bpe-codes", default="bpe.codes", help="subword-nmt codes, relative to --databin "
+                   "(default: bpe.codes, where the recipes copy them)")
+    s.add_argument("--merges", type=int, default=None, help="the number of BPE merges (for the reader)")
+    s.add_argument("--written-by", default="", help="what made the data-bin (e.g. the recipe's name)")
+    s.set_defaults(func=cmd_record)
     s = sub.add_parser("lowercase")
     s.add_argument("input")
     s.add_argument("output")

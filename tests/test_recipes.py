@@ -124,6 +124,29 @@ def test_prepare_writes_databin_with_side_data_and_stats(prepared, dataset):
     assert "joined dictionary" in p["log"]
     for ref in ("test.tok", "test.detok"):
         assert os.path.exists(os.path.join(db, "ref", f"{ref}.{tgt}"))
+    assert_record(p, lowercase=False, aggressive_dash_splits=True, romanian=["ro"] if tgt == "ro" else [])
+
+
+def assert_record(p, lowercase, aggressive_dash_splits, romanian):
+    """DATA_BIN/preprocessing.json says what the tokenize stage did, and its steps reproduce the recipe's
+    tokenized and BPE'd test lines from the extracted text, on both sides (docs/inference.md)."""
+    from umst_plugin import text_preprocessing as textprep
+
+    record = textprep.read_record(p["databin"])
+    assert record is not None, os.listdir(p["databin"])
+    assert (record.lowercase, record.aggressive_dash_splits, record.escape, record.romanian) == \
+        (lowercase, aggressive_dash_splits, True, romanian)
+    assert record.tokenizer == "moses" and record.bpe == "subword_nmt" and record.bpe_merges == MERGES
+    assert record.bpe_codes == os.path.join(p["databin"], "bpe.codes")
+    bpe = textprep.build_bpe(record, None)
+    for lang in ("en", p["tgt"]):
+        prepare = record.preparer(lang)
+        with open(os.path.join(p["work"], "orig", f"test.{lang}"), encoding="utf-8") as f:
+            orig = f.read().splitlines()
+        with open(os.path.join(p["work"], "tok", f"test.{lang}"), encoding="utf-8") as f:
+            assert [prepare(line) for line in orig] == f.read().splitlines(), lang
+        with open(os.path.join(p["work"], f"bpe{MERGES}", f"test.{lang}"), encoding="utf-8") as f:
+            assert [bpe.encode(prepare(line)) for line in orig] == f.read().splitlines(), lang
 
 
 def test_prepare_is_idempotent_and_reparses_for_another_parser(prepared):
@@ -193,6 +216,9 @@ def test_multi30k_prepare_runs_every_stage(prepared):
         assert any(c.isupper() for c in recipe_toy.read_gz(os.path.join(p["raw"], "test_2016_flickr.de.gz"))[0])
     assert os.path.exists(os.path.join(db, "bpe.codes"))
     assert os.path.exists(os.path.join(p["work"], "tok", "test.en"))  # the table's sample sources
+    assert_record(p, lowercase=True, aggressive_dash_splits=False, romanian=[])
+    assert os.path.realpath(os.path.join(noparse, "preprocessing.json")) == \
+        os.path.realpath(os.path.join(db, "preprocessing.json"))
 
 
 def test_multi30k_rerun_skips_every_stage(prepared):

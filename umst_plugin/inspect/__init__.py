@@ -131,6 +131,10 @@ def sample_from_index(task, cfg, subset, index):
 
 
 def sample_from_sentence(task, cfg, sentence):
+    """As fairseq-interactive prepares a line: the task's tokenizer and BPE, which apply the data-bin's
+    preprocessing.json when it has one (lowercasing, normalisation, Moses options, BPE codes)."""
+    if hasattr(task, "note_raw_input"):
+        task.note_raw_input()
     tokenizer = task.build_tokenizer(cfg.tokenizer)
     bpe = task.build_bpe(cfg.bpe)
     text = sentence.strip()

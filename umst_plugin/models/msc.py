@@ -59,6 +59,7 @@ from fairseq.models.transformer.transformer_decoder import TransformerDecoder
 from fairseq.models.transformer import transformer_legacy
 from fairseq.modules import FairseqDropout, LayerNorm, PositionalEmbedding
 
+from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
 from umst_plugin.models._sizes import transformer_big_sizes
 from umst_plugin.modules.msc_layers import (
     CONTEXT_CELLS,
@@ -406,7 +407,7 @@ class EncoderGradNormLogger:
 
 
 @register_model("msc")
-class MSCModel(FairseqEncoderDecoderModel):
+class MSCModel(RawTextFromPretrained, FairseqEncoderDecoderModel):
     """Multiscale Collaborative deep model (Wei et al., ACL 2020)."""
 
     def __init__(self, args, encoder, decoder):

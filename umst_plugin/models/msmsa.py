@@ -30,6 +30,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 from torch import Tensor
 
+from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
 from umst_plugin.modules.windowed_attention import (
     DEFAULT_SCALES,
     MultiScaleSelfAttention,
@@ -187,7 +188,7 @@ class MSMSADecoder(TransformerDecoder):
 
 
 @register_model("msmsa")
-class MSMSAModel(TransformerModel):
+class MSMSAModel(RawTextFromPretrained, TransformerModel):
     """Transformer whose encoder self-attention heads each attend within a window of their own scale."""
 
     @staticmethod

@@ -25,6 +25,7 @@ from fairseq.models.transformer import (
     base_architecture,
 )
 
+from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
 from umst_plugin.modules.prime_layer import PrimeLayer
 
 logger = logging.getLogger(__name__)
@@ -194,7 +195,7 @@ class PrimeDecoder(TransformerDecoder):
 
 
 @register_model("prime")
-class PrimeModel(TransformerModel):
+class PrimeModel(RawTextFromPretrained, TransformerModel):
     """Unified Transformer built from Prime layers (post-norm, parallel branches)."""
 
     @classmethod

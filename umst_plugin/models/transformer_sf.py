@@ -27,6 +27,7 @@ from fairseq.models.transformer import TransformerModel, base_architecture
 from fairseq.models.transformer.transformer_encoder import TransformerEncoderBase
 from fairseq.modules import PositionalEmbedding
 
+from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
 from umst_plugin.models._sizes import transformer_big_sizes
 from umst_plugin.modules.char_table import CHAR_PAD, STYLES, CharTable
 from umst_plugin.modules.slowfast_encoder import (
@@ -44,7 +45,7 @@ RANDOM_BOUNDARY_RATE = 0.2  # ~5 characters per pseudo-word, like English words 
 
 
 @register_model("transformer_sf")
-class TransformerSlowFastModel(TransformerModel):
+class TransformerSlowFastModel(RawTextFromPretrained, TransformerModel):
     """Transformer whose encoder is the two-branch Slow-Fast encoder."""
 
     @classmethod

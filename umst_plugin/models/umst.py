@@ -19,6 +19,7 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerEncoderBase, TransformerModel
 from fairseq.models.transformer.transformer_legacy import base_architecture
 
+from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
 from umst_plugin.models._sizes import transformer_big_sizes
 from umst_plugin.modules.umst_encoder_layer import GCN_ACTIVATIONS, INTRA_GROUP_OPS, UMSTEncoderLayer
 from umst_plugin.modules.umst_graphs import PHRASE_NOISE, UPSAMPLE_MODES, WORD_BOUNDARY_NOISE, build_graphs
@@ -141,7 +142,7 @@ class UMSTEncoder(TransformerEncoderBase):
 
 
 @register_model("umst")
-class UMSTModel(TransformerModel):
+class UMSTModel(RawTextFromPretrained, TransformerModel):
     """Universal MultiScale Transformer (encoder-side multiscale; standard pre-norm decoder)."""
 
     @classmethod

@@ -7,6 +7,10 @@ fairseq-generate read the binarized side files written by ``umst-preprocess``;
 fairseq-interactive (which only has tokens) derives word ids from the subword
 markers of the source dictionary and heads from ``--source-parser``, or the
 no-edge fallback graph with a one-time warning.
+
+Raw text (fairseq-interactive, ``from_pretrained(...).translate``, ``umst-inspect --sentence``) is
+prepared as the data-bin's ``preprocessing.json`` says (``umst_plugin.text_preprocessing``): the task
+reads the record at set-up, and ``build_tokenizer`` / ``build_bpe`` return its pipeline.
 """
 import inspect
 import itertools
@@ -23,6 +27,7 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
+from umst_plugin import text_preprocessing as textprep  # (the config field takes the plain name)
 from umst_plugin.data.side_data_dataset import SideDataLanguagePairDataset
 from umst_plugin.data.word_boundaries import boundary_table, word_ids_from_tokens, words_from_pieces
 from umst_plugin.preprocess.errors import SideDataError
@@ -57,6 +62,12 @@ class MultiscaleTranslationConfig(TranslationConfig):
     source_parser_model: str = field(
         default="", metadata={"help": "model name or path for --source-parser (e.g. a spaCy pipeline or a "
                               "stanza language code)"})
+    text_preprocessing: ChoiceEnum(list(textprep.MODES)) = field(
+        default="record", metadata={"help": "how raw input (fairseq-interactive, from_pretrained(...).translate, "
+                                    "umst-inspect --sentence) is prepared: record = as the data-bin's "
+                                    "preprocessing.json says (normalisation, lowercasing, Moses options, BPE "
+                                    "codes; --tokenizer/--bpe, if given, must agree with it); arguments = only "
+                                    "by --tokenizer/--bpe as given, the record ignored"})
 
 
 def _side_prefix(data_path, split, src, tgt, dataset_impl):
@@ -115,6 +126,45 @@ class MultiscaleTranslationTask(TranslationTask):
         self._parser = None
         self._parse_cache = {}
         self._warned_fallback = False
+        self.text_record_dir = utils.split_paths(cfg.data)[0] if cfg.data else None
+        # A broken record stops set-up (training included) with the file named; a missing one is only
+        # reported where raw input is prepared (note_raw_input).
+        self.text_record = textprep.read_record(self.text_record_dir) if self.text_record_dir else None
+        self._noted_raw_input = False
+
+    # ---- raw text: the data-bin's preprocessing record -----------------------------------------
+
+    def _text_mode(self):
+        return str(getattr(self.cfg, "text_preprocessing", None) or "record")  # ChoiceEnum -> its string
+
+    def build_tokenizer(self, args):
+        """The data-bin's recorded text steps (normalisation, lowercasing, Moses options) for raw source
+        text, and the target's Moses detokenizer for output; fairseq's own tokenizer when there is no
+        record or with --text-preprocessing arguments. Explicit --tokenizer options must agree with the
+        record (PreprocessingMismatch names those that do not)."""
+        return textprep.build_tokenizer(self.text_record, args, self.cfg.source_lang, self.cfg.target_lang,
+                                                  self._text_mode())
+
+    def build_bpe(self, args):
+        """The data-bin's recorded BPE codes (explicit --bpe/--bpe-codes must agree), or fairseq's own."""
+        return textprep.build_bpe(self.text_record, args, self._text_mode())
+
+    def note_raw_input(self):
+        """Once per task, where raw text is about to be prepared: say which record applies, or that the
+        data-bin has none."""
+        if self._noted_raw_input:
+            return
+        self._noted_raw_input = True
+        if self._text_mode() == "arguments":
+            logger.info("--text-preprocessing arguments: raw input is prepared only by --tokenizer/--bpe as given")
+        elif self.text_record is not None:
+            textprep.log_record(self.text_record, self.cfg.source_lang)
+        elif self.text_record_dir:
+            logger.warning(textprep.missing_record_message(self.text_record_dir))
+
+    def get_interactive_tokens_and_lengths(self, lines, encode_fn):
+        self.note_raw_input()
+        return super().get_interactive_tokens_and_lengths(lines, encode_fn)
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)

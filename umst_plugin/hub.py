@@ -1,0 +1,90 @@
+"""``XModel.from_pretrained(...)`` for the plugin's models: raw text prepared as the training text was.
+
+fairseq's ``GeneratorHubInterface`` builds its tokenizer and BPE from the arguments alone
+(``encoders.build_tokenizer(cfg.tokenizer)``), whereas fairseq-interactive asks the task
+(``task.build_tokenizer(cfg.tokenizer)``). :class:`RawTextHubInterface` asks the task too, so
+``from_pretrained(ckpt_dir, checkpoint_file=..., data_name_or_path=DATA_BIN).translate("...")`` applies
+the data-bin's ``preprocessing.json`` (normalisation, lowercasing, Moses options, BPE codes) exactly as
+fairseq-interactive and ``umst-inspect --sentence`` do, and detokenizes the output. A checkpoint trained
+under plain ``--task translation`` gets the same: the record is read from the data directory directly.
+
+Every model class of the plugin inherits :class:`RawTextFromPretrained` first, so its
+``from_pretrained`` returns this interface.
+"""
+import logging
+
+from omegaconf import open_dict
+
+from fairseq import hub_utils, utils
+
+from umst_plugin import text_preprocessing as textprep  # (the constructor's keyword takes the plain name)
+
+logger = logging.getLogger(__name__)
+
+
+class RawTextHubInterface(hub_utils.GeneratorHubInterface):
+    """GeneratorHubInterface whose tokenizer and BPE come from the task (as in fairseq-interactive).
+
+    ``text_preprocessing``: 'record' (default: the data-bin's preprocessing.json; explicit tokenizer /
+    bpe arguments must agree with it) or 'arguments' (only the tokenizer / bpe arguments, as fairseq's
+    own interface does)."""
+
+    def __init__(self, cfg, task, models, text_preprocessing=None):
+        # The parent would build fairseq's tokenizer and BPE from the arguments alone (and bpe='subword_nmt'
+        # without bpe_codes fails there although the record names the codes): let it build none.
+        tokenizer_cfg, bpe_cfg = cfg.tokenizer, cfg.bpe
+        with open_dict(cfg):
+            cfg.tokenizer, cfg.bpe = None, None
+        try:
+            super().__init__(cfg, task, models)
+        finally:
+            with open_dict(cfg):
+                cfg.tokenizer, cfg.bpe = tokenizer_cfg, bpe_cfg
+        self._uses_task_record = hasattr(task, "note_raw_input")
+        if self._uses_task_record:  # multiscale_translation: its own record and --text-preprocessing
+            if text_preprocessing is not None:
+                textprep.check_mode(text_preprocessing)
+                with open_dict(task.cfg):  # checkpoints older than the flag lack the key
+                    task.cfg.text_preprocessing = text_preprocessing
+            self.tokenizer = task.build_tokenizer(tokenizer_cfg)
+            self.bpe = task.build_bpe(bpe_cfg)
+        else:  # fairseq's plain translation task: the same record, read here
+            mode = text_preprocessing or "record"
+            self._data_dir = utils.split_paths(task.cfg.data)[0]
+            self._record = textprep.read_record(self._data_dir)
+            self._mode = mode
+            self.tokenizer = textprep.build_tokenizer(
+                self._record, tokenizer_cfg, task.cfg.source_lang, task.cfg.target_lang, mode)
+            self.bpe = textprep.build_bpe(self._record, bpe_cfg, mode)
+        self._noted_raw_input = False
+
+    def _note_raw_input(self):
+        if self._noted_raw_input:
+            return
+        self._noted_raw_input = True
+        if self._uses_task_record:
+            self.task.note_raw_input()
+        elif self._mode == "record":
+            if self._record is not None:
+                textprep.log_record(self._record, self.task.cfg.source_lang)
+            else:
+                logger.warning(textprep.missing_record_message(self._data_dir))
+
+    def encode(self, sentence):
+        self._note_raw_input()
+        return super().encode(sentence)
+
+
+class RawTextFromPretrained:
+    """Mixin for the plugin's model classes: ``from_pretrained`` returns a :class:`RawTextHubInterface`."""
+
+    @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".", **kwargs):
+        """fairseq's ``from_pretrained`` (same arguments, e.g. ``source_parser='spacy'`` for UMST), with raw
+        input prepared as the data-bin's preprocessing.json says; ``text_preprocessing='arguments'``
+        ignores the record and uses only ``tokenizer=`` / ``bpe=`` as given."""
+        x = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
+                                      archive_map=cls.hub_models(), **kwargs)
+        logger.info(x["args"])
+        return RawTextHubInterface(x["args"], x["task"], x["models"],
+                                   text_preprocessing=kwargs.get("text_preprocessing"))
