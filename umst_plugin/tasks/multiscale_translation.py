@@ -20,9 +20,11 @@ import torch
 from fairseq import utils
 from fairseq.data import ConcatDataset, LanguagePairDataset, data_utils, indexed_dataset
 from fairseq.dataclass import ChoiceEnum
+from omegaconf import II
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
+from umst_plugin import mixed_precision
 from umst_plugin.data.side_data_dataset import SideDataLanguagePairDataset
 from umst_plugin.data.word_boundaries import boundary_table, word_ids_from_tokens, words_from_pieces
 from umst_plugin.preprocess.errors import SideDataError
@@ -57,6 +59,11 @@ class MultiscaleTranslationConfig(TranslationConfig):
     source_parser_model: str = field(
         default="", metadata={"help": "model name or path for --source-parser (e.g. a spaCy pipeline or a "
                               "stanza language code)"})
+    amp_dtype: ChoiceEnum(list(mixed_precision.AMP_DTYPES)) = field(
+        default="float16", metadata={"help": "with --amp: the autocast dtype of training, validation and decoding, "
+                                     "on CUDA and CPU (float16: fairseq's grad scaler; bfloat16: no loss scaling)"})
+    amp: bool = II("common.amp")
+    fp16_init_scale: int = II("common.fp16_init_scale")
 
 
 def _side_prefix(data_path, split, src, tgt, dataset_impl):
@@ -165,16 +172,22 @@ class MultiscaleTranslationTask(TranslationTask):
         return {**sample, "net_input": net_input}
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
-        return super().train_step(self._strip_side_inputs(sample, [model]), model, criterion, optimizer,
-                                  update_num, ignore_grad)
+        sample = self._strip_side_inputs(sample, [model])
+        if mixed_precision.is_amp_optimizer(optimizer):  # --amp: autocast in --amp-dtype on any device
+            return mixed_precision.amp_train_step(
+                sample, model, criterion, optimizer, update_num, self.cfg.amp_dtype, ignore_grad,
+                init_scale=mixed_precision.task_common(self.cfg, "fp16_init_scale", 128))
+        return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
 
     def valid_step(self, sample, model, criterion):
-        return super().valid_step(self._strip_side_inputs(sample, [model]), model, criterion)
+        with mixed_precision.autocast(model, self.cfg.amp_dtype, mixed_precision.task_common(self.cfg, "amp", False)):
+            return super().valid_step(self._strip_side_inputs(sample, [model]), model, criterion)
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         sample = self._add_missing_side_inputs(sample, models)
-        return super().inference_step(generator, models, self._strip_side_inputs(sample, models),
-                                      prefix_tokens=prefix_tokens, constraints=constraints)
+        with mixed_precision.autocast(models[0], self.cfg.amp_dtype, mixed_precision.task_common(self.cfg, "amp", False)):
+            return super().inference_step(generator, models, self._strip_side_inputs(sample, models),
+                                          prefix_tokens=prefix_tokens, constraints=constraints)
 
     # ---- inference without side files (fairseq-interactive) -----------------------------
 
