@@ -39,12 +39,18 @@ def model_device_type(model):
     return "cpu"
 
 
-def autocast(model, dtype_name, enabled=True):
+_announced = set()
+
+
+def autocast(model, dtype_name, enabled=True, what=None):
     """``torch.autocast`` on the model's device in ``dtype_name``; a no-op when disabled or on devices autocast
-    does not cover here (XLA keeps fairseq's own path)."""
+    does not cover here (XLA keeps fairseq's own path). ``what`` (e.g. "decoding") is logged once."""
     device_type = model_device_type(model)
     if not enabled or device_type not in AUTOCAST_DEVICE_TYPES:
         return contextlib.nullcontext()
+    if what and (what, device_type, dtype_name) not in _announced:
+        _announced.add((what, device_type, dtype_name))
+        logger.info("mixed precision: %s under %s autocast on %s", what, dtype_name, device_type)
     return torch.autocast(device_type, dtype=amp_dtype(dtype_name))
 
 
@@ -119,3 +125,53 @@ def task_common(task_cfg, name, default):
     except Exception:  # unresolvable interpolation
         return default
     return default if value is None else value
+
+
+# ---- plain --bf16 ----------------------------------------------------------------------------------
+
+def _tpu_explicitly_requested(argv):
+    return any(a == "--tpu" or a.lstrip("+").startswith("common.tpu=") for a in argv)
+
+
+def plain_bf16_means_bf16(cfg, argv=None):
+    """fairseq's options.py turns ``--bf16`` into ``--tpu``, so on a GPU or a CPU ``fairseq-train --bf16`` dies in
+    ``get_tpu_device``. Where that would happen -- torch_xla not installed, ``--tpu`` not asked for -- make it
+    mean what fairseq-hydra-train's ``common.bf16=true`` already means on those devices: bf16 weights with an
+    fp32 master copy (fairseq's FP16Optimizer, no loss scaling). With torch_xla present nothing changes, so
+    TPUs keep fairseq's behaviour. Returns whether the config was changed."""
+    import importlib.util
+    import sys
+
+    from omegaconf import open_dict
+
+    common = cfg.common
+    if not (getattr(common, "bf16", False) and getattr(common, "tpu", False)):
+        return False
+    if importlib.util.find_spec("torch_xla") is not None or _tpu_explicitly_requested(sys.argv if argv is None
+                                                                                      else argv):
+        return False
+    for group in ("common", "distributed_training"):
+        node = getattr(cfg, group, None)
+        if node is not None and "tpu" in node:
+            with open_dict(node):
+                node.tpu = False
+    logger.info("--bf16 without torch_xla: bf16 weights on %s (fp32 master copy), not a TPU",
+                "CPU" if getattr(common, "cpu", False) or not torch.cuda.is_available() else "CUDA")
+    return True
+
+
+def install():
+    """Route fairseq's CLI entry (``distributed_utils.call_main``, which fairseq-train, fairseq-hydra-train and
+    fairseq-interactive call after importing the plugin) through ``plain_bf16_means_bf16``."""
+    from fairseq.distributed import utils as distributed_utils
+
+    if getattr(distributed_utils.call_main, "_umst_bf16", False):
+        return
+    call_main = distributed_utils.call_main
+
+    def call_main_with_bf16_on_any_device(cfg, main, **kwargs):
+        plain_bf16_means_bf16(cfg)
+        return call_main(cfg, main, **kwargs)
+
+    call_main_with_bf16_on_any_device._umst_bf16 = True
+    distributed_utils.call_main = call_main_with_bf16_on_any_device

@@ -180,12 +180,14 @@ class MultiscaleTranslationTask(TranslationTask):
         return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
 
     def valid_step(self, sample, model, criterion):
-        with mixed_precision.autocast(model, self.cfg.amp_dtype, mixed_precision.task_common(self.cfg, "amp", False)):
+        with mixed_precision.autocast(model, self.cfg.amp_dtype, mixed_precision.task_common(self.cfg, "amp", False),
+                                      what="validation"):
             return super().valid_step(self._strip_side_inputs(sample, [model]), model, criterion)
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         sample = self._add_missing_side_inputs(sample, models)
-        with mixed_precision.autocast(models[0], self.cfg.amp_dtype, mixed_precision.task_common(self.cfg, "amp", False)):
+        with mixed_precision.autocast(models[0], self.cfg.amp_dtype,
+                                      mixed_precision.task_common(self.cfg, "amp", False), what="decoding"):
             return super().inference_step(generator, models, self._strip_side_inputs(sample, models),
                                           prefix_tokens=prefix_tokens, constraints=constraints)
 
