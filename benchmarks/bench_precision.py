@@ -65,21 +65,29 @@ def hardware():
             "load_average": os.getloadavg(), "torch": torch.__version__, "threads": torch.get_num_threads()}
 
 
-def precision_model(model, precision):
-    """The model as it runs in ``precision``, and the context its calls run under."""
-    if precision == "bf16":
-        return model.to(torch.bfloat16), torch.autocast("cpu", enabled=False)
-    model = model.float()
-    if precision == "bf16-autocast":
-        return model, torch.autocast("cpu", dtype=torch.bfloat16)
-    return model, torch.autocast("cpu", enabled=False)
+def to_precision(model, precision):
+    """Weights in bf16 for pure bf16, fp32 otherwise (autocast keeps fp32 master weights)."""
+    return model.to(torch.bfloat16 if precision == "bf16" else torch.float32)
 
 
-def in_context(fn, make_context):
-    def call():
-        with make_context():
-            return fn()
-    return call
+def autocast_for(precision):
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-autocast")
+
+
+def train_step_fn(model, sample, precision):
+    """forward (under autocast for bf16-autocast) + backward outside it, as fairseq's train_step runs them
+    (a backward inside autocast would autocast the hand-written backwards of custom autograd functions too)."""
+    pad = model.decoder.dictionary.pad()
+    net_input = dev.model_inputs(model, sample)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        with autocast_for(precision):
+            logits = model(**net_input)[0]
+            loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)),
+                                                     sample["target"].view(-1), ignore_index=pad)
+        loss.backward()
+    return step
 
 
 def bench_model(arch, overrides, dictionary, args):
@@ -92,37 +100,32 @@ def bench_model(arch, overrides, dictionary, args):
     train_words = int(train_batch["target"].ne(dictionary.pad()).sum())
     from fairseq.sequence_generator import SequenceGenerator
 
-    # One model object per precision would triple the memory of the base models: convert in place between
-    # calls instead (a cast of the weights, outside the timed region).
+    # One model object per precision would triple the memory of the base models: cast the weights between
+    # calls instead, outside the timed region.
     state = {"precision": None}
 
     def prepared(precision, train):
         def setup():
             if state["precision"] != precision:
-                precision_model(model, precision)
+                to_precision(model, precision)
                 state["precision"] = precision
             model.train(train)
         return setup
-
-    def contexts(precision):
-        return (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16-autocast" else \
-            (lambda: torch.autocast("cpu", enabled=False))
 
     results = {}
     for what in ("train", "decode"):
         fns = {}
         for precision in PRECISIONS:
-            setup = prepared(precision, what == "train")
             if what == "train":
-                step = common.train_step_fn(model, train_batch)
+                step = train_step_fn(model, train_batch, precision)
             else:
                 generator = SequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_a=0,
                                               max_len_b=args.gen_len, min_len=args.gen_len)
 
-                def step(generator=generator):
-                    with torch.no_grad():
+                def step(generator=generator, precision=precision):
+                    with torch.no_grad(), autocast_for(precision):
                         return task.inference_step(generator, [model], gen_batch)
-            fns[precision] = (setup, in_context(step, contexts(precision)))
+            fns[precision] = (prepared(precision, what == "train"), step)
         times = {p: [] for p in PRECISIONS}
         for round_ in range(args.iters + 1):
             for precision, (setup, fn) in fns.items():
@@ -132,7 +135,7 @@ def bench_model(arch, overrides, dictionary, args):
                     times[precision].append(seconds)
         words = train_words if what == "train" else args.gen_batch * (args.gen_len + 1)
         results[what] = {p: words / statistics.median(t) for p, t in times.items()}
-    precision_model(model, "fp32")
+    to_precision(model, "fp32")
     return n_params, results
 
 
