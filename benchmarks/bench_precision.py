@@ -147,11 +147,12 @@ def main():
     p.add_argument("--gen-batch", type=int, default=None, help="decoding sentences per batch")
     p.add_argument("--len", type=int, default=None, help="source/target length (sentences of len/2..len)")
     p.add_argument("--gen-len", type=int, default=None, help="decoded tokens per sentence (forced)")
-    p.set_defaults(iters=3, threads=1)
+    p.set_defaults(iters=2, threads=1)
     args = p.parse_args()
     m30k = args.group == "m30k"
-    defaults = dict(batch=64, gen_batch=32, len=20, gen_len=16) if m30k else dict(batch=16, gen_batch=8, len=24,
-                                                                                    gen_len=16)
+    # Small enough for a minute or two of CPU time per model on a CPU where bf16 is emulated.
+    defaults = dict(batch=32, gen_batch=8, len=20, gen_len=12) if m30k else dict(batch=8, gen_batch=4, len=24,
+                                                                                   gen_len=8)
     if args.quick:
         defaults = dict(batch=4, gen_batch=2, len=8, gen_len=4)
         args.iters = 1

@@ -103,7 +103,8 @@ if [[ "$NNODES" -gt 1 ]]; then
 fi
 if [[ "$BF16" -eq 1 ]]; then
     # bf16 autocast on fp32 master weights, no loss scaling (umst_plugin/mixed_precision.py)
-    ARGS+=(common.fp16=false common.amp=true +task.amp_dtype=bfloat16)
+    [[ "$GPUS" -eq 0 ]] || ARGS+=(common.fp16=false)  # (the CPU branch above already turned fp16 off)
+    ARGS+=(common.amp=true +task.amp_dtype=bfloat16)
 fi
 
 set -x

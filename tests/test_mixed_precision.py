@@ -3,13 +3,13 @@ training (fairseq-train, fairseq-hydra-train), validation and decoding (fairseq-
 fairseq-interactive) under torch.autocast, compared with fp32 runs of the same seed."""
 import os
 import re
+import subprocess
 
 import pytest
 import torch
 
 import e2e
-
-pytestmark = pytest.mark.slow
+from umst_plugin import dev, mixed_precision
 
 BF16 = ("--amp", "--amp-dtype", "bfloat16")
 TINIER = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
@@ -32,6 +32,42 @@ def train_cpu(databin, save_dir, arch, *extra, max_update=30):
     return log, last_update_loss(os.path.join(save_dir, "checkpoint_last.pt"))
 
 
+# ---- units (fast) -----------------------------------------------------------------------------
+
+def test_amp_optimizer_unscales_gradients_once():
+    """fairseq's AMPOptimizer unscaled twice (clip_grad_norm through the torch optimizer, step through its
+    wrapper: the grad scaler's state is per object), dividing every update by the loss scale."""
+    from fairseq import optim
+    from fairseq.optim.amp_optimizer import AMPOptimizer
+    from omegaconf import OmegaConf
+
+    weight = torch.nn.Parameter(torch.ones(3))
+    cfg = OmegaConf.create({"optimizer": {"_name": "sgd", "lr": [1.0], "momentum": 0.0, "weight_decay": 0.0},
+                            "common": {"fp16_init_scale": 128, "min_loss_scale": 1e-4}})
+    amp = AMPOptimizer(cfg, [weight], optim.build_optimizer(cfg.optimizer, [weight]))
+    mixed_precision.configure_grad_scaler(amp, "cpu", "float16", init_scale=128)
+    amp.backward((2 * weight).sum())  # gradient 2, scaled by 128
+    amp.clip_grad_norm(0.0)
+    amp.step()
+    torch.testing.assert_close(weight.detach(), torch.full((3,), -1.0))  # 1 - lr x 2, not 1 - 2 / 128
+
+
+def test_a_task_config_without_amp_options_means_fp32():
+    """A task config that cannot resolve ${common.amp} (built alone) or predates --amp-dtype (an older
+    checkpoint's) runs in fp32 instead of failing."""
+    from omegaconf import OmegaConf, open_dict
+    from umst_plugin.tasks.multiscale_translation import MultiscaleTranslationConfig, MultiscaleTranslationTask
+
+    cfg = OmegaConf.structured(MultiscaleTranslationConfig)
+    with open_dict(cfg):
+        del cfg["amp_dtype"]
+    d = dev.make_dictionary()
+    task = MultiscaleTranslationTask(cfg, d, d)
+    assert task._amp() is False and task._amp_dtype() == "float16"
+
+
+# ---- the CLIs ----------------------------------------------------------------------------------
+
 @pytest.fixture(scope="module")
 def umst_runs(toy_databin, tmp_path_factory):
     """UMST at tiny width, 30 updates: fp32 and bf16 autocast (dir, log, loss of update 30)."""
@@ -50,12 +86,14 @@ def assert_autocast_applied(fp32_loss, amp_loss, what, rtol=0.03):
     assert rel < rtol, f"{what}: loss {amp_loss:.5f} vs fp32 {fp32_loss:.5f} ({100 * rel:.2f}%)"
 
 
+@pytest.mark.slow
 def test_umst_bf16_autocast_30_updates_within_3_percent_of_fp32(umst_runs):
     (_, _, fp32), (_, log, bf16) = umst_runs["fp32"], umst_runs["bf16"]
     assert "bfloat16 autocast on cpu, no loss scaling" in log
     assert_autocast_applied(fp32, bf16, "umst_base bf16 autocast after 30 updates")
 
 
+@pytest.mark.slow
 def test_prime_bf16_autocast_30_updates_within_3_percent_of_fp32(toy_databin, tmp_path):
     _, fp32 = train_cpu(toy_databin, str(tmp_path / "fp32"), "prime_base")
     log, bf16 = train_cpu(toy_databin, str(tmp_path / "bf16"), "prime_base", *BF16)
@@ -63,6 +101,7 @@ def test_prime_bf16_autocast_30_updates_within_3_percent_of_fp32(toy_databin, tm
     assert_autocast_applied(fp32, bf16, "prime_base bf16 autocast after 30 updates")
 
 
+@pytest.mark.slow
 def test_fp16_autocast_on_cpu_scales_the_loss_like_cuda(toy_databin, tmp_path, umst_runs):
     """Plain --amp (float16, fairseq's default dtype) on a CPU: fp16 autocast with a grad scaler (fairseq's
     CUDA-only one turned itself off here and trained in fp32 at loss scale 1)."""
@@ -78,6 +117,7 @@ def valid_loss(log):
     return float(losses[-1])
 
 
+@pytest.mark.slow
 def test_bf16_autocast_200_updates_validation_loss_within_2_percent_of_fp32(toy_databin, tmp_path):
     """Training and validation under bf16 autocast reach fp32's validation loss (200 updates, tiny UMST)."""
     common = ("--cpu", *TINIER, "--validate-interval", "1000", "--no-save")  # validate once, at the end
@@ -92,6 +132,7 @@ def scores(output):
     return [float(s) for s in re.findall(r"^H-\d+\t([-0-9.e]+)\t", output, flags=re.M)]
 
 
+@pytest.mark.slow
 def test_generate_and_interactive_decode_under_bf16_autocast(toy_raw, toy_databin, umst_runs):
     ckpt = os.path.join(umst_runs["bf16"][0], "checkpoint_last.pt")
     fp32 = e2e.generate(toy_databin, ckpt, "--cpu")
@@ -107,22 +148,26 @@ def test_generate_and_interactive_decode_under_bf16_autocast(toy_raw, toy_databi
     assert len(e2e.hypotheses(out)) == 3, out[-3000:]
 
 
-def test_hydra_train_row_config_with_bf16_autocast(toy_databin, tmp_path):
-    """A table row's YAML through fairseq-hydra-train: common.amp=true task.amp_dtype=bfloat16 on a CPU."""
+@pytest.mark.slow
+def test_train_sh_bf16_trains_a_row_under_bf16_autocast(toy_databin, tmp_path):
+    """scripts/train.sh --bf16: a table row's YAML through fairseq-hydra-train (python -m fairseq_cli.hydra_train)
+    with common.amp=true +task.amp_dtype=bfloat16, here on the CPU."""
     tiny = ["model.encoder_layers=1", "model.decoder_layers=1", "model.encoder_embed_dim=32",
             "model.decoder_embed_dim=32", "model.encoder_ffn_embed_dim=64", "model.decoder_ffn_embed_dim=64",
             "model.encoder_attention_heads=2", "model.decoder_attention_heads=2"]
-    proc = e2e.run([os.path.join(e2e.BIN, "fairseq-hydra-train"), "--config-dir", os.path.join(e2e.ROOT, "configs"),
-                    "--config-name", "m30k-umst", f"task.data={toy_databin}", "task.source_lang=kel",
-                    "task.target_lang=mor", f"common.user_dir={e2e.PLUGIN}", "common.cpu=true", "common.amp=true",
-                    "+task.amp_dtype=bfloat16", "optimization.max_update=3", "dataset.max_tokens=1000",
-                    "dataset.num_workers=0", "dataset.disable_validation=true", "checkpoint.no_save=true",
-                    "common.log_interval=1", f"hydra.run.dir={tmp_path}", *tiny])
+    env = {**e2e.cli_env(), "PYTHON": os.path.join(e2e.BIN, "python")}
+    proc = subprocess.run(["bash", os.path.join(e2e.ROOT, "scripts", "train.sh"), "m30k-umst", "--data", toy_databin,
+                           "--save-dir", str(tmp_path), "--gpus", "0", "--bf16", "--", "task.source_lang=kel",
+                           "task.target_lang=mor", "optimization.max_update=3", "dataset.max_tokens=1000",
+                           "dataset.num_workers=0", "dataset.disable_validation=true", "checkpoint.no_save=true",
+                           "common.log_interval=1", *tiny], env=env, cwd=e2e.ROOT, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-5000:]
     assert "bfloat16 autocast on cpu, no loss scaling" in log, log[-3000:]
     assert re.search(r"num_updates=3\b|num_updates 3\b", log), log[-3000:]
 
 
+@pytest.mark.slow
 def test_plain_bf16_trains_on_a_cpu_instead_of_asking_for_a_tpu(toy_databin, tmp_path):
     """fairseq's --bf16 implies --tpu (options.py); without torch_xla the plugin makes it pure bf16 on the CPU."""
     log = e2e.train(toy_databin, str(tmp_path), "umst_base", "--cpu", "--bf16", *TINIER, "--no-save", max_update=3)

@@ -117,9 +117,10 @@ def amp_train_step(sample, model, criterion, optimizer, update_num, dtype_name, 
     return loss, sample_size, logging_output
 
 
-def task_common(task_cfg, name, default):
-    """A ``common`` option as the task config sees it (``amp: ${common.amp}``), or ``default`` where the task
-    config stands alone (built without the full fairseq config, e.g. from a bare dataclass)."""
+def task_option(task_cfg, name, default):
+    """An option of the task config, or ``default`` where it has none (a config stored before the option
+    existed) or cannot resolve it (``amp: ${common.amp}`` in a task config built without the full fairseq
+    config, e.g. from a bare dataclass)."""
     try:
         value = getattr(task_cfg, name, default)
     except Exception:  # unresolvable interpolation

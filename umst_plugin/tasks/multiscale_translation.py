@@ -171,23 +171,29 @@ class MultiscaleTranslationTask(TranslationTask):
         net_input = {k: v for k, v in sample["net_input"].items() if k not in SIDE_INPUT_KEYS}
         return {**sample, "net_input": net_input}
 
+    # ---- mixed precision (umst_plugin/mixed_precision.py) --------------------------------------
+
+    def _amp(self):
+        return mixed_precision.task_option(self.cfg, "amp", False)
+
+    def _amp_dtype(self):
+        return mixed_precision.task_option(self.cfg, "amp_dtype", "float16")
+
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         sample = self._strip_side_inputs(sample, [model])
         if mixed_precision.is_amp_optimizer(optimizer):  # --amp: autocast in --amp-dtype on any device
             return mixed_precision.amp_train_step(
-                sample, model, criterion, optimizer, update_num, self.cfg.amp_dtype, ignore_grad,
-                init_scale=mixed_precision.task_common(self.cfg, "fp16_init_scale", 128))
+                sample, model, criterion, optimizer, update_num, self._amp_dtype(), ignore_grad,
+                init_scale=mixed_precision.task_option(self.cfg, "fp16_init_scale", 128))
         return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
 
     def valid_step(self, sample, model, criterion):
-        with mixed_precision.autocast(model, self.cfg.amp_dtype, mixed_precision.task_common(self.cfg, "amp", False),
-                                      what="validation"):
+        with mixed_precision.autocast(model, self._amp_dtype(), self._amp(), what="validation"):
             return super().valid_step(self._strip_side_inputs(sample, [model]), model, criterion)
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         sample = self._add_missing_side_inputs(sample, models)
-        with mixed_precision.autocast(models[0], self.cfg.amp_dtype,
-                                      mixed_precision.task_common(self.cfg, "amp", False), what="decoding"):
+        with mixed_precision.autocast(models[0], self._amp_dtype(), self._amp(), what="decoding"):
             return super().inference_step(generator, models, self._strip_side_inputs(sample, models),
                                           prefix_tokens=prefix_tokens, constraints=constraints)
 
