@@ -10,8 +10,9 @@ functions here instead, so that
 * bfloat16 has no loss scaling (its exponent range is fp32's): fairseq's ``AMPOptimizer`` grad scaler is
   switched off before the first backward;
 * float16 keeps fairseq's grad scaler on CUDA; on a CPU (where ``torch.cuda.amp.GradScaler`` disables itself)
-  it gets torch's CPU grad scaler with the same settings, so fp16 gradients are scaled, unscaled and
-  overflow-checked there exactly as on a GPU.
+  it gets torch's CPU grad scaler, starting at ``--fp16-init-scale``, so fp16 gradients are scaled, unscaled
+  and overflow-checked there as on a GPU; with either, gradients are unscaled once (a fairseq bug unscaled
+  them twice, see ``_clip_grad_norm_unscaling_once``).
 
 ``plain_bf16_means_bf16`` makes fairseq's ``--bf16`` (which ``options.py`` turns into ``--tpu``) mean pure bf16
 on a GPU or CPU where torch_xla is not installed, i.e. where fairseq would crash in ``get_tpu_device``.
