@@ -2,28 +2,40 @@
 # Train one table row: fairseq-hydra-train with configs/ROW.yaml and the plugin as common.user_dir
 # (plain fairseq-hydra-train works too; this script adds the GPU-count scaling below).
 #
-#   bash scripts/train.sh ROW --data DATA_BIN [--save-dir DIR] [--gpus N] [-- HYDRA_OVERRIDES...]
+#   bash scripts/train.sh ROW --data DATA_BIN [--save-dir DIR] [--gpus G] [--bf16]
+#        [--nnodes N --node-rank R --master-addr HOST [--master-port PORT]] [-- HYDRA_OVERRIDES...]
 #   bash scripts/train.sh umst-t2-umst-base --data data/wmt14_en_de/data-bin/wmt14_en_de_bpe32000
 #
 # Each config notes the GPU count its batch assumes (8 for UMST/TranSFormer/MSC
-# rows, 4 for Prime rows). On N GPUs this script multiplies update_freq by
-# ASSUMED/N so the tokens per update stay the paper's. Without a GPU it trains
-# on the CPU in fp32 (only sensible for smoke tests). Anything after "--" is
-# passed to hydra, e.g. "-- optimization.max_update=10 dataset.max_tokens=500".
-# Checkpoints and the hydra log go to --save-dir (default checkpoints/ROW).
+# rows, 4 for Prime rows). On N machines x G GPUs this script multiplies update_freq
+# by ASSUMED/(N*G) so the tokens per update stay the paper's. Without a GPU it trains
+# on the CPU in fp32 (only sensible for smoke tests), one process per machine, the
+# config's update_freq split over the machines (gloo). Several machines: run the same
+# command on each with --node-rank 0..N-1 (fairseq's own tcp:// rendezvous at HOST:PORT,
+# default port 29500). --bf16: bf16 autocast (--amp --amp-dtype bfloat16) instead of fp16.
+# Anything after "--" is passed to hydra, e.g. "-- optimization.max_update=10
+# dataset.max_tokens=500"; an optimization.update_freq or distributed_world_size there
+# replaces the config's before the scaling. Checkpoints and the hydra log go to
+# --save-dir (default checkpoints/ROW).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
 
-usage() { sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 [[ $# -ge 1 && "$1" != -h && "$1" != --help ]] || { usage; exit 0; }
 ROW="$1"; shift
-DATA=""; SAVE="checkpoints/$ROW"; GPUS=""; OVERRIDES=()
+DATA=""; SAVE="checkpoints/$ROW"; GPUS=""; OVERRIDES=(); BF16=0
+NNODES=1; NODE_RANK=0; MASTER_ADDR=""; MASTER_PORT=29500
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --data) DATA="$2"; shift 2 ;;
         --save-dir) SAVE="$2"; shift 2 ;;
         --gpus) GPUS="$2"; shift 2 ;;
+        --bf16) BF16=1; shift ;;
+        --nnodes) NNODES="$2"; shift 2 ;;
+        --node-rank) NODE_RANK="$2"; shift 2 ;;
+        --master-addr) MASTER_ADDR="$2"; shift 2 ;;
+        --master-port) MASTER_PORT="$2"; shift 2 ;;
         --) shift; OVERRIDES=("$@"); break ;;
         *) echo "unknown option $1" >&2; usage >&2; exit 2 ;;
     esac
@@ -38,28 +50,65 @@ mkdir -p "$SAVE"; SAVE="$(cd "$SAVE" && pwd)"
 if [[ -z "$GPUS" ]]; then
     GPUS="$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)"
 fi
-read -r ASSUMED UF < <("$PY" - "$CONFIG" <<'EOF'
+if [[ "$NNODES" -gt 1 ]]; then
+    [[ -n "$MASTER_ADDR" ]] || { echo "--nnodes $NNODES needs --master-addr (the host of --node-rank 0)" >&2; exit 2; }
+    (( NODE_RANK >= 0 && NODE_RANK < NNODES )) || { echo "--node-rank must be in 0..$((NNODES - 1))" >&2; exit 2; }
+fi
+# The batch the row asks for: the config's GPU count and update_freq, unless the overrides replace them
+# (those two overrides are consumed here and passed on scaled).
+read -r ASSUMED UF < <("$PY" - "$CONFIG" ${OVERRIDES[@]+"${OVERRIDES[@]}"} <<'EOF'
 import sys
 from omegaconf import OmegaConf
 cfg = OmegaConf.load(sys.argv[1])
+keys = ("optimization.update_freq", "distributed_training.distributed_world_size")
+dots = [o.lstrip("+") for o in sys.argv[2:] if o.lstrip("+").split("=", 1)[0] in keys]
+cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(dots))
 print(cfg.distributed_training.distributed_world_size, cfg.optimization.update_freq[0])
 EOF
 )
+KEPT=()
+for o in ${OVERRIDES[@]+"${OVERRIDES[@]}"}; do
+    case "${o#+}" in optimization.update_freq=*|distributed_training.distributed_world_size=*) ;; *) KEPT+=("$o") ;; esac
+done
+OVERRIDES=(${KEPT[@]+"${KEPT[@]}"})
 ARGS=()
 if [[ "$GPUS" -eq 0 ]]; then
-    echo "[train.sh] $ROW assumes $ASSUMED GPUs; no GPU found: CPU, fp32, update_freq $UF (smoke tests only)" >&2
-    ARGS+=(common.cpu=true common.fp16=false distributed_training.distributed_world_size=1)
-else
-    NEW_UF=$(( UF * ASSUMED / GPUS )); [[ "$NEW_UF" -ge 1 ]] || NEW_UF=1
-    if (( UF * ASSUMED != NEW_UF * GPUS )); then
-        echo "[train.sh] WARNING: $ASSUMED x $UF is not divisible by $GPUS GPUs; the batch differs from the paper's" >&2
+    # CPU: one process per machine; the config's update_freq is the batch of all of them together.
+    WORLD="$NNODES"; NEW_UF=$(( UF / WORLD )); [[ "$NEW_UF" -ge 1 ]] || NEW_UF=1
+    if (( NEW_UF * WORLD != UF )); then
+        echo "[train.sh] WARNING: update_freq $UF is not divisible by $WORLD machines; the batch differs" >&2
     fi
-    echo "[train.sh] $ROW assumes $ASSUMED GPUs x update_freq $UF; running on $GPUS GPUs x update_freq $NEW_UF" >&2
-    ARGS+=(distributed_training.distributed_world_size="$GPUS" "optimization.update_freq=[$NEW_UF]")
+    echo "[train.sh] $ROW assumes $ASSUMED GPUs; no GPU found: CPU, fp32, $WORLD process(es) x update_freq $NEW_UF (smoke tests only)" >&2
+    ARGS+=(common.cpu=true common.fp16=false distributed_training.distributed_world_size="$WORLD" "optimization.update_freq=[$NEW_UF]")
+    if [[ "$WORLD" -gt 1 ]]; then
+        # torch's DistributedDataParallel refuses device_ids for a CPU module and fairseq's pytorch_ddp always
+        # passes them: legacy_ddp (fairseq's own all-reduce of the flattened gradients), over gloo.
+        ARGS+=(distributed_training.distributed_rank="$NODE_RANK" distributed_training.distributed_no_spawn=true
+               distributed_training.distributed_backend=gloo distributed_training.ddp_backend=legacy_ddp)
+    fi
+else
+    WORLD=$(( NNODES * GPUS ))
+    NEW_UF=$(( UF * ASSUMED / WORLD )); [[ "$NEW_UF" -ge 1 ]] || NEW_UF=1
+    if (( UF * ASSUMED != NEW_UF * WORLD )); then
+        echo "[train.sh] WARNING: $ASSUMED x $UF is not divisible by $WORLD GPUs; the batch differs from the paper's" >&2
+    fi
+    echo "[train.sh] $ROW assumes $ASSUMED GPUs x update_freq $UF; running on $NNODES machine(s) x $GPUS GPUs x update_freq $NEW_UF" >&2
+    ARGS+=(distributed_training.distributed_world_size="$WORLD" "optimization.update_freq=[$NEW_UF]")
+    # fairseq spawns one process per GPU of this machine: ranks NODE_RANK*GPUS .. NODE_RANK*GPUS+GPUS-1
+    [[ "$NNODES" -le 1 ]] || ARGS+=(distributed_training.distributed_rank=$(( NODE_RANK * GPUS )))
+fi
+if [[ "$NNODES" -gt 1 ]]; then
+    ARGS+=(distributed_training.distributed_init_method="tcp://$MASTER_ADDR:$MASTER_PORT")
+    echo "[train.sh] machine $NODE_RANK of $NNODES, rendezvous tcp://$MASTER_ADDR:$MASTER_PORT, world size $WORLD" >&2
+fi
+if [[ "$BF16" -eq 1 ]]; then
+    # bf16 autocast on fp32 master weights, no loss scaling (umst_plugin/mixed_precision.py)
+    [[ "$GPUS" -eq 0 ]] || ARGS+=(common.fp16=false)  # (the CPU branch above already turned fp16 off)
+    ARGS+=(common.amp=true +task.amp_dtype=bfloat16)
 fi
 
 set -x
 exec "$PY" -m fairseq_cli.hydra_train \
     --config-dir "$ROOT/configs" --config-name "$ROW" \
     task.data="$DATA" common.user_dir="$ROOT/umst_plugin" checkpoint.save_dir="$SAVE" hydra.run.dir="$SAVE" \
-    "${ARGS[@]}" "${OVERRIDES[@]}"
+    "${ARGS[@]}" ${OVERRIDES[@]+"${OVERRIDES[@]}"}

@@ -150,6 +150,58 @@ def check_low_precision(arch, overrides, dtype, device="cpu"):
     assert not bad, f"{arch}: non-finite {dtype} gradients: {bad}"
 
 
+def _fixed_length_hypotheses(model, task, sample, beam=3, length=6):
+    """Incremental beam search forced to ``length`` tokens + </s> (min_len = max_len), so that any two
+    precisions emit hypotheses of the same shape whatever the scores rank first."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    generator = SequenceGenerator([model], task.target_dictionary, beam_size=beam, max_len_a=0, max_len_b=length,
+                                  min_len=length)
+    with torch.no_grad():
+        return task.inference_step(generator, [model], sample)  # strips side inputs the encoder does not take
+
+
+def check_autocast(arch, overrides, dtype, device="cpu", loss_rtol=0.05):
+    """Mixed precision the way ``--amp --amp-dtype`` runs it: fp32 weights, every op under
+    ``torch.autocast(device, dtype)``. On a padded batch, a train step gives a finite loss (within
+    ``loss_rtol`` of fp32's), finite encoder output at real positions and finite fp32 gradients; incremental
+    beam decoding gives finite scores and the same hypothesis shapes as in fp32."""
+    model, task = dev.build_model(arch, overrides)
+    model.to(device).train()
+    sample = dev.move_sample(dev.collate(dev.random_dataset(task, 5, 12, 9, seed=11), range(5), pad_source_to=16),
+                             device)
+    pad = task.source_dictionary.pad()
+    with torch.no_grad():
+        torch.manual_seed(0)
+        model.eval()
+        fp32_loss = _loss(model, sample)
+        model.train()
+    with torch.autocast(device, dtype=dtype):
+        enc = model.encoder(**dev.encoder_inputs(model, sample))
+        real = _encoder_real_mask(enc, sample["net_input"]["src_tokens"], pad)  # T_enc x B
+        assert torch.isfinite(enc["encoder_out"][0][real]).all(), f"{arch}: non-finite encoder output under {dtype} autocast"
+        model.eval()  # dropout off: compare with fp32 on the same function, gradients still flow
+        loss = _loss(model, sample)
+    assert torch.isfinite(loss), f"{arch}: non-finite loss under {dtype} autocast"
+    assert abs(loss.item() - fp32_loss.item()) <= loss_rtol * abs(fp32_loss.item()), \
+        f"{arch}: {dtype} autocast loss {loss.item():.4f} vs fp32 {fp32_loss.item():.4f}"
+    loss.backward()
+    bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    assert not bad, f"{arch}: non-finite gradients under {dtype} autocast: {bad}"
+    not_fp32 = [n for n, p in model.named_parameters() if p.grad is not None and p.grad.dtype != torch.float32]
+    assert not not_fp32, f"{arch}: master weights must get fp32 gradients under autocast: {not_fp32}"
+
+    reference = _fixed_length_hypotheses(model, task, sample)
+    with torch.autocast(device, dtype=dtype):
+        hyps = _fixed_length_hypotheses(model, task, sample)
+    for i, (ref_beam, beam) in enumerate(zip(reference, hyps)):
+        assert [h["tokens"].shape for h in beam] == [h["tokens"].shape for h in ref_beam], \
+            f"{arch}: {dtype} autocast hypothesis shapes of sentence {i} differ from fp32's"
+        for h in beam:
+            assert torch.isfinite(h["positional_scores"]).all() and torch.isfinite(h["score"]), \
+                f"{arch}: non-finite beam scores under {dtype} autocast (sentence {i})"
+
+
 # ---- DistributedDataParallel --------------------------------------------------------------
 
 def _free_port():

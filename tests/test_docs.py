@@ -33,6 +33,8 @@ EXTERNAL_FLAGS = {
     "--no-deps": "pip",
     "--no-build-isolation": "pip",
     "--ignore-requires-python": "pip",
+    "--nodes": "Slurm's srun (the several-machines example of docs/recipes.md)",
+    "--ntasks-per-node": "Slurm's srun",
 }
 
 FLAG_RE = re.compile(r"(?<![\w-])--[A-Za-z][\w-]*(?:/[A-Za-z][\w-]*)*")

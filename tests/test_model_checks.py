@@ -87,6 +87,15 @@ def test_low_precision_no_nan(arch, overrides, dtype, device):
     checks.check_low_precision(arch, overrides, dtype, device)
 
 
+@pytest.mark.parametrize("dtype,device", [(torch.float16, "cpu"), (torch.bfloat16, "cpu"),
+                                          pytest.param(torch.float16, "cuda", marks=pytest.mark.cuda),
+                                          pytest.param(torch.bfloat16, "cuda", marks=pytest.mark.cuda)],
+                         ids=["fp16-cpu", "bf16-cpu", "fp16-cuda", "bf16-cuda"])
+@pytest.mark.parametrize("arch,overrides", ARCH_CASES)
+def test_autocast_train_step_and_beam_decoding(arch, overrides, dtype, device):
+    checks.check_autocast(arch, overrides, dtype, device)
+
+
 @pytest.mark.parametrize("arch,overrides", ARCH_CASES)
 def test_ddp_gloo_two_processes(arch, overrides):
     checks.check_ddp(arch, overrides)

@@ -9,18 +9,20 @@ so they load under torch>=2.6's ``weights_only=True`` default. It also lets
 stops fairseq's batch-prefetch thread cleanly at exit (``prefetch_exit.py``: a
 run that stops mid-epoch would otherwise abort with "terminate called without an
 active exception"), and zeroes the never-initialized, unused ``conv_bias`` of
-fairseq's lightconv models (``dynamicconv_init.py``).
+fairseq's lightconv models (``dynamicconv_init.py``), and makes ``--bf16`` mean bf16 on GPUs and CPUs
+where fairseq would take it for a TPU (``mixed_precision.py``, which also holds ``--amp --amp-dtype``).
 """
 import importlib
 import os
 
 from umst_plugin.checkpoint_safety import allow_fairseq_checkpoint_classes
-from umst_plugin import dynamicconv_init, legacy_hydra, prefetch_exit
+from umst_plugin import dynamicconv_init, legacy_hydra, mixed_precision, prefetch_exit
 
 allow_fairseq_checkpoint_classes()
 legacy_hydra.install()
 prefetch_exit.install()
 dynamicconv_init.install()
+mixed_precision.install()
 
 __version__ = "0.1.0"
 

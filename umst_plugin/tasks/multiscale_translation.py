@@ -24,10 +24,12 @@ import torch
 from fairseq import utils
 from fairseq.data import ConcatDataset, LanguagePairDataset, data_utils, indexed_dataset
 from fairseq.dataclass import ChoiceEnum
+from omegaconf import II
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from umst_plugin import text_preprocessing as textprep  # (the config field takes the plain name)
+from umst_plugin import mixed_precision
 from umst_plugin.data.side_data_dataset import SideDataLanguagePairDataset
 from umst_plugin.data.word_boundaries import boundary_table, word_ids_from_tokens, words_from_pieces
 from umst_plugin.preprocess.errors import SideDataError
@@ -68,6 +70,11 @@ class MultiscaleTranslationConfig(TranslationConfig):
                                     "preprocessing.json says (normalisation, lowercasing, Moses options, BPE "
                                     "codes; --tokenizer/--bpe, if given, must agree with it); arguments = only "
                                     "by --tokenizer/--bpe as given, the record ignored"})
+    amp_dtype: ChoiceEnum(list(mixed_precision.AMP_DTYPES)) = field(
+        default="float16", metadata={"help": "with --amp: the autocast dtype of training, validation and decoding, "
+                                     "on CUDA and CPU (float16: fairseq's grad scaler; bfloat16: no loss scaling)"})
+    amp: bool = II("common.amp")
+    fp16_init_scale: int = II("common.fp16_init_scale")
 
 
 def _side_prefix(data_path, split, src, tgt, dataset_impl):
@@ -214,17 +221,31 @@ class MultiscaleTranslationTask(TranslationTask):
         net_input = {k: v for k, v in sample["net_input"].items() if k not in SIDE_INPUT_KEYS}
         return {**sample, "net_input": net_input}
 
+    # ---- mixed precision (umst_plugin/mixed_precision.py) --------------------------------------
+
+    def _amp(self):
+        return mixed_precision.task_option(self.cfg, "amp", False)
+
+    def _amp_dtype(self):
+        return mixed_precision.task_option(self.cfg, "amp_dtype", "float16")
+
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
-        return super().train_step(self._strip_side_inputs(sample, [model]), model, criterion, optimizer,
-                                  update_num, ignore_grad)
+        sample = self._strip_side_inputs(sample, [model])
+        if mixed_precision.is_amp_optimizer(optimizer):  # --amp: autocast in --amp-dtype on any device
+            return mixed_precision.amp_train_step(
+                sample, model, criterion, optimizer, update_num, self._amp_dtype(), ignore_grad,
+                init_scale=mixed_precision.task_option(self.cfg, "fp16_init_scale", 128))
+        return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
 
     def valid_step(self, sample, model, criterion):
-        return super().valid_step(self._strip_side_inputs(sample, [model]), model, criterion)
+        with mixed_precision.autocast(model, self._amp_dtype(), self._amp(), what="validation"):
+            return super().valid_step(self._strip_side_inputs(sample, [model]), model, criterion)
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         sample = self._add_missing_side_inputs(sample, models)
-        return super().inference_step(generator, models, self._strip_side_inputs(sample, models),
-                                      prefix_tokens=prefix_tokens, constraints=constraints)
+        with mixed_precision.autocast(models[0], self._amp_dtype(), self._amp(), what="decoding"):
+            return super().inference_step(generator, models, self._strip_side_inputs(sample, models),
+                                          prefix_tokens=prefix_tokens, constraints=constraints)
 
     # ---- inference without side files (fairseq-interactive) -----------------------------
 
