@@ -37,6 +37,8 @@ ARCH_CASES = [
                                "msmsa_scales": "1,3,N/4,N/2", "msmsa_min_block": 2, "msmsa_decoder": True},
                  id="msmsa_big-decoder"),
     pytest.param("umst_base_rpr", {**TINY_TRANSFORMER, "max_relative_positions": 4}, id="umst"),
+    pytest.param("umst_base", {**TINY_TRANSFORMER, "phrase_gcn_form": "authors", "word_downsample": "scaled-sum",
+                               "rsan_upsample_norm": "literal"}, id="umst-authors-forms"),
 ]
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]

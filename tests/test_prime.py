@@ -221,6 +221,55 @@ def test_fused_projection_equals_unfused(arch, extra):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("arch,extra", ARCH_VARIANTS)
+def test_fused_equals_unfused_with_input_dropout(arch, extra):
+    """With input dropout the fused input projection is two multiplies (dropped rows, the rest); the same masks
+    (one per layer, drawn first) give the unfused result, outputs and gradients."""
+    model, _ = tiny(arch, input_dropout=0.3, **extra)
+    model = model.double().train()
+    src, lengths, prev = batch()
+
+    def run(fused):
+        for layer in list(model.encoder.layers) + list(model.decoder.layers):
+            layer.fused = fused
+        model.zero_grad()
+        torch.manual_seed(4)
+        out = model(src, lengths, prev)[0]
+        out.sum().backward()
+        return out.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    (fused, g_fused), (unfused, g_unfused) = run(True), run(False)
+    torch.testing.assert_close(fused, unfused, rtol=1e-12, atol=1e-12)
+    for a, b in zip(g_fused, g_unfused):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    model.eval()
+    with torch.no_grad():  # evaluation: no input dropout
+        torch.testing.assert_close(model(src, lengths, prev)[0], model(src, lengths, prev)[0])
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("layer_kwargs", [dict(), dict(shared_projection=False), dict(causal=True, cross_attention=True),
+                                          dict(conv_type=None, causal=True, cross_attention=True)],
+                         ids=["encoder", "separate_projection", "decoder", "decoder_simple"])
+def test_input_dropout_reaches_only_the_attention_and_convolution_projections(layer_kwargs, fused):
+    """The authors' --input_dropout (combine_transformer.py L208, L516): W^Q, W^K, W_1^A and a separate W_1^C read
+    Drop(X); the FFN's W_1^F and the cross-attention query read X."""
+    torch.manual_seed(0)
+    layer = PrimeLayer(8, 2, 12, input_dropout=0.4, fused=fused, **layer_kwargs).double().train()
+    x = torch.randn(5, 3, 8, dtype=torch.double)
+    torch.manual_seed(7)
+    proj = layer._project_with_input_dropout(x)
+    torch.manual_seed(7)
+    dropped = F.dropout(x, p=0.4, training=True)
+    weights = dict(zip([n for n, _ in layer.in_segments], layer.in_proj_weight.split(layer.in_splits, 0)))
+    biases = dict(zip([n for n, _ in layer.in_segments], layer.in_proj_bias.split(layer.in_splits, 0)))
+    for name, value in proj.items():
+        reads = dropped if name in ("q", "k", "v", "v_conv") else x
+        torch.testing.assert_close(value, F.linear(reads, weights[name], biases[name]), rtol=1e-12, atol=1e-12)
+    assert {"q", "k", "v", "ffn_in"} <= set(proj) and ("q_cross" in proj) == layer.has_cross
+    assert layer_kwargs.get("shared_projection", True) or "v_conv" in proj
+
+
 @pytest.mark.parametrize("arch,extra", [ARCH_VARIANTS[0], ARCH_VARIANTS[1]])
 def test_fused_equals_unfused_when_decoding_step_by_step(arch, extra):
     """Beam-sized steps (4 rows, no gradient) take the few-row matrix multiply; fused and unfused still agree."""
@@ -460,9 +509,11 @@ def test_dropout_off_in_eval_and_on_in_train():
 
 
 def test_architecture_defaults():
-    for arch, d, ffn, heads, dropout, conv in (
-        ("prime_base", 384, 768, 4, 0.4, "dynamic"), ("prime_big", 768, 3072, 16, 0.3, "dynamic"),
-        ("prime_simple_base", 384, 768, 4, 0.4, "none"), ("prime_simple_big", 768, 3072, 16, 0.3, "none"),
+    # input dropout: the authors' README passes --input_dropout 0.1 to its WMT Prime runs only (IWSLT and the
+    # WMT Prime-simple run leave their parser default, 0)
+    for arch, d, ffn, heads, dropout, conv, input_dropout in (
+        ("prime_base", 384, 768, 4, 0.4, "dynamic", 0.0), ("prime_big", 768, 3072, 16, 0.3, "dynamic", 0.1),
+        ("prime_simple_base", 384, 768, 4, 0.4, "none", 0.0), ("prime_simple_big", 768, 3072, 16, 0.3, "none", 0.0),
     ):
         model, _ = build(arch, meta=True)
         a = model.args
@@ -471,10 +522,14 @@ def test_architecture_defaults():
         assert (a.dropout, a.prime_conv_type, a.prime_kernels, a.encoder_normalize_before) == (dropout, conv, "3,15",
                                                                                               False)
         layer = model.encoder.layers[0]
+        assert a.input_dropout == input_dropout
+        assert layer.input_dropout == model.decoder.layers[0].input_dropout == input_dropout
         assert layer.has_conv == (conv == "dynamic")
         if layer.has_conv:
             assert layer.conv.kernel_sizes == [3, 15]
             torch.testing.assert_close(layer.conv.gate_weights(), torch.tensor([0.5, 0.5]), check_device=False)
+    assert build("prime_big", {"input_dropout": 0.0}, meta=True)[0].args.input_dropout == 0.0
+    assert build("prime_base", {"input_dropout": 0.2}, meta=True)[0].encoder.layers[0].input_dropout == 0.2
 
 
 def test_growing_kernels_per_layer():

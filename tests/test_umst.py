@@ -445,6 +445,7 @@ def encode(model, src, wid, heads):
     ("umst_base", []),
     ("umst_base_rpr", []),
     ("umst_base", ["--rsan-upsample-norm", "literal", "--word-downsample", "scaled-sum"]),
+    ("umst_base", ["--phrase-gcn-form", "authors", "--rsan-upsample-norm", "literal", "--word-downsample", "scaled-sum"]),
     ("umst_base", ["--rsan-upsample", "linear", "--intra-group-op", "gat"]),
     ("umst_base", ["--rsan-upsample", "nearest", "--intra-group-op", "pool", "--share-gcn-proj", "across-layers"]),
 ])
@@ -465,7 +466,8 @@ ABLATIONS = [
     [], ["--no-class-embedding"], ["--no-intra-group"], ["--no-inter-group"], ["--intra-group-op", "pool"],
     ["--intra-group-op", "gat"], ["--share-gcn-proj", "across-layers"], ["--share-gcn-proj", "within-layer"],
     ["--share-rsan-qk"], ["--rsan-upsample", "nearest"], ["--rsan-upsample", "linear"],
-    ["--rsan-upsample-norm", "literal"], ["--word-downsample", "scaled-sum"],
+    ["--rsan-upsample-norm", "literal"], ["--word-downsample", "scaled-sum"], ["--phrase-gcn-form", "authors"],
+    ["--phrase-gcn-form", "authors", "--gcn-activations", "store"],
     ["--word-boundary-noise", "random", "--no-inter-group"], ["--word-boundary-noise", "shuffle", "--no-inter-group"],
     ["--phrase-adjacency-noise", "random"], ["--max-relative-positions", "4"], ["--rsan-attention-dropout", "fused"],
     ["--gcn-activations", "store"], ["--gcn-activations", "recompute"],
@@ -497,6 +499,11 @@ def test_flags_change_the_model():
     assert across.layers[0].word_gcn.linear is across.layers[1].word_gcn.linear
     assert across.layers[0].phrase_gcn.linear is across.layers[1].phrase_gcn.linear
     assert across.layers[0].word_gcn.linear is not across.layers[0].phrase_gcn.linear
+    assert layer.phrase_gcn.form == "eq3" and base.args.phrase_gcn_form == "eq3"
+    authors = build("umst_base", TINY + ["--phrase-gcn-form", "authors", "--activation-dropout", "0.2"])
+    assert all(lay.phrase_gcn.form == "authors" for lay in authors.encoder.layers)
+    assert authors.encoder.layers[0].phrase_gcn.activation_dropout == 0.2
+    assert n_params(authors) == n_params(base)  # same parameters, another arithmetic
     rpr = build("umst_base_rpr", TINY)
     assert rpr.encoder.layers[0].self_attn.max_relative_positions == 16
     big = build("umst_big", ["--encoder-layers", "1", "--decoder-layers", "1"], vocab=8)
@@ -572,7 +579,8 @@ def test_toy_training_lowers_loss_then_generate_and_interactive(toy_raw, toy_dat
 
 @pytest.mark.parametrize("left_pad", [True, False])
 @pytest.mark.parametrize("extra", [[], ["--word-downsample", "scaled-sum", "--share-gcn-proj", "within-layer"],
-                                   ["--word-boundary-noise", "shuffle"], ["--share-gcn-proj", "across-layers"]],
+                                   ["--word-boundary-noise", "shuffle"], ["--share-gcn-proj", "across-layers"],
+                                   ["--phrase-gcn-form", "authors"]],
                          ids=lambda e: " ".join(e) or "default")
 def test_gcn_activation_modes_give_identical_outputs_and_gradients(left_pad, extra):
     """lean (hand-written backward keeping masks), store (plain autograd) and recompute (checkpointing)
@@ -598,7 +606,7 @@ def test_gcn_activation_modes_give_identical_outputs_and_gradients(left_pad, ext
     assert build("umst_base", TINY).encoder.layers[0].gcn_activations == "lean"
 
 
-def _lean_case(left_pad, dtype=torch.float64):
+def _lean_case(left_pad, dtype=torch.float64, form="eq3"):
     from umst_plugin.modules.group_gcn import GroupGCN
     from umst_plugin.modules.umst_encoder_layer import PhraseGCN
 
@@ -607,7 +615,7 @@ def _lean_case(left_pad, dtype=torch.float64):
     g = build_graphs(src, wid, heads, PAD)
     torch.manual_seed(3)
     word = GroupGCN(6, dropout=0.3, activation_dropout=0.2).to(dtype)
-    phrase = PhraseGCN(6, dropout=0.3).to(dtype)
+    phrase = PhraseGCN(6, dropout=0.3, form=form, activation_dropout=0.2).to(dtype)
     for module in (word, phrase):  # non-trivial LayerNorm affine parameters
         torch.nn.init.normal_(module.layer_norm.weight)
         torch.nn.init.normal_(module.layer_norm.bias)
@@ -616,11 +624,12 @@ def _lean_case(left_pad, dtype=torch.float64):
     return g, word, phrase, x, xw
 
 
+@pytest.mark.parametrize("form", ["eq3", "authors"])
 @pytest.mark.parametrize("left_pad", [True, False])
-def test_lean_gcn_backward_passes_gradcheck_with_dropout_on(left_pad):
-    from umst_plugin.modules.umst_lean_gcn import LeanPhraseGCN, LeanWordGCN
+def test_lean_gcn_backward_passes_gradcheck_with_dropout_on(left_pad, form):
+    from umst_plugin.modules.umst_lean_gcn import LeanPhraseGCN, LeanPhraseGCNAuthors, LeanWordGCN
 
-    g, word, phrase, x, xw = _lean_case(left_pad)
+    g, word, phrase, x, xw = _lean_case(left_pad, form=form)
     flat = x.reshape(-1, 6).clone().requires_grad_()
     params = [p.detach().clone().requires_grad_() for p in
               (word.layer_norm.weight, word.layer_norm.bias, word.linear.weight, word.linear.bias)]
@@ -637,16 +646,19 @@ def test_lean_gcn_backward_passes_gradcheck_with_dropout_on(left_pad):
 
     def phrase_fn(inp, ln_w, ln_b, w, b):
         torch.manual_seed(11)
+        if form == "authors":  # both dropouts on: 0.2 between the two products, 0.3 on the output
+            return LeanPhraseGCNAuthors.apply(inp, ln_w, ln_b, w, b, adj, 1e-5, 0.2, 0.3, True)
         return LeanPhraseGCN.apply(inp, ln_w, ln_b, w, b, adj, 1e-5, 0.3, True)
 
     assert torch.autograd.gradcheck(phrase_fn, (words, *params))
 
 
+@pytest.mark.parametrize("form", ["eq3", "authors"])
 @pytest.mark.parametrize("left_pad", [True, False])
-def test_lean_gcn_equals_the_reference_modules_and_leaves_padding_alone(left_pad):
+def test_lean_gcn_equals_the_reference_modules_and_leaves_padding_alone(left_pad, form):
     from umst_plugin.modules.umst_lean_gcn import lean_phrase_gcn, lean_word_gcn
 
-    g, word, phrase, x, xw = _lean_case(left_pad)
+    g, word, phrase, x, xw = _lean_case(left_pad, form=form)
     word.train(), phrase.train()
     for fn_lean, fn_ref, inp in ((lambda t: lean_word_gcn(word, t, g.group_slot, g.group_size, True),
                                   lambda t: word(t, g.word_groups), x),

@@ -21,7 +21,12 @@ from fairseq.models.transformer.transformer_legacy import base_architecture
 
 from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
 from umst_plugin.models._sizes import transformer_big_sizes
-from umst_plugin.modules.umst_encoder_layer import GCN_ACTIVATIONS, INTRA_GROUP_OPS, UMSTEncoderLayer
+from umst_plugin.modules.umst_encoder_layer import (
+    GCN_ACTIVATIONS,
+    INTRA_GROUP_OPS,
+    PHRASE_GCN_FORMS,
+    UMSTEncoderLayer,
+)
 from umst_plugin.modules.umst_graphs import PHRASE_NOISE, UPSAMPLE_MODES, WORD_BOUNDARY_NOISE, build_graphs
 from umst_plugin.modules.umst_rectified_attention import ATTENTION_DROPOUT_MODES, UPSAMPLE_NORMS
 
@@ -81,6 +86,7 @@ class UMSTEncoder(TransformerEncoderBase):
             share_within_layer=(share == "within-layer" and intra == "gcn" and inter),
             gcn_activations=getattr(cfg, "gcn_activations", None) or "lean",
             attention_dropout_mode=getattr(cfg, "rsan_attention_dropout", None) or "per-map",
+            phrase_gcn_form=getattr(cfg, "phrase_gcn_form", None) or "eq3",
         )
 
     def forward(
@@ -173,6 +179,10 @@ class UMSTModel(RawTextFromPretrained, TransformerModel):
                             "transformer's single map (same expectation, different noise; O(B.H.L^2) more memory)")
         g.add_argument("--word-downsample", choices=("mean", "scaled-sum"),
                        help="subword -> word pooling: mean (default, section 3.3) or sum/sqrt(n) (authors' code)")
+        g.add_argument("--phrase-gcn-form", choices=PHRASE_GCN_FORMS,
+                       help="phrase GCN: eq3 (default, the paper's Eq. 3: xw + ReLU(A_p (LN(xw) W_p + b))) or "
+                            "authors (libeineu/UMST's code: xw + A_p ReLU(W_p (A_p LN(xw)) + b), A_p applied twice, "
+                            "the activation dropout between the products)")
         g.add_argument("--word-boundary-noise", choices=WORD_BOUNDARY_NOISE,
                        help="replace A_w of the word GCN by a random (Bernoulli 0.5) or shuffled one (table 8; "
                             "combine with --no-inter-group as the paper does)")
@@ -243,6 +253,7 @@ def _umst_defaults(args):
     args.rsan_upsample = getattr(args, "rsan_upsample", None) or "gather"
     args.rsan_upsample_norm = getattr(args, "rsan_upsample_norm", None) or "row"
     args.word_downsample = getattr(args, "word_downsample", None) or "mean"
+    args.phrase_gcn_form = getattr(args, "phrase_gcn_form", None) or "eq3"
     args.rsan_attention_dropout = getattr(args, "rsan_attention_dropout", None) or "per-map"
     args.no_gcn_recompute = getattr(args, "no_gcn_recompute", False)
     args.gcn_activations = getattr(args, "gcn_activations", None) or ("store" if args.no_gcn_recompute else "lean")

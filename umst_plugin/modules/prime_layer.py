@@ -24,6 +24,11 @@ rows (beam search at batch size 1), a tall projection is computed as ``W @ x^T``
 Beam search: after ``set_beam_size`` (fairseq's SequenceGenerator) the cross-attention keys and values are
 cached once per sentence, not once per beam (fairseq's beamable MultiheadAttention convention).
 
+Input dropout (``input_dropout``, the authors' ``--input_dropout``, combine_transformer.py L208 / L516): in
+training, dropout on the input of the attention / convolution projections only (W^Q, W^K, W_1^A and a separate
+W_1^C); the FFN, the decoder's cross-attention query and the residual read X undropped. The fused input
+projection is then two matrix multiplies (the rows that read the dropped X, and the rest).
+
 Biases: one per branch (kept as rows of ``out_proj_bias``) so that the unfused form is
 the equations as written; the fused form adds their sum.
 
@@ -53,6 +58,8 @@ from umst_plugin.modules.multi_kernel_dynamic_conv import MultiKernelConv
 from umst_plugin.modules.segment_ops import upcast_half
 
 IncrementalState = Optional[Dict[str, Dict[str, Optional[Tensor]]]]
+# Input projection segments read by the self-attention and the convolution (input dropout acts on these).
+_BRANCH_INPUT_SEGMENTS = ("q", "k", "v", "v_conv")
 
 
 @with_incremental_state
@@ -77,6 +84,8 @@ class PrimeLayer(nn.Module):
         dropout: dropout on every branch output (applied separately per branch).
         attention_dropout: dropout on attention probabilities.
         activation_dropout: dropout after the FFN activation.
+        input_dropout: dropout on the input of the self-attention and convolution projections only (the
+            authors' ``--input_dropout``); the FFN, cross-attention query and residual read X undropped.
         conv_weight_dropout: DropConnect on the dynamic kernels.
         activation_fn: the FFN nonlinearity (ReLU in Eq. 3).
         fused: compute the projections in the fused form (section 3.3.1).
@@ -101,6 +110,7 @@ class PrimeLayer(nn.Module):
         dropout: float = 0.0,
         attention_dropout: float = 0.0,
         activation_dropout: float = 0.0,
+        input_dropout: float = 0.0,
         conv_weight_dropout: float = 0.0,
         activation_fn: Callable[[Tensor], Tensor] = F.relu,
         fused: bool = True,
@@ -129,6 +139,7 @@ class PrimeLayer(nn.Module):
         self.dropout = dropout
         self.attention_dropout = attention_dropout
         self.activation_dropout = activation_dropout
+        self.input_dropout = input_dropout
         self.activation_fn = activation_fn
         self.fused = fused
         self.init = init
@@ -151,6 +162,9 @@ class PrimeLayer(nn.Module):
         if ffn:
             out_segments.append(("ffn", ffn_hidden))
         self.in_segments = in_segments
+        # The leading segments read by the self-attention and convolution: the ones input dropout acts on.
+        self.n_branch_input_segments = sum(1 for name, _ in in_segments if name in _BRANCH_INPUT_SEGMENTS)
+        assert all(name in _BRANCH_INPUT_SEGMENTS for name, _ in in_segments[:self.n_branch_input_segments])
         self.out_segments = out_segments
         self.in_splits = [w for _, w in in_segments]
         self.out_splits = [w for _, w in out_segments]
@@ -234,7 +248,9 @@ class PrimeLayer(nn.Module):
         residual = x
 
         # ---- all input projections that read X
-        if self.fused:
+        if self.training and self.input_dropout > 0:
+            proj = self._project_with_input_dropout(x)
+        elif self.fused:
             proj = dict(zip((n for n, _ in self.in_segments),
                             _linear(x, self.in_proj_weight, self.in_proj_bias).split(self.in_splits, dim=-1)))
         else:
@@ -301,6 +317,23 @@ class PrimeLayer(nn.Module):
             for branch, weight, bias in zip(branches, weights, self.out_proj_bias.unbind(0)):
                 x = x + F.dropout(F.linear(branch, weight, bias), p=self.dropout, training=self.training)
         return self.layer_norm(x), cross_weights
+
+    def _project_with_input_dropout(self, x: Tensor) -> Dict[str, Tensor]:
+        """Training with input dropout: the self-attention / convolution projections read Drop(X), the others X
+        (one mask, drawn first in the layer as the authors' code does). Fused: one multiply per group of rows."""
+        n = self.n_branch_input_segments
+        dropped = F.dropout(x, p=self.input_dropout, training=True)
+        names = [name for name, _ in self.in_segments]
+        if self.fused:
+            rows = sum(self.in_splits[:n])
+            parts = _linear(dropped, self.in_proj_weight[:rows], self.in_proj_bias[:rows]).split(self.in_splits[:n], -1)
+            if n < len(names):
+                parts += _linear(x, self.in_proj_weight[rows:], self.in_proj_bias[rows:]).split(self.in_splits[n:], -1)
+            return dict(zip(names, parts))
+        weights = self.in_proj_weight.split(self.in_splits, dim=0)
+        biases = self.in_proj_bias.split(self.in_splits, dim=0)
+        return {name: _linear(dropped if i < n else x, w, b)
+                for i, (name, w, b) in enumerate(zip(names, weights, biases))}
 
     def _fused_out_bias(self) -> Tensor:
         """Sum of the branch biases; cached while no gradient is recorded (inference), keyed on the parameter's

@@ -2,13 +2,14 @@
 
     x  <- x + Drop(Â_w . Drop_act(ReLU(Â_w . LN(x) W_w + b)))        intra-group, Eq. 2 (+ left Â_w)
     xw <- DS(x)                                                      subwords -> words, average pooling
-    xw <- xw + Drop(ReLU(Â_p . LN(xw) W_p + b))                      inter-group, Eq. 3
+    xw <- xw + Drop(ReLU(Â_p . (LN(xw) W_p + b)))                    inter-group, Eq. 3
     x  <- x + Drop(RSAN(LN(x), LN'(xw)))                             rectified self-attention, Eq. 4
     x  <- x + Drop(FFN(LN(x)))
 
 Â = D^-1/2 (A + I) D^-1/2. The residual around each GCN keeps the token identity (the paper: "each
 sub-word not only keeps the original meaning, but also derives the corresponding word
 boundaries"); Eq. 3 has no extra left multiplication (the paper adds it only to the word GCN).
+``phrase_gcn_form="authors"`` computes the phrase GCN as the authors' code does instead (see PhraseGCN).
 The word stream gets its own LayerNorm before the word queries/keys, as every pre-norm sub-layer
 input does. The word stream is rebuilt from the subword stream in every block (figure 2); only the
 subword stream is carried between blocks.
@@ -41,19 +42,52 @@ INTRA_GROUP_OPS = ("gcn", "pool", "gat")
 GCN_ACTIVATIONS = ("lean", "store", "recompute")
 
 
-class PhraseGCN(nn.Module):
-    """Pre-norm residual GCN over the normalised dependency adjacency (Eq. 3):
-    ``xw + Drop(ReLU(Â_p . LN(xw) W_p + b))``; ``adj`` is B x W x W (dense, see umst_graphs)."""
+# The phrase GCN's two forms (see PhraseGCN):
+#   eq3 (default): the paper's Eq. 3, one Â_p product;
+#   authors:       libeineu/UMST's PhraseTransformer.py, Â_p applied before W_p and again after the ReLU.
+PHRASE_GCN_FORMS = ("eq3", "authors")
 
-    def __init__(self, embed_dim, dropout=0.0, linear=None):
+
+class PhraseGCN(nn.Module):
+    """Pre-norm residual GCN over the normalised dependency adjacency Â_p; ``adj`` is B x W x W (dense,
+    see umst_graphs).
+
+    ``form="eq3"`` (default), the paper's Eq. 3 with W_p an affine map (``nn.Linear``):
+
+        xw + Drop(ReLU(Â_p . (LN(xw) W_p + b)))
+
+    ``form="authors"``, what the authors' code computes (PhraseTransformer.py L1141-1145; the same
+    pattern as their word GCN, with the activation dropout between the two products):
+
+        xw + Drop(Â_p . Drop_act(ReLU((Â_p . LN(xw)) W_p + b)))
+
+    Two differences: the second Â_p product (the paper adds a left multiplication to the word GCN
+    only, section 3.2, and writes Eq. 3 with one), and where the bias meets Â_p. In ``eq3`` the bias
+    is part of the affine map that Â_p aggregates, so it reaches word i scaled by the row sum
+    sum_j Â_p[i, j] = sum_j 1/sqrt(d_i d_j), which is not 1 (a degree-dependent bias); in ``authors``
+    it is added once after the first product (and then aggregated by the second). Eq. 3 has no bias
+    at all, so neither placement is the paper's; ``eq3`` keeps the placement every UMST checkpoint of
+    this plugin was trained with (docs/umst.md, "Differences from the authors' code").
+    """
+
+    def __init__(self, embed_dim, dropout=0.0, linear=None, form="eq3", activation_dropout=0.0):
         super().__init__()
+        if form not in PHRASE_GCN_FORMS:
+            raise ValueError(f"unknown phrase GCN form {form!r}; choose from {PHRASE_GCN_FORMS}")
         self.layer_norm = nn.LayerNorm(embed_dim)
         self.linear = nn.Linear(embed_dim, embed_dim) if linear is None else linear
         self.dropout = dropout
+        self.form = form
+        self.activation_dropout = activation_dropout  # used by the authors' form only (between the products)
 
     def forward(self, x_word, adj):
-        h = self.linear(self.layer_norm(x_word))
-        h = F.relu(torch.bmm(adj.to(h.dtype), h))
+        adj = adj.to(x_word.dtype)
+        if self.form == "authors":
+            h = F.relu(self.linear(torch.bmm(adj, self.layer_norm(x_word))))
+            h = F.dropout(h, p=self.activation_dropout, training=self.training)
+            h = torch.bmm(adj, h)
+        else:
+            h = F.relu(torch.bmm(adj, self.linear(self.layer_norm(x_word))))
         return x_word + F.dropout(h, p=self.dropout, training=self.training)
 
 
@@ -115,6 +149,7 @@ class UMSTEncoderLayer(nn.Module):
         share_within_layer=False,
         gcn_activations="lean",
         attention_dropout_mode="per-map",
+        phrase_gcn_form="eq3",
     ):
         super().__init__()
         if gcn_activations not in GCN_ACTIVATIONS:
@@ -139,7 +174,8 @@ class UMSTEncoderLayer(nn.Module):
             self.word_gcn = WordGAT(embed_dim, dropout, activation_dropout)
         else:
             self.word_gcn = None
-        self.phrase_gcn = PhraseGCN(embed_dim, dropout, linear=phrase_proj) if inter_group else None
+        self.phrase_gcn = (PhraseGCN(embed_dim, dropout, linear=phrase_proj, form=phrase_gcn_form,
+                                     activation_dropout=activation_dropout) if inter_group else None)
 
         self.self_attn_layer_norm = nn.LayerNorm(embed_dim)
         self.word_attn_layer_norm = nn.LayerNorm(embed_dim)

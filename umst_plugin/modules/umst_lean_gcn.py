@@ -15,6 +15,10 @@ Dropout masks are drawn with ``torch.native_dropout`` in the same order and on t
 size as the reference modules' ``F.dropout`` calls, which draw identical masks from the same RNG
 state; hence lean and reference give identical outputs and gradients under the same seed (tested).
 
+The phrase GCN has two forms (``PhraseGCN.form``): Eq. 3, ``xw + Drop(ReLU(Â_p (LN(xw) W + b)))``
+(:class:`LeanPhraseGCN`), and the authors' ``xw + Drop(Â_p Drop_act(ReLU((Â_p LN(xw)) W + b)))``
+(:class:`LeanPhraseGCNAuthors`), both with the same saving: inputs, LayerNorm statistics, masks.
+
 Word GCN (Eq. 2 plus the left Â_w), y = x + Drop(Â_w Drop_act(ReLU(Â_w LN(x) W + b))). For the
 same-word clique Â_w is the per-word mean, so Â_w LN(x) has one distinct row per word and
 (Â_w LN(x)) W = G (mean_w LN(x)) W: the d x d map runs once per word (group), not once per subword,
@@ -121,6 +125,52 @@ class LeanPhraseGCN(torch.autograd.Function):
         return grad_xw, grad_ln_weight, grad_ln_bias, grad_weight, grad_bias, None, None, None, None
 
 
+class LeanPhraseGCNAuthors(torch.autograd.Function):
+    """Words ``xw`` (B x W x C) -> ``xw + Drop(Â_p Drop_act(ReLU((Â_p LN(xw)) W_p + b)))``, the authors'
+    phrase GCN (``PhraseGCN(form="authors")``); ``adj`` = Â_p.
+
+    Keeps ``xw``, the LayerNorm statistics and two boolean masks (ReLU > 0 merged with the activation
+    dropout's keep-mask; the output dropout's keep-mask). Backward recomputes only the LayerNorm; its two
+    products with Â_p^T are those any backward of the two forward products needs, and the weight
+    gradient reads (Â_p^T g_pre)^T LN(xw), so Â_p LN(xw) is never kept nor recomputed."""
+
+    @staticmethod
+    def forward(ctx, xw, ln_weight, ln_bias, weight, bias, adj, eps, p_act, p_out, training):
+        channels = xw.size(-1)
+        adj = adj.to(xw.dtype)
+        normed, mean, rstd = torch.native_layer_norm(xw, (channels,), ln_weight, ln_bias, eps)
+        pre = F.linear(torch.bmm(adj, normed), weight, bias)
+        active = pre > 0
+        hidden, keep_act = _dropout(pre.clamp_min(0), p_act, training)
+        if keep_act is not None:
+            active &= keep_act
+        branch, keep_out = _dropout(torch.bmm(adj, hidden), p_out, training)
+        ctx.save_for_backward(xw, ln_weight, ln_bias, weight, mean, rstd, adj, active, keep_out)
+        ctx.eps, ctx.p_act, ctx.p_out = eps, (p_act if keep_act is not None else 0.0), p_out
+        return xw + branch
+
+    @staticmethod
+    def backward(ctx, grad):
+        xw, ln_weight, ln_bias, weight, mean, rstd, adj, active, keep_out = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        adj_t = adj.to(grad.dtype).transpose(1, 2)
+        g = grad if keep_out is None else grad * keep_out * (1.0 / (1.0 - ctx.p_out))
+        g_pre = torch.bmm(adj_t, g).masked_fill_(~active, 0.0)  # through the second product and the ReLU
+        if ctx.p_act:
+            g_pre = g_pre * (1.0 / (1.0 - ctx.p_act))
+        channels = xw.size(-1)
+        grad_bias = g_pre.reshape(-1, channels).sum(0) if need[4] else None
+        g_back = torch.bmm(adj_t, g_pre)  # Â_p^T g_pre: the weight's and the LayerNorm output's gradients
+        grad_weight = None
+        if need[3]:
+            normed = torch.native_layer_norm(xw, (channels,), ln_weight, ln_bias, ctx.eps)[0]  # recomputed
+            grad_weight = g_back.reshape(-1, channels).t().mm(normed.reshape(-1, channels))
+        grad_xw, grad_ln_weight, grad_ln_bias = torch.ops.aten.native_layer_norm_backward(
+            g_back.matmul(weight), xw, [channels], mean, rstd, ln_weight, ln_bias, [need[0], need[1], need[2]])
+        grad_xw = grad + grad_xw if need[0] else None
+        return grad_xw, grad_ln_weight, grad_ln_bias, grad_weight, grad_bias, None, None, None, None, None
+
+
 def lean_word_gcn(gcn, x: Tensor, slot: Tensor, size: Tensor, training: bool) -> Tensor:
     """Apply a ``GroupGCN`` module's parameters through :class:`LeanWordGCN`; x is B x T x C."""
     ln = gcn.layer_norm
@@ -130,7 +180,11 @@ def lean_word_gcn(gcn, x: Tensor, slot: Tensor, size: Tensor, training: bool) ->
 
 
 def lean_phrase_gcn(gcn, xw: Tensor, adj: Tensor, training: bool) -> Tensor:
-    """Apply a ``PhraseGCN`` module's parameters through :class:`LeanPhraseGCN`; xw is B x W x C."""
+    """Apply a ``PhraseGCN`` module's parameters through :class:`LeanPhraseGCN` (form eq3) or
+    :class:`LeanPhraseGCNAuthors` (form authors); xw is B x W x C."""
     ln = gcn.layer_norm
+    if gcn.form == "authors":
+        return LeanPhraseGCNAuthors.apply(xw, ln.weight, ln.bias, gcn.linear.weight, gcn.linear.bias, adj, ln.eps,
+                                          gcn.activation_dropout, gcn.dropout, training)
     return LeanPhraseGCN.apply(xw, ln.weight, ln.bias, gcn.linear.weight, gcn.linear.bias, adj, ln.eps,
                                gcn.dropout, training)
