@@ -460,11 +460,12 @@ def saved_models(save):
     return found
 
 
-def models_to_average(save, n, final):
-    """[(update, path), ...]: the newest ``n`` saved models up to update ``final``, the last being the
-    model of update ``final`` itself (checkpoint_last.pt where the budget ended on an epoch boundary
-    and fairseq wrote no update checkpoint)."""
-    found = saved_models(save)
+def models_to_average(save, n, final, found=None):
+    """[(update, path), ...]: the newest ``n`` saved models up to update ``final`` (of ``found``,
+    default: saved_models(save)), the last being the model of update ``final`` itself
+    (checkpoint_last.pt where the budget ended on an epoch boundary and fairseq wrote no update
+    checkpoint)."""
+    found = saved_models(save) if found is None else found
     updates = sorted(u for u in found if u <= final)
     if not updates or updates[-1] != final:
         raise SystemExit(f"{save}: no saved model of update {final} (saved: {updates[-6:]}); "
@@ -474,11 +475,11 @@ def models_to_average(save, n, final):
     return [(u, found[u]) for u in updates[-n:]]
 
 
-def average(save, n, final, output):
+def average(save, n, final, output, found=None):
     """Average the newest ``n`` models up to ``final`` into ``output`` (kept: a re-run reuses it) and
     list them in OUTPUT.json."""
     if not os.path.exists(output):
-        picks = models_to_average(save, n, final)
+        picks = models_to_average(save, n, final, found)
         sh([sys.executable, "-m", "umst_plugin.average_checkpoints", "--inputs", *[p for _, p in picks],
             "--output", output], os.path.join(save, "eval.log"))
         with open(output[:-3] + ".json", "w") as f:
@@ -520,14 +521,14 @@ def budget_curve(args, row, seed, every):
     points = []
     for final in sorted(u for u in found if u % every == 0 and u > 0):
         try:
-            models_to_average(save, args.average, final)
+            models_to_average(save, args.average, final, found)
         except SystemExit:  # fewer than --average saved models so far
             continue
         outs = {subset: os.path.join(save, "curve", f"{final}-{subset}") for subset in ("valid", "test")}
         ckpt = None
         if not all(os.path.exists(os.path.join(o, "results.json")) for o in outs.values()):
             ckpt = average(save, args.average, final,
-                           os.path.join(save, "curve", f"checkpoint_avg{args.average}_{final}.pt"))
+                           os.path.join(save, "curve", f"checkpoint_avg{args.average}_{final}.pt"), found)
         point = dict(update=final, valid_ppl=ppl.get(final))
         for subset, out in outs.items():
             point[subset] = decode(args, row, ckpt, subset, out, os.path.join(save, "curve", "eval.log"))["tok_bleu"]
