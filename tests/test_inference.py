@@ -85,8 +85,11 @@ def m30k(tmp_path_factory):
     proc = subprocess.run(cmd, env=recipe_env(sources), cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-6000:]
     databin = str(work / "data-bin" / f"multi30k_en_de_bpe{MERGES}")
+    test_raw = recipe_toy.read_gz(str(raw / TEST_RAW))
+    # the sentence on real captions; on the toy stand-in (no ../shared) a test source, capitalised
+    probe = DOGS if origin == "shared" else test_raw[0][:1].upper() + test_raw[0][1:]
     return dict(raw=str(raw), work=str(work), databin=databin, origin=origin, cmd=cmd, sources=sources,
-                log=proc.stderr, test_raw=recipe_toy.read_gz(str(raw / TEST_RAW)))
+                log=proc.stderr, test_raw=test_raw, probe=probe)
 
 
 @pytest.fixture(scope="module")
@@ -208,24 +211,24 @@ def test_raw_text_reaches_the_model_as_in_training(family, m30k, checkpoints):
     # raw cased text -> the ids of its lowercased, tokenized form in the data-bin
     assert torch.equal(hub.encode(raw), expected), (hub.string(hub.encode(raw)), hub.string(expected))
     assert torch.equal(hub.encode(raw.lower()), expected)
-    dogs = hub.encode(DOGS)
-    assert torch.equal(dogs, hub.encode(DOGS.lower())) and hub.src_dict.unk() not in dogs.tolist()
+    dogs = hub.encode(m30k["probe"])
+    assert torch.equal(dogs, hub.encode(m30k["probe"].lower())) and hub.src_dict.unk() not in dogs.tolist()
     # the usual fairseq arguments agree with the record and give the same ids
     explicit = load_hub(family, save_dir, db, tokenizer="moses", bpe="subword_nmt",
                         bpe_codes=os.path.join(db, "bpe.codes"))
-    assert torch.equal(explicit.encode(raw), expected) and torch.equal(explicit.encode(DOGS), dogs)
+    assert torch.equal(explicit.encode(raw), expected) and torch.equal(explicit.encode(m30k["probe"]), dogs)
 
     best = hub.generate([expected], beam=BEAM, max_len_b=MAX_LEN_B)[0][0]
     # fairseq-interactive and fairseq-generate print scores in base 2
     hub_bpe, hub_score = hub.tgt_dict.string(best["tokens"]), float(best["score"]) / math.log(2)
     translation = hub.translate(raw, beam=BEAM, max_len_b=MAX_LEN_B)
     assert translation == hub.decode(best["tokens"]) == translation.lower()  # lowercased recipe: lowercase out
-    assert hub.translate([raw, DOGS], beam=BEAM, max_len_b=MAX_LEN_B)[0] == translation
+    assert hub.translate([raw, m30k["probe"]], beam=BEAM, max_len_b=MAX_LEN_B)[0] == translation
 
     flags = ["--beam", BEAM, "--max-len-b", MAX_LEN_B, *parser_flags(family)]
     out = e2e.fairseq("interactive", db, "--user-dir", e2e.PLUGIN, "--task", "multiscale_translation", "--path",
                       os.path.join(save_dir, "checkpoint_last.pt"), *flags,
-                      input="\n".join([raw, raw.lower(), DOGS, DOGS.lower()]) + "\n").stdout
+                      input="\n".join([raw, raw.lower(), m30k["probe"], m30k["probe"].lower()]) + "\n").stdout
     sources, hyps, detoks = output_lines(out, "S"), output_lines(out, "H"), output_lines(out, "D")
     assert sources[0] == sources[1] == [hub.src_dict.string(expected)], out[-3000:]
     assert sources[2] == sources[3] == [hub.src_dict.string(dogs)]
@@ -237,7 +240,7 @@ def test_raw_text_reaches_the_model_as_in_training(family, m30k, checkpoints):
             "interactive", db, "--user-dir", e2e.PLUGIN, "--task", "multiscale_translation", "--path",
             os.path.join(save_dir, "checkpoint_last.pt"), *flags, "--source-lang", SRC, "--target-lang", TGT,
             "--tokenizer", "moses", "--bpe", "subword_nmt", "--bpe-codes", os.path.join(db, "bpe.codes"),
-            input=f"{raw}\n{DOGS}\n").stdout
+            input=f"{raw}\n{m30k['probe']}\n").stdout
         assert output_lines(explicit_out, "S") == {0: sources[0], 1: sources[2]}, explicit_out[-3000:]
         assert output_lines(explicit_out, "H") == {0: hyps[0], 1: hyps[2]}
 
@@ -325,6 +328,6 @@ def test_inspect_sentence_uses_the_record(m30k, tmp_path):
     pytest.importorskip("matplotlib")
     from umst_plugin import inspect as umst_inspect
 
-    result = umst_inspect.run([m30k["databin"], "--sentence", DOGS, "--source-parser", "none", "--output",
+    result = umst_inspect.run([m30k["databin"], "--sentence", m30k["probe"], "--source-parser", "none", "--output",
                                str(tmp_path / "dogs.png"), "--dpi", "40"])
-    assert result.source.words[:2] == ["two", "dogs"] and "<unk>" not in "".join(result.source.words)
+    assert result.source.words[:2] == m30k["probe"].lower().split()[:2] and "<unk>" not in "".join(result.source.words)
