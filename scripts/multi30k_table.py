@@ -340,14 +340,15 @@ def adopt_longer_run(args, row, seed):
     trained; evaluate() averages its saved models up to --max-update. Stops if its settings differ."""
     save = run_dir(args.out, row, seed)
     train_log = os.path.join(save, "train.log")
-    if trained(save, args.max_update) or last_update(train_log)[0] <= args.max_update:
+    trained_to = last_update(train_log)[0]
+    if trained(save, args.max_update) or trained_to <= args.max_update:
         return
     check_same_settings(args, row, seed, f"trained past --max-update {args.max_update}")
     forget_results(save)
     with open(os.path.join(save, "train-done.json"), "w") as f:
         json.dump(dict(max_update=args.max_update, wall_s=round(training_time(train_log, args.max_update), 1),
-                       trained_to=last_update(train_log)[0], jobs=args.jobs, threads=args.threads), f)
-    log(f"{row} seed {seed}: trained to update {last_update(train_log)[0]} before; its first {args.max_update} "
+                       trained_to=trained_to, jobs=args.jobs, threads=args.threads), f)
+    log(f"{row} seed {seed}: trained to update {trained_to} before; its first {args.max_update} "
         "updates are this budget's run")
 
 
