@@ -80,6 +80,10 @@ if [[ "$GPUS" -eq 0 ]]; then
     fi
     echo "[train.sh] $ROW assumes $ASSUMED GPUs; no GPU found: CPU, fp32, $WORLD process(es) x update_freq $NEW_UF (smoke tests only)" >&2
     ARGS+=(common.cpu=true common.fp16=false distributed_training.distributed_world_size="$WORLD" "optimization.update_freq=[$NEW_UF]")
+    # glibc unmaps every freed allocation over 32 MB (the logits and their gradient: ~70 MB at Multi30k size),
+    # so each step faults them in again; mmap off keeps them for reuse (same numbers, fewer page faults;
+    # docs/multi30k.md, "CPU trainings reuse freed memory"). An explicit MALLOC_MMAP_MAX_ in the environment wins.
+    export MALLOC_MMAP_MAX_="${MALLOC_MMAP_MAX_-0}" MALLOC_TRIM_THRESHOLD_="${MALLOC_TRIM_THRESHOLD_-1099511627776}"
     if [[ "$WORLD" -gt 1 ]]; then
         # torch's DistributedDataParallel refuses device_ids for a CPU module and fairseq's pytorch_ddp always
         # passes them: legacy_ddp (fairseq's own all-reduce of the flattened gradients), over gloo.
