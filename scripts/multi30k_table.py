@@ -494,7 +494,7 @@ def models_to_average(save, n, final, found=None):
     return [(u, found[u]) for u in updates[-n:]]
 
 
-def average(save, n, final, output, found=None):
+def average(args, save, n, final, output, found=None):
     """Average the newest ``n`` models up to ``final`` into ``output`` (kept: a re-run reuses it) and
     list them in OUTPUT.json."""
     if not os.path.exists(output):
@@ -521,7 +521,7 @@ def decode(args, row, checkpoint, subset, out, log_file):
 
 def evaluate(args, row, seed):
     save = run_dir(args.out, row, seed)
-    avg = average(save, args.average, args.max_update, os.path.join(save, f"checkpoint_avg{args.average}.pt"))
+    avg = average(args, save, args.average, args.max_update, os.path.join(save, f"checkpoint_avg{args.average}.pt"))
     for subset, _ in TEST_SETS:
         decode(args, row, avg, subset, os.path.join(save, f"eval-{subset}"), os.path.join(save, "eval.log"))
     params = os.path.join(save, "params.json")
@@ -546,7 +546,7 @@ def budget_curve(args, row, seed, every):
         outs = {subset: os.path.join(save, "curve", f"{final}-{subset}") for subset in ("valid", "test")}
         ckpt = None
         if not all(os.path.exists(os.path.join(o, "results.json")) for o in outs.values()):
-            ckpt = average(save, args.average, final,
+            ckpt = average(args, save, args.average, final,
                            os.path.join(save, "curve", f"checkpoint_avg{args.average}_{final}.pt"), found)
         point = dict(update=final, valid_ppl=ppl.get(final))
         for subset, out in outs.items():
@@ -656,15 +656,49 @@ def significance_cell(row, seeds, sig):
     return " / ".join(parts)
 
 
+def lr_of(args):
+    """The peak learning rate of the table: the last ``optimization.lr=[x]`` override, or the configs' 5e-3."""
+    lr = "5e-3 (the configs')"
+    for o in args.override:
+        m = re.fullmatch(r"\+?optimization\.lr=\[?([^\]]+)\]?", o)
+        if m:
+            lr = m.group(1)
+    return lr
+
+
+def updates_per_epoch(args, rows, seeds):
+    """Updates per epoch, read from the first trained run's log (fairseq's ``epoch 003:  75 / 240``)."""
+    for row in rows:
+        for seed in seeds:
+            train_log = os.path.join(run_dir(args.out, row, seed), "train.log")
+            if os.path.exists(train_log):
+                with open(train_log, errors="replace") as f:
+                    first_epoch = None
+                    for line in f:  # a progress line, or the summary of epoch 1 once epoch 2 began
+                        m = re.search(r"epoch \d+:\s+\d+ / (\d+) ", line)
+                        if m:
+                            return int(m.group(1))
+                        m = re.search(r"\[train\]\[INFO\] - epoch 001 \|.*\| num_updates (\d+) ", line)
+                        if m:
+                            first_epoch = int(m.group(1))
+                        elif first_epoch and re.search(r"epoch 002|begin training epoch 2\b", line):
+                            return first_epoch
+    return None
+
+
 def table(args, rows, seeds, results):
     lines = []
+    per_epoch = updates_per_epoch(args, rows, seeds)
+    epochs = f" (about {args.max_update / per_epoch:.0f} epochs of {per_epoch} updates)" if per_epoch else ""
     hw = args.hardware or f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores"
     every = "every epoch end" if args.save_every == "epoch" else f"{args.save_every} updates apart"
-    lines += [f"Budget: {args.max_update} updates of {args.max_tokens} tokens per row and seed "
-              f"(reference: 8,000 x 8,192), warm-up {warmup_updates(args.max_update, args.warmup)}, "
+    lines += [f"Budget: {args.max_update} updates of {args.max_tokens} tokens per row and seed{epochs} "
+              f"(reference: 8,000 x 8,192), lr {lr_of(args)}, warm-up {warmup_updates(args.max_update, args.warmup)}, "
               f"seeds {','.join(map(str, seeds))}, {'fp16' if args.fp16 else 'bf16' if args.bf16 else 'fp32'}, "
               f"{args.jobs} training job(s) at a time"
-              f"{f' with {args.threads} thread(s) each' if args.threads else ''}; hardware: {hw}. "
+              f"{f' with {args.threads} thread(s) each' if args.threads else ''}"
+              f"{', glibc malloc with mmap off (--malloc reuse)' if args.cpu and args.malloc == 'reuse' else ''}"
+              f"; hardware: {hw}. "
               f"{'Overrides: `' + ' '.join(args.override) + '`. ' if args.override else ''}"
               f"Average of the last {args.average} checkpoints (saved {every}; the last is the final model), "
               f"beam {args.beam}, lenpen 1. "
@@ -814,6 +848,12 @@ def main(argv=None):
         curves = {(r, s): budget_curve(args, r, s, args.curve_every) for s in seeds for r in rows}
         plot_budget_curves(args, curves, os.path.join(args.out, "bleu-curve.png"))
     if args.docs:
+        picture = os.path.join(args.out, "valid-ppl.png")
+        if os.path.exists(picture):  # the block shows the runs' validation curves, from the page's img/
+            name = f"multi30k-{args.docs_block or 'table'}-valid-ppl.png"
+            os.makedirs(os.path.join(os.path.dirname(os.path.abspath(args.docs)), "img"), exist_ok=True)
+            shutil.copyfile(picture, os.path.join(os.path.dirname(os.path.abspath(args.docs)), "img", name))
+            text += f"\n![Validation perplexity against updates, every run of this table](img/{name})\n"
         begin, end = markers(args.docs_block)
         doc = open(args.docs, encoding="utf-8").read()
         if begin not in doc or end not in doc:

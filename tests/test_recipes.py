@@ -299,8 +299,14 @@ def test_multi30k_table_runner_end_to_end(prepared, tmp_path):
     for i in range(5):
         assert f"**{i}.** source: " in table and "source: ?" not in table
     assert table.count("UMST, `--parser none` (no phrase edges): ") == 5, table
+    assert table.startswith("Budget: 2 updates of 1000 tokens per row and seed (reference: 8,000 x 8,192), lr 5e-3 "
+                            "(the configs'), "), table.splitlines()[0]  # less than an epoch: no epoch count
+    assert "with 1 thread(s) each, glibc malloc with mmap off (--malloc reuse); hardware:" in table
     page = docs.read_text()
-    assert page == f"# page\n\n{multi30k_table.MARK_BEGIN}\n{table}{multi30k_table.MARK_END}\n\ntail\n"
+    picture = "\n![Validation perplexity against updates, every run of this table](img/multi30k-table-valid-ppl.png)\n"
+    assert (docs.parent / "img" / "multi30k-table-valid-ppl.png").read_bytes() == \
+        (tmp_path / "runs" / "valid-ppl.png").read_bytes()  # the block's picture, beside the page
+    assert page == f"# page\n\n{multi30k_table.MARK_BEGIN}\n{table}{picture}{multi30k_table.MARK_END}\n\ntail\n"
     assert "trained before" not in log
     again = run_table()
     for row in rows:
@@ -312,11 +318,24 @@ def test_multi30k_table_runner_end_to_end(prepared, tmp_path):
     docs.write_text(page + f"\n{begin}\nold\n{end}\n")
     cmd += ["--table-only", "--docs-block", "longer"]
     assert "training started" not in run_table()
-    assert docs.read_text() == page + f"\n{begin}\n{table}{end}\n"
+    assert docs.read_text() == page + f"\n{begin}\n{table}{picture.replace('-table-', '-longer-')}{end}\n"
     docs.write_text(page)  # no such block: a clear error, the page unchanged
     proc = subprocess.run(list(map(str, cmd)), env=env(), capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode != 0 and f"no {begin} ... {end} markers" in proc.stderr, proc.stderr[-2000:]
     assert docs.read_text() == page
+
+
+def test_budget_line_counts_epochs_from_the_training_log(tmp_path):
+    save = tmp_path / multi30k_table.BASELINE / "seed1"
+    save.mkdir(parents=True)
+    args = SimpleNamespace(out=str(tmp_path))
+    summary = "[2026-11-23 01:05:30,438][train][INFO] - epoch 001 | loss 9.248 | num_updates 2 | lr 0.0035\n"
+    (save / "train.log").write_text(summary)  # the budget stopped epoch 1: its length is unknown
+    assert multi30k_table.updates_per_epoch(args, [multi30k_table.BASELINE], [1]) is None
+    (save / "train.log").write_text(summary + "[2026-11-23 01:05:31,000][fairseq.trainer][INFO] - begin training epoch 2\n")
+    assert multi30k_table.updates_per_epoch(args, [multi30k_table.BASELINE], [1]) == 2
+    (save / "train.log").write_text("[...][train_inner][INFO] - epoch 031:    150 / 240 loss=3.51, num_updates=7350\n")
+    assert multi30k_table.updates_per_epoch(args, [multi30k_table.BASELINE], [1]) == 240
 
 
 def test_multi30k_runner_resumes_a_killed_training_and_averages_the_final_model(prepared, tmp_path):
