@@ -275,6 +275,9 @@ def plot_budget_curves(args, curves, path):
             ax.plot(ups, [p["valid"] for p in points], color=colours(i % 10), marker=".", label=f"{name}, valid")
             ax.plot(ups, [p["test"] for p in points], color=colours(i % 10), linestyle="--", marker=".",
                     label=f"{name}, test 2016 Flickr")
+    if any(row in REFERENCE for row, _ in curves):
+        ax.axhline(REFERENCE["m30k-transformer"], color="grey", linestyle=":", linewidth=1,
+                   label=f"published post-norm, test 2016 Flickr ({REFERENCE['m30k-transformer']}, 8,000 x 8,192 tokens)")
     ax.set_xlabel("update (the average of the last checkpoints ends here)")
     ax.set_ylabel("tokenized BLEU")
     ax.set_title(f"Multi30k En-De: BLEU of the average of the last {args.average} checkpoints, "
