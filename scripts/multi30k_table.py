@@ -732,7 +732,8 @@ def table(args, rows, seeds, results):
         signature = next((r["sacrebleu_signature"] for r in runs if "sacrebleu_signature" in r), signature)
         for seed in seeds:
             gen = os.path.join(run_dir(args.out, row, seed), "eval-test", "generate-test.txt")
-            if row not in samples and os.path.exists(gen):
+            done = os.path.join(run_dir(args.out, row, seed), "eval-test", "results.json")
+            if row not in samples and os.path.exists(done):  # decoded (not being written by a running runner)
                 samples[row] = dict(enumerate(score.read_generate(gen)[0]))
         n = len(per_set["test"])
         cells = [LABELS[row] + f" (`{row}`)", f"{params / 1e6:.2f}M" if params else "–"]
