@@ -325,6 +325,19 @@ def test_multi30k_table_runner_end_to_end(prepared, tmp_path):
     assert docs.read_text() == page
 
 
+def test_table_only_skips_a_decoding_another_runner_is_writing(tmp_path):
+    """--table-only beside a running runner: a test decoding without its results.json is still being
+    written (here: cut off mid-file) and is neither read nor an error."""
+    data, out = tmp_path / "data-bin", tmp_path / "runs"
+    data.mkdir()
+    partial = out / multi30k_table.BASELINE / "seed1" / "eval-test"
+    partial.mkdir(parents=True)
+    (partial / "generate-test.txt").write_text("S-3\tx\nH-3\t-0.1\tein mann\n")  # ids not 0..N-1
+    assert multi30k_table.main(["--data", str(data), "--rows", multi30k_table.BASELINE, "--seeds", "1",
+                                "--out", str(out), "--table-only"]) == 0
+    assert "(0 of 1 seeds)" in (out / "table.md").read_text()
+
+
 def test_budget_line_counts_epochs_from_the_training_log(tmp_path):
     save = tmp_path / multi30k_table.BASELINE / "seed1"
     save.mkdir(parents=True)
