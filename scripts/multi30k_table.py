@@ -731,10 +731,10 @@ def table(args, rows, seeds, results):
         params = next((r["parameters"] for r in runs if "parameters" in r), None)
         signature = next((r["sacrebleu_signature"] for r in runs if "sacrebleu_signature" in r), signature)
         for seed in seeds:
-            gen = os.path.join(run_dir(args.out, row, seed), "eval-test", "generate-test.txt")
-            done = os.path.join(run_dir(args.out, row, seed), "eval-test", "results.json")
-            if row not in samples and os.path.exists(done):  # decoded (not being written by a running runner)
-                samples[row] = dict(enumerate(score.read_generate(gen)[0]))
+            decoded = os.path.join(run_dir(args.out, row, seed), "eval-test")
+            # results.json marks a finished decoding (not one a running runner is still writing)
+            if row not in samples and os.path.exists(os.path.join(decoded, "results.json")):
+                samples[row] = dict(enumerate(score.read_generate(os.path.join(decoded, "generate-test.txt"))[0]))
         n = len(per_set["test"])
         cells = [LABELS[row] + f" (`{row}`)", f"{params / 1e6:.2f}M" if params else "–"]
         cells += [mean_spread(per_set[s]) for s, _ in TEST_SETS]
@@ -841,8 +841,10 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
         f.write(text)
-    if plot_valid_curves(args, rows, seeds, results, os.path.join(args.out, "valid-ppl.png")):
-        log(f"validation curves: {os.path.join(args.out, 'valid-ppl.png')}")
+    picture = os.path.join(args.out, "valid-ppl.png")
+    drawn = plot_valid_curves(args, rows, seeds, results, picture)
+    if drawn:
+        log(f"validation curves: {picture}")
     with open(os.path.join(args.out, "runs.json"), "w", encoding="utf-8") as f:  # every run, per seed
         budget = {k: getattr(args, k) for k in ("max_update", "max_tokens", "average", "save_every", "beam", "jobs",
                                                 "threads", "cpu", "fp16", "bf16", "override", "hardware")}
@@ -852,11 +854,11 @@ def main(argv=None):
         curves = {(r, s): budget_curve(args, r, s, args.curve_every) for s in seeds for r in rows}
         plot_budget_curves(args, curves, os.path.join(args.out, "bleu-curve.png"))
     if args.docs:
-        picture = os.path.join(args.out, "valid-ppl.png")
-        if os.path.exists(picture):  # the block shows the runs' validation curves, from the page's img/
+        if drawn:  # the block shows this table's validation curves, from the page's img/
             name = f"multi30k-{args.docs_block or 'table'}-valid-ppl.png"
-            os.makedirs(os.path.join(os.path.dirname(os.path.abspath(args.docs)), "img"), exist_ok=True)
-            shutil.copyfile(picture, os.path.join(os.path.dirname(os.path.abspath(args.docs)), "img", name))
+            img = os.path.join(os.path.dirname(os.path.abspath(args.docs)), "img")
+            os.makedirs(img, exist_ok=True)
+            shutil.copyfile(picture, os.path.join(img, name))
             text += f"\n![Validation perplexity against updates, every run of this table](img/{name})\n"
         begin, end = markers(args.docs_block)
         doc = open(args.docs, encoding="utf-8").read()

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 import umst_plugin  # noqa: F401  (registers models and the task)
+from test_prime import _reference_dynamic_conv as reference_dynamic_conv
 from test_umst import PAD, build as build_umst, collate, random_sentences
 from umst_plugin.modules.umst_graphs import build_graphs
 
@@ -217,22 +218,6 @@ def test_umst_phrase_gcn_forms_differ_by_the_second_product_and_the_bias_placeme
 # ============================================================================================ Prime
 
 
-def _dynamic_conv(v, cell, kernel):
-    """Dynamic depthwise convolution (Wu et al. 2019) as their DynamicConv1dTBC computes it for an odd kernel:
-    position t reads t - K//2 .. t + K//2 (zero outside), with per-position, per-head kernels
-    softmax(V_t W_k) shared by the head's d/H channels. v: T x B x d."""
-    T, B, C = v.shape
-    H, R, pad = cell.num_heads, C // cell.num_heads, kernel // 2
-    w = torch.softmax((v @ cell.weight_linear.weight.t()).view(T, B, H, kernel), dim=-1)
-    out = torch.zeros_like(v)
-    for t in range(T):
-        for j in range(kernel):
-            s = t + j - pad
-            if 0 <= s < T:
-                out[t] += w[t, :, :, j].repeat_interleave(R, dim=-1) * v[s]
-    return out
-
-
 def authors_prime_encoder_layer(layer, x, padding_mask, dynamic_padding=True, input_mask=None):
     """Their post-norm TransformerCombineEncoderLayer (evaluation, or training with only input dropout), T x B x d:
 
@@ -256,7 +241,8 @@ def authors_prime_encoder_layer(layer, x, padding_mask, dynamic_padding=True, in
     attn = (torch.softmax(scores, dim=-1) @ vh).permute(2, 0, 1, 3).reshape(T, B, d)
     conv_in = v.masked_fill(padding_mask.t().unsqueeze(-1), 0.0) if dynamic_padding else v
     gates = torch.softmax(layer.conv.gate_logits, dim=0)
-    conv = sum(g * _dynamic_conv(conv_in, cell, kern)
+    # their DynamicConv1dTBC with an odd kernel: padding_l = K // 2 (Eq. 6 as tests/test_prime.py writes it)
+    conv = sum(g * reference_dynamic_conv(conv_in, cell, kern // 2)
                for g, cell, kern in zip(gates, layer.conv.cells, layer.conv.kernel_sizes))
     y = torch.cat([attn, conv], dim=-1) @ Wo[:, :2 * d].t() + bo[0] + bo[1]
     ffn = F.relu(x @ W[3 * d:].t() + b[3 * d:]) @ Wo[:, 2 * d:].t() + bo[2]
