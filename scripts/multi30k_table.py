@@ -28,7 +28,10 @@ Runs survive the machine: a training killed at any moment (kill -9, machine gone
 checkpoint_last.pt when the runner is re-run, losing only the updates since that checkpoint; its log
 (train.log, appended, one ``# started ...`` header per segment) is read whole, and its training time is
 the time per update over all segments times the budget (redone updates and restarts are not counted
-twice). A training of the runner dies with the runner (a re-run never meets an orphan writing the same
+twice). On the CPU the table gives CPU time (user + system of the training process, recorded per segment
+in OUT/ROW/seedS/cpu-time.json): with one intra-op thread per training it is the work done whatever else
+runs on the machine, where wall time grows with every other job beside it. A training of the runner
+dies with the runner (a re-run never meets an orphan writing the same
 checkpoints); a re-run while another runner trains the same run stops with an error.
 
 With ``--significance`` each row is compared with the pre-norm transformer of the same seed by sacreBLEU's
@@ -67,6 +70,7 @@ TEST_SETS = [("test", "2016 Flickr"), ("test1", "2017 Flickr"), ("test2", "2017 
 REFERENCE = {"m30k-transformer": 41.02}  # Wu et al. 2021 (Revisit-MMT), tokenized BLEU, test_2016_flickr
 BASELINE = "m30k-transformer-prenorm"  # what --significance compares every other row with, seed by seed
 SEGMENT_HEADER = "# started "  # train.log: one header per training segment (a resumed run has several)
+CPU_TIME = "cpu-time.json"  # {a segment's "# started" time: CPU seconds of its training process}
 SAMPLE_IDS = [0, 1, 2, 3, 4]
 
 
@@ -176,7 +180,8 @@ def training_segments(train_log):
             if line.startswith("# "):
                 m = re.match(r"# started (\S+)", line)
                 start = datetime.datetime.fromisoformat(m.group(1)).timestamp() if m else None
-                segments.append(dict(start=start, end=start, from_update=0, to_update=0))
+                segments.append(dict(start=start, end=start, from_update=0, to_update=0,
+                                     started=m.group(1) if m else None))
                 continue
             if not segments:
                 segments.append(dict(start=None, end=None, from_update=0, to_update=0))
@@ -205,6 +210,51 @@ def training_time(train_log, max_update):
     if done <= 0:
         return None
     return sum(s["end"] - s["start"] for s in segs) / done * max_update
+
+
+def process_cpu_seconds(pid):
+    """User + system CPU seconds of a live process so far (Linux /proc), None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state is field 3
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def reap(proc):
+    """(exit code, CPU seconds) of a finished training process, (None, CPU seconds so far) of a running
+    one: os.wait4 gives a finished child's exact user + system time."""
+    pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+    if pid == 0:
+        return None, process_cpu_seconds(proc.pid)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_utime + usage.ru_stime
+
+
+def record_cpu_time(save, started, seconds):
+    """Store a training segment's CPU seconds in SAVE/cpu-time.json (atomically: a kill leaves the old file)."""
+    if seconds is None:
+        return
+    path = os.path.join(save, CPU_TIME)
+    cpu = read_json(path) if os.path.exists(path) else {}
+    cpu[started] = round(seconds, 1)
+    with open(path + ".tmp", "w") as f:
+        json.dump(cpu, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def training_cpu_time(save, max_update):
+    """(CPU seconds of training ``max_update`` updates, updates it was measured over): CPU time per update
+    over the segments whose CPU time the runner recorded, times the budget, as training_time() does with
+    wall time; (None, 0) where none was recorded (a run logged before the runner recorded CPU time)."""
+    path = os.path.join(save, CPU_TIME)
+    cpu = read_json(path) if os.path.exists(path) else {}
+    segs = [s for s in training_segments(os.path.join(save, "train.log")) if s.get("started") in cpu]
+    done = sum(s["to_update"] - s["from_update"] for s in segs)
+    if done <= 0:
+        return None, 0
+    return sum(cpu[s["started"]] for s in segs) / done * max_update, done
 
 
 def valid_curve(train_log):
@@ -406,21 +456,26 @@ def train_all(args, runs):
             forget_results(save)
             logf = open(os.path.join(save, "train.log"), "a")
             cmd = train_cmd(args, row, seed, save)
-            logf.write(f"{SEGMENT_HEADER}{datetime.datetime.now().isoformat(timespec='seconds')} "
-                       f"runner pid {os.getpid()}: " + " ".join(cmd) + "\n")
+            started = datetime.datetime.now().isoformat(timespec='seconds')
+            logf.write(f"{SEGMENT_HEADER}{started} runner pid {os.getpid()}: " + " ".join(cmd) + "\n")
             logf.flush()
             proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                                     preexec_fn=die_with_parent)
-            active[(row, seed)] = (proc, time.time(), logf)
+            active[(row, seed)] = (proc, time.time(), logf, started)
             log(f"{row} seed {seed}: training {'resumed from checkpoint_last.pt' if resumed else 'started'} "
                 f"(log {save}/train.log)")
         time.sleep(2)
-        for key, (proc, start, logf) in list(active.items()):
-            if proc.poll() is None:
+        status_due = time.time() - last_status >= args.status_every
+        for key, (proc, start, logf, started) in list(active.items()):
+            save = run_dir(args.out, *key)
+            returncode, cpu = reap(proc)
+            if returncode is None:
+                if status_due:  # what a killed runner leaves: the CPU time up to its last progress line
+                    record_cpu_time(save, started, cpu)
                 continue
+            record_cpu_time(save, started, cpu)
             logf.close()
             del active[key]
-            save = run_dir(args.out, *key)
             upd, loss = last_update(os.path.join(save, "train.log"))
             wall = training_time(os.path.join(save, "train.log"), args.max_update) or time.time() - start
             if proc.returncode != 0 or upd < args.max_update:
@@ -439,10 +494,10 @@ def train_all(args, runs):
             log(f"{key[0]} seed {key[1]}: " + ", ".join(
                 f"{subset} BLEU {read_json(os.path.join(save, f'eval-{subset}', 'results.json'))['tok_bleu']}"
                 for subset, _ in TEST_SETS))
-        if active and time.time() - last_status >= args.status_every:
+        if active and status_due:
             last_status = time.time()
             parts = []
-            for (row, seed), (proc, start, _) in active.items():
+            for (row, seed), (proc, start, _, _) in active.items():
                 upd, loss = last_update(os.path.join(run_dir(args.out, row, seed), "train.log"))
                 parts.append(f"{row}/s{seed} {upd}/{args.max_update} loss {loss} ({time.time() - start:.0f}s)")
             log("training: " + "; ".join(parts) + (f"; {len(pending)} waiting" if pending else ""))
@@ -589,7 +644,8 @@ def mean_spread(values):
 def run_results(args, row, seed):
     """What one finished run measured (keys only for what exists): BLEU per test set, sacreBLEU and
     its signature, hypothesis/reference length on test, the validation perplexity curve and its last
-    point (a less noisy signal than BLEU early in training), train wall time, parameters."""
+    point (a less noisy signal than BLEU early in training), train wall time and, where recorded, CPU
+    time, parameters."""
     save = run_dir(args.out, row, seed)
     out = {"row": row, "seed": seed, "bleu": {}}
     for subset, _ in TEST_SETS:
@@ -608,6 +664,9 @@ def run_results(args, row, seed):
                     out["sacrebleu_signature"] = r["sacrebleu_signature"]
     if os.path.exists(os.path.join(save, "train-done.json")):
         out["train_wall_s"] = read_json(os.path.join(save, "train-done.json"))["wall_s"]
+        cpu, measured = training_cpu_time(save, args.max_update)
+        if cpu is not None:
+            out["train_cpu_s"], out["train_cpu_measured_updates"] = round(cpu, 1), measured
         curve = [(u, ppl) for u, ppl in valid_curve(os.path.join(save, "train.log")) if u <= args.max_update]
         if curve:
             out["valid_ppl"], out["valid_curve"] = curve[-1][1], curve
@@ -712,11 +771,18 @@ def table(args, rows, seeds, results):
         lines[-2] += (f" Last column: 2016 Flickr tokenized BLEU difference to the pre-norm transformer of the same "
                       f"seed (seeds {', '.join(map(str, seeds))} in order), p of sacreBLEU's paired bootstrap "
                       f"({args.bootstrap_samples} samples); bold: p < 0.05.")
-    walls_of = {row: [results[row, s]["train_wall_s"] for s in seeds if "train_wall_s" in results[row, s]]
-                for row in rows}
-    base_wall = statistics.mean(walls_of[BASELINE]) if walls_of.get(BASELINE) else None
+    def train_time(run):
+        """(seconds, True if wall time stands in for CPU time) of a run; CPU time on the CPU, wall on a GPU."""
+        if args.cpu and "train_cpu_s" in run:
+            return run["train_cpu_s"], False
+        return (run["train_wall_s"], args.cpu) if "train_wall_s" in run else (None, False)
+
+    times_of = {row: [t for t, _ in map(train_time, (results[row, s] for s in seeds)) if t] for row in rows}
+    base_time = statistics.mean(times_of[BASELINE]) if times_of.get(BASELINE) else None
+    wall_for_cpu = False
     head = ("| row | params | " + " | ".join(f"{name} BLEU" for _, name in TEST_SETS)
-            + " | 2016 Flickr sacreBLEU | hyp/ref length | valid ppl | train wall time / run | published |"
+            + f" | 2016 Flickr sacreBLEU | hyp/ref length | valid ppl | train {'CPU' if args.cpu else 'wall'} time / run"
+            + " | published |"
             + (" vs pre-norm transformer, per seed |" if sig is not None else ""))
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     signature = None
@@ -726,7 +792,7 @@ def table(args, rows, seeds, results):
         per_set = {s: [r["bleu"][s] for r in runs if s in r["bleu"]] for s, _ in TEST_SETS}
         sacre = [r["sacrebleu"] for r in runs if "sacrebleu" in r]
         ratios = [r["length_ratio"] for r in runs if "length_ratio" in r]
-        walls = [r["train_wall_s"] for r in runs if "train_wall_s" in r]
+        timed = [train_time(r) for r in runs if train_time(r)[0]]
         ppls = [r["valid_ppl"] for r in runs if "valid_ppl" in r]
         params = next((r["parameters"] for r in runs if "parameters" in r), None)
         signature = next((r["sacrebleu_signature"] for r in runs if "sacrebleu_signature" in r), signature)
@@ -738,16 +804,22 @@ def table(args, rows, seeds, results):
         n = len(per_set["test"])
         cells = [LABELS[row] + f" (`{row}`)", f"{params / 1e6:.2f}M" if params else "–"]
         cells += [mean_spread(per_set[s]) for s, _ in TEST_SETS]
-        wall = f"{statistics.mean(walls) / 60:.1f} min" if walls else "–"
-        if walls and base_wall:
-            wall += f" ({statistics.mean(walls) / base_wall:.2f}x)"
-        cells += [mean_spread(sacre), mean_spread(ratios), mean_spread(ppls), wall,
+        spent = f"{statistics.mean(t for t, _ in timed) / 60:.1f} min" if timed else "–"
+        if timed and base_time:
+            spent += f" ({statistics.mean(t for t, _ in timed) / base_time:.2f}x)"
+        if any(wall for _, wall in timed):
+            spent += " †"
+            wall_for_cpu = True
+        cells += [mean_spread(sacre), mean_spread(ratios), mean_spread(ppls), spent,
                   f"{REFERENCE[row]} (8,000 updates, 2 GPUs)" if row in REFERENCE else ""]
         if sig is not None:
             cells.append(significance_cell(row, seeds, sig))
         if n != len(seeds):
             cells[0] += f" ({n} of {len(seeds)} seeds)"
         lines.append("| " + " | ".join(cells) + " |")
+    if wall_for_cpu:
+        lines += ["", "†: the mean includes the wall time of a run trained before the runner recorded CPU time "
+                  "(it grows with whatever else ran on the machine)."]
     if signature:
         lines += ["", f"sacreBLEU signature: `{signature}`"]
     src = os.path.join(args.data, "..", "..", "tok", "test.en")  # as the model read it (tokenized, cased as the recipe)

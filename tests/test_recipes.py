@@ -281,12 +281,13 @@ def test_multi30k_table_runner_end_to_end(prepared, tmp_path):
             assert re.fullmatch(r"\d+\.\d\d", cell), line
         assert re.fullmatch(r"\d+\.\d\d", cells[6]), line  # hypothesis / reference length
         assert re.fullmatch(r"\d+\.\d\d", cells[7]), line  # validation perplexity of the last validation
-        assert cells[8].endswith(" min"), line
+        assert cells[8].endswith(" min"), line  # CPU time: recorded for every segment, no † (wall time)
         assert ("41.02" in cells[9]) == (row == "m30k-transformer"), line
         for subset in ("test", "test1", "test2"):
             with open(tmp_path / "runs" / row / "seed1" / f"eval-{subset}" / "results.json") as f:
                 assert json.load(f)["sentences"] == p["counts"][subset]
     assert "sacreBLEU signature: `nrefs:1|case:mixed" in table
+    assert "| train CPU time / run |" in table and "†" not in table
     with open(tmp_path / "runs" / "runs.json") as f:  # the same numbers per seed, machine-readable
         runs = json.load(f)
     assert runs["budget"]["max_update"] == 2 and [(r["row"], r["seed"]) for r in runs["runs"]] == [(r, 1) for r in rows]
@@ -349,6 +350,58 @@ def test_budget_line_counts_epochs_from_the_training_log(tmp_path):
     assert multi30k_table.updates_per_epoch(args, [multi30k_table.BASELINE], [1]) == 2
     (save / "train.log").write_text("[...][train_inner][INFO] - epoch 031:    150 / 240 loss=3.51, num_updates=7350\n")
     assert multi30k_table.updates_per_epoch(args, [multi30k_table.BASELINE], [1]) == 240
+
+
+def test_runner_reads_a_trainings_cpu_time_while_it_runs_and_when_it_ends():
+    """reap(): CPU seconds so far of a running training (/proc), the exact user + system time and the exit
+    code of a finished one (wait4), whatever the wall clock did meanwhile (here: it slept)."""
+    import time
+
+    busy = ("import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\n"
+            "time.sleep(float(sys.argv[1]))\nsys.exit(3)")
+    proc = subprocess.Popen([sys.executable, "-c", busy, "1.5"])
+    time.sleep(1.0)  # busy 0.4 s (plus start-up), then asleep
+    returncode, so_far = multi30k_table.reap(proc)
+    assert returncode is None and 0.35 <= so_far < 0.9, so_far
+    while returncode is None:
+        time.sleep(0.05)
+        returncode, cpu = multi30k_table.reap(proc)
+    assert returncode == 3 == proc.returncode and so_far <= cpu < 0.9, (so_far, cpu)
+    assert multi30k_table.process_cpu_seconds(proc.pid) is None  # gone
+
+
+def test_table_gives_cpu_time_and_marks_wall_time_standing_in_for_it(tmp_path):
+    """The time column on the CPU: CPU time per update over the segments the runner recorded, times the
+    budget; a run logged before the runner recorded CPU time counts with its wall time, marked †."""
+    data, out = tmp_path / "data-bin", tmp_path / "runs"
+    data.mkdir()
+    base = multi30k_table.BASELINE
+    old, new = out / base / "seed1", out / base / "seed2"
+    for save in (old, new):
+        save.mkdir(parents=True)
+        (save / "train-done.json").write_text(json.dumps(dict(max_update=100, wall_s=6000.0)))
+    inner = "[2026-11-23 01:{:02d}:00,000][train_inner][INFO] - epoch 001:  1 / 9 loss=3.1, num_updates={}\n"
+    (new / "train.log").write_text(  # killed at 40 (its CPU time unrecorded), resumed from 30 to 100
+        "# started 2026-11-23T01:00:00 runner pid 1: x\n" + inner.format(1, 40)
+        + "# started 2026-11-23T01:10:00 runner pid 2: x\n"
+        + "[2026-11-23 01:10:05,000][fairseq.checkpoint_utils][INFO] - Loaded checkpoint x (epoch 4 @ 30 updates)\n"
+        + inner.format(30, 100))
+    multi30k_table.record_cpu_time(str(new), "2026-11-23T01:10:00", 1400.0)  # 70 updates: 20 s each
+    assert multi30k_table.training_cpu_time(str(new), 100) == (2000.0, 70)
+    assert multi30k_table.training_cpu_time(str(old), 100) == (None, 0)
+    assert multi30k_table.main(["--data", str(data), "--rows", base, "--seeds", "1,2", "--max-update", "100",
+                                "--out", str(out), "--cpu", "--table-only"]) == 0
+    table = (out / "table.md").read_text()
+    assert "| train CPU time / run |" in table
+    assert "| 66.7 min (1.00x) † |" in table, table  # mean of 6,000 s wall (seed 1) and 2,000 s CPU (seed 2)
+    assert "\n†: the mean includes the wall time of a run trained before" in table
+    multi30k_table.record_cpu_time(str(old), "2026-11-23T00:00:00", 100.0)  # no such segment in its log
+    (old / "train.log").write_text("# started 2026-11-23T00:00:01 runner pid 1: x\n" + inner.format(1, 100))
+    multi30k_table.record_cpu_time(str(old), "2026-11-23T00:00:01", 3000.0)
+    assert multi30k_table.main(["--data", str(data), "--rows", base, "--seeds", "1,2", "--max-update", "100",
+                                "--out", str(out), "--cpu", "--table-only"]) == 0
+    table = (out / "table.md").read_text()
+    assert "| 41.7 min (1.00x) |" in table and "†" not in table, table
 
 
 def test_multi30k_runner_resumes_a_killed_training_and_averages_the_final_model(prepared, tmp_path):
@@ -417,6 +470,11 @@ def test_multi30k_runner_resumes_a_killed_training_and_averages_the_final_model(
     validated = [u for u, _ in run["valid_curve"]]  # fairseq validates at every save: both segments' points
     assert per_epoch in validated and validated[-1] == budget and min(validated) < killed_at
     assert run["train_wall_s"] > 0 and set(run["bleu"]) == {"test", "test1", "test2"}
+    with open(save / multi30k_table.CPU_TIME) as f:  # the resumed segment's CPU time, recorded at its end
+        assert json.load(f)[segments[1]["started"]] > 0
+    # measured over the resumed segment, and the killed one if a progress line recorded it (redone updates too)
+    assert run["train_cpu_s"] > 0 and run["train_cpu_measured_updates"] in (
+        budget - segments[1]["from_update"], budget - segments[1]["from_update"] + killed_at)
 
     # 3. a shorter budget is the longer run's prefix: no training, its saved models up to that update
     proc = subprocess.run(list(map(str, cmd(budget - 1))), env=env(), capture_output=True, text=True, cwd=ROOT)
