@@ -69,6 +69,7 @@ DATA_VARIANT = {"m30k-umst-noparse": "_noparse"}
 TEST_SETS = [("test", "2016 Flickr"), ("test1", "2017 Flickr"), ("test2", "2017 MSCOCO")]
 REFERENCE = {"m30k-transformer": 41.02}  # Wu et al. 2021 (Revisit-MMT), tokenized BLEU, test_2016_flickr
 BASELINE = "m30k-transformer-prenorm"  # what --significance compares every other row with, seed by seed
+ABLATIONS = ["m30k-umst-noparse", "m30k-umst-random-phrase"]  # UMST's parse ablation: never --close-seeds
 SEGMENT_HEADER = "# started "  # train.log: one header per training segment (a resumed run has several)
 CPU_TIME = "cpu-time.json"  # {a segment's "# started" time: CPU seconds of its training process}
 SAMPLE_IDS = [0, 1, 2, 3, 4]
@@ -270,7 +271,7 @@ def valid_curve(train_log):
     return sorted(points.items())
 
 
-def plot_valid_curves(args, rows, seeds, results, path):
+def plot_valid_curves(args, rows, seeds_of, results, path):
     """Validation perplexity against updates, one line per run (colour: row, line style: seed)."""
     try:
         import matplotlib
@@ -284,12 +285,14 @@ def plot_valid_curves(args, rows, seeds, results, path):
     colours = plt.get_cmap("tab10")
     styles = ["-", "--", ":", "-."]
     drawn = False
+    all_seeds = sorted({s for row in rows for s in seeds_of[row]})
     for i, row in enumerate(rows):
-        for j, seed in enumerate(seeds):
+        for seed in seeds_of[row]:
             curve = results[row, seed].get("valid_curve")
             if curve:
-                ax.plot(*zip(*curve), color=colours(i % 10), linestyle=styles[j % len(styles)], marker=".",
-                        label=f"{LABELS[row].split(' (`')[0]}" + (f" seed {seed}" if len(seeds) > 1 else ""))
+                ax.plot(*zip(*curve), color=colours(i % 10), linestyle=styles[all_seeds.index(seed) % len(styles)],
+                        marker=".", label=f"{LABELS[row].split(' (`')[0]}"
+                        + (f" seed {seed}" if len(all_seeds) > 1 else ""))
                 drawn = True
     if not drawn:
         plt.close(fig)
@@ -691,15 +694,17 @@ def paired_bootstrap(baseline_gen, system_gen, tok_ref, samples=1000):
     return round(result.score - baseline.score, 2), result.p_value
 
 
-def significance(args, rows, seeds):
+def significance(args, rows, seeds_of):
     """{(row, seed): (difference, p)} against BASELINE of the same seed on test_2016_flickr."""
     out = {}
     ref = os.path.join(args.data, "ref", "test.tok.de")
-    for seed in seeds:
-        base = os.path.join(run_dir(args.out, BASELINE, seed), "eval-test", "generate-test.txt")
-        for row in rows:
+    for row in rows:
+        for seed in seeds_of[row]:
+            base = os.path.join(run_dir(args.out, BASELINE, seed), "eval-test", "generate-test.txt")
             gen = os.path.join(run_dir(args.out, row, seed), "eval-test", "generate-test.txt")
-            if row != BASELINE and os.path.exists(base) and os.path.exists(gen):
+            # results.json marks finished decodings (not ones a running runner is still writing)
+            if row != BASELINE and all(os.path.exists(os.path.join(os.path.dirname(g), "results.json"))
+                                       for g in (base, gen)):
                 out[row, seed] = paired_bootstrap(base, gen, ref, args.bootstrap_samples)
     return out
 
@@ -711,11 +716,29 @@ def significance_cell(row, seeds, sig):
     for seed in seeds:
         if (row, seed) in sig:
             diff, p = sig[row, seed]
-            text = f"{diff:+.2f} (p={p:.3f})"
-            parts.append(f"**{text}**" if p < 0.05 else text)
+            text = f"s{seed} {diff:+.2f} (p={p:.3f})"
+            # not bold without a difference: sacreBLEU's p is (c + 1) / (n + 1), 1 / (n + 1) for identical outputs
+            parts.append(f"**{text}**" if p < 0.05 and diff != 0 else text)
         else:
-            parts.append("–")
+            parts.append(f"s{seed} –")
     return " / ".join(parts)
+
+
+def close_rows(args, rows, seeds, results):
+    """The rows that get --close-seeds: the main rows (not ABLATIONS) whose mean test_2016_flickr BLEU over
+    --seeds is within --close-within of the pre-norm transformer's, and the pre-norm transformer itself when
+    any row is (the significance column compares runs of the same seed). None until every run of --seeds
+    is decoded."""
+    if not args.close_seeds or BASELINE not in rows:
+        return []
+    means = {}
+    for row in rows:
+        bleu = [results[row, s]["bleu"].get("test") for s in seeds]
+        if None in bleu:
+            return []
+        means[row] = statistics.mean(bleu)
+    close = [r for r in rows if r not in (BASELINE, *ABLATIONS) and abs(means[r] - means[BASELINE]) <= args.close_within]
+    return [r for r in rows if r == BASELINE or r in close] if close else []
 
 
 def lr_of(args):
@@ -748,7 +771,9 @@ def updates_per_epoch(args, rows, seeds):
     return None
 
 
-def table(args, rows, seeds, results):
+def table(args, rows, seeds, results, close=()):
+    """The markdown table: every row over --seeds, and over --close-seeds too for the ``close`` rows."""
+    seeds_of = {row: seeds + (args.close_seeds if row in close else []) for row in rows}
     lines = []
     per_epoch = updates_per_epoch(args, rows, seeds)
     epochs = f" (about {args.max_update / per_epoch:.0f} epochs of {per_epoch} updates)" if per_epoch else ""
@@ -756,7 +781,10 @@ def table(args, rows, seeds, results):
     every = "every epoch end" if args.save_every == "epoch" else f"{args.save_every} updates apart"
     lines += [f"Budget: {args.max_update} updates of {args.max_tokens} tokens per row and seed{epochs} "
               f"(reference: 8,000 x 8,192), lr {lr_of(args)}, warm-up {warmup_updates(args.max_update, args.warmup)}, "
-              f"seeds {','.join(map(str, seeds))}, {'fp16' if args.fp16 else 'bf16' if args.bf16 else 'fp32'}, "
+              f"seeds {','.join(map(str, seeds))}"
+              + (f" (and {','.join(map(str, args.close_seeds))} for the main rows within {args.close_within:g} BLEU "
+                 "of the pre-norm transformer on 2016 Flickr, and that row)" if close else "")
+              + f", {'fp16' if args.fp16 else 'bf16' if args.bf16 else 'fp32'}, "
               f"{args.jobs} training job(s) at a time"
               f"{f' with {args.threads} thread(s) each' if args.threads else ''}"
               f"{', glibc malloc with mmap off (--malloc reuse)' if args.cpu and args.malloc == 'reuse' else ''}"
@@ -766,18 +794,18 @@ def table(args, rows, seeds, results):
               f"beam {args.beam}, lenpen 1. "
               "BLEU: tokenized (multi-bleu style on the lowercased Moses-tokenized text, no compound splitting), "
               "mean ± standard deviation over seeds.", ""]
-    sig = significance(args, rows, seeds) if args.significance else None
+    sig = significance(args, rows, seeds_of) if args.significance else None
     if sig is not None:
-        lines[-2] += (f" Last column: 2016 Flickr tokenized BLEU difference to the pre-norm transformer of the same "
-                      f"seed (seeds {', '.join(map(str, seeds))} in order), p of sacreBLEU's paired bootstrap "
-                      f"({args.bootstrap_samples} samples); bold: p < 0.05.")
+        lines[-2] += (" Last column: 2016 Flickr tokenized BLEU difference to the pre-norm transformer of the same "
+                      f"seed (sN: seed N), p of sacreBLEU's paired bootstrap ({args.bootstrap_samples} samples); "
+                      "bold: p < 0.05.")
     def train_time(run):
         """(seconds, True if wall time stands in for CPU time) of a run; CPU time on the CPU, wall on a GPU."""
         if args.cpu and "train_cpu_s" in run:
             return run["train_cpu_s"], False
         return (run["train_wall_s"], args.cpu) if "train_wall_s" in run else (None, False)
 
-    times_of = {row: [t for t, _ in map(train_time, (results[row, s] for s in seeds)) if t] for row in rows}
+    times_of = {row: [t for t, _ in map(train_time, (results[row, s] for s in seeds_of[row])) if t] for row in rows}
     base_time = statistics.mean(times_of[BASELINE]) if times_of.get(BASELINE) else None
     wall_for_cpu = False
     head = ("| row | params | " + " | ".join(f"{name} BLEU" for _, name in TEST_SETS)
@@ -788,7 +816,7 @@ def table(args, rows, seeds, results):
     signature = None
     samples = {}
     for row in rows:
-        runs = [results[row, seed] for seed in seeds]
+        runs = [results[row, seed] for seed in seeds_of[row]]
         per_set = {s: [r["bleu"][s] for r in runs if s in r["bleu"]] for s, _ in TEST_SETS}
         sacre = [r["sacrebleu"] for r in runs if "sacrebleu" in r]
         ratios = [r["length_ratio"] for r in runs if "length_ratio" in r]
@@ -796,7 +824,7 @@ def table(args, rows, seeds, results):
         ppls = [r["valid_ppl"] for r in runs if "valid_ppl" in r]
         params = next((r["parameters"] for r in runs if "parameters" in r), None)
         signature = next((r["sacrebleu_signature"] for r in runs if "sacrebleu_signature" in r), signature)
-        for seed in seeds:
+        for seed in seeds_of[row]:
             decoded = os.path.join(run_dir(args.out, row, seed), "eval-test")
             # results.json marks a finished decoding (not one a running runner is still writing)
             if row not in samples and os.path.exists(os.path.join(decoded, "results.json")):
@@ -813,9 +841,9 @@ def table(args, rows, seeds, results):
         cells += [mean_spread(sacre), mean_spread(ratios), mean_spread(ppls), spent,
                   f"{REFERENCE[row]} (8,000 updates, 2 GPUs)" if row in REFERENCE else ""]
         if sig is not None:
-            cells.append(significance_cell(row, seeds, sig))
-        if n != len(seeds):
-            cells[0] += f" ({n} of {len(seeds)} seeds)"
+            cells.append(significance_cell(row, seeds_of[row], sig))
+        if n != len(seeds_of[row]):
+            cells[0] += f" ({n} of {len(seeds_of[row])} seeds)"
         lines.append("| " + " | ".join(cells) + " |")
     if wall_for_cpu:
         lines += ["", "†: the mean includes the wall time of a run trained before the runner recorded CPU time "
@@ -864,6 +892,12 @@ def main(argv=None):
                         "fixed, a longer run's checkpoints are those of a shorter one (inverse-sqrt schedule)")
     p.add_argument("--significance", action="store_true",
                    help=f"compare every row with {BASELINE} of the same seed (paired bootstrap) in a last column")
+    p.add_argument("--close-seeds", default="",
+                   help="comma-separated seeds trained after --seeds for every main row (not the parse ablations) "
+                        f"whose mean 2016 Flickr BLEU is within --close-within of {BASELINE}'s, and then for "
+                        f"{BASELINE} too (e.g. 3)")
+    p.add_argument("--close-within", type=float, default=1.0,
+                   help="BLEU: how close a row's mean must be to get --close-seeds (default: 1.0)")
     p.add_argument("--bootstrap-samples", type=int, default=1000, help="paired bootstrap resamples (default: 1000)")
     p.add_argument("--curve-every", type=int,
                    help="after training, BLEU on valid and test of the average ending at every N-th update "
@@ -893,6 +927,9 @@ def main(argv=None):
     if unknown:
         p.error(f"unknown rows {unknown}; rows: {', '.join(ROWS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
+    args.close_seeds = [int(s) for s in args.close_seeds.split(",") if s]
+    if set(args.close_seeds) & set(seeds):
+        p.error(f"--close-seeds {args.close_seeds} repeats seeds of --seeds {seeds}")
     if args.save_every != "epoch" and args.max_update % args.save_every:
         p.error(f"--max-update {args.max_update} must be a multiple of --save-every {args.save_every} "
                 "(the last checkpoint must hold the final update)")
@@ -901,29 +938,39 @@ def main(argv=None):
         if not os.path.isdir(data):
             p.error(f"row {r} needs the data-bin {data} (run scripts/prepare-multi30k.sh)")
     args.out = os.path.abspath(args.out)
+    failed = []
     if not args.table_only:
         runs = [(r, s) for s in seeds for r in rows]  # seed-major: every row gets one seed first
         log(f"{len(runs)} runs: {len(rows)} rows x seeds {seeds}, {args.max_update} updates each, "
             f"{args.jobs} at a time; output {args.out}")
         failed = train_all(args, runs)
-        if failed:
-            log(f"failed runs: {failed}")
     results = {(r, s): run_results(args, r, s) for s in seeds for r in rows}  # read every run once
-    text = table(args, rows, seeds, results)
+    close = close_rows(args, rows, seeds, results)
+    if close:
+        log(f"within {args.close_within:g} BLEU of {BASELINE} on 2016 Flickr: {', '.join(close)}: "
+            f"seeds {','.join(map(str, args.close_seeds))} too")
+        if not args.table_only:
+            failed += train_all(args, [(r, s) for s in args.close_seeds for r in close])
+        results.update({(r, s): run_results(args, r, s) for s in args.close_seeds for r in close})
+    if not args.table_only and failed:
+        log(f"failed runs: {failed}")
+    seeds_of = {r: seeds + (args.close_seeds if r in close else []) for r in rows}
+    text = table(args, rows, seeds, results, close)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
         f.write(text)
     picture = os.path.join(args.out, "valid-ppl.png")
-    drawn = plot_valid_curves(args, rows, seeds, results, picture)
+    drawn = plot_valid_curves(args, rows, seeds_of, results, picture)
     if drawn:
         log(f"validation curves: {picture}")
     with open(os.path.join(args.out, "runs.json"), "w", encoding="utf-8") as f:  # every run, per seed
         budget = {k: getattr(args, k) for k in ("max_update", "max_tokens", "average", "save_every", "beam", "jobs",
-                                                "threads", "cpu", "fp16", "bf16", "override", "hardware")}
+                                                "threads", "cpu", "fp16", "bf16", "override", "hardware",
+                                                "close_seeds", "close_within")}
         json.dump({"budget": dict(budget, warmup_updates=warmup_updates(args.max_update, args.warmup)),
                    "runs": list(results.values())}, f, indent=1)
     if args.curve_every:
-        curves = {(r, s): budget_curve(args, r, s, args.curve_every) for s in seeds for r in rows}
+        curves = {(r, s): budget_curve(args, r, s, args.curve_every) for r in rows for s in seeds_of[r]}
         plot_budget_curves(args, curves, os.path.join(args.out, "bleu-curve.png"))
     if args.docs:
         if drawn:  # the block shows this table's validation curves, from the page's img/

@@ -249,7 +249,7 @@ def test_multi30k_cased_on_a_lowercased_work_dir_stops(prepared):
 def test_multi30k_table_runner_end_to_end(prepared, tmp_path):
     """scripts/multi30k_table.py on the stand-in data-bin: 2 rows (one on the no-parse variant), 1 seed,
     2 updates, averaged, the three test sets decoded and scored, the table written into a docs page;
-    a second run reuses the trainings and decodes."""
+    a second run reuses the trainings and decodes; --close-seeds then adds seed 2 to the close rows."""
     p = prepared["multi30k"]
     docs = tmp_path / "page.md"
     docs.write_text(f"# page\n\n{multi30k_table.MARK_BEGIN}\nold table\n{multi30k_table.MARK_END}\n\ntail\n")
@@ -281,7 +281,7 @@ def test_multi30k_table_runner_end_to_end(prepared, tmp_path):
             assert re.fullmatch(r"\d+\.\d\d", cell), line
         assert re.fullmatch(r"\d+\.\d\d", cells[6]), line  # hypothesis / reference length
         assert re.fullmatch(r"\d+\.\d\d", cells[7]), line  # validation perplexity of the last validation
-        assert cells[8].endswith(" min"), line  # CPU time: recorded for every segment, no † (wall time)
+        assert re.fullmatch(r"\d+\.\d min", cells[8]), line  # CPU time (recorded for every segment: no †)
         assert ("41.02" in cells[9]) == (row == "m30k-transformer"), line
         for subset in ("test", "test1", "test2"):
             with open(tmp_path / "runs" / row / "seed1" / f"eval-{subset}" / "results.json") as f:
@@ -325,6 +325,31 @@ def test_multi30k_table_runner_end_to_end(prepared, tmp_path):
     assert proc.returncode != 0 and f"no {begin} ... {end} markers" in proc.stderr, proc.stderr[-2000:]
     assert docs.read_text() == page
 
+    # --close-seeds: the main rows within --close-within of the pre-norm transformer (all, at 100 BLEU; not
+    # the parse ablations) train seed 2 after seed 1, the pre-norm row with them; every row's cells, time
+    # ratio and significance cover its seeds
+    cmd = [c for c in cmd[:cmd.index("--table-only")] if c != "--docs-block"]
+    cmd[cmd.index("--rows") + 1] = f"m30k-transformer,{multi30k_table.BASELINE},m30k-umst-noparse"
+    cmd[cmd.index("--docs") + 1] = tmp_path / "unused.md"
+    (tmp_path / "unused.md").write_text(f"{multi30k_table.MARK_BEGIN}\n{multi30k_table.MARK_END}\n")
+    cmd += ["--close-seeds", "2", "--close-within", "100", "--significance", "--bootstrap-samples", "20"]
+    log = run_table()
+    assert f"within 100 BLEU of {multi30k_table.BASELINE} on 2016 Flickr: m30k-transformer, " \
+        f"{multi30k_table.BASELINE}: seeds 2 too" in log, log[-3000:]
+    assert "m30k-transformer seed 1: trained before" in log and "m30k-transformer seed 2: training started" in log
+    assert "m30k-umst-noparse seed 2" not in log
+    table = (tmp_path / "runs" / "table.md").read_text()
+    assert "seeds 1 (and 2 for the main rows within 100 BLEU of the pre-norm transformer" in table, table
+    cells = {row: next(x for x in table.splitlines() if f"(`{row}`)" in x).split("|") for row in cmd[
+        cmd.index("--rows") + 1].split(",")}
+    line = "|".join(cells["m30k-transformer"])
+    assert " ± " in cells["m30k-transformer"][3] and "seeds)" not in line, line
+    assert re.search(r"s1 [+-]\d.* / \**s2 [+-]\d", line), line
+    assert re.fullmatch(r" \d+\.\d min \(\d+\.\d\dx\) ", cells["m30k-transformer"][9]), line
+    assert cells[multi30k_table.BASELINE][9].endswith(" (1.00x) ") and cells[multi30k_table.BASELINE][11] == " baseline "
+    assert " ± " not in cells["m30k-umst-noparse"][3] and re.fullmatch(r" s1 [+-]\d\S* \(p=\S+\) ",
+                                                                       cells["m30k-umst-noparse"][11].replace("*", ""))
+
 
 def test_table_only_skips_a_decoding_another_runner_is_writing(tmp_path):
     """--table-only beside a running runner: a test decoding without its results.json is still being
@@ -350,6 +375,22 @@ def test_budget_line_counts_epochs_from_the_training_log(tmp_path):
     assert multi30k_table.updates_per_epoch(args, [multi30k_table.BASELINE], [1]) == 2
     (save / "train.log").write_text("[...][train_inner][INFO] - epoch 031:    150 / 240 loss=3.51, num_updates=7350\n")
     assert multi30k_table.updates_per_epoch(args, [multi30k_table.BASELINE], [1]) == 240
+
+
+def test_close_rows_get_more_seeds_with_the_baseline_once_every_run_is_decoded():
+    base = multi30k_table.BASELINE
+    args = SimpleNamespace(close_seeds=[3], close_within=1.0)
+    bleu = {base: (40.0, 41.0), "m30k-umst": (39.4, 40.6), "m30k-msc": (39.0, 40.0), "m30k-prime": (42.6, 41.0),
+            "m30k-umst-noparse": (40.0, 41.0)}
+    results = {(r, s + 1): {"bleu": {"test": b[s]}} for r, b in bleu.items() for s in range(2)}
+    rows = list(bleu)
+    # UMST's mean is 0.5 under, Prime's 1.3 over, MSC's exactly 1.0 under: within means |difference| <= 1;
+    # the parse ablation (level with the baseline) keeps its two seeds
+    assert multi30k_table.close_rows(args, rows, [1, 2], results) == [base, "m30k-umst", "m30k-msc"]
+    assert multi30k_table.close_rows(args, rows[1:], [1, 2], results) == []  # no baseline, nothing to be close to
+    del results["m30k-prime", 2]["bleu"]["test"]  # a run not decoded yet: not decided yet
+    assert multi30k_table.close_rows(args, rows, [1, 2], results) == []
+    assert multi30k_table.close_rows(SimpleNamespace(close_seeds=[], close_within=1.0), rows, [1, 2], results) == []
 
 
 def test_runner_reads_a_trainings_cpu_time_while_it_runs_and_when_it_ends():
@@ -546,9 +587,11 @@ def test_paired_bootstrap_against_the_baseline(tmp_path):
                                               _write_generate(tmp_path / "good.txt", refs), str(ref), 200)
     assert diff > 50 and p < 0.05
     sig = {("m30k-umst", 1): (1.234, 0.01), ("m30k-umst", 2): (-0.5, 0.3)}
-    assert multi30k_table.significance_cell("m30k-umst", [1, 2], sig) == "**+1.23 (p=0.010)** / -0.50 (p=0.300)"
-    assert multi30k_table.significance_cell("m30k-umst", [1, 3], sig).endswith(" / –")
+    assert multi30k_table.significance_cell("m30k-umst", [1, 2], sig) == "**s1 +1.23 (p=0.010)** / s2 -0.50 (p=0.300)"
+    assert multi30k_table.significance_cell("m30k-umst", [1, 3], sig).endswith(" / s3 –")
     assert multi30k_table.significance_cell(multi30k_table.BASELINE, [1, 2], sig) == "baseline"
+    # identical outputs: sacreBLEU gives p = 1 / (samples + 1); no difference is never bold
+    assert multi30k_table.significance_cell("m30k-umst", [1], {("m30k-umst", 1): (0.0, 0.001)}) == "s1 +0.00 (p=0.001)"
 
 
 def _fake_archive(path, member):
