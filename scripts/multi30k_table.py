@@ -798,15 +798,19 @@ def table(args, rows, seeds, results, close=()):
     if sig is not None:
         lines[-2] += (" Last column: 2016 Flickr tokenized BLEU difference to the pre-norm transformer of the same "
                       f"seed (sN: seed N), p of sacreBLEU's paired bootstrap ({args.bootstrap_samples} samples); "
-                      "bold: p < 0.05.")
-    def train_time(run):
-        """(seconds, True if wall time stands in for CPU time) of a run; CPU time on the CPU, wall on a GPU."""
-        if args.cpu and "train_cpu_s" in run:
-            return run["train_cpu_s"], False
-        return (run["train_wall_s"], args.cpu) if "train_wall_s" in run else (None, False)
+                      "bold: p < 0.05 and a difference.")
+    def train_time(row):
+        """(seconds per run, True if wall time stands in for CPU time) of a row: on the CPU the mean CPU time
+        of its runs that recorded it, else (runs trained before the runner recorded it) their mean wall
+        time; on a GPU the mean wall time. (None, False) before any run finished."""
+        runs = [results[row, s] for s in seeds_of[row]]
+        cpu = [r["train_cpu_s"] for r in runs if "train_cpu_s" in r]
+        if args.cpu and cpu:
+            return statistics.mean(cpu), False
+        wall = [r["train_wall_s"] for r in runs if "train_wall_s" in r]
+        return (statistics.mean(wall), args.cpu) if wall else (None, False)
 
-    times_of = {row: [t for t, _ in map(train_time, (results[row, s] for s in seeds_of[row])) if t] for row in rows}
-    base_time = statistics.mean(times_of[BASELINE]) if times_of.get(BASELINE) else None
+    base_time = train_time(BASELINE)[0] if BASELINE in rows else None
     wall_for_cpu = False
     head = ("| row | params | " + " | ".join(f"{name} BLEU" for _, name in TEST_SETS)
             + f" | 2016 Flickr sacreBLEU | hyp/ref length | valid ppl | train {'CPU' if args.cpu else 'wall'} time / run"
@@ -820,7 +824,6 @@ def table(args, rows, seeds, results, close=()):
         per_set = {s: [r["bleu"][s] for r in runs if s in r["bleu"]] for s, _ in TEST_SETS}
         sacre = [r["sacrebleu"] for r in runs if "sacrebleu" in r]
         ratios = [r["length_ratio"] for r in runs if "length_ratio" in r]
-        timed = [train_time(r) for r in runs if train_time(r)[0]]
         ppls = [r["valid_ppl"] for r in runs if "valid_ppl" in r]
         params = next((r["parameters"] for r in runs if "parameters" in r), None)
         signature = next((r["sacrebleu_signature"] for r in runs if "sacrebleu_signature" in r), signature)
@@ -832,10 +835,11 @@ def table(args, rows, seeds, results, close=()):
         n = len(per_set["test"])
         cells = [LABELS[row] + f" (`{row}`)", f"{params / 1e6:.2f}M" if params else "–"]
         cells += [mean_spread(per_set[s]) for s, _ in TEST_SETS]
-        spent = f"{statistics.mean(t for t, _ in timed) / 60:.1f} min" if timed else "–"
-        if timed and base_time:
-            spent += f" ({statistics.mean(t for t, _ in timed) / base_time:.2f}x)"
-        if any(wall for _, wall in timed):
+        seconds, wall = train_time(row)
+        spent = f"{seconds / 60:.1f} min" if seconds else "–"
+        if seconds and base_time:
+            spent += f" ({seconds / base_time:.2f}x)"
+        if wall:
             spent += " †"
             wall_for_cpu = True
         cells += [mean_spread(sacre), mean_spread(ratios), mean_spread(ppls), spent,
@@ -846,8 +850,9 @@ def table(args, rows, seeds, results, close=()):
             cells[0] += f" ({n} of {len(seeds_of[row])} seeds)"
         lines.append("| " + " | ".join(cells) + " |")
     if wall_for_cpu:
-        lines += ["", "†: the mean includes the wall time of a run trained before the runner recorded CPU time "
-                  "(it grows with whatever else ran on the machine)."]
+        lines += ["", "†: wall time, no run of the row recorded CPU time (trained before the runner recorded it; "
+                  "wall time grows with whatever else ran on the machine). Elsewhere CPU time, over the runs "
+                  "that recorded it."]
     if signature:
         lines += ["", f"sacreBLEU signature: `{signature}`"]
     src = os.path.join(args.data, "..", "..", "tok", "test.en")  # as the model read it (tokenized, cased as the recipe)

@@ -413,7 +413,7 @@ def test_runner_reads_a_trainings_cpu_time_while_it_runs_and_when_it_ends():
 
 def test_table_gives_cpu_time_and_marks_wall_time_standing_in_for_it(tmp_path):
     """The time column on the CPU: CPU time per update over the segments the runner recorded, times the
-    budget; a run logged before the runner recorded CPU time counts with its wall time, marked †."""
+    budget, over the runs that recorded it; wall time, marked †, only for a row none of whose runs did."""
     data, out = tmp_path / "data-bin", tmp_path / "runs"
     data.mkdir()
     base = multi30k_table.BASELINE
@@ -434,8 +434,14 @@ def test_table_gives_cpu_time_and_marks_wall_time_standing_in_for_it(tmp_path):
                                 "--out", str(out), "--cpu", "--table-only"]) == 0
     table = (out / "table.md").read_text()
     assert "| train CPU time / run |" in table
-    assert "| 66.7 min (1.00x) † |" in table, table  # mean of 6,000 s wall (seed 1) and 2,000 s CPU (seed 2)
-    assert "\n†: the mean includes the wall time of a run trained before" in table
+    assert "| 33.3 min (1.00x) |" in table and "†" not in table, table  # seed 2's CPU time; not seed 1's wall time
+    os.remove(new / multi30k_table.CPU_TIME)
+    assert multi30k_table.main(["--data", str(data), "--rows", base, "--seeds", "1,2", "--max-update", "100",
+                                "--out", str(out), "--cpu", "--table-only"]) == 0
+    table = (out / "table.md").read_text()
+    assert "| 100.0 min (1.00x) † |" in table, table  # no CPU time: the mean wall time, marked
+    assert "\n†: wall time, no run of the row recorded CPU time" in table
+    multi30k_table.record_cpu_time(str(new), "2026-11-23T01:10:00", 1400.0)
     multi30k_table.record_cpu_time(str(old), "2026-11-23T00:00:00", 100.0)  # no such segment in its log
     (old / "train.log").write_text("# started 2026-11-23T00:00:01 runner pid 1: x\n" + inner.format(1, 100))
     multi30k_table.record_cpu_time(str(old), "2026-11-23T00:00:01", 3000.0)
