@@ -63,7 +63,7 @@ def _collapse(tokenlist, path, start):
             continue
         words.append(tok)
     if not words:
-        raise SideDataError(path, start, f"no word lines; expected at least one")
+        raise SideDataError(path, start, "no word lines; expected at least one")
     surface_of = {}  # syntactic word id -> 0-based surface index
     forms, head_word = [], []
     range_at = {start: (start, end, form) for start, end, form in ranges}
@@ -74,9 +74,9 @@ def _collapse(tokenlist, path, start):
         if wid != expected:
             raise SideDataError(path, start, f"word ids not consecutive "
                                 f"(found {wid}, expected {expected})")
-        if wid in range_at:
-            start, end, form = range_at[wid]
-            members = [w for w in words[i:i + end - start + 1]]
+        if wid in range_at:  # (not ``start``: that is the sentence's first line, which errors name)
+            first, end, form = range_at[wid]
+            members = [w for w in words[i:i + end - first + 1]]
             for w in members:
                 surface_of[w["id"]] = len(forms)
             inside = {w["id"] for w in members}
@@ -110,23 +110,23 @@ def _collapse(tokenlist, path, start):
 
 def read_conllu(path):
     """Yield a SurfaceParse per sentence, with errors naming the sentence's first line."""
-    line_no = 1
-    try:
-        with open(path, encoding="utf-8") as f:
-            buffer, start = [], 1
-            for line_no, line in enumerate(f, start=1):
-                if line.strip():
-                    if not buffer:
-                        start = line_no
-                    buffer.append(line)
-                    continue
-                if buffer:
-                    yield _parse_block(path, buffer, start)
-                    buffer = []
+    with open(path, "rb") as f:  # decoded line by line, so that a bad byte's error names its own line
+        buffer, start = [], 1
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8").replace("\r\n", "\n")  # Windows line ends, as text mode read them
+            except UnicodeDecodeError as e:
+                raise SideDataError(path, line_no, f"not valid UTF-8 ({e.reason}); expected UTF-8 CoNLL-U") from None
+            if line.strip():
+                if not buffer:
+                    start = line_no
+                buffer.append(line)
+                continue
             if buffer:
                 yield _parse_block(path, buffer, start)
-    except UnicodeDecodeError as e:
-        raise SideDataError(path, line_no + 1, f"not valid UTF-8 ({e.reason}); expected UTF-8 CoNLL-U") from None
+                buffer = []
+        if buffer:
+            yield _parse_block(path, buffer, start)
 
 
 def _parse_block(path, lines, start):
