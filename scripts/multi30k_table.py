@@ -694,17 +694,21 @@ def paired_bootstrap(baseline_gen, system_gen, tok_ref, samples=1000):
     return round(result.score - baseline.score, 2), result.p_value
 
 
+def finished_test_decoding(args, row, seed):
+    """The run's test_2016_flickr generate-test.txt once its decoding finished (results.json written last),
+    else None: a running runner may still be writing it."""
+    decoded = os.path.join(run_dir(args.out, row, seed), "eval-test")
+    return os.path.join(decoded, "generate-test.txt") if os.path.exists(os.path.join(decoded, "results.json")) else None
+
+
 def significance(args, rows, seeds_of):
     """{(row, seed): (difference, p)} against BASELINE of the same seed on test_2016_flickr."""
     out = {}
     ref = os.path.join(args.data, "ref", "test.tok.de")
     for row in rows:
         for seed in seeds_of[row]:
-            base = os.path.join(run_dir(args.out, BASELINE, seed), "eval-test", "generate-test.txt")
-            gen = os.path.join(run_dir(args.out, row, seed), "eval-test", "generate-test.txt")
-            # results.json marks finished decodings (not ones a running runner is still writing)
-            if row != BASELINE and all(os.path.exists(os.path.join(os.path.dirname(g), "results.json"))
-                                       for g in (base, gen)):
+            base, gen = finished_test_decoding(args, BASELINE, seed), finished_test_decoding(args, row, seed)
+            if row != BASELINE and base and gen:
                 out[row, seed] = paired_bootstrap(base, gen, ref, args.bootstrap_samples)
     return out
 
@@ -771,9 +775,11 @@ def updates_per_epoch(args, rows, seeds):
     return None
 
 
-def table(args, rows, seeds, results, close=()):
-    """The markdown table: every row over --seeds, and over --close-seeds too for the ``close`` rows."""
-    seeds_of = {row: seeds + (args.close_seeds if row in close else []) for row in rows}
+def table(args, rows, seeds, results, seeds_of=None):
+    """The markdown table: every row over its seeds in ``seeds_of`` (default: --seeds; the close rows'
+    --close-seeds too)."""
+    seeds_of = seeds_of or {row: seeds for row in rows}
+    close = any(seeds_of[row] != seeds for row in rows)
     lines = []
     per_epoch = updates_per_epoch(args, rows, seeds)
     epochs = f" (about {args.max_update / per_epoch:.0f} epochs of {per_epoch} updates)" if per_epoch else ""
@@ -827,11 +833,9 @@ def table(args, rows, seeds, results, close=()):
         ppls = [r["valid_ppl"] for r in runs if "valid_ppl" in r]
         params = next((r["parameters"] for r in runs if "parameters" in r), None)
         signature = next((r["sacrebleu_signature"] for r in runs if "sacrebleu_signature" in r), signature)
-        for seed in seeds_of[row]:
-            decoded = os.path.join(run_dir(args.out, row, seed), "eval-test")
-            # results.json marks a finished decoding (not one a running runner is still writing)
-            if row not in samples and os.path.exists(os.path.join(decoded, "results.json")):
-                samples[row] = dict(enumerate(score.read_generate(os.path.join(decoded, "generate-test.txt"))[0]))
+        gen = next(filter(None, (finished_test_decoding(args, row, seed) for seed in seeds_of[row])), None)
+        if gen:
+            samples[row] = dict(enumerate(score.read_generate(gen)[0]))
         n = len(per_set["test"])
         cells = [LABELS[row] + f" (`{row}`)", f"{params / 1e6:.2f}M" if params else "–"]
         cells += [mean_spread(per_set[s]) for s, _ in TEST_SETS]
@@ -960,7 +964,7 @@ def main(argv=None):
     if not args.table_only and failed:
         log(f"failed runs: {failed}")
     seeds_of = {r: seeds + (args.close_seeds if r in close else []) for r in rows}
-    text = table(args, rows, seeds, results, close)
+    text = table(args, rows, seeds, results, seeds_of)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
         f.write(text)

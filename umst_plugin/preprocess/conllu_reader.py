@@ -66,7 +66,7 @@ def _collapse(tokenlist, path, start):
         raise SideDataError(path, start, "no word lines; expected at least one")
     surface_of = {}  # syntactic word id -> 0-based surface index
     forms, head_word = [], []
-    range_at = {start: (start, end, form) for start, end, form in ranges}
+    range_at = {first: (first, end, form) for first, end, form in ranges}
     i = 0
     expected = 1
     while i < len(words):
@@ -76,7 +76,7 @@ def _collapse(tokenlist, path, start):
                                 f"(found {wid}, expected {expected})")
         if wid in range_at:  # (not ``start``: that is the sentence's first line, which errors name)
             first, end, form = range_at[wid]
-            members = [w for w in words[i:i + end - first + 1]]
+            members = words[i:i + end - first + 1]
             for w in members:
                 surface_of[w["id"]] = len(forms)
             inside = {w["id"] for w in members}
