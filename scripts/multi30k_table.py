@@ -13,7 +13,7 @@ test1 (2017 Flickr) and test2 (2017 MSCOCO), scored by scripts/score.py: tokeniz
 (multi-bleu style, no compound splitting, as the published 41.02) and detokenized sacreBLEU
 with its signature. Runs are resumable: a finished step is not redone (delete its files to redo).
 Writes OUT/table.md, OUT/runs.json (every run's numbers per seed, and the budget) and
-OUT/valid-ppl.png (validation perplexity against updates, every run); with
+OUT/valid-ppl.png (validation perplexity against updates, every run; beside it the second half, linear); with
 --docs FILE also the table between the markers ``<!-- multi30k-table:begin -->`` /
 ``<!-- multi30k-table:end -->`` of FILE, or with --docs-block NAME between
 ``<!-- multi30k-table:NAME:begin -->`` / ``...:NAME:end -->`` (tables of several budgets on one page).
@@ -271,40 +271,57 @@ def valid_curve(train_log):
     return sorted(points.items())
 
 
-def plot_valid_curves(args, rows, seeds_of, results, path):
-    """Validation perplexity against updates, one line per run (colour: row, line style: seed)."""
+def valid_curves_figure(args, rows, seeds_of, results):
+    """Validation perplexity against updates, one line per run (colour: row, line style: seed): the whole
+    run on a log scale, and beside it the second half of training on a linear scale, where runs near
+    convergence differ by a few tenths of perplexity that the log scale flattens into one line. A
+    matplotlib figure, or None where no run has a validation point (or matplotlib is missing)."""
     try:
         import matplotlib
     except ImportError:  # an optional extra (pip install -e .[inspect]); the table does not need it
         log("matplotlib is not installed: no valid-ppl.png (pip install matplotlib)")
-        return False
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    curves = [(i, row, seed, results[row, seed]["valid_curve"]) for i, row in enumerate(rows)
+              for seed in seeds_of[row] if results[row, seed].get("valid_curve")]
+    if not curves:
+        return None
+    fig, (whole, late) = plt.subplots(1, 2, figsize=(12, 4.5))
     colours = plt.get_cmap("tab10")
     styles = ["-", "--", ":", "-."]
-    drawn = False
     all_seeds = sorted({s for row in rows for s in seeds_of[row]})
-    for i, row in enumerate(rows):
-        for seed in seeds_of[row]:
-            curve = results[row, seed].get("valid_curve")
-            if curve:
-                ax.plot(*zip(*curve), color=colours(i % 10), linestyle=styles[all_seeds.index(seed) % len(styles)],
-                        marker=".", label=f"{LABELS[row].split(' (`')[0]}"
-                        + (f" seed {seed}" if len(all_seeds) > 1 else ""))
-                drawn = True
-    if not drawn:
-        plt.close(fig)
-        return False
-    ax.set_yscale("log")
-    ax.set_xlabel("update")
-    ax.set_ylabel("validation perplexity (log scale)")
-    ax.set_title(f"Multi30k En-De valid, {args.max_update} updates of {args.max_tokens} tokens")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    half = args.max_update / 2
+    for i, row, seed, curve in curves:
+        style = dict(color=colours(i % 10), linestyle=styles[all_seeds.index(seed) % len(styles)])
+        whole.plot(*zip(*curve), marker=".", label=f"{LABELS[row].split(' (`')[0]}"
+                   + (f" seed {seed}" if len(all_seeds) > 1 else ""), **style)
+        tail = [(u, ppl) for u, ppl in curve if u >= half]
+        if tail:
+            late.plot(*zip(*tail), marker=".", **style)
+    whole.set_yscale("log")
+    whole.set_ylabel("validation perplexity (log scale)")
+    whole.set_title(f"Multi30k En-De valid, {args.max_update} updates of {args.max_tokens} tokens")
+    whole.legend(fontsize=7, ncol=2)
+    late.set_xlim(left=half)
+    late.set_ylabel("validation perplexity")
+    late.set_title(f"second half ({half:g}-{args.max_update} updates), linear scale")
+    for ax in (whole, late):
+        ax.set_xlabel("update")
+        ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
+    return fig
+
+
+def plot_valid_curves(args, rows, seeds_of, results, path):
+    """valid_curves_figure() saved as PATH; False where there was nothing to draw."""
+    fig = valid_curves_figure(args, rows, seeds_of, results)
+    if fig is None:
+        return False
     fig.savefig(path, dpi=80)
+    import matplotlib.pyplot as plt
+
     plt.close(fig)
     return True
 

@@ -411,6 +411,33 @@ def test_runner_reads_a_trainings_cpu_time_while_it_runs_and_when_it_ends():
     assert multi30k_table.process_cpu_seconds(proc.pid) is None  # gone
 
 
+def test_valid_curves_picture_zooms_on_the_second_half(tmp_path):
+    """The validation-curve picture: every run on a log scale, and the second half of training on a linear
+    scale, where converged runs differ by tenths of perplexity (the runs' own points, nothing earlier)."""
+    pytest.importorskip("matplotlib")
+    base, umst = multi30k_table.BASELINE, "m30k-umst"
+    args = SimpleNamespace(max_update=1000, max_tokens=2048)
+    curve = lambda end: [(u, 300.0 / u + end) for u in range(100, 1001, 100)]  # noqa: E731
+    results = {(base, 1): {"valid_curve": curve(5.0)}, (base, 2): {"valid_curve": curve(5.2)},
+               (umst, 1): {"valid_curve": curve(5.4)}, (umst, 2): {"valid_curve": []}}  # seed 2 not validated yet
+    fig = multi30k_table.valid_curves_figure(args, [base, umst], {base: [1, 2], umst: [1, 2]}, results)
+    whole, late = fig.axes
+    assert whole.get_yscale() == "log" and late.get_yscale() == "linear"
+    assert [line.get_label() for line in whole.get_lines()] == [
+        "Transformer-tiny (pre-norm) seed 1", "Transformer-tiny (pre-norm) seed 2", "UMST seed 1"]
+    assert [list(line.get_xdata()) for line in late.get_lines()] == [list(range(500, 1001, 100))] * 3
+    assert late.get_xlim()[0] == 500 and late.get_ylim()[1] < 6.1  # the zoom: 5.0-6.0, not 8-300
+    assert [line.get_linestyle() for line in whole.get_lines()] == ["-", "--", "-"]  # style: seed
+    assert whole.get_lines()[0].get_color() != whole.get_lines()[2].get_color()  # colour: row
+    assert multi30k_table.plot_valid_curves(args, [base, umst], {base: [1, 2], umst: [1, 2]}, results,
+                                            str(tmp_path / "v.png"))
+    assert (tmp_path / "v.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    empty = {(base, 1): {"valid_curve": []}}
+    assert multi30k_table.valid_curves_figure(args, [base], {base: [1]}, empty) is None
+    assert not multi30k_table.plot_valid_curves(args, [base], {base: [1]}, empty, str(tmp_path / "none.png"))
+    assert not (tmp_path / "none.png").exists()
+
+
 def test_table_gives_cpu_time_and_marks_wall_time_standing_in_for_it(tmp_path):
     """The time column on the CPU: CPU time per update over the segments the runner recorded, times the
     budget, over the runs that recorded it; wall time, marked †, only for a row none of whose runs did."""
