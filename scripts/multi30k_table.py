@@ -206,11 +206,17 @@ def training_time(train_log, max_update):
     (validation and checkpoint saving included) times the budget, so that the updates a killed
     segment did after its last checkpoint, redone by the next, are not counted twice. None without
     any timed update."""
-    segs = training_segments(train_log)
-    done = sum(s["to_update"] - s["from_update"] for s in segs)
+    seconds, _ = scaled_to_budget([(s, s["end"] - s["start"]) for s in training_segments(train_log)], max_update)
+    return seconds
+
+
+def scaled_to_budget(timed_segments, max_update):
+    """(seconds per update over [(segment, its seconds), ...] times ``max_update``, updates measured over);
+    (None, 0) without any update done."""
+    done = sum(s["to_update"] - s["from_update"] for s, _ in timed_segments)
     if done <= 0:
-        return None
-    return sum(s["end"] - s["start"] for s in segs) / done * max_update
+        return None, 0
+    return sum(t for _, t in timed_segments) / done * max_update, done
 
 
 def process_cpu_seconds(pid):
@@ -251,11 +257,8 @@ def training_cpu_time(save, max_update):
     wall time; (None, 0) where none was recorded (a run logged before the runner recorded CPU time)."""
     path = os.path.join(save, CPU_TIME)
     cpu = read_json(path) if os.path.exists(path) else {}
-    segs = [s for s in training_segments(os.path.join(save, "train.log")) if s.get("started") in cpu]
-    done = sum(s["to_update"] - s["from_update"] for s in segs)
-    if done <= 0:
-        return None, 0
-    return sum(cpu[s["started"]] for s in segs) / done * max_update, done
+    return scaled_to_budget([(s, cpu[s["started"]]) for s in training_segments(os.path.join(save, "train.log"))
+                             if s.get("started") in cpu], max_update)
 
 
 def valid_curve(train_log):
@@ -271,19 +274,28 @@ def valid_curve(train_log):
     return sorted(points.items())
 
 
+def pyplot(picture):
+    """matplotlib.pyplot on the file-only Agg backend, or None (logged: no PICTURE) where matplotlib is not
+    installed: an optional extra (pip install -e .[inspect]) that the table itself does not need."""
+    try:
+        import matplotlib
+    except ImportError:
+        log(f"matplotlib is not installed: no {picture} (pip install matplotlib)")
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def valid_curves_figure(args, rows, seeds_of, results):
     """Validation perplexity against updates, one line per run (colour: row, line style: seed): the whole
     run on a log scale, and beside it the second half of training on a linear scale, where runs near
     convergence differ by a few tenths of perplexity that the log scale flattens into one line. A
     matplotlib figure, or None where no run has a validation point (or matplotlib is missing)."""
-    try:
-        import matplotlib
-    except ImportError:  # an optional extra (pip install -e .[inspect]); the table does not need it
-        log("matplotlib is not installed: no valid-ppl.png (pip install matplotlib)")
+    plt = pyplot("valid-ppl.png")
+    if plt is None:
         return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     curves = [(i, row, seed, results[row, seed]["valid_curve"]) for i, row in enumerate(rows)
               for seed in seeds_of[row] if results[row, seed].get("valid_curve")]
     if not curves:
@@ -320,22 +332,15 @@ def plot_valid_curves(args, rows, seeds_of, results, path):
     if fig is None:
         return False
     fig.savefig(path, dpi=80)
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
+    pyplot("valid-ppl.png").close(fig)
     return True
 
 
 def plot_budget_curves(args, curves, path):
     """BLEU of the averaged model against the update it ends at (valid solid, test dashed), per run."""
-    try:
-        import matplotlib
-    except ImportError:
-        log("matplotlib is not installed: no bleu-curve.png (pip install matplotlib)")
+    plt = pyplot("bleu-curve.png")
+    if plt is None:
         return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(8, 4.5))
     colours = plt.get_cmap("tab10")
     for i, ((row, seed), points) in enumerate(sorted(curves.items())):

@@ -399,9 +399,11 @@ def test_runner_reads_a_trainings_cpu_time_while_it_runs_and_when_it_ends():
     import time
 
     busy = ("import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\n"
-            "time.sleep(float(sys.argv[1]))\nsys.exit(3)")
-    proc = subprocess.Popen([sys.executable, "-c", busy, "1.5"])
-    time.sleep(1.0)  # busy 0.4 s (plus start-up), then asleep
+            "print('asleep', flush=True)\ntime.sleep(float(sys.argv[1]))\nsys.exit(3)")
+    proc = subprocess.Popen([sys.executable, "-c", busy, "1.5"], stdout=subprocess.PIPE, text=True)
+    # Busy 0.4 CPU s (plus start-up), then asleep: wait for it to say so, not for a wall-clock guess that a
+    # loaded machine (two trainings beside the suite) overruns.
+    assert proc.stdout.readline() == "asleep\n"
     returncode, so_far = multi30k_table.reap(proc)
     assert returncode is None and 0.35 <= so_far < 0.9, so_far
     while returncode is None:
@@ -409,6 +411,7 @@ def test_runner_reads_a_trainings_cpu_time_while_it_runs_and_when_it_ends():
         returncode, cpu = multi30k_table.reap(proc)
     assert returncode == 3 == proc.returncode and so_far <= cpu < 0.9, (so_far, cpu)
     assert multi30k_table.process_cpu_seconds(proc.pid) is None  # gone
+    proc.stdout.close()
 
 
 def test_valid_curves_picture_zooms_on_the_second_half(tmp_path):
@@ -436,6 +439,27 @@ def test_valid_curves_picture_zooms_on_the_second_half(tmp_path):
     assert multi30k_table.valid_curves_figure(args, [base], {base: [1]}, empty) is None
     assert not multi30k_table.plot_valid_curves(args, [base], {base: [1]}, empty, str(tmp_path / "none.png"))
     assert not (tmp_path / "none.png").exists()
+
+
+def test_budget_curve_picture_and_missing_matplotlib(tmp_path, monkeypatch):
+    """bleu-curve.png (the budget search's picture) is written from the runs' points; without matplotlib,
+    an optional extra, neither picture is drawn and the runner says why instead of failing."""
+    pytest.importorskip("matplotlib")
+    args = SimpleNamespace(max_tokens=2048, average=5)
+    curves = {("m30k-transformer", 1): [dict(update=u, valid=30 + u / 1000, test=29 + u / 1000)
+                                        for u in (2400, 4800, 7200)]}
+    assert multi30k_table.plot_budget_curves(args, curves, str(tmp_path / "b.png"))
+    assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    said = []
+    monkeypatch.setattr(multi30k_table, "log", said.append)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    assert not multi30k_table.plot_budget_curves(args, curves, str(tmp_path / "none.png"))
+    base = multi30k_table.BASELINE
+    assert multi30k_table.valid_curves_figure(SimpleNamespace(max_update=10, max_tokens=8), [base], {base: [1]},
+                                              {(base, 1): {"valid_curve": [(5, 9.0)]}}) is None
+    assert not (tmp_path / "none.png").exists()
+    assert said == ["matplotlib is not installed: no bleu-curve.png (pip install matplotlib)",
+                    "matplotlib is not installed: no valid-ppl.png (pip install matplotlib)"]
 
 
 def test_table_gives_cpu_time_and_marks_wall_time_standing_in_for_it(tmp_path):
