@@ -34,6 +34,16 @@ def test_windows_line_ends_read_as_unix_ones(tmp_path):
     assert [(p.forms, p.heads, p.labels) for p in windows] == [(p.forms, p.heads, p.labels) for p in unix]
 
 
+
+def test_lone_carriage_returns_stop_naming_the_line(tmp_path):
+    # classic-Mac line ends: the reader would see one line; it says why instead of "no word lines"
+    with pytest.raises(SideDataError, match=r"mac\.conllu:1: carriage return .* expected \\n or \\r\\n"):
+        parse(tmp_path, (GOOD + MWT).replace("\n", "\r"), "mac.conllu")
+    # a stray one in the second sentence (line 5), after a good first sentence
+    with pytest.raises(SideDataError, match=r"stray\.conllu:5: carriage return"):
+        parse(tmp_path, GOOD + MWT.replace("\n", "\r", 1), "stray.conllu")
+
+
 @pytest.mark.parametrize("block, line, expected", [
     # the second sentence starts at line 5 (after GOOD's three lines and its blank line)
     ("# c\n1\ta\ta\tX\t_\t_\t0\troot\t_\n", 6, "malformed CoNLL-U line with 9 columns; expected 10 tab-separated columns"),

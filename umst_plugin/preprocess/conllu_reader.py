@@ -117,6 +117,9 @@ def read_conllu(path):
                 line = raw.decode("utf-8").replace("\r\n", "\n")  # Windows line ends, as text mode read them
             except UnicodeDecodeError as e:
                 raise SideDataError(path, line_no, f"not valid UTF-8 ({e.reason}); expected UTF-8 CoNLL-U") from None
+            if "\r" in line:  # binary lines split only at "\n": a classic-Mac file would read as one line
+                raise SideDataError(path, line_no, "carriage return (\\r) inside the line, not as part of a "
+                                    "\\r\\n line end; expected \\n or \\r\\n line ends")
             if line.strip():
                 if not buffer:
                     start = line_no
