@@ -742,7 +742,7 @@ def significance_cell(row, seeds, sig):
     for seed in seeds:
         if (row, seed) in sig:
             diff, p = sig[row, seed]
-            text = f"s{seed} {diff:+.2f} (p={p:.3f})"
+            text = f"s{seed} {diff + 0.0:+.2f} (p={p:.3f})"  # + 0.0: a difference rounded to -0.0 reads +0.00
             # not bold without a difference: sacreBLEU's p is (c + 1) / (n + 1), 1 / (n + 1) for identical outputs
             parts.append(f"**{text}**" if p < 0.05 and diff != 0 else text)
         else:

@@ -649,6 +649,7 @@ def test_paired_bootstrap_against_the_baseline(tmp_path):
     assert multi30k_table.significance_cell(multi30k_table.BASELINE, [1, 2], sig) == "baseline"
     # identical outputs: sacreBLEU gives p = 1 / (samples + 1); no difference is never bold
     assert multi30k_table.significance_cell("m30k-umst", [1], {("m30k-umst", 1): (0.0, 0.001)}) == "s1 +0.00 (p=0.001)"
+    assert multi30k_table.significance_cell("m30k-umst", [1], {("m30k-umst", 1): (-0.0, 0.4)}) == "s1 +0.00 (p=0.400)"
 
 
 def _fake_archive(path, member):
