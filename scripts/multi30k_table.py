@@ -34,6 +34,11 @@ runs on the machine, where wall time grows with every other job beside it. A tra
 dies with the runner (a re-run never meets an orphan writing the same
 checkpoints); a re-run while another runner trains the same run stops with an error.
 
+Runs also survive losing the machine itself with ``--archive DIR`` (a folder under version control):
+every finished run's logs, scores and hypotheses, without checkpoints, are copied to DIR/ROW/seedS, and a
+runner on a fresh machine takes the runs it finds there (same budget and settings) as trained and
+decoded, so the table needs only the runs the archive lacks (a run in progress is lost with its machine).
+
 With ``--significance`` each row is compared with the pre-norm transformer of the same seed by sacreBLEU's
 paired bootstrap resampling (1,000 samples, tokenized BLEU on test_2016_flickr): the table shows the
 difference and its p value per seed.
@@ -366,6 +371,28 @@ def plot_budget_curves(args, curves, path):
     return True
 
 
+def this_machine():
+    """The CPU this runner trains on, as /proc/cpuinfo names it, with its vector extensions and core
+    count: CPU times are comparable only between runs of the same machine (a later session may get
+    another). Falls back to the platform module off Linux."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor is enough
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in fields:
+        name += f" (family {fields['cpu family']}, model {fields.get('model', '?')})"
+    flags = set(fields.get("flags", "").split())
+    vector = next((v for f, v in (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2")) if f in flags), None)
+    return f"{name}{', ' + vector if vector else ''}, {os.cpu_count()} cores"
+
+
 def trained(save, max_update):
     stamp = os.path.join(save, "train-done.json")
     if os.path.exists(stamp):
@@ -410,12 +437,21 @@ def forget_results(save):
                 os.remove(path)
 
 
-def settings(cmd):
+# Overrides naming where a run's files are: the same training elsewhere (another clone, another --out)
+RUN_LOCATION = ("checkpoint.save_dir=", "hydra.run.dir=", "common.user_dir=")
+
+
+def settings(cmd, portable=False):
     """The hydra overrides of a training command that decide its model (all but the budget and how many
-    checkpoints are kept), as a set."""
+    checkpoints are kept), as a set; ``portable``: without where the run and the plugin were, and the
+    data-bin by its name only (an archived run trained on another machine)."""
     args = cmd.split() if isinstance(cmd, str) else cmd
     args = args[args.index("fairseq_cli.hydra_train") + 1:] if "fairseq_cli.hydra_train" in args else args
-    return {a for a in args if not a.startswith(("optimization.max_update=", "checkpoint.keep_"))}
+    out = {a for a in args if not a.startswith(("optimization.max_update=", "checkpoint.keep_"))}
+    if portable:
+        out = {f"task.data={os.path.basename(a.split('=', 1)[1])}" if a.startswith("task.data=") else a
+               for a in out if not a.startswith(RUN_LOCATION)}
+    return out
 
 
 def check_same_settings(args, row, seed, what):
@@ -452,6 +488,66 @@ def adopt_longer_run(args, row, seed):
         "updates are this budget's run")
 
 
+def archived_files(save, average_n):
+    """The files of a finished run, relative to its directory, that the table reads (no checkpoints)."""
+    names = ["train.log", "train-done.json", CPU_TIME, "params.json", f"checkpoint_avg{average_n}.json"]
+    for subset, _ in TEST_SETS:
+        names += [os.path.join(f"eval-{subset}", n) for n in ("results.json", f"generate-{subset}.txt", "hyp.detok.txt")]
+    return [n for n in names if os.path.exists(os.path.join(save, n))]
+
+
+def evaluated(save):
+    """Every test set decoded and the parameters counted: nothing of evaluate() is left to do."""
+    return os.path.exists(os.path.join(save, "params.json")) and all(
+        os.path.exists(os.path.join(save, f"eval-{subset}", "results.json")) for subset, _ in TEST_SETS)
+
+
+def archive_run(args, row, seed):
+    """Copy what the table reads of a finished, decoded run (logs, scores, hypotheses; no checkpoint) to
+    ARCHIVE/ROW/seedS, where a later runner on a fresh machine finds it (restore_run). Of a decoding's
+    generate file only what the table reads is kept: the hypotheses and targets (``H-``, ``T-``) and the
+    BLEU line, not the sources, detokenized hypotheses (hyp.detok.txt has them) and per-token scores
+    (``S-``, ``D-``, ``P-``: two thirds of the file). results.json goes last, so an archive cut off
+    mid-copy is not taken for a finished one."""
+    save, dest = run_dir(args.out, row, seed), run_dir(args.archive, row, seed)
+    if not evaluated(save) or (evaluated(dest) and read_json(os.path.join(dest, "train-done.json"))
+                               == read_json(os.path.join(save, "train-done.json"))):
+        return  # not finished, or archived before
+    names = sorted(archived_files(save, args.average), key=lambda n: n.endswith("results.json"))
+    for name in names:
+        os.makedirs(os.path.dirname(os.path.join(dest, name)), exist_ok=True)
+        if name.startswith("eval-") and name.endswith(".txt"):
+            with open(os.path.join(save, name), encoding="utf-8") as f, \
+                    open(os.path.join(dest, name), "w", encoding="utf-8") as g:
+                g.writelines(line for line in f if not line.startswith(("S-", "D-", "P-")))
+        else:
+            shutil.copyfile(os.path.join(save, name), os.path.join(dest, name))
+    log(f"{row} seed {seed}: archived to {dest}")
+
+
+def restore_run(args, row, seed):
+    """A run of this budget and settings that ARCHIVE holds and OUT does not (a fresh machine, another
+    --out): copy it into OUT, where it counts as trained and decoded. False if there is nothing to
+    restore; stops if the archived run trained with other settings."""
+    save, src = run_dir(args.out, row, seed), run_dir(args.archive, row, seed)
+    if not evaluated(src) or os.path.exists(os.path.join(save, "train-done.json")):
+        return False
+    if read_json(os.path.join(src, "train-done.json")).get("max_update") != args.max_update:
+        return False
+    with open(os.path.join(src, "train.log"), errors="replace") as f:
+        headers = [line[2:].split(": ", 1)[-1] for line in f if line.startswith(SEGMENT_HEADER)]
+    want = settings(train_cmd(args, row, seed, save), portable=True)
+    for header in headers:
+        if settings(header, portable=True) != want:
+            raise SystemExit(f"{src} was trained with other settings: "
+                             f"{sorted(settings(header, portable=True) ^ want)}; use another --archive")
+    for name in archived_files(src, args.average):
+        os.makedirs(os.path.dirname(os.path.join(save, name)), exist_ok=True)
+        shutil.copyfile(os.path.join(src, name), os.path.join(save, name))
+    log(f"{row} seed {seed}: restored from {src} (trained and decoded before)")
+    return True
+
+
 def train_all(args, runs):
     """Train the runs, --jobs at a time, printing every job's progress every --status-every seconds;
     a finished training is averaged and decoded right away (in its freed slot), so results land as
@@ -464,6 +560,8 @@ def train_all(args, runs):
             log(f"{r[0]} seed {r[1]}: trained before")
             log(f"{r[0]} seed {r[1]}: average + decode test sets")
             evaluate(args, *r)
+            if args.archive:
+                archive_run(args, *r)
     active = {}
     env = subprocess_env(args)
     env["PYTHONUNBUFFERED"] = "1"  # fairseq logs to stdout: unbuffered, so the progress lines are current
@@ -512,10 +610,12 @@ def train_all(args, runs):
                 continue
             with open(os.path.join(save, "train-done.json"), "w") as f:
                 json.dump(dict(max_update=args.max_update, wall_s=round(wall, 1), jobs=args.jobs,
-                               threads=args.threads, loss=loss), f)
+                               threads=args.threads, loss=loss, machine=this_machine()), f)
             log(f"{key[0]} seed {key[1]}: trained {upd} updates, {wall:.0f} s of training (last train loss {loss}); "
                 "average + decode test sets")
             evaluate(args, *key)
+            if args.archive:
+                archive_run(args, *key)
             log(f"{key[0]} seed {key[1]}: " + ", ".join(
                 f"{subset} BLEU {read_json(os.path.join(save, f'eval-{subset}', 'results.json'))['tok_bleu']}"
                 for subset, _ in TEST_SETS))
@@ -604,6 +704,8 @@ def decode(args, row, checkpoint, subset, out, log_file):
 
 def evaluate(args, row, seed):
     save = run_dir(args.out, row, seed)
+    if evaluated(save):  # nothing left to do (and no checkpoints needed: a run restored from --archive)
+        return
     avg = average(args, save, args.average, args.max_update, os.path.join(save, f"checkpoint_avg{args.average}.pt"))
     for subset, _ in TEST_SETS:
         decode(args, row, avg, subset, os.path.join(save, f"eval-{subset}"), os.path.join(save, "eval.log"))
@@ -688,7 +790,10 @@ def run_results(args, row, seed):
                 if r.get("sacrebleu_signature"):
                     out["sacrebleu_signature"] = r["sacrebleu_signature"]
     if os.path.exists(os.path.join(save, "train-done.json")):
-        out["train_wall_s"] = read_json(os.path.join(save, "train-done.json"))["wall_s"]
+        done = read_json(os.path.join(save, "train-done.json"))
+        out["train_wall_s"] = done["wall_s"]
+        if "machine" in done:
+            out["machine"] = done["machine"]
         cpu, measured = training_cpu_time(save, args.max_update)
         if cpu is not None:
             out["train_cpu_s"], out["train_cpu_measured_updates"] = round(cpu, 1), measured
@@ -805,7 +910,13 @@ def table(args, rows, seeds, results, seeds_of=None):
     lines = []
     per_epoch = updates_per_epoch(args, rows, seeds)
     epochs = f" (about {args.max_update / per_epoch:.0f} epochs of {per_epoch} updates)" if per_epoch else ""
-    hw = args.hardware or f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores"
+    machines = {}  # the CPU each run trained on (runs.json); several: the table says which ran where
+    for row in rows:
+        for seed in seeds_of[row]:
+            if "machine" in results[row, seed]:
+                machines.setdefault(results[row, seed]["machine"], []).append(f"`{row}` s{seed}")
+    hw = args.hardware or (next(iter(machines)) if len(machines) == 1 else
+                           "several machines, listed below the table" if machines else this_machine())
     every = "every epoch end" if args.save_every == "epoch" else f"{args.save_every} updates apart"
     lines += [f"Budget: {args.max_update} updates of {args.max_tokens} tokens per row and seed{epochs} "
               f"(reference: 8,000 x 8,192), lr {lr_of(args)}, warm-up {warmup_updates(args.max_update, args.warmup)}, "
@@ -875,6 +986,9 @@ def table(args, rows, seeds, results, seeds_of=None):
         if n != len(seeds_of[row]):
             cells[0] += f" ({n} of {len(seeds_of[row])} seeds)"
         lines.append("| " + " | ".join(cells) + " |")
+    if len(machines) > 1:  # time ratios between rows trained on different CPUs compare the CPUs too
+        lines += ["", "Trained on different machines (time ratios compare these too): "
+                  + "; ".join(f"{m}: {', '.join(runs)}" for m, runs in machines.items()) + "."]
     if wall_for_cpu:
         lines += ["", "†: wall time, no run of the row recorded CPU time (trained before the runner recorded it; "
                   "wall time grows with whatever else ran on the machine). Elsewhere CPU time, over the runs "
@@ -944,10 +1058,15 @@ def main(argv=None):
     p.add_argument("--fp16", action="store_true")
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--out", default="runs/multi30k", help="where runs go (default: runs/multi30k)")
+    p.add_argument("--archive",
+                   help="copy every finished run's logs, scores and hypotheses (no checkpoints) to ARCHIVE/ROW/seedS, "
+                        "and take runs found there as done: a table that outlives the machine (e.g. a folder "
+                        "under version control)")
     p.add_argument("--docs", help="also write the table between the multi30k-table markers of this file")
     p.add_argument("--docs-block", default="",
                    help="write between the multi30k-table:NAME markers instead (a second table on the same page)")
-    p.add_argument("--hardware", help="hardware named in the table (default: CPU model and core count)")
+    p.add_argument("--hardware", help="hardware named in the table (default: the CPU the runs recorded, as "
+                                      "/proc/cpuinfo names it, with its vector extensions and core count)")
     p.add_argument("--status-every", type=float, default=30.0, help="seconds between progress lines")
     p.add_argument("--table-only", action="store_true", help="only (re)write the table from finished runs")
     p.add_argument("override", nargs="*", help="extra hydra overrides for every training, e.g. common.log_interval=10")
@@ -969,6 +1088,11 @@ def main(argv=None):
         if not os.path.isdir(data):
             p.error(f"row {r} needs the data-bin {data} (run scripts/prepare-multi30k.sh)")
     args.out = os.path.abspath(args.out)
+    if args.archive:
+        args.archive = os.path.abspath(args.archive)
+        for s in seeds + args.close_seeds:
+            for r in rows:
+                restore_run(args, r, s)
     failed = []
     if not args.table_only:
         runs = [(r, s) for s in seeds for r in rows]  # seed-major: every row gets one seed first

@@ -10,7 +10,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # arguments of every tokenize call (e.g. --lowercase) and CLEAN_RATIO (clean-corpus-n's -ratio, 1.5).
 TEST_SPLITS=("${TEST_SPLITS[@]:-test}")
 TOKENIZE_ARGS=("${TOKENIZE_ARGS[@]+"${TOKENIZE_ARGS[@]}"}")
-PY="${PYTHON:-python3}"
+# The project's environment (scripts/setup_env.sh) when there is one, so that the recipes run as the
+# README's commands leave the machine, without activating it first.
+if [[ -z "${PYTHON:-}" && -x "$ROOT/.venv/bin/python" ]]; then PY="$ROOT/.venv/bin/python"; else PY="${PYTHON:-python3}"; fi
 PREP="$ROOT/scripts/wmt_prep.py"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -27,7 +29,8 @@ Options:
                      (uncleaned) source text in corpus order; cleaning filters them along
   --workers N        parallel workers for tokenization, BPE and binarization (default: nproc)
   -h, --help         this help
-Environment: PYTHON (interpreter with fairseq, sacremoses, subword-nmt; default python3).
+Environment: PYTHON (interpreter with fairseq, sacremoses, subword-nmt; default: .venv/bin/python of
+             scripts/setup_env.sh where it exists, else python3).
 EOF
 }
 

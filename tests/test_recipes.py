@@ -15,6 +15,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -270,6 +271,13 @@ def test_multi30k_table_runner_end_to_end(prepared, tmp_path):
                                  f"{proc.stderr[-3000:]}{logs}")
         return proc.stdout + proc.stderr
 
+    def run_table_with(*extra):
+        cmd.extend(extra)
+        try:
+            return run_table()
+        finally:
+            del cmd[-len(extra):]
+
     log = run_table()
     table = (tmp_path / "runs" / "table.md").read_text()
     for row in rows:
@@ -313,6 +321,36 @@ def test_multi30k_table_runner_end_to_end(prepared, tmp_path):
     for row in rows:
         assert f"{row} seed 1: trained before" in again, again[-3000:]
     assert "training started" not in again
+    assert (tmp_path / "runs" / "table.md").read_text() == table
+
+    # --archive: a finished run's logs, scores and hypotheses (no checkpoint, no per-token scores) are kept
+    # outside OUT; a runner that lost OUT (a fresh machine) takes them as done and writes the same table
+    archive = tmp_path / "archive"
+    assert "archived to" in run_table_with("--archive", archive)
+    for row in rows:
+        kept = archive / row / "seed1"
+        assert not list(kept.rglob("*.pt")) and (kept / "train.log").read_text() == \
+            (tmp_path / "runs" / row / "seed1" / "train.log").read_text()
+        gen = (kept / "eval-test" / "generate-test.txt").read_text()
+        full = (tmp_path / "runs" / row / "seed1" / "eval-test" / "generate-test.txt").read_text()
+        assert [x for x in full.splitlines(True) if not x.startswith(("S-", "D-", "P-"))] == gen.splitlines(True)
+        assert "H-0\t" in gen and "T-0\t" in gen and "\nP-0\t" in full and "\nS-0\t" in full
+    shutil.rmtree(tmp_path / "runs")
+    restored = run_table_with("--archive", archive)
+    for row in rows:
+        assert f"{row} seed 1: restored from {archive / row / 'seed1'}" in restored, restored[-3000:]
+    assert "training started" not in restored and "archived to" not in restored
+    assert (tmp_path / "runs" / "table.md").read_text() == table
+    archived_log = archive / rows[0] / "seed1" / "train.log"
+    original = archived_log.read_text()
+    archived_log.write_text(original.replace("common.seed=1", "common.seed=7"))  # other settings: stop
+    shutil.rmtree(tmp_path / "runs")
+    proc = subprocess.run(list(map(str, cmd + ["--archive", archive])), env=env(), capture_output=True,
+                          text=True, cwd=ROOT)
+    assert proc.returncode != 0 and "was trained with other settings: ['common.seed=1', 'common.seed=7']" \
+        in proc.stderr, proc.stderr[-2000:]
+    archived_log.write_text(original)
+    assert "training started" not in run_table_with("--archive", archive)
     assert (tmp_path / "runs" / "table.md").read_text() == table
     # --table-only --docs-block NAME: a second table on the same page, the first block untouched
     begin, end = multi30k_table.markers("longer")
@@ -500,6 +538,22 @@ def test_table_gives_cpu_time_and_marks_wall_time_standing_in_for_it(tmp_path):
                                 "--out", str(out), "--cpu", "--table-only"]) == 0
     table = (out / "table.md").read_text()
     assert "| 41.7 min (1.00x) |" in table and "†" not in table, table
+    assert "different machines" not in table
+    # runs trained on different CPUs: the table says which ran where (their time ratios compare the CPUs too)
+    for save, machine in ((old, "CPU A, AVX2, 2 cores"), (new, "CPU B, AVX-512, 2 cores")):
+        (save / "train-done.json").write_text(json.dumps(dict(max_update=100, wall_s=6000.0, machine=machine)))
+    assert multi30k_table.main(["--data", str(data), "--rows", base, "--seeds", "1,2", "--max-update", "100",
+                                "--out", str(out), "--cpu", "--table-only"]) == 0
+    assert (f"\nTrained on different machines (time ratios compare these too): CPU A, AVX2, 2 cores: `{base}` s1; "
+            f"CPU B, AVX-512, 2 cores: `{base}` s2.\n") in (out / "table.md").read_text()
+    assert "; hardware: several machines, listed below the table. " in (out / "table.md").read_text()
+    (new / "train-done.json").write_text(json.dumps(dict(max_update=100, wall_s=6000.0, machine="CPU A, AVX2, 2 cores")))
+    assert multi30k_table.main(["--data", str(data), "--rows", base, "--seeds", "1,2", "--max-update", "100",
+                                "--out", str(out), "--cpu", "--table-only"]) == 0
+    table = (out / "table.md").read_text()  # one machine: the budget line names it
+    assert "; hardware: CPU A, AVX2, 2 cores. " in table and "different machines" not in table
+    assert re.fullmatch(r".+ \(family \d+, model \d+\)(, (AMX|AVX-512|AVX2))?, \d+ cores|[^(]+, \d+ cores",
+                        multi30k_table.this_machine())
 
 
 def test_multi30k_runner_resumes_a_killed_training_and_averages_the_final_model(prepared, tmp_path):
