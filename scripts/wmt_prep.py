@@ -88,9 +88,15 @@ def _process(line):
 
 
 def map_lines(args, func, init_args):
+    # Set up in this process first: a set-up that fails here (sacremoses missing) stops with its error,
+    # where a Pool would restart its failing workers forever and the recipe would hang.
+    try:
+        _init_worker(*init_args)
+    except ImportError as e:
+        raise SystemExit(f"{args.input}: cannot tokenize: {e} (the recipes need sacremoses and subword-nmt: "
+                         f"bash scripts/setup_env.sh, or pip install -e '.[recipes]' into {sys.executable})")
     with open(args.input, encoding="utf-8") as fin, atomic_open(args.output) as fout:
         if args.workers <= 1:
-            _init_worker(*init_args)
             for line in fin:
                 fout.write(func(line) + "\n")
         else:

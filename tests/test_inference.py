@@ -179,6 +179,21 @@ def test_record_steps_match_wmt_prep_tokenize(tmp_path):
     assert prepare(lines[0]).startswith("Si tara &quot; Maine &quot; - in 2016 : Stefan @-@ cel @-@ Mare")
 
 
+def test_tokenize_without_sacremoses_stops_with_a_clear_error(tmp_path):
+    """Parallel tokenization in a Python without sacremoses: an error naming the file and the fix, at once
+    (a Pool whose workers fail to set up would restart them forever), and no output file."""
+    src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text("a dog .\n", encoding="utf-8")
+    code = ("import runpy, sys; sys.modules['sacremoses'] = None; sys.argv = sys.argv[1:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code, os.path.join(ROOT, "scripts", "wmt_prep.py"), "tokenize",
+                           "--lang", "en", "--workers", "2", str(src), str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and f"{src}: cannot tokenize: " in proc.stderr and "sacremoses" in proc.stderr, \
+        proc.stderr[-2000:]
+    assert not out.exists() and not os.path.exists(str(out) + ".tmp")
+
+
 def test_rerunning_the_recipe_records_an_older_databin(m30k):
     """A data-bin made before records existed: re-running the recipe with the same arguments skips every
     stage and writes the record (and links it into the no-parse variant)."""
