@@ -454,19 +454,21 @@ def settings(cmd, portable=False):
     return out
 
 
-def check_same_settings(args, row, seed, what):
-    """Stop unless every training segment logged in the run's train.log ran with this command's settings."""
+def check_same_settings(args, row, seed, what, where=None, portable=False, option="--out"):
+    """Stop unless every training segment logged in the train.log of ``where`` (default: the run's
+    directory; an archived copy with ``portable`` settings) ran with this command's settings."""
     save = run_dir(args.out, row, seed)
-    train_log = os.path.join(save, "train.log")
+    where = where or save
+    train_log = os.path.join(where, "train.log")
     if not os.path.exists(train_log):
         return
     with open(train_log, errors="replace") as f:
         headers = [line[2:].split(": ", 1)[-1] for line in f if line.startswith("# ")]
-    want = settings(train_cmd(args, row, seed, save))
+    want = settings(train_cmd(args, row, seed, save), portable)
     for header in headers:
-        if settings(header) != want:
-            raise SystemExit(f"{save} {what} with other settings: {sorted(settings(header) ^ want)}; "
-                             "use another --out")
+        if settings(header, portable) != want:
+            raise SystemExit(f"{where} {what} with other settings: {sorted(settings(header, portable) ^ want)}; "
+                             f"use another {option}")
 
 
 def adopt_longer_run(args, row, seed):
@@ -534,13 +536,7 @@ def restore_run(args, row, seed):
         return False
     if read_json(os.path.join(src, "train-done.json")).get("max_update") != args.max_update:
         return False
-    with open(os.path.join(src, "train.log"), errors="replace") as f:
-        headers = [line[2:].split(": ", 1)[-1] for line in f if line.startswith(SEGMENT_HEADER)]
-    want = settings(train_cmd(args, row, seed, save), portable=True)
-    for header in headers:
-        if settings(header, portable=True) != want:
-            raise SystemExit(f"{src} was trained with other settings: "
-                             f"{sorted(settings(header, portable=True) ^ want)}; use another --archive")
+    check_same_settings(args, row, seed, "was trained", where=src, portable=True, option="--archive")
     for name in archived_files(src, args.average):
         os.makedirs(os.path.dirname(os.path.join(save, name)), exist_ok=True)
         shutil.copyfile(os.path.join(src, name), os.path.join(save, name))
