@@ -75,6 +75,9 @@ TEST_SETS = [("test", "2016 Flickr"), ("test1", "2017 Flickr"), ("test2", "2017 
 REFERENCE = {"m30k-transformer": 41.02}  # Wu et al. 2021 (Revisit-MMT), tokenized BLEU, test_2016_flickr
 BASELINE = "m30k-transformer-prenorm"  # what --significance compares every other row with, seed by seed
 ABLATIONS = ["m30k-umst-noparse", "m30k-umst-random-phrase"]  # UMST's parse ablation: never --close-seeds
+# Pairs the table also compares directly with --significance (first row minus second, same seed): UMST
+# against its parse ablations (UMST table 8) and Prime against Prime without its convolution branch.
+COMPARE = "m30k-umst:m30k-umst-noparse,m30k-umst:m30k-umst-random-phrase,m30k-prime:m30k-prime-simple"
 SEGMENT_HEADER = "# started "  # train.log: one header per training segment (a resumed run has several)
 CPU_TIME = "cpu-time.json"  # {a segment's "# started" time: CPU seconds of its training process}
 SAMPLE_IDS = [0, 1, 2, 3, 4]
@@ -824,20 +827,44 @@ def finished_test_decoding(args, row, seed):
     return os.path.join(decoded, "generate-test.txt") if os.path.exists(os.path.join(decoded, "results.json")) else None
 
 
-def significance(args, rows, seeds_of):
-    """{(row, seed): (difference, p)} against BASELINE of the same seed on test_2016_flickr."""
+def significance(args, rows, seeds_of, baseline=BASELINE):
+    """{(row, seed): (difference, p)} against ``baseline`` of the same seed on test_2016_flickr."""
     out = {}
     ref = os.path.join(args.data, "ref", "test.tok.de")
     for row in rows:
         for seed in seeds_of[row]:
-            base, gen = finished_test_decoding(args, BASELINE, seed), finished_test_decoding(args, row, seed)
-            if row != BASELINE and base and gen:
+            base, gen = finished_test_decoding(args, baseline, seed), finished_test_decoding(args, row, seed)
+            if row != baseline and base and gen:
                 out[row, seed] = paired_bootstrap(base, gen, ref, args.bootstrap_samples)
     return out
 
 
-def significance_cell(row, seeds, sig):
-    if row == BASELINE:
+def pair_comparisons(args, rows, seeds_of):
+    """One line per --compare pair whose two rows are in the table: the first row's 2016 Flickr BLEU minus
+    the second's, per seed both have, with the paired bootstrap's p (as the significance column)."""
+    lines = []
+    for system, base in args.compare:
+        if system in rows and base in rows:
+            seeds = [s for s in seeds_of[system] if s in seeds_of[base]]
+            sig = significance(args, [system], {system: seeds}, baseline=base)
+            lines.append(f"- {LABELS[system]} (`{system}`) minus {LABELS[base]} (`{base}`): "
+                         + significance_cell(system, seeds, sig, baseline=base))
+    return lines
+
+
+def compare_pairs(value):
+    """--compare: comma-separated ROW:ROW pairs of known rows ('' for none)."""
+    pairs = []
+    for item in filter(None, value.split(",")):
+        pair = tuple(item.split(":"))
+        if len(pair) != 2 or pair[0] == pair[1] or not set(pair) <= set(ROWS):
+            raise argparse.ArgumentTypeError(f"expected ROW:ROW of two different rows of {', '.join(ROWS)}, got {item!r}")
+        pairs.append(pair)
+    return pairs
+
+
+def significance_cell(row, seeds, sig, baseline=BASELINE):
+    if row == baseline:
         return "baseline"
     parts = []
     for seed in seeds:
@@ -982,6 +1009,10 @@ def table(args, rows, seeds, results, seeds_of=None):
         if n != len(seeds_of[row]):
             cells[0] += f" ({n} of {len(seeds_of[row])} seeds)"
         lines.append("| " + " | ".join(cells) + " |")
+    pairs = pair_comparisons(args, rows, seeds_of) if sig is not None else []
+    if pairs:
+        lines += ["", "Paired comparisons on 2016 Flickr (`--compare`: tokenized BLEU of the first row minus the "
+                  "second's, same seed, p of the same paired bootstrap; bold: p < 0.05):", ""] + pairs
     if len(machines) > 1:  # time ratios between rows trained on different CPUs compare the CPUs too
         lines += ["", "Trained on different machines (time ratios compare these too): "
                   + "; ".join(f"{m}: {', '.join(runs)}" for m, runs in machines.items()) + "."]
@@ -1033,6 +1064,9 @@ def main(argv=None):
                         "fixed, a longer run's checkpoints are those of a shorter one (inverse-sqrt schedule)")
     p.add_argument("--significance", action="store_true",
                    help=f"compare every row with {BASELINE} of the same seed (paired bootstrap) in a last column")
+    p.add_argument("--compare", type=compare_pairs, default=compare_pairs(COMPARE),
+                   help="with --significance, also compare these rows directly, as comma-separated FIRST:SECOND "
+                        f"pairs (first minus second, same seed; '' for none; default: {COMPARE})")
     p.add_argument("--close-seeds", default="",
                    help="comma-separated seeds trained after --seeds for every main row (not the parse ablations) "
                         f"whose mean 2016 Flickr BLEU is within --close-within of {BASELINE}'s, and then for "

@@ -706,6 +706,42 @@ def test_paired_bootstrap_against_the_baseline(tmp_path):
     assert multi30k_table.significance_cell("m30k-umst", [1], {("m30k-umst", 1): (-0.0, 0.4)}) == "s1 +0.00 (p=0.400)"
 
 
+def test_table_compares_the_ablation_pairs_directly(tmp_path):
+    """--significance with --compare (default: UMST against its parse ablations, Prime against Prime-simple):
+    a line per pair whose rows are both in the table, per seed both decoded, first row minus second; a bad
+    pair is a clear argparse error."""
+    data, out = tmp_path / "data-bin", tmp_path / "runs"
+    (data / "ref").mkdir(parents=True)
+    (tmp_path / "data-bin_noparse").mkdir()  # the no-parse row's data-bin must exist
+    refs = [f"ein hund läuft {i} mal durch den schnee ." for i in range(60)]
+    (data / "ref" / "test.tok.de").write_text("\n".join(refs) + "\n")
+    garbled = [f"eine katze sitzt {i} auf dem tisch" for i in range(60)]
+    outputs = {multi30k_table.BASELINE: refs, "m30k-umst": refs,  # UMST: the references; no-parse garbles half
+               "m30k-umst-noparse": [garbled[i] if i % 2 else r for i, r in enumerate(refs)]}
+    for row, hyps in outputs.items():
+        for seed in (1, 2) if row != "m30k-umst-noparse" else (1,):
+            decoded = out / row / f"seed{seed}" / "eval-test"
+            decoded.mkdir(parents=True)
+            _write_generate(decoded / "generate-test.txt", hyps)
+            (decoded / "results.json").write_text(json.dumps({"tok_bleu": 50.0}))
+    argv = ["--data", str(data), "--rows", ",".join(outputs), "--seeds", "1,2", "--out", str(out), "--table-only",
+            "--significance", "--bootstrap-samples", "50"]
+    assert multi30k_table.main(argv) == 0
+    table = (out / "table.md").read_text()
+    line = next(x for x in table.splitlines() if x.startswith("- UMST (`m30k-umst`) minus "))
+    assert re.fullmatch(r"- UMST \(`m30k-umst`\) minus UMST, `--parser none` \(no phrase edges\) "
+                        r"\(`m30k-umst-noparse`\): \*\*s1 \+\d+\.\d\d \(p=0\.0\d\d\)\*\* / s2 –", line), line
+    assert table.count("\n- ") == 1  # the other default pairs lack a row of this table
+    assert multi30k_table.main(argv + ["--compare", ""]) == 0
+    assert "Paired comparisons" not in (out / "table.md").read_text()
+    assert multi30k_table.main(argv + ["--compare", "m30k-umst-noparse:m30k-umst"]) == 0
+    assert "\n- UMST, `--parser none` (no phrase edges) (`m30k-umst-noparse`) minus UMST (`m30k-umst`): **s1 -" \
+        in (out / "table.md").read_text()
+    for bad in ("m30k-umst", "m30k-umst:m30k-umst", "m30k-umst:nope"):
+        with pytest.raises(SystemExit):
+            multi30k_table.main(argv + ["--compare", bad])
+
+
 def _fake_archive(path, member):
     import tarfile
     import zipfile
