@@ -521,7 +521,7 @@ def archive_run(args, row, seed):
     names = sorted(archived_files(save, args.average), key=lambda n: n.endswith("results.json"))
     for name in names:
         os.makedirs(os.path.dirname(os.path.join(dest, name)), exist_ok=True)
-        if name.startswith("eval-") and name.endswith(".txt"):
+        if os.path.basename(name).startswith("generate-"):  # not hyp.detok.txt: a cased "S-Bahn ..." stays
             with open(os.path.join(save, name), encoding="utf-8") as f, \
                     open(os.path.join(dest, name), "w", encoding="utf-8") as g:
                 g.writelines(line for line in f if not line.startswith(("S-", "D-", "P-")))

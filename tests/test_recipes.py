@@ -742,6 +742,25 @@ def test_table_compares_the_ablation_pairs_directly(tmp_path):
             multi30k_table.main(argv + ["--compare", bad])
 
 
+def test_archive_trims_only_the_generate_files(tmp_path):
+    """archive_run drops the S-/D-/P- lines of fairseq-generate's output and nothing of the detokenized
+    hypotheses, whose lines may begin the same way in cased text ("S-Bahn ..."): one line per sentence."""
+    args = SimpleNamespace(out=str(tmp_path / "runs"), archive=str(tmp_path / "archive"), average=5)
+    save = tmp_path / "runs" / "m30k-umst" / "seed1"
+    for subset, _ in multi30k_table.TEST_SETS:
+        (save / f"eval-{subset}").mkdir(parents=True)
+        (save / f"eval-{subset}" / "results.json").write_text("{}")
+        (save / f"eval-{subset}" / f"generate-{subset}.txt").write_text(
+            "S-0\tthe train\nT-0\tdie s-bahn\nH-0\t-0.1\tdie s-bahn\nD-0\t-0.1\tDie S-Bahn\nP-0\t-0.1\n")
+        (save / f"eval-{subset}" / "hyp.detok.txt").write_text("S-Bahn fährt .\nD-Zug hält .\n")
+    (save / "params.json").write_text('{"parameters": 1}')
+    (save / "train-done.json").write_text('{"max_update": 10}')
+    multi30k_table.archive_run(args, "m30k-umst", 1)
+    kept = tmp_path / "archive" / "m30k-umst" / "seed1" / "eval-test1"
+    assert (kept / "hyp.detok.txt").read_text() == "S-Bahn fährt .\nD-Zug hält .\n"
+    assert (kept / "generate-test1.txt").read_text() == "T-0\tdie s-bahn\nH-0\t-0.1\tdie s-bahn\n"
+
+
 def _fake_archive(path, member):
     import tarfile
     import zipfile
