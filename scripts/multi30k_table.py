@@ -620,12 +620,45 @@ def train_all(args, runs):
                 for subset, _ in TEST_SETS))
         if active and status_due:
             last_status = time.time()
-            parts = []
-            for (row, seed), (proc, start, _, _) in active.items():
-                upd, loss = last_update(os.path.join(run_dir(args.out, row, seed), "train.log"))
-                parts.append(f"{row}/s{seed} {upd}/{args.max_update} loss {loss} ({time.time() - start:.0f}s)")
-            log("training: " + "; ".join(parts) + (f"; {len(pending)} waiting" if pending else ""))
+            log(progress_line(args, {key: start for key, (_, start, _, _) in active.items()}, pending))
     return failed
+
+
+def clock(seconds):
+    """A duration as the progress line gives it: 42s, 17 min, 3.2 h."""
+    return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else \
+        f"{seconds / 3600:.1f} h"
+
+
+def progress_line(args, active, pending, now=None):
+    """The runner's live status: for every training in ``active`` ({(row, seed): start time}) its update,
+    last train loss, time running and, once its current process has logged updates, its seconds per
+    update and when it will finish at that pace; then the trainings waiting and when all of them will
+    be done: the updates left (a waiting run's from its log, a resumed one continues from its last
+    checkpoint, within an epoch of that) at the mean pace of the running ones, --jobs at a time."""
+    now = time.time() if now is None else now
+    parts, paces, left = [], [], 0
+    for (row, seed), start in active.items():
+        train_log = os.path.join(run_dir(args.out, row, seed), "train.log")
+        segment = (training_segments(train_log) or [dict(from_update=0, to_update=0)])[-1]
+        upd, loss = segment["to_update"], last_update(train_log)[1]
+        part = f"{row}/s{seed} {upd}/{args.max_update} loss {loss} ({clock(now - start)}"
+        if segment["to_update"] > segment["from_update"]:
+            pace = (segment["end"] - segment["start"]) / (segment["to_update"] - segment["from_update"])
+            paces.append(pace)
+            finish = datetime.datetime.fromtimestamp(now + max(args.max_update - upd, 0) * pace)
+            part += f", {pace:.2f} s/update, done ~{finish:%H:%M}"
+        parts.append(part + ")")
+        left += max(args.max_update - upd, 0)
+    line = "training: " + "; ".join(parts)
+    if pending:
+        line += f"; {len(pending)} waiting"
+        if paces:
+            left += sum(max(args.max_update - last_update(os.path.join(run_dir(args.out, *r), "train.log"))[0], 0)
+                        for r in pending)
+            line += (f" (all done in about {clock(left * sum(paces) / len(paces) / args.jobs)} "
+                     f"at {sum(paces) / len(paces):.2f} s/update, {args.jobs} at a time)")
+    return line
 
 
 def sh(args, cmd, logfile):

@@ -415,6 +415,40 @@ def test_budget_line_counts_epochs_from_the_training_log(tmp_path):
     assert multi30k_table.updates_per_epoch(args, [multi30k_table.BASELINE], [1]) == 240
 
 
+def test_progress_line_gives_each_trainings_pace_and_when_the_queue_is_done(tmp_path):
+    """The pace is the current process's (a resumed one counts from the checkpoint it loaded, not from
+    the killed process's later updates); the queue's estimate adds the waiting runs' updates left."""
+    import datetime
+    import time
+
+    def stamp(t):
+        return datetime.datetime.fromtimestamp(t).strftime("[%Y-%m-%d %H:%M:%S,000]")
+
+    t0 = time.mktime((2026, 11, 24, 2, 0, 0, 0, 0, -1))
+    run = tmp_path / "m30k-umst" / "seed1"
+    run.mkdir(parents=True)
+    (run / "train.log").write_text(
+        f"{multi30k_table.SEGMENT_HEADER}2026-11-24T01:00:00 runner pid 1: cmd\n"
+        f"{stamp(t0 - 3000)}[train_inner][INFO] - epoch 017: loss=3.9, num_updates=4025\n"  # killed after 3840
+        f"{multi30k_table.SEGMENT_HEADER}{datetime.datetime.fromtimestamp(t0):%Y-%m-%dT%H:%M:%S} runner pid 2: cmd\n"
+        f"{stamp(t0 + 20)}[fairseq.trainer][INFO] - Loaded checkpoint x (epoch 17 @ 3840 updates)\n"
+        f"{stamp(t0 + 100)}[train_inner][INFO] - epoch 017: loss=3.8, num_updates=3890\n")
+    waiting = tmp_path / "m30k-msc" / "seed1"  # killed at 600 updates; m30k-prime seed 1 never started
+    waiting.mkdir(parents=True)
+    (waiting / "train.log").write_text(f"{stamp(t0)}[train_inner][INFO] - epoch 003: loss=5.1, num_updates=600\n")
+    args = SimpleNamespace(out=str(tmp_path), max_update=4090, jobs=2)
+    line = multi30k_table.progress_line(args, {("m30k-umst", 1): t0}, [("m30k-msc", 1), ("m30k-prime", 1)],
+                                        now=t0 + 100)
+    # 50 updates in 100 s: 2.00 s/update, 200 updates left: 400 s from 02:01:40
+    assert line.startswith("training: m30k-umst/s1 3890/4090 loss 3.8 (100s, 2.00 s/update, done ~02:08);"), line
+    # (200 + 3490 + 4090) updates at 2 s/update, 2 at a time: 7,780 s
+    assert line.endswith("; 2 waiting (all done in about 2.2 h at 2.00 s/update, 2 at a time)"), line
+    # a process that has not logged an update yet: no pace, no estimate
+    (run / "train.log").write_text(f"{multi30k_table.SEGMENT_HEADER}2026-11-24T02:00:00 runner pid 3: cmd\n")
+    assert multi30k_table.progress_line(args, {("m30k-umst", 1): t0}, [("m30k-msc", 1)], now=t0 + 30) == \
+        "training: m30k-umst/s1 0/4090 loss None (30s); 1 waiting"
+
+
 def test_close_rows_get_more_seeds_with_the_baseline_once_every_run_is_decoded():
     base = multi30k_table.BASELINE
     args = SimpleNamespace(close_seeds=[3], close_within=1.0)
