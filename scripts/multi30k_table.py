@@ -178,9 +178,10 @@ LOG_TIME = re.compile(r"^\[?(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)")
 
 
 def training_segments(train_log):
-    """[{"start", "end" (seconds since the epoch), "from_update", "to_update"}, ...]: one entry per
-    training process that wrote to the log (the runner heads each with ``# ...``; a resumed process
-    starts from the update of the checkpoint it loaded, which fairseq logs as ``(epoch E @ U updates)``)."""
+    """[{"start", "end" (seconds since the epoch), "from_update", "to_update", "loss"}, ...]: one entry
+    per training process that wrote to the log (the runner heads each with ``# ...``; a resumed process
+    starts from the update of the checkpoint it loaded, which fairseq logs as ``(epoch E @ U updates)``);
+    ``loss`` is the last train loss that process logged (None before its first)."""
     segments = []
     if not os.path.exists(train_log):
         return segments
@@ -189,11 +190,11 @@ def training_segments(train_log):
             if line.startswith("# "):
                 m = re.match(r"# started (\S+)", line)
                 start = datetime.datetime.fromisoformat(m.group(1)).timestamp() if m else None
-                segments.append(dict(start=start, end=start, from_update=0, to_update=0,
+                segments.append(dict(start=start, end=start, from_update=0, to_update=0, loss=None,
                                      started=m.group(1) if m else None))
                 continue
             if not segments:
-                segments.append(dict(start=None, end=None, from_update=0, to_update=0))
+                segments.append(dict(start=None, end=None, from_update=0, to_update=0, loss=None))
             seg = segments[-1]
             m = LOG_TIME.match(line)
             if m:
@@ -206,6 +207,9 @@ def training_segments(train_log):
             m = re.search(r"num_updates=(\d+)", line) or re.search(r"\| num_updates (\d+)", line)
             if m:
                 seg["to_update"] = max(seg["to_update"], int(m.group(1)))
+            m = re.search(r"\bloss=([\d.]+)", line)
+            if m:
+                seg["loss"] = float(m.group(1))
     return [s for s in segments if s["start"] is not None]
 
 
@@ -632,16 +636,18 @@ def clock(seconds):
 
 def progress_line(args, active, pending, now=None):
     """The runner's live status: for every training in ``active`` ({(row, seed): start time}) its update,
-    last train loss, time running and, once its current process has logged updates, its seconds per
-    update and when it will finish at that pace; then the trainings waiting and when all of them will
-    be done: the updates left (a waiting run's from its log, a resumed one continues from its last
-    checkpoint, within an epoch of that) at the mean pace of the running ones, --jobs at a time."""
+    its current process's last train loss, time running and, once that process has logged updates, its
+    seconds per update and when it will finish at that pace; then the trainings waiting and when all of
+    them will be done: the updates left (a waiting run's from its log, a resumed one continues from its
+    last checkpoint, within an epoch of that) at the mean pace of the running ones, --jobs at a time."""
     now = time.time() if now is None else now
     parts, paces, left = [], [], 0
     for (row, seed), start in active.items():
         train_log = os.path.join(run_dir(args.out, row, seed), "train.log")
-        segment = (training_segments(train_log) or [dict(from_update=0, to_update=0)])[-1]
-        upd, loss = segment["to_update"], last_update(train_log)[1]
+        # the current process's own update and loss: an earlier, killed process may have logged
+        # updates past the checkpoint this one resumed from
+        segment = (training_segments(train_log) or [dict(from_update=0, to_update=0, loss=None)])[-1]
+        upd, loss = segment["to_update"], segment["loss"]
         part = f"{row}/s{seed} {upd}/{args.max_update} loss {loss} ({clock(now - start)}"
         if segment["to_update"] > segment["from_update"]:
             pace = (segment["end"] - segment["start"]) / (segment["to_update"] - segment["from_update"])
@@ -656,8 +662,9 @@ def progress_line(args, active, pending, now=None):
         if paces:
             left += sum(max(args.max_update - last_update(os.path.join(run_dir(args.out, *r), "train.log"))[0], 0)
                         for r in pending)
-            line += (f" (all done in about {clock(left * sum(paces) / len(paces) / args.jobs)} "
-                     f"at {sum(paces) / len(paces):.2f} s/update, {args.jobs} at a time)")
+            pace = sum(paces) / len(paces)
+            line += (f" (all done in about {clock(left * pace / args.jobs)} at {pace:.2f} s/update, "
+                     f"{args.jobs} at a time)")
     return line
 
 

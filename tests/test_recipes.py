@@ -447,6 +447,14 @@ def test_progress_line_gives_each_trainings_pace_and_when_the_queue_is_done(tmp_
     (run / "train.log").write_text(f"{multi30k_table.SEGMENT_HEADER}2026-11-24T02:00:00 runner pid 3: cmd\n")
     assert multi30k_table.progress_line(args, {("m30k-umst", 1): t0}, [("m30k-msc", 1)], now=t0 + 30) == \
         "training: m30k-umst/s1 0/4090 loss None (30s); 1 waiting"
+    # nor a resumed one: its checkpoint's update, and no loss yet (not the killed process's 3.9 at 4025)
+    (run / "train.log").write_text(
+        f"{multi30k_table.SEGMENT_HEADER}2026-11-24T01:00:00 runner pid 1: cmd\n"
+        f"{stamp(t0 - 3000)}[train_inner][INFO] - epoch 017: loss=3.9, num_updates=4025\n"
+        f"{multi30k_table.SEGMENT_HEADER}{datetime.datetime.fromtimestamp(t0):%Y-%m-%dT%H:%M:%S} runner pid 4: cmd\n"
+        f"{stamp(t0 + 20)}[fairseq.trainer][INFO] - Loaded checkpoint x (epoch 17 @ 3840 updates)\n")
+    assert multi30k_table.progress_line(args, {("m30k-umst", 1): t0}, [], now=t0 + 30) == \
+        "training: m30k-umst/s1 3840/4090 loss None (30s)"
 
 
 def test_close_rows_get_more_seeds_with_the_baseline_once_every_run_is_decoded():
