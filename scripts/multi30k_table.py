@@ -165,13 +165,23 @@ def last_update(train_log):
     upd, loss = 0, None
     with open(train_log, errors="replace") as f:
         for line in f:
-            m = re.search(r"num_updates=(\d+)", line) or re.search(r"\| num_updates (\d+)", line)
-            if m:
-                upd = max(upd, int(m.group(1)))
-            m = re.search(r"\bloss=([\d.]+)", line)
-            if m:
-                loss = float(m.group(1))
+            upd = max(upd, logged_update(line) or 0)
+            line_loss = logged_loss(line)
+            loss = loss if line_loss is None else line_loss
     return upd, loss
+
+
+def logged_update(line):
+    """The update count a fairseq log line reports (train_inner's ``num_updates=U``, an epoch summary's
+    ``| num_updates U``), or None."""
+    m = re.search(r"num_updates=(\d+)", line) or re.search(r"\| num_updates (\d+)", line)
+    return int(m.group(1)) if m else None
+
+
+def logged_loss(line):
+    """The train loss a fairseq train_inner line reports (``loss=L``), or None."""
+    m = re.search(r"\bloss=([\d.]+)", line)
+    return float(m.group(1)) if m else None
 
 
 LOG_TIME = re.compile(r"^\[?(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)")
@@ -204,12 +214,9 @@ def training_segments(train_log):
             m = re.search(r"Loaded checkpoint .*\(epoch \d+ @ (\d+) updates", line)
             if m:
                 seg["from_update"] = seg["to_update"] = int(m.group(1))
-            m = re.search(r"num_updates=(\d+)", line) or re.search(r"\| num_updates (\d+)", line)
-            if m:
-                seg["to_update"] = max(seg["to_update"], int(m.group(1)))
-            m = re.search(r"\bloss=([\d.]+)", line)
-            if m:
-                seg["loss"] = float(m.group(1))
+            seg["to_update"] = max(seg["to_update"], logged_update(line) or 0)
+            line_loss = logged_loss(line)
+            seg["loss"] = seg["loss"] if line_loss is None else line_loss
     return [s for s in segments if s["start"] is not None]
 
 
