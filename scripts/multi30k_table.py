@@ -25,7 +25,9 @@ the budget ends on an epoch boundary fairseq writes no update checkpoint there, 
 and that file is then the last of the average (OUT/ROW/seedS/averaged.json lists what was averaged).
 
 Runs survive the machine: a training killed at any moment (kill -9, machine gone) resumes from its
-checkpoint_last.pt when the runner is re-run, losing only the updates since that checkpoint; its log
+checkpoint_last.pt when the runner is re-run, losing only the updates since that checkpoint (a
+checkpoint that the kill cut short, in the middle of fairseq's non-atomic copy to checkpoint_last.pt, is
+removed and checkpoint_last.pt rebuilt from the newest whole one: repair_checkpoints); its log
 (train.log, appended, one ``# started ...`` header per segment) is read whole, and its training time is
 the time per update over all segments times the budget (redone updates and restarts are not counted
 twice). On the CPU the table gives CPU time (user + system of the training process, recorded per segment
@@ -56,6 +58,7 @@ import statistics
 import subprocess
 import sys
 import time
+import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "configs")
@@ -440,6 +443,48 @@ def claim(save):
         f.write(str(os.getpid()))
 
 
+def whole_checkpoint(path):
+    """Whether a checkpoint file was written to its end: torch.save writes a zip archive whose central
+    directory comes last, so a file cut short does not open as one."""
+    try:
+        with zipfile.ZipFile(path):
+            return True
+    except (zipfile.BadZipFile, OSError):
+        return False
+
+
+def repair_checkpoints(save):
+    """Undo what a kill in the middle of fairseq's checkpoint save leaves, before the training resumes.
+
+    fairseq writes a save's first file atomically (FILE.tmp, then rename) but *copies* it to the save's
+    other names (checkpoint_E_U.pt, checkpoint_best.pt, checkpoint_last.pt). A kill during a copy leaves a
+    truncated file: fairseq's next start dies on a truncated checkpoint_last.pt (EOFError), starts again
+    from scratch if it is missing, and a truncated update checkpoint would break the average. Every
+    truncated checkpoint is deleted (its whole original is on disk: the file it was copied from), so is a
+    leftover FILE.tmp, and a missing or truncated checkpoint_last.pt is rebuilt (copy, then rename) from
+    the newest whole checkpoint, which is the model fairseq was saving. Returns what it did, one line each."""
+    done = []
+    names = sorted(os.listdir(save))
+    for name in names:
+        path = os.path.join(save, name)
+        if name.startswith("checkpoint") and name.endswith(".pt.tmp"):
+            os.remove(path)
+            done.append(f"removed {name} (a save cut short)")
+        elif name.startswith("checkpoint") and name.endswith(".pt") and not whole_checkpoint(path):
+            size = os.path.getsize(path)
+            os.remove(path)
+            done.append(f"removed {name} (truncated at {size:,} bytes: a copy cut short)")
+    last = os.path.join(save, "checkpoint_last.pt")
+    if not os.path.exists(last):
+        found = {u: p for u, p in saved_models(save).items() if os.path.basename(p) != "checkpoint_last.pt"}
+        if found:
+            newest = found[max(found)]
+            shutil.copyfile(newest, last + ".tmp")
+            os.replace(last + ".tmp", last)
+            done.append(f"checkpoint_last.pt rebuilt from {os.path.basename(newest)} (update {max(found)})")
+    return done
+
+
 def forget_results(save):
     """Remove what an earlier budget of this run measured (its average, scores and stamp)."""
     for name in os.listdir(save):
@@ -583,6 +628,8 @@ def train_all(args, runs):
             save = run_dir(args.out, row, seed)
             os.makedirs(save, exist_ok=True)
             claim(save)
+            for repaired in repair_checkpoints(save):
+                log(f"{row} seed {seed}: {repaired}")
             resumed = os.path.exists(os.path.join(save, "checkpoint_last.pt"))
             if resumed:  # continue only the same training (a longer budget is the same training)
                 check_same_settings(args, row, seed, "was trained")
@@ -726,7 +773,7 @@ def models_to_average(save, n, final, found=None):
 def average(args, save, n, final, output, found=None):
     """Average the newest ``n`` models up to ``final`` into ``output`` (kept: a re-run reuses it) and
     list them in OUTPUT.json."""
-    if not os.path.exists(output):
+    if not (os.path.exists(output) and os.path.exists(output[:-3] + ".json")):  # both: a kill between
         picks = models_to_average(save, n, final, found)
         sh(args, [sys.executable, "-m", "umst_plugin.average_checkpoints", "--inputs", *[p for _, p in picks],
             "--output", output], os.path.join(save, "eval.log"))

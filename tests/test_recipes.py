@@ -642,10 +642,15 @@ def test_multi30k_runner_resumes_a_killed_training_and_averages_the_final_model(
     killed_at = multi30k_table.last_update(str(train_log))[0]
     assert per_epoch <= killed_at < budget, (per_epoch, killed_at)
     assert not (save / "train-done.json").exists()
+    # the kill as it can land (and did in CI): in fairseq's non-atomic copy of a save to checkpoint_last.pt
+    last = save / "checkpoint_last.pt"
+    last.write_bytes(last.read_bytes()[:last.stat().st_size // 3])
 
     # 2. re-run with the two-epoch budget: resumes, finishes at the budget, the final model averaged
     proc = subprocess.run(list(map(str, cmd(budget))), env=env(), capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert re.search(r"removed checkpoint_last.pt \(truncated .*\n.*checkpoint_last.pt rebuilt from checkpoint",
+                     proc.stdout), proc.stdout[-3000:]
     assert "training resumed from checkpoint_last.pt" in proc.stdout, proc.stdout[-3000:]
     text = train_log.read_text(errors="replace")
     assert text.count(multi30k_table.SEGMENT_HEADER) == 2
@@ -686,6 +691,45 @@ def test_multi30k_runner_resumes_a_killed_training_and_averages_the_final_model(
     proc = subprocess.run(other, env=env(), capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode != 0 and "was trained with other settings" in proc.stderr, proc.stderr[-2000:]
     assert multi30k_table.last_update(str(train_log))[0] == budget
+
+
+def test_runner_repairs_checkpoints_a_kill_cut_short(tmp_path):
+    """fairseq copies a save's first file to checkpoint_last.pt (and checkpoint_E_U.pt, checkpoint_best.pt)
+    non-atomically: a kill mid-copy leaves a truncated file that fairseq's next start dies on (EOFError,
+    seen in CI). Before a resume the runner removes every truncated checkpoint and leftover .tmp and rebuilds
+    checkpoint_last.pt from the newest whole checkpoint; whole files are left alone."""
+    def save_at(name, updates, cut=False):
+        path = tmp_path / name
+        torch.save({"optimizer_history": [{"num_updates": updates}], "model": {"w": torch.full((256,), updates)}},
+                   path)
+        if cut:
+            data = path.read_bytes()
+            path.write_bytes(data[:len(data) // 2])
+        return path
+
+    whole = {n: save_at(n, u).read_bytes() for n, u in [("checkpoint1.pt", 40), ("checkpoint_2_60.pt", 60),
+                                                        ("checkpoint2.pt", 80)]}
+    save_at("checkpoint_2_80.pt", 80, cut=True)  # the kill: copying update 80's save to its other names
+    save_at("checkpoint_best.pt", 80, cut=True)
+    save_at("checkpoint_last.pt", 80, cut=True)
+    (tmp_path / "checkpoint3.pt.tmp").write_bytes(b"PK")
+    (tmp_path / "train.log").write_text("x\n")
+    done = multi30k_table.repair_checkpoints(str(tmp_path))
+    assert "checkpoint_last.pt rebuilt from checkpoint2.pt (update 80)" in done, done
+    assert sum("truncated" in d for d in done) == 3 and any("checkpoint3.pt.tmp" in d for d in done), done
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*whole, "checkpoint_last.pt", "train.log"])
+    assert (tmp_path / "checkpoint_last.pt").read_bytes() == whole["checkpoint2.pt"]
+    assert all((tmp_path / n).read_bytes() == b for n, b in whole.items())
+    assert multi30k_table.models_to_average(str(tmp_path), 3, 80)[-1][0] == 80  # the average works again
+    # a missing checkpoint_last.pt (killed before the copy began) is rebuilt from the newest by update count
+    (tmp_path / "checkpoint_last.pt").unlink()
+    (tmp_path / "checkpoint2.pt").unlink()
+    assert multi30k_table.repair_checkpoints(str(tmp_path)) == [
+        "checkpoint_last.pt rebuilt from checkpoint_2_60.pt (update 60)"]
+    # whole files: nothing to do; an empty (new) run directory: nothing to do
+    assert multi30k_table.repair_checkpoints(str(tmp_path)) == []
+    (tmp_path / "new").mkdir()
+    assert multi30k_table.repair_checkpoints(str(tmp_path / "new")) == []
 
 
 def _write_generate(path, hyps):
