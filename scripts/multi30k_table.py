@@ -268,9 +268,7 @@ def record_cpu_time(save, started, seconds):
     path = os.path.join(save, CPU_TIME)
     cpu = read_json(path) if os.path.exists(path) else {}
     cpu[started] = round(seconds, 1)
-    with open(path + ".tmp", "w") as f:
-        json.dump(cpu, f, indent=1)
-    os.replace(path + ".tmp", path)
+    write_json(path, cpu, indent=1)
 
 
 def training_cpu_time(save, max_update):
@@ -542,9 +540,9 @@ def adopt_longer_run(args, row, seed):
         return
     check_same_settings(args, row, seed, f"trained past --max-update {args.max_update}")
     forget_results(save)
-    with open(os.path.join(save, "train-done.json"), "w") as f:
-        json.dump(dict(max_update=args.max_update, wall_s=round(training_time(train_log, args.max_update), 1),
-                       trained_to=trained_to, jobs=args.jobs, threads=args.threads), f)
+    write_json(os.path.join(save, "train-done.json"),
+               dict(max_update=args.max_update, wall_s=round(training_time(train_log, args.max_update), 1),
+                    trained_to=trained_to, jobs=args.jobs, threads=args.threads))
     log(f"{row} seed {seed}: trained to update {trained_to} before; its first {args.max_update} "
         "updates are this budget's run")
 
@@ -596,7 +594,8 @@ def restore_run(args, row, seed):
     if read_json(os.path.join(src, "train-done.json")).get("max_update") != args.max_update:
         return False
     check_same_settings(args, row, seed, "was trained", where=src, portable=True, option="--archive")
-    for name in archived_files(src, args.average):
+    # train-done.json last: until it is there the run is not restored, and a re-run restores it again
+    for name in sorted(archived_files(src, args.average), key=lambda n: n == "train-done.json"):
         os.makedirs(os.path.dirname(os.path.join(save, name)), exist_ok=True)
         shutil.copyfile(os.path.join(src, name), os.path.join(save, name))
     log(f"{row} seed {seed}: restored from {src} (trained and decoded before)")
@@ -665,9 +664,9 @@ def train_all(args, runs):
                 log(f"{key[0]} seed {key[1]}: FAILED (exit {proc.returncode}, {upd} updates); see {save}/train.log:\n"
                     + tail)
                 continue
-            with open(os.path.join(save, "train-done.json"), "w") as f:
-                json.dump(dict(max_update=args.max_update, wall_s=round(wall, 1), jobs=args.jobs,
-                               threads=args.threads, loss=loss, machine=this_machine()), f)
+            write_json(os.path.join(save, "train-done.json"),
+                       dict(max_update=args.max_update, wall_s=round(wall, 1), jobs=args.jobs,
+                            threads=args.threads, loss=loss, machine=this_machine()))
             log(f"{key[0]} seed {key[1]}: trained {upd} updates, {wall:.0f} s of training (last train loss {loss}); "
                 "average + decode test sets")
             evaluate(args, *key)
@@ -777,8 +776,7 @@ def average(args, save, n, final, output, found=None):
         picks = models_to_average(save, n, final, found)
         sh(args, [sys.executable, "-m", "umst_plugin.average_checkpoints", "--inputs", *[p for _, p in picks],
             "--output", output], os.path.join(save, "eval.log"))
-        with open(output[:-3] + ".json", "w") as f:
-            json.dump([dict(update=u, file=os.path.basename(p)) for u, p in picks], f)
+        write_json(output[:-3] + ".json", [dict(update=u, file=os.path.basename(p)) for u, p in picks])
     return output
 
 
@@ -804,8 +802,7 @@ def evaluate(args, row, seed):
         decode(args, row, avg, subset, os.path.join(save, f"eval-{subset}"), os.path.join(save, "eval.log"))
     params = os.path.join(save, "params.json")
     if not os.path.exists(params):
-        with open(params, "w") as f:
-            json.dump({"parameters": count_parameters(avg)}, f)
+        write_json(params, {"parameters": count_parameters(avg)})
 
 
 def budget_curve(args, row, seed, every):
@@ -834,8 +831,7 @@ def budget_curve(args, row, seed, every):
         points.append(point)
         log(f"{row} seed {seed}: average of {args.average} ending at update {final}: valid BLEU {point['valid']}, "
             f"test BLEU {point['test']}, valid ppl {point['valid_ppl']}")
-    with open(os.path.join(save, "budget-curve.json"), "w") as f:
-        json.dump(points, f, indent=1)
+    write_json(os.path.join(save, "budget-curve.json"), points, indent=1)
     return points
 
 
@@ -851,6 +847,22 @@ def count_parameters(checkpoint):
 def read_json(path):
     with open(path) as f:
         return json.load(f)
+
+
+def write_file(path, text):
+    """Write PATH atomically (PATH.tmp, then rename): a kill at any moment leaves the old file or the new
+    one, never a truncated one that the next run would die on (or a page cut short)."""
+    try:
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+    finally:
+        if os.path.exists(path + ".tmp"):
+            os.remove(path + ".tmp")
+
+
+def write_json(path, obj, **dump_args):
+    write_file(path, json.dumps(obj, **dump_args))
 
 
 def mean_spread(values):
@@ -1236,18 +1248,17 @@ def main(argv=None):
     seeds_of = {r: seeds + (args.close_seeds if r in close else []) for r in rows}
     text = table(args, rows, seeds, results, seeds_of)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
-        f.write(text)
+    write_file(os.path.join(args.out, "table.md"), text)
     picture = os.path.join(args.out, "valid-ppl.png")
     drawn = plot_valid_curves(args, rows, seeds_of, results, picture)
     if drawn:
         log(f"validation curves: {picture}")
-    with open(os.path.join(args.out, "runs.json"), "w", encoding="utf-8") as f:  # every run, per seed
-        budget = {k: getattr(args, k) for k in ("max_update", "max_tokens", "average", "save_every", "beam", "jobs",
-                                                "threads", "cpu", "fp16", "bf16", "override", "hardware",
-                                                "close_seeds", "close_within")}
-        json.dump({"budget": dict(budget, warmup_updates=warmup_updates(args.max_update, args.warmup)),
-                   "runs": list(results.values())}, f, indent=1)
+    budget = {k: getattr(args, k) for k in ("max_update", "max_tokens", "average", "save_every", "beam", "jobs",
+                                            "threads", "cpu", "fp16", "bf16", "override", "hardware",
+                                            "close_seeds", "close_within")}
+    write_json(os.path.join(args.out, "runs.json"),  # every run, per seed
+               {"budget": dict(budget, warmup_updates=warmup_updates(args.max_update, args.warmup)),
+                "runs": list(results.values())}, indent=1)
     if args.curve_every:
         curves = {(r, s): budget_curve(args, r, s, args.curve_every) for r in rows for s in seeds_of[r]}
         plot_budget_curves(args, curves, os.path.join(args.out, "bleu-curve.png"))
@@ -1264,8 +1275,7 @@ def main(argv=None):
             raise SystemExit(f"{args.docs}: no {begin} ... {end} markers to write the table between")
         head, rest = doc.split(begin, 1)
         _, tail = rest.split(end, 1)
-        with open(args.docs, "w", encoding="utf-8") as f:
-            f.write(head + begin + "\n" + text + end + tail)
+        write_file(args.docs, head + begin + "\n" + text + end + tail)
     print(text)
     log(f"table: {os.path.join(args.out, 'table.md')}")
     return 1 if not args.table_only and failed else 0

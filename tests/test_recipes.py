@@ -732,6 +732,22 @@ def test_runner_repairs_checkpoints_a_kill_cut_short(tmp_path):
     assert multi30k_table.repair_checkpoints(str(tmp_path / "new")) == []
 
 
+def test_runner_writes_its_files_whole_or_not_at_all(tmp_path):
+    """train-done.json, params.json, checkpoint_avgN.json, runs.json, cpu-time.json, table.md and the docs
+    page: a write that stops half-way (here at a character UTF-8 cannot encode, after the file was opened;
+    on the machine, a kill) leaves the old file, readable, and no .tmp behind."""
+    path = str(tmp_path / "train-done.json")
+    multi30k_table.write_json(path, {"max_update": 80})
+    with pytest.raises(UnicodeEncodeError):
+        multi30k_table.write_file(path, '{"max_update": 160, "note": "\ud800"}')
+    with pytest.raises(TypeError):
+        multi30k_table.write_json(path, {"max_update": 160, "wall_s": object()})
+    assert multi30k_table.read_json(path) == {"max_update": 80}
+    assert os.listdir(tmp_path) == ["train-done.json"]
+    multi30k_table.write_json(path, {"max_update": 160}, indent=1)
+    assert multi30k_table.read_json(path) == {"max_update": 160}
+
+
 def _write_generate(path, hyps):
     path.write_text("".join(f"S-{i}\tx\nT-{i}\tx\nH-{i}\t-0.1\t{h}\n" for i, h in enumerate(hyps)))
     return str(path)
