@@ -474,7 +474,7 @@ def repair_checkpoints(save):
             done.append(f"removed {name} (truncated at {size:,} bytes: a copy cut short)")
     last = os.path.join(save, "checkpoint_last.pt")
     if not os.path.exists(last):
-        found = {u: p for u, p in saved_models(save).items() if os.path.basename(p) != "checkpoint_last.pt"}
+        found = saved_models(save)  # checkpoint_last.pt is not among them: it is missing
         if found:
             newest = found[max(found)]
             shutil.copyfile(newest, last + ".tmp")
