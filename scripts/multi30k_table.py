@@ -1078,7 +1078,32 @@ def table(args, rows, seeds, results, seeds_of=None):
         wall = [r["train_wall_s"] for r in runs if "train_wall_s" in r]
         return (statistics.mean(wall), args.cpu) if wall else (None, False)
 
-    base_time = train_time(BASELINE)[0] if BASELINE in rows else None
+    def run_time(run, wall):
+        """One run's seconds in the measure its row's time cell uses (CPU time, or wall time where ``wall``)."""
+        return run.get("train_wall_s" if wall or not args.cpu else "train_cpu_s")
+
+    def baseline_time_on(machine, wall):
+        """The pre-norm transformer's mean time over its runs on ``machine`` (None: no such run). A time ratio
+        divides by the baseline of the same CPU only: across CPUs it would measure the CPUs too (a Zen 4
+        core trained Prime about 2x faster than the Zen/Zen 2 core of the machine before it)."""
+        times = [run_time(results[BASELINE, s], wall) for s in seeds_of.get(BASELINE, ())
+                 if results[BASELINE, s].get("machine") == machine]
+        times = [t for t in times if t]
+        if not times and not wall and args.cpu:  # a baseline that recorded only wall time
+            return baseline_time_on(machine, True)
+        return statistics.mean(times) if times else None
+
+    def time_ratio(row, wall):
+        """Mean over the row's runs of run time / pre-norm time on the same machine; None if no run of the row
+        has a pre-norm run on its machine."""
+        ratios = []
+        for seed in seeds_of[row]:
+            run = results[row, seed]
+            seconds, base = run_time(run, wall), baseline_time_on(run.get("machine"), wall)
+            if seconds and base:
+                ratios.append(seconds / base)
+        return statistics.mean(ratios) if ratios else None
+
     wall_for_cpu = False
     head = ("| row | params | " + " | ".join(f"{name} BLEU" for _, name in TEST_SETS)
             + f" | 2016 Flickr sacreBLEU | hyp/ref length | valid ppl | train {'CPU' if args.cpu else 'wall'} time / run"
@@ -1103,8 +1128,11 @@ def table(args, rows, seeds, results, seeds_of=None):
         cells += [mean_spread(per_set[s]) for s, _ in TEST_SETS]
         seconds, wall = train_time(row)
         spent = f"{seconds / 60:.1f} min" if seconds else "–"
-        if seconds and base_time:
-            spent += f" ({seconds / base_time:.2f}x)"
+        ratio = time_ratio(row, wall) if seconds and BASELINE in rows else None
+        if ratio:
+            spent += f" ({ratio:.2f}x)"
+        elif seconds and BASELINE in rows and any(baseline_time_on(m, wall) for m in machines):
+            spent += " (no pre-norm run on its machine)"
         if wall:
             spent += " †"
             wall_for_cpu = True
@@ -1120,8 +1148,10 @@ def table(args, rows, seeds, results, seeds_of=None):
         lines += ["", "Paired comparisons on 2016 Flickr (`--compare`: tokenized BLEU of the first row minus the "
                   "second's, same seed, p of the same paired bootstrap; bold: p < 0.05):", ""] + pairs
     if len(machines) > 1:  # time ratios between rows trained on different CPUs compare the CPUs too
-        lines += ["", "Trained on different machines (time ratios compare these too): "
-                  + "; ".join(f"{m}: {', '.join(runs)}" for m, runs in machines.items()) + "."]
+        lines += ["", "Trained on different machines: "
+                  + "; ".join(f"{m}: {', '.join(runs)}" for m, runs in machines.items())
+                  + ". A time ratio is each run's time over the pre-norm transformer's on the same machine, "
+                  "averaged over the row's runs that have one; a time in minutes averages over CPUs."]
     if wall_for_cpu:
         lines += ["", "†: wall time, no run of the row recorded CPU time (trained before the runner recorded it; "
                   "wall time grows with whatever else ran on the machine). Elsewhere CPU time, over the runs "

@@ -586,9 +586,27 @@ def test_table_gives_cpu_time_and_marks_wall_time_standing_in_for_it(tmp_path):
         (save / "train-done.json").write_text(json.dumps(dict(max_update=100, wall_s=6000.0, machine=machine)))
     assert multi30k_table.main(["--data", str(data), "--rows", base, "--seeds", "1,2", "--max-update", "100",
                                 "--out", str(out), "--cpu", "--table-only"]) == 0
-    assert (f"\nTrained on different machines (time ratios compare these too): CPU A, AVX2, 2 cores: `{base}` s1; "
-            f"CPU B, AVX-512, 2 cores: `{base}` s2.\n") in (out / "table.md").read_text()
+    assert (f"\nTrained on different machines: CPU A, AVX2, 2 cores: `{base}` s1; "
+            f"CPU B, AVX-512, 2 cores: `{base}` s2. A time ratio is each run's time over the pre-norm "
+            "transformer's on the same machine") in (out / "table.md").read_text()
     assert "; hardware: several machines, listed below the table. " in (out / "table.md").read_text()
+    # a time ratio divides by the pre-norm run of the same CPU only (here 3000 s on A, 2000 s on B)
+    other = "m30k-umst"
+    for seed, machine, cpu_s in ((1, "CPU B, AVX-512, 2 cores", 2200.0), (2, "CPU B, AVX-512, 2 cores", 2200.0),
+                                 (3, "CPU C, 2 cores", 1000.0)):
+        save = out / other / f"seed{seed}"
+        save.mkdir(parents=True)
+        (save / "train-done.json").write_text(json.dumps(dict(max_update=100, wall_s=6000.0, machine=machine)))
+        (save / "train.log").write_text("# started 2026-11-23T00:00:01 runner pid 1: x\n" + inner.format(1, 100))
+        multi30k_table.record_cpu_time(str(save), "2026-11-23T00:00:01", cpu_s)
+    def time_cell(seeds):
+        assert multi30k_table.main(["--data", str(data), "--rows", f"{base},{other}", "--seeds", seeds,
+                                    "--max-update", "100", "--out", str(out), "--cpu", "--table-only"]) == 0
+        return next(line for line in (out / "table.md").read_text().splitlines()
+                    if line.startswith("| UMST (")).split(" | ")[-2]
+    assert time_cell("1,2") == "36.7 min (1.10x)"  # 2200 / 2000 on B; not 2200 / 2500, the mean over A and B
+    # seeds 1 and 3: the baseline's seed 1 ran on A, the row's on B and C, where no baseline ran
+    assert time_cell("1,3") == "26.7 min (no pre-norm run on its machine)"
     (new / "train-done.json").write_text(json.dumps(dict(max_update=100, wall_s=6000.0, machine="CPU A, AVX2, 2 cores")))
     assert multi30k_table.main(["--data", str(data), "--rows", base, "--seeds", "1,2", "--max-update", "100",
                                 "--out", str(out), "--cpu", "--table-only"]) == 0
