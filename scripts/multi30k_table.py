@@ -1147,7 +1147,7 @@ def table(args, rows, seeds, results, seeds_of=None):
     if pairs:
         lines += ["", "Paired comparisons on 2016 Flickr (`--compare`: tokenized BLEU of the first row minus the "
                   "second's, same seed, p of the same paired bootstrap; bold: p < 0.05):", ""] + pairs
-    if len(machines) > 1:  # time ratios between rows trained on different CPUs compare the CPUs too
+    if len(machines) > 1:  # which run trained where: a time in minutes averages over these CPUs
         lines += ["", "Trained on different machines: "
                   + "; ".join(f"{m}: {', '.join(runs)}" for m, runs in machines.items())
                   + ". A time ratio is each run's time over the pre-norm transformer's on the same machine, "
