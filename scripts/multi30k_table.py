@@ -191,10 +191,11 @@ LOG_TIME = re.compile(r"^\[?(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)")
 
 
 def training_segments(train_log):
-    """[{"start", "end" (seconds since the epoch), "from_update", "to_update", "loss"}, ...]: one entry
-    per training process that wrote to the log (the runner heads each with ``# ...``; a resumed process
-    starts from the update of the checkpoint it loaded, which fairseq logs as ``(epoch E @ U updates)``);
-    ``loss`` is the last train loss that process logged (None before its first)."""
+    """[{"start", "end" (seconds since the epoch), "from_update", "to_update", "loss", "points"}, ...]: one
+    entry per training process that wrote to the log (the runner heads each with ``# ...``; a resumed
+    process starts from the update of the checkpoint it loaded, which fairseq logs as ``(epoch E @ U
+    updates)``); ``loss`` is the last train loss that process logged (None before its first); ``points``
+    the (time, update) of each of its timed lines that reports an update, for a recent pace."""
     segments = []
     if not os.path.exists(train_log):
         return segments
@@ -203,21 +204,24 @@ def training_segments(train_log):
             if line.startswith("# "):
                 m = re.match(r"# started (\S+)", line)
                 start = datetime.datetime.fromisoformat(m.group(1)).timestamp() if m else None
-                segments.append(dict(start=start, end=start, from_update=0, to_update=0, loss=None,
+                segments.append(dict(start=start, end=start, from_update=0, to_update=0, loss=None, points=[],
                                      started=m.group(1) if m else None))
                 continue
             if not segments:
-                segments.append(dict(start=None, end=None, from_update=0, to_update=0, loss=None))
+                segments.append(dict(start=None, end=None, from_update=0, to_update=0, loss=None, points=[]))
             seg = segments[-1]
             m = LOG_TIME.match(line)
-            if m:
-                t = datetime.datetime.fromisoformat(m.group(1).replace("T", " ")).timestamp()
+            t = datetime.datetime.fromisoformat(m.group(1).replace("T", " ")).timestamp() if m else None
+            if t is not None:
                 seg["start"] = t if seg["start"] is None else seg["start"]
                 seg["end"] = t
             m = re.search(r"Loaded checkpoint .*\(epoch \d+ @ (\d+) updates", line)
             if m:
                 seg["from_update"] = seg["to_update"] = int(m.group(1))
-            seg["to_update"] = max(seg["to_update"], logged_update(line) or 0)
+            update = logged_update(line)
+            if update is not None and t is not None:
+                seg["points"].append((t, update))
+            seg["to_update"] = max(seg["to_update"], update or 0)
             line_loss = logged_loss(line)
             seg["loss"] = seg["loss"] if line_loss is None else line_loss
     return [s for s in segments if s["start"] is not None]
@@ -681,6 +685,25 @@ def train_all(args, runs):
     return failed
 
 
+PACE_WINDOW = 600.0  # seconds: the progress line's pace is a training's over its latest 10 minutes
+
+
+def recent_pace(segment, window=PACE_WINDOW):
+    """Seconds per update of a training process over its last ``window`` seconds of logged updates, or over
+    the whole process while it is younger: a pace (and finish time) that follows a change of neighbours,
+    or a pause, within minutes instead of averaging it in for the rest of the run. None before its first
+    logged update."""
+    points = segment.get("points", [])
+    if points:
+        last_t, last_u = points[-1]
+        before = [(t, u) for t, u in points if t <= last_t - window]
+        if before and last_u > before[-1][1]:
+            return (last_t - before[-1][0]) / (last_u - before[-1][1])
+    if segment["to_update"] > segment["from_update"]:
+        return (segment["end"] - segment["start"]) / (segment["to_update"] - segment["from_update"])
+    return None
+
+
 def clock(seconds):
     """A duration as the progress line gives it: 42s, 17 min, 3.2 h."""
     return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else \
@@ -690,7 +713,7 @@ def clock(seconds):
 def progress_line(args, active, pending, now=None):
     """The runner's live status: for every training in ``active`` ({(row, seed): start time}) its update,
     its current process's last train loss, time running and, once that process has logged updates, its
-    seconds per update and when it will finish at that pace; then the trainings waiting and when all of
+    seconds per update over the last 10 minutes (``recent_pace``) and when it will finish at that pace; then the trainings waiting and when all of
     them will be done: the updates left (a waiting run's from its log, a resumed one continues from its
     last checkpoint, within an epoch of that) at the mean pace of the running ones, --jobs at a time."""
     now = time.time() if now is None else now
@@ -702,8 +725,8 @@ def progress_line(args, active, pending, now=None):
         segment = (training_segments(train_log) or [dict(from_update=0, to_update=0, loss=None)])[-1]
         upd, loss = segment["to_update"], segment["loss"]
         part = f"{row}/s{seed} {upd}/{args.max_update} loss {loss} ({clock(now - start)}"
-        if segment["to_update"] > segment["from_update"]:
-            pace = (segment["end"] - segment["start"]) / (segment["to_update"] - segment["from_update"])
+        pace = recent_pace(segment)
+        if pace:
             paces.append(pace)
             finish = datetime.datetime.fromtimestamp(now + max(args.max_update - upd, 0) * pace)
             part += f", {pace:.2f} s/update, done ~{finish:%H:%M}"

@@ -455,6 +455,17 @@ def test_progress_line_gives_each_trainings_pace_and_when_the_queue_is_done(tmp_
         f"{stamp(t0 + 20)}[fairseq.trainer][INFO] - Loaded checkpoint x (epoch 17 @ 3840 updates)\n")
     assert multi30k_table.progress_line(args, {("m30k-umst", 1): t0}, [], now=t0 + 30) == \
         "training: m30k-umst/s1 3840/4090 loss None (30s)"
+    # a process paused for 20 minutes (SIGSTOP, or a heavy neighbour) then back at 0.5 s/update: the pace is
+    # its last 10 minutes', not the whole process's 1.25 s/update that would put its finish hours late
+    lines = [f"{multi30k_table.SEGMENT_HEADER}{datetime.datetime.fromtimestamp(t0):%Y-%m-%dT%H:%M:%S} runner pid 5: cmd\n",
+             f"{stamp(t0 + 60)}[train_inner][INFO] - epoch 001: loss=9.0, num_updates=100\n"]
+    lines += [f"{stamp(t0 + 1260 + 60 * i)}[train_inner][INFO] - epoch 001: loss=8.0, num_updates={100 + 120 * i}\n"
+              for i in range(1, 16)]  # paused from t0 + 60 to t0 + 1260; then 120 updates a minute
+    (run / "train.log").write_text("".join(lines))
+    line = multi30k_table.progress_line(args, {("m30k-umst", 1): t0}, [], now=t0 + 2160)
+    assert line == "training: m30k-umst/s1 1900/4090 loss 8.0 (36 min, 0.50 s/update, done ~02:54)", line
+    segment = multi30k_table.training_segments(str(run / "train.log"))[-1]
+    assert multi30k_table.recent_pace(segment, window=1e6) == 2160 / 1900  # younger than the window: all of it
 
 
 def test_close_rows_get_more_seeds_with_the_baseline_once_every_run_is_decoded():
