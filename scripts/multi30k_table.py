@@ -1108,7 +1108,7 @@ def table(args, rows, seeds, results, seeds_of=None):
     def baseline_time_on(machine, wall):
         """The pre-norm transformer's mean time over its runs on ``machine`` (None: no such run). A time ratio
         divides by the baseline of the same CPU only: across CPUs it would measure the CPUs too (a Zen 4
-        core trained Prime about 2x faster than the Zen/Zen 2 core of the machine before it)."""
+        core trained Prime at 0.67 s per update, the Zen/Zen 2 core of the machine before it at 1.66)."""
         times = [run_time(results[BASELINE, s], wall) for s in seeds_of.get(BASELINE, ())
                  if results[BASELINE, s].get("machine") == machine]
         times = [t for t in times if t]
