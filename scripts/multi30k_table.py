@@ -693,7 +693,7 @@ def recent_pace(segment, window=PACE_WINDOW):
     the whole process while it is younger: a pace (and finish time) that follows a change of neighbours,
     or a pause, within minutes instead of averaging it in for the rest of the run. None before its first
     logged update."""
-    points = segment.get("points", [])
+    points = segment["points"]
     if points:
         last_t, last_u = points[-1]
         before = [(t, u) for t, u in points if t <= last_t - window]
@@ -713,16 +713,17 @@ def clock(seconds):
 def progress_line(args, active, pending, now=None):
     """The runner's live status: for every training in ``active`` ({(row, seed): start time}) its update,
     its current process's last train loss, time running and, once that process has logged updates, its
-    seconds per update over the last 10 minutes (``recent_pace``) and when it will finish at that pace; then the trainings waiting and when all of
-    them will be done: the updates left (a waiting run's from its log, a resumed one continues from its
-    last checkpoint, within an epoch of that) at the mean pace of the running ones, --jobs at a time."""
+    seconds per update over the last 10 minutes (``recent_pace``) and when it will finish at that pace;
+    then the trainings waiting and when all of them will be done: the updates left (a waiting run's from
+    its log, a resumed one continues from its last checkpoint, within an epoch of that) at the mean pace
+    of the running ones, --jobs at a time."""
     now = time.time() if now is None else now
     parts, paces, left = [], [], 0
     for (row, seed), start in active.items():
         train_log = os.path.join(run_dir(args.out, row, seed), "train.log")
         # the current process's own update and loss: an earlier, killed process may have logged
         # updates past the checkpoint this one resumed from
-        segment = (training_segments(train_log) or [dict(from_update=0, to_update=0, loss=None)])[-1]
+        segment = (training_segments(train_log) or [dict(from_update=0, to_update=0, loss=None, points=[])])[-1]
         upd, loss = segment["to_update"], segment["loss"]
         part = f"{row}/s{seed} {upd}/{args.max_update} loss {loss} ({clock(now - start)}"
         pace = recent_pace(segment)
@@ -1090,16 +1091,19 @@ def table(args, rows, seeds, results, seeds_of=None):
         lines[-2] += (" Last column: 2016 Flickr tokenized BLEU difference to the pre-norm transformer of the same "
                       f"seed (sN: seed N), p of sacreBLEU's paired bootstrap ({args.bootstrap_samples} samples); "
                       "bold: p < 0.05 and a difference.")
-    def train_time(row):
-        """(seconds per run, True if wall time stands in for CPU time) of a row: on the CPU the mean CPU time
-        of its runs that recorded it, else (runs trained before the runner recorded it) their mean wall
-        time; on a GPU the mean wall time. (None, False) before any run finished."""
-        runs = [results[row, s] for s in seeds_of[row]]
-        cpu = [r["train_cpu_s"] for r in runs if "train_cpu_s" in r]
-        if args.cpu and cpu:
+    def mean_time(runs, wall=False):
+        """(seconds per run, True if wall time stands in for CPU time) over ``runs``: on the CPU (unless
+        ``wall``) the mean CPU time of those that recorded it, else (runs trained before the runner recorded
+        it) their mean wall time; on a GPU the mean wall time. (None, False) before any run finished."""
+        cpu = [r["train_cpu_s"] for r in runs if "train_cpu_s" in r] if args.cpu and not wall else []
+        if cpu:
             return statistics.mean(cpu), False
-        wall = [r["train_wall_s"] for r in runs if "train_wall_s" in r]
-        return (statistics.mean(wall), args.cpu) if wall else (None, False)
+        walls = [r["train_wall_s"] for r in runs if "train_wall_s" in r]
+        return (statistics.mean(walls), args.cpu) if walls else (None, False)
+
+    def train_time(row):
+        """A row's ``mean_time`` over its seeds."""
+        return mean_time([results[row, s] for s in seeds_of[row]])
 
     def run_time(run, wall):
         """One run's seconds in the measure its row's time cell uses (CPU time, or wall time where ``wall``)."""
@@ -1109,12 +1113,8 @@ def table(args, rows, seeds, results, seeds_of=None):
         """The pre-norm transformer's mean time over its runs on ``machine`` (None: no such run). A time ratio
         divides by the baseline of the same CPU only: across CPUs it would measure the CPUs too (a Zen 4
         core trained Prime at 0.67 s per update, the Zen/Zen 2 core of the machine before it at 1.66)."""
-        times = [run_time(results[BASELINE, s], wall) for s in seeds_of.get(BASELINE, ())
-                 if results[BASELINE, s].get("machine") == machine]
-        times = [t for t in times if t]
-        if not times and not wall and args.cpu:  # a baseline that recorded only wall time
-            return baseline_time_on(machine, True)
-        return statistics.mean(times) if times else None
+        return mean_time([results[BASELINE, s] for s in seeds_of.get(BASELINE, ())
+                          if results[BASELINE, s].get("machine") == machine], wall)[0]
 
     def time_ratio(row, wall):
         """Mean over the row's runs of run time / pre-norm time on the same machine; None if no run of the row
