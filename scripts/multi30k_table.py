@@ -570,21 +570,23 @@ def archive_run(args, row, seed):
     ARCHIVE/ROW/seedS, where a later runner on a fresh machine finds it (restore_run). Of a decoding's
     generate file only what the table reads is kept: the hypotheses and targets (``H-``, ``T-``) and the
     BLEU line, not the sources, detokenized hypotheses (hyp.detok.txt has them) and per-token scores
-    (``S-``, ``D-``, ``P-``: two thirds of the file). results.json goes last, so an archive cut off
-    mid-copy is not taken for a finished one."""
+    (``S-``, ``D-``, ``P-``: two thirds of the file). Every file is written atomically and results.json
+    goes last, so an archive cut off mid-copy is not taken for a finished one and is copied again."""
     save, dest = run_dir(args.out, row, seed), run_dir(args.archive, row, seed)
     if not evaluated(save) or (evaluated(dest) and read_json(os.path.join(dest, "train-done.json"))
                                == read_json(os.path.join(save, "train-done.json"))):
         return  # not finished, or archived before
     names = sorted(archived_files(save, args.average), key=lambda n: n.endswith("results.json"))
+    for name in names:  # an older archive of this run (a longer budget) is not finished until the new one is
+        if name.endswith("results.json") and os.path.exists(os.path.join(dest, name)):
+            os.remove(os.path.join(dest, name))
     for name in names:
         os.makedirs(os.path.dirname(os.path.join(dest, name)), exist_ok=True)
         if os.path.basename(name).startswith("generate-"):  # not hyp.detok.txt: a cased "S-Bahn ..." stays
-            with open(os.path.join(save, name), encoding="utf-8") as f, \
-                    open(os.path.join(dest, name), "w", encoding="utf-8") as g:
-                g.writelines(line for line in f if not line.startswith(("S-", "D-", "P-")))
+            with open(os.path.join(save, name), encoding="utf-8") as f:
+                write_file(os.path.join(dest, name), "".join(x for x in f if not x.startswith(("S-", "D-", "P-"))))
         else:
-            shutil.copyfile(os.path.join(save, name), os.path.join(dest, name))
+            copy_file(os.path.join(save, name), os.path.join(dest, name))
     log(f"{row} seed {seed}: archived to {dest}")
 
 
@@ -601,7 +603,7 @@ def restore_run(args, row, seed):
     # train-done.json last: until it is there the run is not restored, and a re-run restores it again
     for name in sorted(archived_files(src, args.average), key=lambda n: n == "train-done.json"):
         os.makedirs(os.path.dirname(os.path.join(save, name)), exist_ok=True)
-        shutil.copyfile(os.path.join(src, name), os.path.join(save, name))
+        copy_file(os.path.join(src, name), os.path.join(save, name))
     log(f"{row} seed {seed}: restored from {src} (trained and decoded before)")
     return True
 
@@ -883,6 +885,17 @@ def write_file(path, text):
     finally:
         if os.path.exists(path + ".tmp"):
             os.remove(path + ".tmp")
+
+
+def copy_file(src, dst):
+    """Copy SRC to DST atomically (DST.tmp, then rename), as write_file writes: archive_run and
+    restore_run tell a finished copy by its last file being there, so no file may be there half-copied."""
+    try:
+        shutil.copyfile(src, dst + ".tmp")
+        os.replace(dst + ".tmp", dst)
+    finally:
+        if os.path.exists(dst + ".tmp"):
+            os.remove(dst + ".tmp")
 
 
 def write_json(path, obj, **dump_args):

@@ -892,6 +892,42 @@ def test_archive_trims_only_the_generate_files(tmp_path):
     assert (kept / "generate-test1.txt").read_text() == "T-0\tdie s-bahn\nH-0\t-0.1\tdie s-bahn\n"
 
 
+def test_archive_cut_off_mid_copy_is_not_taken_for_finished(tmp_path, monkeypatch):
+    """Every archived file is written atomically, results.json last: a copy that dies on the last file
+    (a kill, a full disk) leaves no half-written file and an archive that does not count as finished, so
+    the next archive_run copies it again; a re-archived run's old results.json files go first."""
+    args = SimpleNamespace(out=str(tmp_path / "runs"), archive=str(tmp_path / "archive"), average=5)
+    save, dest = (tmp_path / d / "m30k-umst" / "seed1" for d in ("runs", "archive"))
+    for subset, _ in multi30k_table.TEST_SETS:
+        (save / f"eval-{subset}").mkdir(parents=True)
+        (save / f"eval-{subset}" / "results.json").write_text('{"tok_bleu": 40.0}')
+        (save / f"eval-{subset}" / f"generate-{subset}.txt").write_text("T-0\tein hund\nH-0\t-0.1\tein hund\n")
+    (save / "params.json").write_text('{"parameters": 1}')
+    (save / "train-done.json").write_text('{"max_update": 10}')
+    last = os.path.join(str(dest), "eval-" + multi30k_table.TEST_SETS[-1][0], "results.json")
+    real_replace = os.replace
+
+    def dies_on_last(src, dst):
+        if dst == last:
+            raise OSError("disk full")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(multi30k_table.os, "replace", dies_on_last)
+    with pytest.raises(OSError):
+        multi30k_table.archive_run(args, "m30k-umst", 1)
+    assert not os.path.exists(last) and not os.path.exists(last + ".tmp")
+    assert not multi30k_table.evaluated(str(dest))
+    monkeypatch.setattr(multi30k_table.os, "replace", real_replace)
+    multi30k_table.archive_run(args, "m30k-umst", 1)
+    assert multi30k_table.evaluated(str(dest)) and json.loads(open(last).read()) == {"tok_bleu": 40.0}
+    # Re-trained (train-done.json differs): dying on the last file again leaves no old results.json to trust.
+    (save / "train-done.json").write_text('{"max_update": 20}')
+    monkeypatch.setattr(multi30k_table.os, "replace", dies_on_last)
+    with pytest.raises(OSError):
+        multi30k_table.archive_run(args, "m30k-umst", 1)
+    assert not multi30k_table.evaluated(str(dest))
+
+
 def _fake_archive(path, member):
     import tarfile
     import zipfile
