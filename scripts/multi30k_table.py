@@ -481,8 +481,7 @@ def repair_checkpoints(save):
         found = saved_models(save)  # checkpoint_last.pt is not among them: it is missing
         if found:
             newest = found[max(found)]
-            shutil.copyfile(newest, last + ".tmp")
-            os.replace(last + ".tmp", last)
+            copy_file(newest, last)
             done.append(f"checkpoint_last.pt rebuilt from {os.path.basename(newest)} (update {max(found)})")
     return done
 
@@ -889,7 +888,8 @@ def write_file(path, text):
 
 def copy_file(src, dst):
     """Copy SRC to DST atomically (DST.tmp, then rename), as write_file writes: archive_run and
-    restore_run tell a finished copy by its last file being there, so no file may be there half-copied."""
+    restore_run tell a finished copy by its last file being there, and repair_checkpoints rebuilds
+    checkpoint_last.pt, so no file may be there half-copied."""
     try:
         shutil.copyfile(src, dst + ".tmp")
         os.replace(dst + ".tmp", dst)
