@@ -324,14 +324,17 @@ def valid_curves_figure(args, rows, seeds_of, results):
               for seed in seeds_of[row] if results[row, seed].get("valid_curve")]
     if not curves:
         return None
-    fig, (whole, late) = plt.subplots(1, 2, figsize=(12, 4.5))
+    ncol = 4
+    legend_rows = -(-len(curves) // ncol)
+    legend_h = 0.2 * legend_rows + 0.15  # inches: a row of 7-point text, and a margin
+    fig, (whole, late) = plt.subplots(1, 2, figsize=(12, 4.5 + legend_h))
     colours = plt.get_cmap("tab10")
     styles = ["-", "--", ":", "-."]
     all_seeds = sorted({s for row in rows for s in seeds_of[row]})
     half = args.max_update / 2
     for i, row, seed, curve in curves:
         style = dict(color=colours(i % 10), linestyle=styles[all_seeds.index(seed) % len(styles)])
-        whole.plot(*zip(*curve), marker=".", label=f"{LABELS[row].split(' (`')[0]}"
+        whole.plot(*zip(*curve), marker=".", label=f"{LABELS[row].split(' (`')[0].replace('`', '')}"
                    + (f" seed {seed}" if len(all_seeds) > 1 else ""), **style)
         tail = [(u, ppl) for u, ppl in curve if u >= half]
         if tail:
@@ -339,14 +342,15 @@ def valid_curves_figure(args, rows, seeds_of, results):
     whole.set_yscale("log")
     whole.set_ylabel("validation perplexity (log scale)")
     whole.set_title(f"Multi30k En-De valid, {args.max_update} updates of {args.max_tokens} tokens")
-    whole.legend(fontsize=7, ncol=2)
+    # below both panels: inside the left one it hid the curves' first thousand updates
+    fig.legend(*whole.get_legend_handles_labels(), loc="lower center", ncol=ncol, fontsize=7, frameon=False)
     late.set_xlim(left=half)
     late.set_ylabel("validation perplexity")
     late.set_title(f"second half ({half:g}-{args.max_update} updates), linear scale")
     for ax in (whole, late):
         ax.set_xlabel("update")
         ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, legend_h / (4.5 + legend_h), 1, 1))
     return fig
 
 
@@ -1333,7 +1337,7 @@ def main(argv=None):
             name = f"multi30k-{args.docs_block or 'table'}-valid-ppl.png"
             img = os.path.join(os.path.dirname(os.path.abspath(args.docs)), "img")
             os.makedirs(img, exist_ok=True)
-            shutil.copyfile(picture, os.path.join(img, name))
+            copy_file(picture, os.path.join(img, name))
             text += f"\n![Validation perplexity against updates, every run of this table](img/{name})\n"
         begin, end = markers(args.docs_block)
         doc = open(args.docs, encoding="utf-8").read()

@@ -523,9 +523,16 @@ def test_valid_curves_picture_zooms_on_the_second_half(tmp_path):
     assert late.get_xlim()[0] == 500 and late.get_ylim()[1] < 6.1  # the zoom: 5.0-6.0, not 8-300
     assert [line.get_linestyle() for line in whole.get_lines()] == ["-", "--", "-"]  # style: seed
     assert whole.get_lines()[0].get_color() != whole.get_lines()[2].get_color()  # colour: row
+    assert whole.get_legend() is None and len(fig.legends) == 1  # one legend, for the figure
+    fig.canvas.draw()
+    box = fig.legends[0].get_window_extent()
+    assert all(box.y1 < ax.get_tightbbox().y0 for ax in (whole, late))  # below both panels, labels too
     assert multi30k_table.plot_valid_curves(args, [base, umst], {base: [1, 2], umst: [1, 2]}, results,
                                             str(tmp_path / "v.png"))
     assert (tmp_path / "v.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    noparse = "m30k-umst-noparse"  # a label with markdown code in the table: plain text in the picture
+    fig = multi30k_table.valid_curves_figure(args, [noparse], {noparse: [1]}, {(noparse, 1): {"valid_curve": curve(5)}})
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["UMST, --parser none (no phrase edges)"]
     empty = {(base, 1): {"valid_curve": []}}
     assert multi30k_table.valid_curves_figure(args, [base], {base: [1]}, empty) is None
     assert not multi30k_table.plot_valid_curves(args, [base], {base: [1]}, empty, str(tmp_path / "none.png"))
