@@ -878,28 +878,29 @@ def read_json(path):
         return json.load(f)
 
 
-def write_file(path, text):
-    """Write PATH atomically (PATH.tmp, then rename): a kill at any moment leaves the old file or the new
-    one, never a truncated one that the next run would die on (or a page cut short)."""
+def replace_atomically(path, fill):
+    """Have ``fill`` write PATH.tmp, then rename it to PATH: a kill at any moment leaves the old file or
+    the new one, never a truncated one; a failed ``fill`` leaves no PATH.tmp."""
     try:
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            f.write(text)
+        fill(path + ".tmp")
         os.replace(path + ".tmp", path)
     finally:
         if os.path.exists(path + ".tmp"):
             os.remove(path + ".tmp")
 
 
+def write_file(path, text):
+    """Write PATH atomically: never a truncated file that the next run would die on (or a page cut short)."""
+    def fill(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+    replace_atomically(path, fill)
+
+
 def copy_file(src, dst):
-    """Copy SRC to DST atomically (DST.tmp, then rename), as write_file writes: archive_run and
-    restore_run tell a finished copy by its last file being there, and repair_checkpoints rebuilds
-    checkpoint_last.pt, so no file may be there half-copied."""
-    try:
-        shutil.copyfile(src, dst + ".tmp")
-        os.replace(dst + ".tmp", dst)
-    finally:
-        if os.path.exists(dst + ".tmp"):
-            os.remove(dst + ".tmp")
+    """Copy SRC to DST atomically: archive_run and restore_run tell a finished copy by its last file being
+    there, and repair_checkpoints rebuilds checkpoint_last.pt, so no file may be there half-copied."""
+    replace_atomically(dst, lambda tmp: shutil.copyfile(src, tmp))
 
 
 def write_json(path, obj, **dump_args):
