@@ -4,6 +4,7 @@ Each check builds the arch with tiny overrides through fairseq's real argument
 parsing (umst_plugin.dev.build_model) and feeds it batches collated by the
 task's own dataset classes.
 """
+import gc
 import os
 import socket
 import tempfile
@@ -222,6 +223,14 @@ def _ddp_worker(rank, world_size, port, arch, overrides, error_dir):
             logits = ddp(**dev.model_inputs(model, sample))[0]
             F.cross_entropy(logits.reshape(-1, logits.size(-1)), sample["target"].reshape(-1),
                             ignore_index=task.target_dictionary.pad()).backward()
+        # Tear the gloo group down while the interpreter is fully alive. DDP sits in a reference cycle, so
+        # without the collect its reducer (which holds the group) could be freed by the cyclic GC during
+        # interpreter shutdown, where gloo's destructor can abort the process ("terminate called without
+        # an active exception", SIGABRT: seen once in CI). The barrier keeps one rank from tearing down
+        # while the other is still in a collective.
+        torch.distributed.barrier()
+        del ddp, model
+        gc.collect()
         torch.distributed.destroy_process_group()
     except BaseException:
         with open(os.path.join(error_dir, f"rank{rank}.txt"), "w") as f:
