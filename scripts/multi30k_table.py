@@ -13,7 +13,8 @@ test1 (2017 Flickr) and test2 (2017 MSCOCO), scored by scripts/score.py: tokeniz
 (multi-bleu style, no compound splitting, as the published 41.02) and detokenized sacreBLEU
 with its signature. Runs are resumable: a finished step is not redone (delete its files to redo).
 Writes OUT/table.md, OUT/runs.json (every run's numbers per seed, and the budget) and
-OUT/valid-ppl.png (validation perplexity against updates, every run; beside it the second half, linear); with
+OUT/valid-ppl.png (validation perplexity against updates, every run; beside it the second half, linear;
+captioned with the command, budget, seeds, precision and machines); with
 --docs FILE also the table between the markers ``<!-- multi30k-table:begin -->`` /
 ``<!-- multi30k-table:end -->`` of FILE, or with --docs-block NAME between
 ``<!-- multi30k-table:NAME:begin -->`` / ``...:NAME:end -->`` (tables of several budgets on one page).
@@ -326,11 +327,21 @@ def valid_curves_figure(args, rows, seeds_of, results):
         return None
     ncol = 4
     legend_rows = -(-len(curves) // ncol)
-    legend_h = 0.2 * legend_rows + 0.15  # inches: a row of 7-point text, and a margin
+    caption_h = 0.4  # inches: the two caption lines under the legend
+    legend_h = 0.2 * legend_rows + 0.15 + caption_h  # inches: a row of 7-point text, and a margin
     fig, (whole, late) = plt.subplots(1, 2, figsize=(12, 4.5 + legend_h))
     colours = plt.get_cmap("tab10")
-    styles = ["-", "--", ":", "-."]
+    styles, style_names = ["-", "--", ":", "-."], ["solid", "dashed", "dotted", "dash-dot"]
     all_seeds = sorted({s for row in rows for s in seeds_of[row]})
+    # the picture travels without the table: it names its command, budget, seeds, precision and hardware
+    machines = list(dict.fromkeys(results[row, seed]["machine"] for _, row, seed, _ in curves
+                                  if "machine" in results[row, seed]))
+    hardware = " and ".join(machines) or args.hardware or this_machine()
+    fig.text(0.5, 0.08 / (4.5 + legend_h), f"scripts/multi30k_table.py: {args.max_update} updates of "
+             f"{args.max_tokens} tokens, lr {lr_of(args)}, warm-up {warmup_updates(args.max_update, args.warmup)}, "
+             f"{'fp16' if args.fp16 else 'bf16' if args.bf16 else 'fp32'}, seeds {','.join(map(str, all_seeds))} "
+             f"({', '.join(f'{s} {style_names[i % len(styles)]}' for i, s in enumerate(all_seeds))});\n"
+             f"hardware: {hardware}", ha="center", va="bottom", fontsize=7)
     half = args.max_update / 2
     for i, row, seed, curve in curves:
         style = dict(color=colours(i % 10), linestyle=styles[all_seeds.index(seed) % len(styles)])
@@ -343,7 +354,8 @@ def valid_curves_figure(args, rows, seeds_of, results):
     whole.set_ylabel("validation perplexity (log scale)")
     whole.set_title(f"Multi30k En-De valid, {args.max_update} updates of {args.max_tokens} tokens")
     # below both panels: inside the left one it hid the curves' first thousand updates
-    fig.legend(*whole.get_legend_handles_labels(), loc="lower center", ncol=ncol, fontsize=7, frameon=False)
+    fig.legend(*whole.get_legend_handles_labels(), loc="lower center", ncol=ncol, fontsize=7, frameon=False,
+               bbox_to_anchor=(0.5, caption_h / (4.5 + legend_h)))
     late.set_xlim(left=half)
     late.set_ylabel("validation perplexity")
     late.set_title(f"second half ({half:g}-{args.max_update} updates), linear scale")

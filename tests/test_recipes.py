@@ -507,13 +507,17 @@ def test_runner_reads_a_trainings_cpu_time_while_it_runs_and_when_it_ends():
 
 def test_valid_curves_picture_zooms_on_the_second_half(tmp_path):
     """The validation-curve picture: every run on a log scale, and the second half of training on a linear
-    scale, where converged runs differ by tenths of perplexity (the runs' own points, nothing earlier)."""
+    scale, where converged runs differ by tenths of perplexity (the runs' own points, nothing earlier); a
+    caption under the legend names the command, budget, seeds, precision and the runs' machines."""
     pytest.importorskip("matplotlib")
     base, umst = multi30k_table.BASELINE, "m30k-umst"
-    args = SimpleNamespace(max_update=1000, max_tokens=2048)
+    args = SimpleNamespace(max_update=1000, max_tokens=2048, override=["optimization.lr=[0.0025]"], warmup=150,
+                           fp16=False, bf16=True, hardware=None)
     curve = lambda end: [(u, 300.0 / u + end) for u in range(100, 1001, 100)]  # noqa: E731
-    results = {(base, 1): {"valid_curve": curve(5.0)}, (base, 2): {"valid_curve": curve(5.2)},
-               (umst, 1): {"valid_curve": curve(5.4)}, (umst, 2): {"valid_curve": []}}  # seed 2 not validated yet
+    results = {(base, 1): {"valid_curve": curve(5.0), "machine": "CPU A"},
+               (base, 2): {"valid_curve": curve(5.2), "machine": "CPU B"},
+               (umst, 1): {"valid_curve": curve(5.4), "machine": "CPU A"},
+               (umst, 2): {"valid_curve": [], "machine": "CPU C"}}  # seed 2 not validated yet: not drawn
     fig = multi30k_table.valid_curves_figure(args, [base, umst], {base: [1, 2], umst: [1, 2]}, results)
     whole, late = fig.axes
     assert whole.get_yscale() == "log" and late.get_yscale() == "linear"
@@ -527,6 +531,11 @@ def test_valid_curves_picture_zooms_on_the_second_half(tmp_path):
     fig.canvas.draw()
     box = fig.legends[0].get_window_extent()
     assert all(box.y1 < ax.get_tightbbox().y0 for ax in (whole, late))  # below both panels, labels too
+    [caption] = fig.texts
+    assert caption.get_text() == ("scripts/multi30k_table.py: 1000 updates of 2048 tokens, lr 0.0025, warm-up 150, "
+                                  "bf16, seeds 1,2 (1 solid, 2 dashed);\nhardware: CPU A and CPU B")
+    assert caption.get_window_extent().y1 < box.y0  # under the legend, inside the figure
+    assert caption.get_window_extent().y0 >= 0
     assert multi30k_table.plot_valid_curves(args, [base, umst], {base: [1, 2], umst: [1, 2]}, results,
                                             str(tmp_path / "v.png"))
     assert (tmp_path / "v.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
