@@ -328,7 +328,7 @@ def valid_curves_figure(args, rows, seeds_of, results):
     ncol = 4
     legend_rows = -(-len(curves) // ncol)
     caption_h = 0.4  # inches: the two caption lines under the legend
-    legend_h = 0.2 * legend_rows + 0.15 + caption_h  # inches: a row of 7-point text, and a margin
+    legend_h = 0.2 * legend_rows + 0.15 + caption_h  # inches: legend rows of 7-point text, a margin, the caption
     fig, (whole, late) = plt.subplots(1, 2, figsize=(12, 4.5 + legend_h))
     colours = plt.get_cmap("tab10")
     styles, style_names = ["-", "--", ":", "-."], ["solid", "dashed", "dotted", "dash-dot"]
