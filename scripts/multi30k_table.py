@@ -329,17 +329,19 @@ def valid_curves_figure(args, rows, seeds_of, results):
     legend_rows = -(-len(curves) // ncol)
     caption_h = 0.4  # inches: the two caption lines under the legend
     legend_h = 0.2 * legend_rows + 0.15 + caption_h  # inches: legend rows of 7-point text, a margin, the caption
-    fig, (whole, late) = plt.subplots(1, 2, figsize=(12, 4.5 + legend_h))
+    height = 4.5 + legend_h
+    fig, (whole, late) = plt.subplots(1, 2, figsize=(12, height))
     colours = plt.get_cmap("tab10")
     styles, style_names = ["-", "--", ":", "-."], ["solid", "dashed", "dotted", "dash-dot"]
     all_seeds = sorted({s for row in rows for s in seeds_of[row]})
     # the picture travels without the table: it names its command, budget, seeds, precision and hardware
+    # (--hardware first, as in the table; else the machines the drawn runs recorded)
     machines = list(dict.fromkeys(results[row, seed]["machine"] for _, row, seed, _ in curves
                                   if "machine" in results[row, seed]))
-    hardware = " and ".join(machines) or args.hardware or this_machine()
-    fig.text(0.5, 0.08 / (4.5 + legend_h), f"scripts/multi30k_table.py: {args.max_update} updates of "
+    hardware = args.hardware or " and ".join(machines) or this_machine()
+    fig.text(0.5, 0.08 / height, f"scripts/multi30k_table.py: {args.max_update} updates of "
              f"{args.max_tokens} tokens, lr {lr_of(args)}, warm-up {warmup_updates(args.max_update, args.warmup)}, "
-             f"{'fp16' if args.fp16 else 'bf16' if args.bf16 else 'fp32'}, seeds {','.join(map(str, all_seeds))} "
+             f"{precision_of(args)}, seeds {','.join(map(str, all_seeds))} "
              f"({', '.join(f'{s} {style_names[i % len(styles)]}' for i, s in enumerate(all_seeds))});\n"
              f"hardware: {hardware}", ha="center", va="bottom", fontsize=7)
     half = args.max_update / 2
@@ -355,14 +357,14 @@ def valid_curves_figure(args, rows, seeds_of, results):
     whole.set_title(f"Multi30k En-De valid, {args.max_update} updates of {args.max_tokens} tokens")
     # below both panels: inside the left one it hid the curves' first thousand updates
     fig.legend(*whole.get_legend_handles_labels(), loc="lower center", ncol=ncol, fontsize=7, frameon=False,
-               bbox_to_anchor=(0.5, caption_h / (4.5 + legend_h)))
+               bbox_to_anchor=(0.5, caption_h / height))
     late.set_xlim(left=half)
     late.set_ylabel("validation perplexity")
     late.set_title(f"second half ({half:g}-{args.max_update} updates), linear scale")
     for ax in (whole, late):
         ax.set_xlabel("update")
         ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout(rect=(0, legend_h / (4.5 + legend_h), 1, 1))
+    fig.tight_layout(rect=(0, legend_h / height, 1, 1))
     return fig
 
 
@@ -1065,6 +1067,11 @@ def lr_of(args):
     return lr
 
 
+def precision_of(args):
+    """The training precision the table and its picture name: fp16, bf16 or fp32."""
+    return "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
+
+
 def updates_per_epoch(args, rows, seeds):
     """Updates per epoch, read from the first trained run's log (fairseq's ``epoch 003:  75 / 240``)."""
     for row in rows:
@@ -1106,7 +1113,7 @@ def table(args, rows, seeds, results, seeds_of=None):
               f"seeds {','.join(map(str, seeds))}"
               + (f" (and {','.join(map(str, args.close_seeds))} for the main rows within {args.close_within:g} BLEU "
                  "of the pre-norm transformer on 2016 Flickr, and that row)" if close else "")
-              + f", {'fp16' if args.fp16 else 'bf16' if args.bf16 else 'fp32'}, "
+              + f", {precision_of(args)}, "
               f"{args.jobs} training job(s) at a time"
               f"{f' with {args.threads} thread(s) each' if args.threads else ''}"
               f"{', glibc malloc with mmap off (--malloc reuse)' if args.cpu and args.malloc == 'reuse' else ''}"

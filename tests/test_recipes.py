@@ -536,6 +536,10 @@ def test_valid_curves_picture_zooms_on_the_second_half(tmp_path):
                                   "bf16, seeds 1,2 (1 solid, 2 dashed);\nhardware: CPU A and CPU B")
     assert caption.get_window_extent().y1 < box.y0  # under the legend, inside the figure
     assert caption.get_window_extent().y0 >= 0
+    args.hardware = "1 NVIDIA H100"  # --hardware names it, as it does in the table
+    [caption] = multi30k_table.valid_curves_figure(args, [base], {base: [1]}, results).texts
+    assert caption.get_text().endswith("seeds 1 (1 solid);\nhardware: 1 NVIDIA H100")
+    args.hardware = None
     assert multi30k_table.plot_valid_curves(args, [base, umst], {base: [1, 2], umst: [1, 2]}, results,
                                             str(tmp_path / "v.png"))
     assert (tmp_path / "v.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
