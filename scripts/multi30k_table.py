@@ -1291,8 +1291,8 @@ def main(argv=None):
     p.add_argument("--docs", help="also write the table between the multi30k-table markers of this file")
     p.add_argument("--docs-block", default="",
                    help="write between the multi30k-table:NAME markers instead (a second table on the same page)")
-    p.add_argument("--hardware", help="hardware named in the table (default: the CPU the runs recorded, as "
-                                      "/proc/cpuinfo names it, with its vector extensions and core count)")
+    p.add_argument("--hardware", help="hardware named in the table and its picture (default: the CPUs the runs "
+                                      "recorded, as /proc/cpuinfo names them, with vector extensions and core count)")
     p.add_argument("--status-every", type=float, default=30.0, help="seconds between progress lines")
     p.add_argument("--table-only", action="store_true", help="only (re)write the table from finished runs")
     p.add_argument("override", nargs="*", help="extra hydra overrides for every training, e.g. common.log_interval=10")
