@@ -18,7 +18,8 @@ captioned with the command, budget, seeds, precision and machines); with
 --docs FILE also the table between the markers ``<!-- multi30k-table:begin -->`` /
 ``<!-- multi30k-table:end -->`` of FILE, or with --docs-block NAME between
 ``<!-- multi30k-table:NAME:begin -->`` / ``...:NAME:end -->`` (tables of several budgets on one page).
-The UMST "no parse" row reads DATA_BIN_noparse (written by prepare-multi30k.sh).
+The UMST "no parse" row reads DATA_BIN_noparse (written by prepare-multi30k.sh). ``--redraw
+FILE[:KEY]`` draws a table's picture again from its runs.json alone (no runs, checkpoints or data).
 
 Checkpoints: every ``--save-every`` updates, or at every epoch end with ``--save-every epoch`` (the
 reference's "last 5 epoch checkpoints"). The averaged checkpoints always end at the final model: where
@@ -58,6 +59,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 import zipfile
 
@@ -313,6 +315,35 @@ def pyplot(picture):
     return plt
 
 
+def plain_label(row):
+    """A row's label in a picture: the table's, without its config name and markdown code marks."""
+    return LABELS[row].split(" (`")[0].replace("`", "")
+
+
+def caption(args, seeds, seeds_note, hardware, width_in, command="scripts/multi30k_table.py"):
+    """The lines under a picture of the runner's, wrapped to a figure ``width_in`` inches wide: a picture
+    travels without its table, so it names its command (with the hydra overrides but the learning rate's,
+    which the budget names), budget, seeds (with what tells them apart in it), precision and hardware."""
+    chars = int(width_in * 72 / 4.2)  # characters of 7-point text per line, with a margin
+    settings = "".join(f" {o}" for o in args.override if not LR_OVERRIDE.fullmatch(o))  # what else the runs set
+    return "\n".join(textwrap.fill(line, chars) for line in (
+        f"{command}{settings}: {args.max_update} updates of {args.max_tokens} tokens, lr {lr_of(args)}, "
+        f"warm-up {warmup_updates(args.max_update, args.warmup)}, {precision_of(args)}, "
+        f"seeds {','.join(map(str, seeds))} {seeds_note};", f"hardware: {hardware}"))
+
+
+def caption_height(text):
+    """Inches a caption() of 7-point lines takes under a figure."""
+    return 0.2 * (text.count("\n") + 1)
+
+
+def hardware_of(args, results, runs, default=None):
+    """The hardware a picture of RUNS ((row, seed) pairs) names: --hardware first, as in the table; else
+    the machines those runs recorded; else ``default``, or this machine."""
+    machines = list(dict.fromkeys(results[run]["machine"] for run in runs if "machine" in results.get(run, {})))
+    return args.hardware or " and ".join(machines) or default or this_machine()
+
+
 def valid_curves_figure(args, rows, seeds_of, results):
     """Validation perplexity against updates, one line per run (colour: row, line style: seed): the whole
     run on a log scale, and beside it the second half of training on a linear scale, where runs near
@@ -325,29 +356,24 @@ def valid_curves_figure(args, rows, seeds_of, results):
               for seed in seeds_of[row] if results[row, seed].get("valid_curve")]
     if not curves:
         return None
-    ncol = 4
-    legend_rows = -(-len(curves) // ncol)
-    caption_h = 0.4  # inches: the two caption lines under the legend
-    legend_h = 0.2 * legend_rows + 0.15 + caption_h  # inches: legend rows of 7-point text, a margin, the caption
-    height = 4.5 + legend_h
-    fig, (whole, late) = plt.subplots(1, 2, figsize=(12, height))
-    colours = plt.get_cmap("tab10")
     styles, style_names = ["-", "--", ":", "-."], ["solid", "dashed", "dotted", "dash-dot"]
     all_seeds = sorted({s for row in rows for s in seeds_of[row]})
-    # the picture travels without the table: it names its command, budget, seeds, precision and hardware
-    # (--hardware first, as in the table; else the machines the drawn runs recorded)
-    machines = list(dict.fromkeys(results[row, seed]["machine"] for _, row, seed, _ in curves
-                                  if "machine" in results[row, seed]))
-    hardware = args.hardware or " and ".join(machines) or this_machine()
-    fig.text(0.5, 0.08 / height, f"scripts/multi30k_table.py: {args.max_update} updates of "
-             f"{args.max_tokens} tokens, lr {lr_of(args)}, warm-up {warmup_updates(args.max_update, args.warmup)}, "
-             f"{precision_of(args)}, seeds {','.join(map(str, all_seeds))} "
-             f"({', '.join(f'{s} {style_names[i % len(styles)]}' for i, s in enumerate(all_seeds))});\n"
-             f"hardware: {hardware}", ha="center", va="bottom", fontsize=7)
+    seeds_text = ", ".join(f"{s} {style_names[i % len(styles)]}" for i, s in enumerate(all_seeds))
+    width = 12
+    text = caption(args, all_seeds, f"({seeds_text})",
+                   hardware_of(args, results, [(row, seed) for _, row, seed, _ in curves]), width)
+    ncol = 4
+    legend_rows = -(-len(curves) // ncol)
+    caption_h = caption_height(text)  # inches, under the legend
+    legend_h = 0.2 * legend_rows + 0.15 + caption_h  # inches: legend rows of 7-point text, a margin, the caption
+    height = 4.5 + legend_h
+    fig, (whole, late) = plt.subplots(1, 2, figsize=(width, height))
+    colours = plt.get_cmap("tab10")
+    fig.text(0.5, 0.08 / height, text, ha="center", va="bottom", fontsize=7)
     half = args.max_update / 2
     for i, row, seed, curve in curves:
         style = dict(color=colours(i % 10), linestyle=styles[all_seeds.index(seed) % len(styles)])
-        whole.plot(*zip(*curve), marker=".", label=f"{LABELS[row].split(' (`')[0].replace('`', '')}"
+        whole.plot(*zip(*curve), marker=".", label=plain_label(row)
                    + (f" seed {seed}" if len(all_seeds) > 1 else ""), **style)
         tail = [(u, ppl) for u, ppl in curve if u >= half]
         if tail:
@@ -378,17 +404,22 @@ def plot_valid_curves(args, rows, seeds_of, results, path):
     return True
 
 
-def plot_budget_curves(args, curves, path):
-    """BLEU of the averaged model against the update it ends at (valid solid, test dashed), per run."""
+def budget_curves_figure(args, curves, hardware):
+    """BLEU of the averaged model against the update it ends at (valid solid, test dashed), per run, with
+    the caption of valid_curves_figure; a matplotlib figure, or None where matplotlib is missing."""
     plt = pyplot("bleu-curve.png")
     if plt is None:
-        return False
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+        return None
+    width = 8
+    text = caption(args, sorted({seed for _, seed in curves}), "(valid solid, test dashed)", hardware, width)
+    caption_h = caption_height(text)  # inches, under the plot
+    height = 4.5 + caption_h
+    fig, ax = plt.subplots(figsize=(width, height))
     colours = plt.get_cmap("tab10")
     for i, ((row, seed), points) in enumerate(sorted(curves.items())):
         if points:
             ups = [p["update"] for p in points]
-            name = f"{LABELS[row].split(' (`')[0]} seed {seed}"
+            name = f"{plain_label(row)} seed {seed}"
             ax.plot(ups, [p["valid"] for p in points], color=colours(i % 10), marker=".", label=f"{name}, valid")
             ax.plot(ups, [p["test"] for p in points], color=colours(i % 10), linestyle="--", marker=".",
                     label=f"{name}, test 2016 Flickr")
@@ -401,11 +432,64 @@ def plot_budget_curves(args, curves, path):
                  f"{args.max_tokens} tokens per update")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
+    fig.text(0.5, 0.08 / height, text, ha="center", va="bottom", fontsize=7)
+    fig.tight_layout(rect=(0, caption_h / height, 1, 1))
+    return fig
+
+
+def plot_budget_curves(args, curves, path, hardware):
+    """budget_curves_figure() saved as PATH; False where matplotlib is missing."""
+    fig = budget_curves_figure(args, curves, hardware)
+    if fig is None:
+        return False
     fig.savefig(path, dpi=80)
-    plt.close(fig)
+    pyplot("bleu-curve.png").close(fig)
     log(f"BLEU curves: {path}")
     return True
+
+
+def redraw(args):
+    """--redraw FILE[:KEY]: draw the picture of a table again from what its runner wrote, without its runs
+    (a table whose runs and checkpoints are gone; a picture of an older runner, drawn before pictures were
+    captioned): a runs.json (``budget`` and ``runs``) gives OUT/valid-ppl.png, a budget-curve record
+    (``budget``, ``row``, ``seed``, ``averaged_bleu_curve``) OUT/bleu-curve.png. Budget, precision and
+    hardware come from the file (--hardware overrides it); KEY picks one record of a file that holds several."""
+    path, _, key = args.redraw.partition(":")
+    record = read_json(path)
+    if key:
+        if key not in record:
+            raise SystemExit(f"{path}: no record {key!r} to redraw; it holds {', '.join(map(repr, record))}")
+        record = record[key]
+    kinds = "a runs.json ('budget', 'runs') or a budget-curve record ('budget', 'row', 'seed', 'averaged_bleu_curve')"
+    if "budget" not in record or not ("runs" in record or "averaged_bleu_curve" in record):
+        several = [k for k, v in record.items() if isinstance(v, dict) and "budget" in v]
+        raise SystemExit(f"{path}: expected {kinds}, found the keys {', '.join(map(repr, record))}"
+                         + (f"; pick a record with {path}:KEY, KEY one of {', '.join(several)}" if several else ""))
+    budget = record["budget"]
+    names = ("max_update", "max_tokens", "average", "fp16", "bf16", "override", "warmup_updates")
+    missing = [name for name in names if name not in budget]
+    if missing:
+        raise SystemExit(f"{path}: its budget lacks {', '.join(missing)} (a runs.json of the runner has them all)")
+    for name in names[:-1]:
+        setattr(args, name, budget[name])
+    args.warmup = budget["warmup_updates"]
+    # as the table named it: --hardware, else the table's own --hardware, else the machines its runs recorded
+    args.hardware = args.hardware or budget.get("hardware") or record.get("hardware")
+    os.makedirs(args.out, exist_ok=True)
+    if "runs" in record:
+        results = {(run["row"], run["seed"]): run for run in record["runs"]}
+        rows = list(dict.fromkeys(row for row, _ in results))
+        seeds_of = {row: [seed for r, seed in results if r == row] for row in rows}
+        args.hardware = hardware_of(args, results, list(results), default="not recorded")
+        picture = os.path.join(args.out, "valid-ppl.png")
+        drawn = plot_valid_curves(args, rows, seeds_of, results, picture)
+    else:
+        picture = os.path.join(args.out, "bleu-curve.png")
+        drawn = plot_budget_curves(args, {(record["row"], record["seed"]): record["averaged_bleu_curve"]}, picture,
+                                   args.hardware or "not recorded")
+    if drawn:
+        log(f"redrawn from {args.redraw}: {picture}")
+    return 0 if drawn else 1
 
 
 def this_machine():
@@ -1057,11 +1141,14 @@ def close_rows(args, rows, seeds, results):
     return [r for r in rows if r == BASELINE or r in close] if close else []
 
 
+LR_OVERRIDE = re.compile(r"\+?optimization\.lr=\[?([^\]]+)\]?")
+
+
 def lr_of(args):
     """The peak learning rate of the table: the last ``optimization.lr=[x]`` override, or the configs' 5e-3."""
     lr = "5e-3 (the configs')"
     for o in args.override:
-        m = re.fullmatch(r"\+?optimization\.lr=\[?([^\]]+)\]?", o)
+        m = LR_OVERRIDE.fullmatch(o)
         if m:
             lr = m.group(1)
     return lr
@@ -1244,7 +1331,7 @@ def save_every(value):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, help="the data-bin of prepare-multi30k.sh")
+    p.add_argument("--data", help="the data-bin of prepare-multi30k.sh (required but with --redraw)")
     p.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows (default: all)")
     p.add_argument("--seeds", default="1,2", help="comma-separated seeds (default: 1,2)")
     p.add_argument("--max-update", type=int, default=8000, help="updates per run (reference: 8000)")
@@ -1295,8 +1382,17 @@ def main(argv=None):
                                       "recorded, as /proc/cpuinfo names them, with vector extensions and core count)")
     p.add_argument("--status-every", type=float, default=30.0, help="seconds between progress lines")
     p.add_argument("--table-only", action="store_true", help="only (re)write the table from finished runs")
+    p.add_argument("--redraw", metavar="FILE[:KEY]",
+                   help="only draw a table's picture again from its runs.json (OUT/valid-ppl.png) or a budget-curve "
+                        "record (OUT/bleu-curve.png), with its budget and hardware; no runs or data needed. KEY "
+                        "picks one record of a file holding several (docs/results/*.json)")
     p.add_argument("override", nargs="*", help="extra hydra overrides for every training, e.g. common.log_interval=10")
     args = p.parse_args(argv)
+    args.out = os.path.abspath(args.out)
+    if args.redraw:
+        return redraw(args)
+    if not args.data:
+        p.error("the following arguments are required: --data")
     args.data = os.path.abspath(args.data.rstrip("/"))
     rows = [r for r in args.rows.split(",") if r]
     unknown = [r for r in rows if r not in ROWS]
@@ -1313,7 +1409,6 @@ def main(argv=None):
         data = args.data + DATA_VARIANT.get(r, "")
         if not os.path.isdir(data):
             p.error(f"row {r} needs the data-bin {data} (run scripts/prepare-multi30k.sh)")
-    args.out = os.path.abspath(args.out)
     if args.archive:
         args.archive = os.path.abspath(args.archive)
         for s in seeds + args.close_seeds:
@@ -1351,7 +1446,8 @@ def main(argv=None):
                 "runs": list(results.values())}, indent=1)
     if args.curve_every:
         curves = {(r, s): budget_curve(args, r, s, args.curve_every) for r in rows for s in seeds_of[r]}
-        plot_budget_curves(args, curves, os.path.join(args.out, "bleu-curve.png"))
+        plot_budget_curves(args, curves, os.path.join(args.out, "bleu-curve.png"),
+                           hardware_of(args, results, curves))
     if args.docs:
         if drawn:  # the block shows this table's validation curves, from the page's img/
             name = f"multi30k-{args.docs_block or 'table'}-valid-ppl.png"

@@ -556,21 +556,79 @@ def test_budget_curve_picture_and_missing_matplotlib(tmp_path, monkeypatch):
     """bleu-curve.png (the budget search's picture) is written from the runs' points; without matplotlib,
     an optional extra, neither picture is drawn and the runner says why instead of failing."""
     pytest.importorskip("matplotlib")
-    args = SimpleNamespace(max_tokens=2048, average=5)
+    args = SimpleNamespace(max_update=7200, max_tokens=2048, average=5, override=[], warmup=1500, fp16=False,
+                           bf16=False)
     curves = {("m30k-transformer", 1): [dict(update=u, valid=30 + u / 1000, test=29 + u / 1000)
                                         for u in (2400, 4800, 7200)]}
-    assert multi30k_table.plot_budget_curves(args, curves, str(tmp_path / "b.png"))
+    assert multi30k_table.plot_budget_curves(args, curves, str(tmp_path / "b.png"), "CPU A")
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # captioned as the validation curves are; a long hardware line wraps inside the figure, under the plot
+    hardware = "2-core AMD EPYC (Zen 3, AVX2), shared with a second training and other jobs, " * 3
+    fig = multi30k_table.budget_curves_figure(args, curves, hardware.strip())
+    [caption] = fig.texts
+    lines = caption.get_text().split("\n")
+    assert lines[0] == ("scripts/multi30k_table.py: 7200 updates of 2048 tokens, lr 5e-3 (the configs'), "
+                        "warm-up 1500, fp32, seeds 1 (valid solid, test dashed);")
+    assert len(lines) == 3 and " ".join(lines[1:]) == "hardware: " + hardware.strip()
+    fig.canvas.draw()
+    box, width = caption.get_window_extent(), fig.bbox.width
+    assert 0 <= box.x0 and box.x1 <= width and 0 <= box.y0 and box.y1 < fig.axes[0].get_tightbbox().y0
     said = []
     monkeypatch.setattr(multi30k_table, "log", said.append)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
-    assert not multi30k_table.plot_budget_curves(args, curves, str(tmp_path / "none.png"))
+    assert not multi30k_table.plot_budget_curves(args, curves, str(tmp_path / "none.png"), "CPU A")
     base = multi30k_table.BASELINE
     assert multi30k_table.valid_curves_figure(SimpleNamespace(max_update=10, max_tokens=8), [base], {base: [1]},
                                               {(base, 1): {"valid_curve": [(5, 9.0)]}}) is None
     assert not (tmp_path / "none.png").exists()
     assert said == ["matplotlib is not installed: no bleu-curve.png (pip install matplotlib)",
                     "matplotlib is not installed: no valid-ppl.png (pip install matplotlib)"]
+
+
+def test_redraw_draws_a_tables_picture_from_what_its_runner_wrote(tmp_path, monkeypatch):
+    """--redraw draws a picture again, captioned, from a runs.json or a budget-curve record alone (here the
+    records docs/ keeps, whose runs are gone): the budget, precision and hardware come from the file."""
+    pytest.importorskip("matplotlib")
+    results = os.path.join(ROOT, "docs", "results")
+    figures = []
+    for name in ("valid_curves_figure", "budget_curves_figure"):  # keep what the real functions drew
+        draw = getattr(multi30k_table, name)
+        monkeypatch.setattr(multi30k_table, name, lambda *a, draw=draw: figures.append(draw(*a)) or figures[-1])
+    out = tmp_path / "redrawn"
+    assert multi30k_table.main(["--redraw", os.path.join(results, "multi30k-cpu-1000x2048.json"),
+                                "--out", str(out)]) == 0  # no --data: nothing is trained or decoded
+    assert (out / "valid-ppl.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    [caption] = figures[-1].texts
+    assert caption.get_text() == ("scripts/multi30k_table.py: 1000 updates of 2048 tokens, lr 0.0025, warm-up 250, "
+                                  "fp32, seeds 1,2 (1 solid, 2 dashed);\nhardware: 2-core x86-64 CPU")
+    with open(os.path.join(results, "multi30k-cpu-1000x2048.json")) as f:
+        validated = [run for run in json.load(f)["runs"] if run.get("valid_curve")]
+    assert len(figures[-1].axes[0].get_lines()) == len(validated) == 12  # every run that logged validation
+    gcn = os.path.join(results, "umst-phrase-gcn-forms-400x2048.json")
+    assert multi30k_table.main(["--redraw", gcn + ":eq3", "--out", str(out), "--hardware", "1 NVIDIA H100"]) == 0
+    [caption] = figures[-1].texts
+    assert caption.get_text().startswith("scripts/multi30k_table.py +model.phrase_gcn_form=eq3: 400 updates of "
+                                         "2048 tokens, lr 0.0025, warm-up 100, fp32, seeds 1,2")  # the GCN form too
+    assert caption.get_text().endswith("\nhardware: 1 NVIDIA H100")  # --hardware overrides the file's
+    assert multi30k_table.main(["--redraw", os.path.join(results, "multi30k-converged-budget-postnorm.json"),
+                                "--out", str(out)]) == 0
+    assert (out / "bleu-curve.png").exists()
+    [caption] = figures[-1].texts
+    assert caption.get_text().startswith("scripts/multi30k_table.py: 14400 updates of 2048 tokens, lr 0.0025, "
+                                         "warm-up 1500, fp32, seeds 1 (valid solid, test dashed);\n"
+                                         "hardware: 2-core AMD EPYC (Zen 3, AVX2)")
+    with pytest.raises(SystemExit, match=r"umst-phrase-gcn-forms-400x2048.json: expected a runs.json .* found the "
+                                         r"keys 'eq3', 'authors'; pick a record with .*:KEY, KEY one of eq3, authors"):
+        multi30k_table.main(["--redraw", gcn, "--out", str(out)])
+    with pytest.raises(SystemExit, match=r"no record 'eq4' to redraw; it holds 'eq3', 'authors'"):
+        multi30k_table.main(["--redraw", gcn + ":eq4", "--out", str(out)])
+    (tmp_path / "old.json").write_text(json.dumps({"budget": {"max_update": 400}, "runs": []}))
+    with pytest.raises(SystemExit, match=r"old.json: its budget lacks max_tokens, average, fp16, bf16, override, "
+                                         r"warmup_updates \(a runs.json of the runner has them all\)"):
+        multi30k_table.main(["--redraw", str(tmp_path / "old.json"), "--out", str(out)])
+    with pytest.raises(SystemExit) as exit_:
+        multi30k_table.main(["--out", str(out)])  # neither --data nor --redraw: the usual argparse error
+    assert exit_.value.code == 2
 
 
 def test_table_gives_cpu_time_and_marks_wall_time_standing_in_for_it(tmp_path):
