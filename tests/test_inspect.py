@@ -141,6 +141,46 @@ def test_with_checkpoint(family, toy, checkpoints, tmp_path):
             torch.testing.assert_close(sums, torch.ones(len(panel.rows)), atol=1e-4, rtol=0, msg=panel.title)
 
 
+def test_heading_names_the_model_how_it_trained_and_where(toy, checkpoints, tmp_path):
+    """The picture travels without its command line: its heading names the command and sentence, the
+    checkpoint, how it was trained as the checkpoint records it (updates done, tokens per update, lr,
+    warm-up, seed, precision, the checkpoints an average holds) and the hardware --hardware names."""
+    from umst_plugin.average_checkpoints import average_checkpoints
+
+    _, databin = toy
+    arch, overrides, _ = FAMILIES["umst"]
+    trained = dict(overrides, max_tokens=1024, update_freq=2, lr=0.0025, lr_scheduler="inverse_sqrt",
+                   warmup_updates=250, seed=3, bf16=True)
+    paths = []
+    for updates in (900, 1000):  # two checkpoints of one run, then their average as the runner makes it
+        path = save_tiny_checkpoint(databin, arch, trained, str(tmp_path / f"checkpoint_1_{updates}.pt"), seed=3)
+        state = torch.load(path, weights_only=False)
+        state["optimizer_history"][-1]["num_updates"] = updates
+        torch.save(state, path)
+        paths.append(path)
+    torch.save(average_checkpoints(paths), tmp_path / "avg.pt")  # oldest first, as the runner lists them
+    result = run([databin, "--index", "0", "--path", str(tmp_path / "avg.pt"), "--output", str(tmp_path / "h.png"),
+                  "--hardware", "2-core test CPU"])
+    lines = result.figure.get_suptitle().split("\n")
+    assert lines[0].startswith(f"umst-inspect test[0] of {databin}: ")
+    assert lines[2:] == [f"model: umst_base ({tmp_path / 'avg.pt'})",
+                         "trained: 1000 updates of 2048 tokens, lr 0.0025, warm-up 250, seed 3, bf16, "
+                         "average of 2 checkpoints (checkpoint_1_900.pt, checkpoint_1_1000.pt)",
+                         "hardware: 2-core test CPU"]
+    plain = run([databin, "--index", "0", "--path", checkpoints["transformer"], "--output", str(tmp_path / "p.png")])
+    assert plain.figure.get_suptitle().split("\n")[-2:] == [
+        "trained: 0 updates of ? tokens, lr 0.25, warm-up 0, seed 1, fp32",  # fairseq defaults: nothing averaged
+        "hardware: not recorded (umst-inspect --hardware names it)"]
+    from omegaconf import OmegaConf  # the runner's average of 5 epoch checkpoints: first and last named
+
+    cfg = OmegaConf.create({"dataset": {"max_tokens": 2048}, "optimization": {"lr": [0.0025]}, "common": {"seed": 2}})
+    five = {"optimizer_history": [{"num_updates": 9600}], "averaged_from": [f"checkpoint{e}.pt" for e in range(36, 41)]}
+    assert umst_inspect.training_of(five, cfg) == ("9600 updates of 2048 tokens, lr 0.0025, seed 2, fp32, "
+                                                   "average of 5 checkpoints (checkpoint36.pt, ..., checkpoint40.pt)")
+    scales = run([databin, "--index", "0", "--output", str(tmp_path / "s.png")])  # no model: no model lines
+    assert len(scales.figure.get_suptitle().split("\n")) == 2
+
+
 def test_layer_and_head(toy, checkpoints, tmp_path):
     _, databin = toy
     result = run([databin, "--index", "1", "--path", checkpoints["umst"], "--layer", "1", "--head", "2",

@@ -322,6 +322,14 @@ def test_multi30k_table_runner_end_to_end(prepared, tmp_path):
         assert f"{row} seed 1: trained before" in again, again[-3000:]
     assert "training started" not in again
     assert (tmp_path / "runs" / "table.md").read_text() == table
+    # --curve-every: BLEU of the average ending at every N-th update, and its (captioned) picture
+    curved = run_table_with("--table-only", "--curve-every", "2")
+    for row in rows:
+        with open(tmp_path / "runs" / row / "seed1" / "budget-curve.json") as f:
+            [point] = json.load(f)
+        assert point["update"] == 2 and 0 <= point["valid"] <= 100 and 0 <= point["test"] <= 100, point
+        assert f"{row} seed 1: average of 2 ending at update 2: valid BLEU " in curved, curved[-3000:]
+    assert (tmp_path / "runs" / "bleu-curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # --archive: a finished run's logs, scores and hypotheses (no checkpoint, no per-token scores) are kept
     # outside OUT; a runner that lost OUT (a fresh machine) takes them as done and writes the same table
@@ -1443,3 +1451,14 @@ def test_average_checkpoints_averages_and_picks_the_newest(tmp_path):
     assert state["last_optimizer_state"] is None
     assert average_checkpoints.main(["--inputs", str(tmp_path), "--num-epoch-checkpoints", "5",
                                      "--output", str(out)]) == 2
+    # files in any order (the runner lists them oldest first): the average carries the newest one's state
+    for epoch in (1, 2, 3):
+        state = torch.load(tmp_path / f"checkpoint{epoch}.pt", map_location="cpu")
+        state["optimizer_history"] = [{"num_updates": 100 * epoch}]
+        torch.save(state, tmp_path / f"checkpoint{epoch}.pt")
+    assert average_checkpoints.main(["--inputs", *[str(tmp_path / f"checkpoint{e}.pt") for e in (1, 3, 2)],
+                                     "--output", str(out)]) == 0
+    state = torch.load(out, map_location="cpu")
+    assert state["cfg"]["epoch"] == 3 and state["optimizer_history"] == [{"num_updates": 300}]
+    assert torch.equal(state["model"]["w"], torch.full((2,), 2.0))
+    assert state["averaged_from"] == ["checkpoint1.pt", "checkpoint3.pt", "checkpoint2.pt"]

@@ -50,6 +50,12 @@ def load(path):
         return torch.load(f, map_location="cpu")
 
 
+def updates_of(state):
+    """The updates a fairseq checkpoint was trained for (its optimizer history); -1 where it records none."""
+    history = state.get("optimizer_history") or [{}]
+    return history[-1].get("num_updates", -1)
+
+
 def average_checkpoints(paths):
     """A checkpoint dict whose ``model`` is the mean of the inputs' models (same keys required)."""
     if not paths:
@@ -58,9 +64,12 @@ def average_checkpoints(paths):
     for path in paths:
         state = load(path)
         model = state["model"]
+        if newest is None or updates_of(state) > updates_of(newest):
+            # the average carries the newest input's cfg, optimizer history and training state, in whatever
+            # order the inputs come (the multi30k runner lists them oldest first)
+            newest = {k: v for k, v in state.items() if k != "model"}
         if keys is None:
             keys = list(model.keys())
-            newest = state
         elif set(model.keys()) != set(keys):
             missing = set(keys) ^ set(model.keys())
             raise ValueError(f"{path} has different parameters than {paths[0]}: {sorted(missing)[:5]}")

@@ -66,6 +66,9 @@ def add_inspect_args(parser):
                        help="1-based attention head (default: mean over heads; MSMSA: every head)")
     group.add_argument("--columns", type=int, default=3, metavar="C", help="heatmaps per row (default 3)")
     group.add_argument("--dpi", type=int, default=100, help="resolution of the PNG (default 100)")
+    group.add_argument("--hardware", default=None, metavar="TEXT",
+                       help="the machine that trained --path, named in the picture's heading beside how it was "
+                            "trained (a checkpoint records its budget, not its hardware)")
     return parser
 
 
@@ -154,13 +157,43 @@ def load_model(cfg, task):
     if not os.path.isfile(path):
         raise InspectError(f"checkpoint not found: {path}")
     overrides = eval(cfg.common_eval.model_overrides) if cfg.common_eval.model_overrides else {}
-    models, saved_cfg, _ = checkpoint_utils.load_model_ensemble_and_task(utils.split_paths(path),
-                                                                         arg_overrides=overrides, task=task)
+    state = checkpoint_utils.load_checkpoint_to_cpu(path, overrides)  # read once: the model and how it trained
+    models, saved_cfg, _ = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides, task=task,
+                                                                         state=state)
     model = models[0]
     model.eval()
     if not cfg.common.cpu and torch.cuda.is_available():
         model = model.cuda()
-    return model, getattr(saved_cfg.model, "arch", None) or getattr(saved_cfg.model, "_name", None)
+    return model, getattr(saved_cfg.model, "arch", None) or getattr(saved_cfg.model, "_name", None), \
+        training_of(state, saved_cfg)
+
+
+def training_of(state, cfg):
+    """How a checkpoint was trained, as it records it itself (the heading's "trained:" line): the updates
+    it holds, the tokens (or sentences) per update, the peak learning rate, the warm-up, the seed, the
+    precision, and which checkpoints it averages (umst-average-checkpoints)."""
+    from omegaconf import OmegaConf
+
+    def get(key):
+        return OmegaConf.select(cfg, key, default=None)
+
+    history = state.get("optimizer_history") or [{}]
+    gpus = max(1, get("distributed_training.distributed_world_size") or 1)
+    per_update = (get("optimization.update_freq") or [1])[0] * gpus
+    batch = (f"{get('dataset.max_tokens') * per_update} tokens" if get("dataset.max_tokens")
+             else f"{get('dataset.batch_size') * per_update} sentences" if get("dataset.batch_size") else "? tokens")
+    lr = get("optimization.lr")
+    lr = lr[0] if OmegaConf.is_list(lr) or isinstance(lr, list) else lr
+    parts = [f"{history[-1].get('num_updates', '?')} updates of {batch}", f"lr {lr}"]
+    if get("lr_scheduler.warmup_updates") is not None:
+        parts.append(f"warm-up {get('lr_scheduler.warmup_updates')}")
+    precision = "fp16" if get("common.fp16") else "bf16" if get("common.bf16") else "fp32"
+    parts += [f"seed {get('common.seed')}", precision]
+    averaged = state.get("averaged_from") or []
+    if averaged:  # the first and last as listed; the line stays short for the usual 5 or 10
+        names = averaged if len(averaged) <= 2 else [averaged[0], "...", averaged[-1]]
+        parts.append(f"average of {len(averaged)} checkpoints ({', '.join(names)})")
+    return ", ".join(parts)
 
 
 def run(argv=None, log=print):
@@ -184,7 +217,7 @@ def run(argv=None, log=print):
 
     capture, family = Capture("scales"), None
     if cfg.common_eval.path:
-        model, arch = load_model(cfg, task)
+        model, arch, trained = load_model(cfg, task)
         family = family_of(model)
         if family is None:
             raise InspectError(f"don't know how to inspect a checkpoint of arch {arch!r} (encoder "
@@ -201,11 +234,12 @@ def run(argv=None, log=print):
                     Panel("phrase graph D^-1/2 (A_p + I) D^-1/2\n(UMST's inter-group GCN, from the heads)",
                           source.phrase_adj, source.words, source.words, "word", "word")]
     panels = scale_panels + capture.panels
-    heading = f"{origin}: {' '.join(source.words[:-1])}"
+    heading = f"umst-inspect {origin}: {' '.join(source.words[:-1])}"
     if source.target:
         heading += f"\ntarget: {source.target}"
-    if family:
-        heading += f"\nmodel: {arch} ({cfg.common_eval.path})"
+    if family:  # the picture travels alone: it names its model, how that trained, and where
+        heading += (f"\nmodel: {arch} ({cfg.common_eval.path})\ntrained: {trained}"
+                    f"\nhardware: {args.hardware or 'not recorded (umst-inspect --hardware names it)'}")
     heading = "\n".join(line if len(line) <= 160 else line[:159] + "…" for line in heading.split("\n"))
     fig = make_figure(source, panels, heading, ncols=args.columns)
     out_dir = os.path.dirname(os.path.abspath(args.output))

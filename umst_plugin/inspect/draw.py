@@ -101,7 +101,7 @@ def make_figure(source, panels, heading, ncols=3):
     cell = max(4.2, min(7.0, 0.22 * n + 2.2))
     width = max(12.0, 0.62 * n + 2.5, ncols * (cell + 1.0))
     diagram_h = 3.2 + 0.06 * n
-    height = diagram_h + nrows * (cell + 1.4) + 0.6
+    height = diagram_h + nrows * (cell + 1.4) + 0.6 + 0.22 * heading.count("\n")  # 12-point heading lines
     fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
     gs = fig.add_gridspec(1 + nrows, ncols, height_ratios=[diagram_h] + [cell + 1.4] * nrows)
     draw_scales(fig.add_subplot(gs[0, :]), source)
