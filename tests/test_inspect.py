@@ -177,6 +177,8 @@ def test_heading_names_the_model_how_it_trained_and_where(toy, checkpoints, tmp_
     five = {"optimizer_history": [{"num_updates": 9600}], "averaged_from": [f"checkpoint{e}.pt" for e in range(36, 41)]}
     assert umst_inspect.training_of(five, cfg) == ("9600 updates of 2048 tokens, lr 0.0025, seed 2, fp32, "
                                                    "average of 5 checkpoints (checkpoint36.pt, ..., checkpoint40.pt)")
+    cfg.common.memory_efficient_bf16 = True
+    assert ", seed 2, bf16, average of 5" in umst_inspect.training_of(five, cfg)
     scales = run([databin, "--index", "0", "--output", str(tmp_path / "s.png")])  # no model: no model lines
     assert len(scales.figure.get_suptitle().split("\n")) == 2
 

@@ -151,7 +151,7 @@ def sample_from_sentence(task, cfg, sentence):
 
 
 def load_model(cfg, task):
-    from fairseq import checkpoint_utils, utils
+    from fairseq import checkpoint_utils
 
     path = cfg.common_eval.path
     if not os.path.isfile(path):
@@ -187,7 +187,8 @@ def training_of(state, cfg):
     parts = [f"{history[-1].get('num_updates', '?')} updates of {batch}", f"lr {lr}"]
     if get("lr_scheduler.warmup_updates") is not None:
         parts.append(f"warm-up {get('lr_scheduler.warmup_updates')}")
-    precision = "fp16" if get("common.fp16") else "bf16" if get("common.bf16") else "fp32"
+    precision = ("fp16" if get("common.fp16") or get("common.memory_efficient_fp16")
+                 else "bf16" if get("common.bf16") or get("common.memory_efficient_bf16") else "fp32")
     parts += [f"seed {get('common.seed')}", precision]
     averaged = state.get("averaged_from") or []
     if averaged:  # the first and last as listed; the line stays short for the usual 5 or 10
