@@ -320,14 +320,14 @@ def plain_label(row):
     return LABELS[row].split(" (`")[0].replace("`", "")
 
 
-def caption(args, seeds, seeds_note, hardware, width_in, command="scripts/multi30k_table.py"):
+def caption(args, seeds, seeds_note, hardware, width_in):
     """The lines under a picture of the runner's, wrapped to a figure ``width_in`` inches wide: a picture
     travels without its table, so it names its command (with the hydra overrides but the learning rate's,
     which the budget names), budget, seeds (with what tells them apart in it), precision and hardware."""
     chars = int(width_in * 72 / 4.2)  # characters of 7-point text per line, with a margin
     settings = "".join(f" {o}" for o in args.override if not LR_OVERRIDE.fullmatch(o))  # what else the runs set
     return "\n".join(textwrap.fill(line, chars) for line in (
-        f"{command}{settings}: {args.max_update} updates of {args.max_tokens} tokens, lr {lr_of(args)}, "
+        f"scripts/multi30k_table.py{settings}: {args.max_update} updates of {args.max_tokens} tokens, lr {lr_of(args)}, "
         f"warm-up {warmup_updates(args.max_update, args.warmup)}, {precision_of(args)}, "
         f"seeds {','.join(map(str, seeds))} {seeds_note};", f"hardware: {hardware}"))
 
