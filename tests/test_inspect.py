@@ -162,8 +162,8 @@ def test_heading_names_the_model_how_it_trained_and_where(toy, checkpoints, tmp_
     result = run([databin, "--index", "0", "--path", str(tmp_path / "avg.pt"), "--output", str(tmp_path / "h.png"),
                   "--hardware", "2-core test CPU"])
     lines = result.figure.get_suptitle().split("\n")
-    assert lines[0].startswith(f"umst-inspect test[0] of {databin}: ")
-    assert lines[2:] == [f"model: umst_base ({tmp_path / 'avg.pt'})",
+    assert lines[0] == f"umst-inspect test[0] of {databin}" and lines[1].startswith("source: ")
+    assert lines[3:] == [f"model: umst_base ({tmp_path / 'avg.pt'})",
                          "trained: 1000 updates of 2048 tokens, lr 0.0025, warm-up 250, seed 3, bf16, "
                          "average of 2 checkpoints (checkpoint_1_900.pt, checkpoint_1_1000.pt)",
                          "hardware: 2-core test CPU"]
@@ -180,7 +180,7 @@ def test_heading_names_the_model_how_it_trained_and_where(toy, checkpoints, tmp_
     cfg.common.memory_efficient_bf16 = True
     assert ", seed 2, bf16, average of 5" in umst_inspect.training_of(five, cfg)
     scales = run([databin, "--index", "0", "--output", str(tmp_path / "s.png")])  # no model: no model lines
-    assert len(scales.figure.get_suptitle().split("\n")) == 2
+    assert [line.split(":")[0] for line in scales.figure.get_suptitle().split("\n")[1:]] == ["source", "target"]
 
 
 def test_layer_and_head(toy, checkpoints, tmp_path):

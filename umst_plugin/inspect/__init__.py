@@ -235,7 +235,7 @@ def run(argv=None, log=print):
                     Panel("phrase graph D^-1/2 (A_p + I) D^-1/2\n(UMST's inter-group GCN, from the heads)",
                           source.phrase_adj, source.words, source.words, "word", "word")]
     panels = scale_panels + capture.panels
-    heading = f"umst-inspect {origin}: {' '.join(source.words[:-1])}"
+    heading = f"umst-inspect {origin}\nsource: {' '.join(source.words[:-1])}"  # a long data-bin path cuts no words
     if source.target:
         heading += f"\ntarget: {source.target}"
     if family:  # the picture travels alone: it names its model, how that trained, and where
