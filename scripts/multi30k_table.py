@@ -8,7 +8,8 @@
 For each row of configs/m30k-*.yaml and each seed: fairseq-hydra-train with the row's config
 (``--max-update`` below the reference 8,000 compresses the warm-up in proportion: warm-up =
 max-update / 4, the reference's 2,000 of 8,000), umst-average-checkpoints over the last
-``--average`` checkpoints (saved every ``--save-every`` updates, about an epoch), fairseq-generate with beam 5 / lenpen 1 on test (2016 Flickr),
+``--average`` checkpoints (saved every ``--save-every`` updates, about an epoch), fairseq-generate with
+beam 5 / lenpen 1 on test (2016 Flickr),
 test1 (2017 Flickr) and test2 (2017 MSCOCO), scored by scripts/score.py: tokenized BLEU
 (multi-bleu style, no compound splitting, as the published 41.02) and detokenized sacreBLEU
 with its signature. Runs are resumable: a finished step is not redone (delete its files to redo).
@@ -327,7 +328,8 @@ def caption(args, seeds, seeds_note, hardware, width_in):
     chars = int(width_in * 72 / 4.2)  # characters of 7-point text per line, with a margin
     settings = "".join(f" {o}" for o in args.override if not LR_OVERRIDE.fullmatch(o))  # what else the runs set
     return "\n".join(textwrap.fill(line, chars) for line in (
-        f"scripts/multi30k_table.py{settings}: {args.max_update} updates of {args.max_tokens} tokens, lr {lr_of(args)}, "
+        f"scripts/multi30k_table.py{settings}: {args.max_update} updates of {args.max_tokens} tokens, "
+        f"lr {lr_of(args)}, "
         f"warm-up {warmup_updates(args.max_update, args.warmup)}, {precision_of(args)}, "
         f"seeds {','.join(map(str, seeds))} {seeds_note};", f"hardware: {hardware}"))
 
