@@ -174,17 +174,19 @@ def training_of(state, cfg):
     precision, and which checkpoints it averages (umst-average-checkpoints)."""
     from omegaconf import OmegaConf
 
+    from umst_plugin.average_checkpoints import updates_of
+
     def get(key):
         return OmegaConf.select(cfg, key, default=None)
 
-    history = state.get("optimizer_history") or [{}]
     gpus = max(1, get("distributed_training.distributed_world_size") or 1)
     per_update = (get("optimization.update_freq") or [1])[0] * gpus
     batch = (f"{get('dataset.max_tokens') * per_update} tokens" if get("dataset.max_tokens")
              else f"{get('dataset.batch_size') * per_update} sentences" if get("dataset.batch_size") else "? tokens")
     lr = get("optimization.lr")
     lr = lr[0] if OmegaConf.is_list(lr) or isinstance(lr, list) else lr
-    parts = [f"{history[-1].get('num_updates', '?')} updates of {batch}", f"lr {lr}"]
+    updates = updates_of(state)
+    parts = [f"{updates if updates >= 0 else '?'} updates of {batch}", f"lr {lr}"]
     if get("lr_scheduler.warmup_updates") is not None:
         parts.append(f"warm-up {get('lr_scheduler.warmup_updates')}")
     precision = ("fp16" if get("common.fp16") or get("common.memory_efficient_fp16")
