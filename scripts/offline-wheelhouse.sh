@@ -30,6 +30,8 @@ PyYAML==6.0.3                  wheel   omegaconf
 bitarray==3.12.3               wheel   fairseq-fixed
 conllu==6.0.0                  wheel   umst-plugin (umst-preprocess --parser conllu)
 tensorboardX==2.6.5            wheel   umst-plugin (fairseq --tensorboard-logdir)
+subword-nmt==0.3.8             wheel   umst-plugin (the toy corpus's BPE: quickstart, GPU check)
+mock==5.2.0                    wheel   subword-nmt
 protobuf==7.36.2               wheel   tensorboardX
 cffi==2.1.1                    wheel   fairseq-fixed, umst-plugin
 pycparser==3.12                wheel   cffi
@@ -51,12 +53,18 @@ cloudpickle==3.1.2             wheel   joblib
 Cython==3.3.1                  wheel   fairseq-fixed (build and runtime)
 setuptools==84.2.1             wheel   fairseq-fixed's build (--no-build-isolation)
 wheel==0.48.0                  wheel   fairseq-fixed's build (--no-build-isolation)
+pytest==9.2.0                  wheel   the GPU check's CUDA tests (scripts/gpu-check.sh)
+pytest-xdist==3.8.0            wheel   pytest -n
+execnet==2.1.2                 wheel   pytest-xdist
+iniconfig==2.3.1               wheel   pytest
+pluggy==1.7.0                  wheel   pytest
+Pygments==2.21.0               wheel   pytest
 umst-plugin==0.1.0             plugin  this repository (pip wheel --no-deps .)
 "
 # What the GPU image ('cuda': Python 3.12.3, torch 2.11.0+cu130) already has, among the names
 # above (/work/.library/device/KINDS.md, "Python packages already there"). Skipped by default;
 # offline-install.sh checks they really are importable before it installs anything.
-GPU_IMAGE_PRESENT="numpy,regex,sacrebleu,portalocker,tabulate,colorama,lxml,scikit-learn,scipy,joblib,threadpoolctl,narwhals,cloudpickle,packaging,tqdm,PyYAML,protobuf,Cython,setuptools,wheel"
+GPU_IMAGE_PRESENT="numpy,regex,sacrebleu,portalocker,tabulate,colorama,lxml,scikit-learn,scipy,joblib,threadpoolctl,narwhals,cloudpickle,packaging,tqdm,PyYAML,protobuf,Cython,setuptools,wheel,pytest,pytest-xdist,execnet,iniconfig,pluggy,Pygments"
 
 DEST="$ROOT/.whl"
 PYVER="3.12"

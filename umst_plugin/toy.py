@@ -163,7 +163,7 @@ def bpe_toy_corpus(out_dir, merges=400, splits=("train", "valid", "test")):
     return codes
 
 
-def main(argv=None):
+def get_parser():
     parser = argparse.ArgumentParser(
         prog="umst-toy-corpus",
         description="Write the bundled toy parallel corpus (Kelan->Moru) with gold CoNLL-U parses, "
@@ -175,7 +175,11 @@ def main(argv=None):
     parser.add_argument("--test", type=int, default=300, help="test pairs (default: 300)")
     parser.add_argument("--bpe-merges", type=int, default=400,
                         help="joint BPE merges; 0 skips BPE (default: 400)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = get_parser().parse_args(argv)
     write_toy_corpus(args.out_dir, args.seed, args.train, args.valid, args.test)
     if args.bpe_merges > 0:
         bpe_toy_corpus(args.out_dir, args.bpe_merges)

@@ -1,0 +1,338 @@
+"""What one training step of every architecture costs against fairseq's pre-norm transformer, in one run.
+
+Per architecture, on one batch of Multi30k sentence lengths (``multi30k_lengths.json``: test_2016_flickr,
+tokens per sentence), chosen the way fairseq batches (sentences sorted by length, packed up to
+``--max-tokens``, the source left-padded), with a shared 10,000-entry vocabulary and each arch's paper
+defaults (dropout on, train mode):
+
+* ``flops``: matmul FLOPs of forward + backward (``torch.utils.flop_counter.FlopCounterMode``: mm, bmm,
+  addmm, convolution, scaled_dot_product_attention, counted by their shapes);
+* ``saved``: bytes of the tensors autograd keeps for backward, parameters excluded, each storage once
+  (``torch.autograd.graph.saved_tensors_hooks``; ``ctx.save_for_backward`` of custom functions included);
+* ``peak``: peak bytes allocated during the step (CUDA: ``max_memory_allocated``; CPU: the profiler's
+  allocation records, ``common.peak_memory``);
+* ``time``: median seconds of the step (forward, label-smoothed loss, backward) per precision: fp32, and
+  ``bf16`` / ``fp16`` autocast; on CUDA timed with CUDA events, on CPU with this process's CPU time; the
+  candidates are interleaved round by round so load hits them alike;
+* ``tok/s``: target tokens per second.
+
+Ratios are per FLOP against the transformer of the same run: ``saved/FLOP = (saved / flops) / (saved_tf /
+flops_tf)`` and ``time/FLOP`` likewise: an arch that does 1.3x the work may take 1.3x the memory and time.
+
+Usage::
+
+    python benchmarks/bench_archs.py                                # base width, fp32 + bf16, this CPU
+    python benchmarks/bench_archs.py --width big --archs transformer_sf,prime
+    python benchmarks/bench_archs.py --device cuda --precisions fp16,bf16 --max-tokens 4096
+    python benchmarks/bench_archs.py --quick                        # tiny widths: a smoke run
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import common  # benchmarks/common.py (the script's folder is on sys.path)
+
+from umst_plugin import dev
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LENGTHS = os.path.join(HERE, "multi30k_lengths.json")
+VOCAB = 10000
+PRENORM = dict(encoder_normalize_before=True, decoder_normalize_before=True)
+
+# name -> (arch at base width, arch at big width, overrides). The transformer row is the baseline.
+ARCHS = {
+    "transformer": ("transformer", "transformer_vaswani_wmt_en_de_big", PRENORM),
+    "umst": ("umst_base", "umst_big", {}),
+    "umst_rpr": ("umst_base_rpr", "umst_big_rpr", {}),
+    "transformer_sf": ("transformer_sf_base", "transformer_sf_big", {}),
+    "msc": ("msc_base", "msc_big", {}),
+    "msmsa": ("msmsa_base", "msmsa_big", {}),
+    "prime": ("prime_base", "prime_big", {}),
+    "prime_simple": ("prime_simple_base", "prime_simple_big", {}),
+}
+QUICK = dict(encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_embed_dim=32,
+             encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4,
+             decoder_attention_heads=4)
+QUICK_EXTRA = {"transformer_sf": dict(fast_embed_dim=8, fast_ffn_embed_dim=16, fast_attention_heads=2),
+               "msc": dict(encoder_blocks=2, encoder_layers_per_block=1)}
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def lengths_batch(max_tokens, seed=0):
+    """(source lengths, target lengths) of one batch as fairseq builds it: sort by (source, target) length,
+    pack consecutive sentences while bsz x max(len) <= max_tokens (lengths + 1 for </s>), take the batch in
+    the middle of the epoch's batch list (a typical one, not the longest or shortest)."""
+    with open(LENGTHS) as f:
+        pairs = json.load(f)["pairs"]
+    pairs = sorted((s + 1, t + 1) for s, t in pairs)
+    batches, current, longest = [], [], 0
+    for s, t in pairs:
+        longest_next = max(longest, s, t)
+        if current and longest_next * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, longest_next = [], max(s, t)
+        current.append((s, t))
+        longest = longest_next
+    if current:
+        batches.append(current)
+    batch = batches[len(batches) // 2]
+    return [s for s, _ in batch], [t for _, t in batch]
+
+
+def make_sample(task, src_lengths, tgt_lengths, seed=0):
+    """A collated batch with exactly these lengths (random tokens and dependency trees)."""
+    import random
+
+    from fairseq.data import LanguagePairDataset
+    from umst_plugin.data.side_data_dataset import SideDataLanguagePairDataset
+    from umst_plugin.data.word_boundaries import word_ids_from_pieces
+
+    rng = random.Random(seed)
+    sd, td = task.source_dictionary, task.target_dictionary
+    src, tgt, word_ids, heads = [], [], [], []
+    for s_len, t_len in zip(src_lengths, tgt_lengths):
+        pieces = dev._random_sentence(rng, sd, s_len - 1)
+        wids = word_ids_from_pieces([sd[p] for p in pieces])
+        n_words = wids[-1]
+        heads.append(torch.tensor([rng.choice([h for h in range(n_words + 1) if h != w])
+                                   for w in range(1, n_words + 1)], dtype=torch.long))
+        word_ids.append(torch.tensor(wids, dtype=torch.long))
+        src.append(torch.tensor(pieces + [sd.eos()], dtype=torch.long))
+        tgt.append(torch.tensor(dev._random_sentence(rng, td, t_len - 1) + [td.eos()], dtype=torch.long))
+    pair = LanguagePairDataset(src, torch.tensor([len(s) for s in src]), sd, tgt,
+                               torch.tensor([len(t) for t in tgt]), td, left_pad_source=True, shuffle=False)
+    data = SideDataLanguagePairDataset(pair, word_ids, heads)
+    return dev.collate(data, range(len(src)))
+
+
+def build(name, width, quick):
+    base, big, overrides = ARCHS[name]
+    arch = big if width == "big" else base
+    overrides = dict(overrides, share_all_embeddings=True)
+    if quick:
+        overrides.update(QUICK)
+        overrides.update(QUICK_EXTRA.get(name, {}))
+    model, task = dev.build_model(arch, overrides, dictionary=dev.make_dictionary(VOCAB))
+    return arch, model, task
+
+
+def loss_fn(model, sample, net_input, autocast_dtype, device_type):
+    pad = model.decoder.dictionary.pad()
+    with torch.autocast(device_type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+        logits = model(**net_input)[0]
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), sample["target"].view(-1),
+                           ignore_index=pad, label_smoothing=0.1)
+
+
+def step_fn(model, sample, autocast_dtype, device_type):
+    net_input = dev.model_inputs(model, sample)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        loss_fn(model, sample, net_input, autocast_dtype, device_type).backward()
+    return step
+
+
+def matmul_flops(model, sample, device_type):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    net_input = dev.model_inputs(model, sample)
+    model.zero_grad(set_to_none=True)
+    with FlopCounterMode(display=False) as counter:
+        loss_fn(model, sample, net_input, None, device_type).backward()
+    return counter.get_total_flops()
+
+
+def saved_bytes(model, sample, autocast_dtype, device_type):
+    """Bytes autograd saves for backward in one step, parameters excluded, each storage counted once."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in params and ptr not in seen:
+            seen[ptr] = storage.nbytes()
+        return t
+
+    net_input = dev.model_inputs(model, sample)
+    model.zero_grad(set_to_none=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = loss_fn(model, sample, net_input, autocast_dtype, device_type)
+    loss.backward()
+    return sum(seen.values())
+
+
+def event_time(fn, device):
+    """Seconds of one call: CUDA events on a GPU, process CPU time on a CPU."""
+    if str(device).startswith("cuda"):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1000.0
+    return common.timed(fn, device, cpu_time=True)[1]
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+        model = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name"))
+        family = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("cpu family"))
+        number = next(line.split(":", 1)[1].strip() for line in info.splitlines()
+                      if line.startswith("model") and not line.startswith("model name"))
+        flags = next(line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags"))
+        isa = "AVX-512" if "avx512f" in flags else "AVX2"
+        extra = ", avx512_bf16" if "avx512_bf16" in flags else ""
+        return f"{model} (family {family}, model {number}), {isa}{extra}, {os.cpu_count()} cores"
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown CPU"
+
+
+def device_name(device):
+    if str(device).startswith("cuda"):
+        return torch.cuda.get_device_name(device)
+    return cpu_name()
+
+
+def measure(names, width, precisions, device, max_tokens, repeats, warmup, quick, log=print):
+    device_type = "cuda" if str(device).startswith("cuda") else "cpu"
+    src_lengths, tgt_lengths = lengths_batch(max_tokens)
+    log(f"batch: {len(src_lengths)} sentences, source {min(src_lengths)}-{max(src_lengths)}, "
+        f"target {min(tgt_lengths)}-{max(tgt_lengths)} tokens (with </s>), {sum(tgt_lengths)} target tokens")
+    rows, steps = {}, {}
+    for name in names:
+        arch, model, task = build(name, width, quick)
+        model = model.to(device).train()
+        sample = dev.move_sample(make_sample(task, src_lengths, tgt_lengths), device)
+        row = dict(name=name, arch=arch, params=common.n_params(model))
+        row["flops"] = matmul_flops(model, sample, device_type)
+        row["saved"] = {p: saved_bytes(model, sample, PRECISIONS[p], device_type) for p in precisions}
+        row["peak"] = {}
+        for p in precisions:
+            step = step_fn(model, sample, PRECISIONS[p], device_type)
+            step()  # allocator warm, lazy state built
+            row["peak"][p] = common.peak_memory(step, device)
+            steps[(name, p)] = step
+        row["target_tokens"] = int(sample["ntokens"])
+        rows[name] = row
+        log(f"  {name} ({arch}): {row['params'] / 1e6:.1f}M parameters, {row['flops'] / 1e9:.1f} GFLOP, "
+            + ", ".join(f"saved {p} {row['saved'][p] / 2**20:.0f} MiB" for p in precisions))
+        rows[name]["_model"] = model
+    for p in precisions:
+        fns = {name: steps[(name, p)] for name in names}
+        for _ in range(warmup):
+            for fn in fns.values():
+                fn()
+        times = {name: [] for name in names}
+        for _ in range(repeats):
+            for name, fn in fns.items():
+                times[name].append(event_time(fn, device))
+        for name in names:
+            rows[name].setdefault("time", {})[p] = statistics.median(times[name])
+            rows[name].setdefault("tokens_per_s", {})[p] = rows[name]["target_tokens"] / rows[name]["time"][p]
+    for name in names:
+        rows[name].pop("_model")
+    return dict(device=device_name(device), device_type=device_type, torch=torch.__version__,
+                threads=torch.get_num_threads() if device_type == "cpu" else None, width=width,
+                max_tokens=max_tokens, sentences=len(src_lengths), repeats=repeats, quick=quick,
+                precisions=list(precisions), rows=[rows[n] for n in names])
+
+
+def ratios(result, baseline="transformer"):
+    """Per row: FLOPs, saved and time ratios, and the per-FLOP ratios, against the baseline row."""
+    rows = {r["name"]: r for r in result["rows"]}
+    tf = rows[baseline]
+    out = []
+    for r in result["rows"]:
+        flops = r["flops"] / tf["flops"]
+        entry = dict(name=r["name"], arch=r["arch"], flops=flops)
+        for p in result["precisions"]:
+            saved = r["saved"][p] / tf["saved"][p]
+            t = r["time"][p] / tf["time"][p]
+            entry[p] = dict(saved=saved, saved_per_flop=saved / flops, peak=r["peak"][p] / tf["peak"][p],
+                            time=t, time_per_flop=t / flops)
+        out.append(entry)
+    return out
+
+
+def markdown(result):
+    """The table: one row per arch; per precision saved MiB, peak MiB, ms, tokens/s and the per-FLOP ratios."""
+    precisions = result["precisions"]
+    head = ["arch", "params", "GFLOP", "FLOPs"]
+    for p in precisions:
+        head += [f"saved {p} MiB", f"saved/FLOP {p}", f"peak {p} MiB", f"{p} ms", f"tok/s {p}", f"time/FLOP {p}"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    by_name = {r["name"]: r for r in result["rows"]}
+    for ratio in ratios(result):
+        r = by_name[ratio["name"]]
+        cells = [r["arch"], f"{r['params'] / 1e6:.1f}M", f"{r['flops'] / 1e9:.1f}", f"{ratio['flops']:.2f}x"]
+        for p in precisions:
+            cells += [f"{r['saved'][p] / 2**20:.0f}", f"{ratio[p]['saved_per_flop']:.2f}",
+                      f"{r['peak'][p] / 2**20:.0f}", f"{r['time'][p] * 1000:.1f}", f"{r['tokens_per_s'][p]:.0f}",
+                      f"{ratio[p]['time_per_flop']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--width", choices=["base", "big"], default="base")
+    p.add_argument("--archs", default=",".join(ARCHS),
+                   help="comma-separated rows (the transformer baseline is always added); choices: " + ", ".join(ARCHS))
+    p.add_argument("--precisions", default=None,
+                   help="comma-separated of fp32, bf16, fp16 (default: fp32,bf16 on CPU, fp16,bf16 on CUDA)")
+    p.add_argument("--max-tokens", type=int, default=None, help="batch size in tokens (default 1024 CPU, 4096 CUDA)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--quick", action="store_true", help="tiny widths, one repeat: a smoke run")
+    p.add_argument("--json", default=None, help="write the measurements (and ratios) here")
+    p.add_argument("--markdown", default=None, help="write the table here")
+    p.add_argument("--dry-run", action="store_true", help="check the arguments and the arch names, measure nothing")
+    args = p.parse_args(argv)
+    cuda = args.device.startswith("cuda")
+    precisions = (args.precisions or ("fp16,bf16" if cuda else "fp32,bf16")).split(",")
+    bad = [x for x in precisions if x not in PRECISIONS]
+    names = ["transformer"] + [n for n in args.archs.split(",") if n and n != "transformer"]
+    unknown = [n for n in names if n not in ARCHS]
+    if bad or unknown:
+        p.error(f"unknown precision(s) {bad} or arch(s) {unknown}")
+    max_tokens = args.max_tokens or (4096 if cuda else 1024)
+    if args.dry_run:
+        print(f"bench_archs: would measure {names} at {args.width} width, {precisions}, {max_tokens} tokens "
+              f"on {args.device}")
+        return 0
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    start = time.time()
+    result = measure(names, args.width, precisions, args.device, max_tokens, 1 if args.quick else args.repeats,
+                     0 if args.quick else args.warmup, args.quick)
+    result["ratios"] = ratios(result)
+    result["seconds"] = round(time.time() - start, 1)
+    table = markdown(result)
+    print(f"\n{result['device']}, torch {result['torch']}, {args.width} width, {result['sentences']} sentences "
+          f"({max_tokens} max tokens)\n\n{table}")
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
