@@ -64,12 +64,12 @@ TINY = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim",
 
 
 def train(databin, save_dir, arch, *extra, task="multiscale_translation", max_update=20, lr="2e-3",
-          validate=False, num_workers=0):
-    """fairseq-train, fairseq's default --data-buffer-size (the prefetch thread; umst_plugin.prefetch_exit
-    stops it cleanly at exit); no validation unless ``validate``."""
-    proc = fairseq("train", databin, "--user-dir", PLUGIN, "--task", task, "--arch", arch,
+          validate=False, num_workers=0, user_dir=PLUGIN, criterion="label_smoothed_cross_entropy"):
+    """fairseq-train, fairseq's default --data-buffer-size (the prefetch thread;
+    umst_plugin/patches/prefetch_thread_exit.py stops it cleanly at exit); no validation unless ``validate``."""
+    proc = fairseq("train", databin, "--user-dir", user_dir, "--task", task, "--arch", arch,
                    "--optimizer", "adam", "--lr", lr, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
-                   "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+                   "--criterion", criterion, "--label-smoothing", "0.1",
                    "--max-tokens", "1000", "--max-update", str(max_update), "--save-dir", save_dir,
                    "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "5",
                    "--num-workers", str(num_workers), "--seed", "1", "--no-progress-bar",

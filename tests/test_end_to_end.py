@@ -31,7 +31,7 @@ def test_tensorboard_event_files_written(transformer_checkpoint):
 
 # A fairseq-train whose prefetch thread (BufferedIterator, default --data-buffer-size) spends its time in a
 # torch call that releases the GIL, as collating a big batch does: training stops mid-epoch (--max-update)
-# while the thread is busy, so the interpreter finalizes under it. Without umst_plugin.prefetch_exit this
+# while the thread is busy, so the interpreter finalizes under it. Without umst_plugin.patches.prefetch_thread_exit this
 # aborts ("terminate called without an active exception", SIGABRT) after a successful run.
 SLOW_PREFETCH_TRAIN = """
 import sys, threading, torch

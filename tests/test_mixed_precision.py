@@ -4,6 +4,7 @@ fairseq-interactive) under torch.autocast, compared with fp32 runs of the same s
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -34,22 +35,75 @@ def train_cpu(databin, save_dir, arch, *extra, max_update=30):
 
 # ---- units (fast) -----------------------------------------------------------------------------
 
-def test_amp_optimizer_unscales_gradients_once():
-    """fairseq's AMPOptimizer unscaled twice (clip_grad_norm through the torch optimizer, step through its
-    wrapper: the grad scaler's state is per object), dividing every update by the loss scale."""
+def amp_optimizer(weight, dtype_name, lr=1.0):
+    """fairseq's AMPOptimizer (patched by umst_plugin/patches/amp_optimizer.py) over one weight, on the CPU."""
     from fairseq import optim
     from fairseq.optim.amp_optimizer import AMPOptimizer
     from omegaconf import OmegaConf
 
+    cfg = OmegaConf.create({"optimizer": {"_name": "sgd", "lr": [lr], "momentum": 0.0, "weight_decay": 0.0},
+                            "common": {"fp16_init_scale": 128, "min_loss_scale": 1e-4, "cpu": True},
+                            "task": {"amp_dtype": dtype_name}})
+    return AMPOptimizer(cfg, [weight], optim.build_optimizer(cfg.optimizer, [weight]))
+
+
+def test_amp_optimizer_unscales_gradients_once():
+    """fairseq's AMPOptimizer unscaled twice (clip_grad_norm through the torch optimizer, step through its
+    wrapper: the grad scaler's state is per object), dividing every update by the loss scale."""
     weight = torch.nn.Parameter(torch.ones(3))
-    cfg = OmegaConf.create({"optimizer": {"_name": "sgd", "lr": [1.0], "momentum": 0.0, "weight_decay": 0.0},
-                            "common": {"fp16_init_scale": 128, "min_loss_scale": 1e-4}})
-    amp = AMPOptimizer(cfg, [weight], optim.build_optimizer(cfg.optimizer, [weight]))
-    mixed_precision.configure_grad_scaler(amp, "cpu", "float16", init_scale=128)
+    amp = amp_optimizer(weight, "float16")
+    assert amp.scaler.is_enabled() and amp.scaler.get_scale() == 128.0  # a CPU grad scaler, not a disabled one
     amp.backward((2 * weight).sum())  # gradient 2, scaled by 128
     amp.clip_grad_norm(0.0)
     amp.step()
     torch.testing.assert_close(weight.detach(), torch.full((3,), -1.0))  # 1 - lr x 2, not 1 - 2 / 128
+
+
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float16"])
+def test_a_non_finite_gradient_skips_the_step_and_never_reaches_the_weights(dtype_name):
+    """An inf gradient under --amp, bf16 or fp16: fairseq's clip_grad_norm reports it (no AttributeError on
+    the scaler), the step leaves the weight as it was, the scale backs off; a finite step then updates."""
+    weight = torch.nn.Parameter(torch.ones(3))
+    amp = amp_optimizer(weight, dtype_name)
+    start_scale = amp.scaler.get_scale()
+    assert start_scale == (1.0 if dtype_name == "bfloat16" else 128.0)
+    amp.backward((weight * torch.tensor([1.0, float("inf"), 1.0])).sum())
+    grad_norm = amp.clip_grad_norm(0.0)
+    assert not torch.isfinite(grad_norm)
+    amp.step()
+    assert torch.equal(weight.detach(), torch.ones(3)), "the non-finite step was applied"
+    assert amp.scaler.get_scale() == start_scale / 2
+    amp.zero_grad()
+    amp.backward((2 * weight).sum())
+    assert torch.isfinite(amp.clip_grad_norm(0.0))
+    amp.step()
+    torch.testing.assert_close(weight.detach(), torch.full((3,), -1.0))
+
+
+def test_bf16_loss_scale_never_grows_above_one():
+    weight = torch.nn.Parameter(torch.ones(3))
+    amp = amp_optimizer(weight, "bfloat16", lr=0.0)
+    amp.scaler._growth_interval = 1  # grow after every good step, if it could
+    for _ in range(3):
+        amp.zero_grad()
+        amp.backward(weight.sum())
+        amp.clip_grad_norm(0.0)
+        amp.step()
+    assert amp.scaler.get_scale() == 1.0
+
+
+def test_bf16_stops_with_floating_point_error_at_the_minimum_scale():
+    """Overflows close together back the bf16 scale off to --min-loss-scale: then fairseq raises
+    FloatingPointError (its crash checkpoint and NaN detector follow), as for fp16."""
+    weight = torch.nn.Parameter(torch.ones(3))
+    amp = amp_optimizer(weight, "bfloat16")
+    with pytest.raises(FloatingPointError, match="Minimum loss scale reached"):
+        for _ in range(20):
+            amp.zero_grad()
+            amp.backward((weight * float("inf")).sum())
+            amp.clip_grad_norm(0.0)
+            amp.step()
+    assert torch.equal(weight.detach(), torch.ones(3))
 
 
 def test_a_task_config_without_amp_options_means_fp32():
@@ -64,6 +118,29 @@ def test_a_task_config_without_amp_options_means_fp32():
     d = dev.make_dictionary()
     task = MultiscaleTranslationTask(cfg, d, d)
     assert task._amp() is False and task._amp_dtype() == "float16"
+
+
+def test_inference_precision_follows_this_process_not_the_checkpoint():
+    """A task config saying amp (a checkpoint trained with --amp) autocasts validation and decoding only when
+    this process asks: from_pretrained's amp argument, or the command line (call_main)."""
+    from omegaconf import OmegaConf, open_dict
+    from umst_plugin.tasks.multiscale_translation import MultiscaleTranslationConfig, MultiscaleTranslationTask
+
+    cfg = OmegaConf.structured(MultiscaleTranslationConfig)
+    with open_dict(cfg):
+        cfg.amp = True
+    d = dev.make_dictionary()
+    task = MultiscaleTranslationTask(cfg, d, d)
+    saved = mixed_precision._process_amp
+    try:
+        mixed_precision._process_amp = None
+        assert task._amp() is True  # fairseq-generate: its own command line resolved the task's amp
+        mixed_precision.set_process_amp(False)
+        assert task._amp() is False  # fairseq-validate / -interactive without --amp
+        task.inference_amp = True
+        assert task._amp() is True  # from_pretrained(..., amp=True)
+    finally:
+        mixed_precision._process_amp = saved
 
 
 # ---- the CLIs ----------------------------------------------------------------------------------
@@ -89,7 +166,7 @@ def assert_autocast_applied(fp32_loss, amp_loss, what, rtol=0.03):
 @pytest.mark.slow
 def test_umst_bf16_autocast_30_updates_within_3_percent_of_fp32(umst_runs):
     (_, _, fp32), (_, log, bf16) = umst_runs["fp32"], umst_runs["bf16"]
-    assert "bfloat16 autocast on cpu, no loss scaling" in log
+    assert "bfloat16 autocast on cpu, loss scale fixed at 1" in log
     assert_autocast_applied(fp32, bf16, "umst_base bf16 autocast after 30 updates")
 
 
@@ -97,7 +174,7 @@ def test_umst_bf16_autocast_30_updates_within_3_percent_of_fp32(umst_runs):
 def test_prime_bf16_autocast_30_updates_within_3_percent_of_fp32(toy_databin, tmp_path):
     _, fp32 = train_cpu(toy_databin, str(tmp_path / "fp32"), "prime_base")
     log, bf16 = train_cpu(toy_databin, str(tmp_path / "bf16"), "prime_base", *BF16)
-    assert "bfloat16 autocast on cpu, no loss scaling" in log
+    assert "bfloat16 autocast on cpu, loss scale fixed at 1" in log
     assert_autocast_applied(fp32, bf16, "prime_base bf16 autocast after 30 updates")
 
 
@@ -106,7 +183,7 @@ def test_fp16_autocast_on_cpu_scales_the_loss_like_cuda(toy_databin, tmp_path, u
     """Plain --amp (float16, fairseq's default dtype) on a CPU: fp16 autocast with a grad scaler (fairseq's
     CUDA-only one turned itself off here and trained in fp32 at loss scale 1)."""
     log, fp16 = train_cpu(toy_databin, str(tmp_path / "fp16"), "umst_base", "--amp")
-    assert "float16 autocast on cpu, grad scaler on" in log
+    assert "float16 autocast on cpu, grad scaler from 128" in log
     assert re.search(r"loss_scale=128\b", log), log[-2000:]  # --fp16-init-scale's default, not 1
     assert_autocast_applied(umst_runs["fp32"][2], fp16, "umst_base fp16 autocast after 30 updates")
 
@@ -121,10 +198,12 @@ def valid_loss(log):
 def test_bf16_autocast_200_updates_validation_loss_within_2_percent_of_fp32(toy_databin, tmp_path):
     """Training and validation under bf16 autocast reach fp32's validation loss (200 updates, tiny UMST)."""
     common = ("--cpu", *TINIER, "--validate-interval", "1000", "--no-save")  # validate once, at the end
-    fp32 = valid_loss(e2e.train(toy_databin, str(tmp_path / "fp32"), "umst_base", *common, max_update=200,
-                                validate=True))
-    bf16 = valid_loss(e2e.train(toy_databin, str(tmp_path / "bf16"), "umst_base", *common, *BF16,
-                                max_update=200, validate=True))
+    fp32_log = e2e.train(toy_databin, str(tmp_path / "fp32"), "umst_base", *common, max_update=200, validate=True)
+    bf16_log = e2e.train(toy_databin, str(tmp_path / "bf16"), "umst_base", *common, *BF16, max_update=200,
+                         validate=True)
+    assert "validation under bfloat16 autocast on cpu" in bf16_log, bf16_log[-3000:]
+    assert "validation under" not in fp32_log
+    fp32, bf16 = valid_loss(fp32_log), valid_loss(bf16_log)
     assert abs(bf16 - fp32) / fp32 < 0.02, f"valid loss after 200 updates: bf16 {bf16} vs fp32 {fp32}"
 
 
@@ -163,7 +242,7 @@ def test_train_sh_bf16_trains_a_row_under_bf16_autocast(toy_databin, tmp_path):
                            "common.log_interval=1", *tiny], env=env, cwd=e2e.ROOT, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-5000:]
-    assert "bfloat16 autocast on cpu, no loss scaling" in log, log[-3000:]
+    assert "bfloat16 autocast on cpu, loss scale fixed at 1" in log, log[-3000:]
     assert re.search(r"num_updates=3\b|num_updates 3\b", log), log[-3000:]
 
 
@@ -173,3 +252,57 @@ def test_plain_bf16_trains_on_a_cpu_instead_of_asking_for_a_tpu(toy_databin, tmp
     log = e2e.train(toy_databin, str(tmp_path), "umst_base", "--cpu", "--bf16", *TINIER, "--no-save", max_update=3)
     assert "--bf16 without torch_xla: bf16 weights on CPU" in log, log[-3000:]
     assert re.search(r"num_updates 3\b", log), log[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype_args", [BF16, ("--amp",)], ids=["bf16", "fp16"])
+def test_an_overflowing_batch_is_retried_skipped_and_training_goes_on(toy_databin, tmp_path, dtype_args):
+    """fairseq-train --amp meets a batch whose gradients are not finite (the test criterion multiplies the loss
+    of training calls 5-7 by inf: the batch and its two retries): it logs the overflow, skips the batch and
+    reaches --max-update with finite weights; bf16 included (it used to die with an AttributeError)."""
+    log = e2e.train(toy_databin, str(tmp_path), "umst_base", "--cpu", *TINIER, *dtype_args,
+                    "--poison-calls", "5,6,7", "--log-interval", "1", max_update=8,
+                    user_dir=os.path.join(e2e.ROOT, "tests", "overflow_plugin"),
+                    criterion="label_smoothed_cross_entropy_poisoned")
+    assert "AMP: overflow detected" in log, log[-3000:]
+    assert "AMP: skipping this batch" in log, log[-3000:]
+    assert "AttributeError" not in log and "Traceback" not in log, log[-3000:]
+    assert re.search(r"num_updates 8\b", log), log[-3000:]
+    state = torch.load(os.path.join(tmp_path, "checkpoint_last.pt"), map_location="cpu", weights_only=False)
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+
+
+@pytest.mark.slow
+def test_plain_translation_task_gets_the_same_amp_fixes(toy_databin, tmp_path):
+    """The AMP fixes are installed on fairseq's classes, not the plugin's task: Prime-simple under fairseq's
+    plain --task translation trains under fp16 autocast on the CPU with a grad scaler at 128 (fairseq alone
+    trained in fp32 at scale 1)."""
+    _, fp32 = train_cpu(toy_databin, str(tmp_path / "fp32"), "prime_simple_base", "--task", "translation")
+    log, fp16 = train_cpu(toy_databin, str(tmp_path / "fp16"), "prime_simple_base", "--task", "translation", "--amp")
+    assert "float16 autocast on cpu, grad scaler from 128" in log, log[-3000:]
+    assert re.search(r"loss_scale=128\b", log), log[-2000:]
+    assert_autocast_applied(fp32, fp16, "prime_simple_base under --task translation, fp16 autocast")
+
+
+@pytest.mark.slow
+def test_a_checkpoint_trained_with_amp_decodes_in_fp32_unless_asked(toy_raw, toy_databin, umst_runs):
+    """The bf16 --amp checkpoint: fairseq-validate and from_pretrained decode in fp32 (the checkpoint's task
+    config says amp; the command line / call does not); asked with --amp / amp=True, under autocast."""
+    ckpt = os.path.join(umst_runs["bf16"][0], "checkpoint_last.pt")
+    plain = e2e.fairseq("validate", toy_databin, "--user-dir", e2e.PLUGIN, "--task", "multiscale_translation",
+                        "--path", ckpt, "--cpu", "--valid-subset", "valid", "--max-tokens", "1000")
+    assert "under bfloat16 autocast" not in plain.stdout + plain.stderr
+    asked = e2e.fairseq("validate", toy_databin, "--user-dir", e2e.PLUGIN, "--task", "multiscale_translation",
+                        "--path", ckpt, "--cpu", "--valid-subset", "valid", "--max-tokens", "1000", "--amp")
+    assert "validation under bfloat16 autocast on cpu" in asked.stdout + asked.stderr
+    code = ("import logging, sys\nlogging.basicConfig(level=logging.INFO)\n"
+            "from umst_plugin.models.umst import UMSTModel\n"
+            "m = UMSTModel.from_pretrained(sys.argv[1], checkpoint_file=sys.argv[2], data_name_or_path=sys.argv[3],"
+            " amp=sys.argv[4] == 'amp', cpu=True)\n"
+            "print('HYP', m.translate('a', beam=2))\n")
+    for mode in ("fp32", "amp"):
+        proc = e2e.run([sys.executable, "-c", code, os.path.dirname(ckpt), os.path.basename(ckpt), toy_databin,
+                        mode])
+        out = proc.stdout + proc.stderr
+        assert "HYP" in out
+        assert ("decoding under bfloat16 autocast" in out) == (mode == "amp"), out[-3000:]

@@ -64,7 +64,7 @@ def test_every_parameter_gets_gradient(arch, overrides, device):
 
 
 # fairseq's own lightconv (the DynamicConv rows of the Prime tables) joins the plugin's archs here: its
-# unused conv_bias was uninitialized memory until umst_plugin.dynamicconv_init.
+# unused conv_bias was uninitialized memory until umst_plugin.patches.lightconv_conv_bias.
 LIGHTCONV = dict(encoder_layers=2, decoder_layers=2, encoder_embed_dim=16, decoder_embed_dim=16,
                  encoder_conv_dim=16, decoder_conv_dim=16, encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32,
                  encoder_attention_heads=2, decoder_attention_heads=2, encoder_kernel_size_list="[3,5]",

@@ -1181,7 +1181,7 @@ def cpu_overrides(row, databin, save_dir, max_update):
             "dataset.max_tokens=500", "dataset.num_workers=0", "dataset.disable_validation=true",
             # no background prefetch thread: most rows train in-process, where a run that stops mid-epoch
             # would leave fairseq's prefetch thread behind in the test process (the abort at exit it used
-            # to cause is gone: umst_plugin.prefetch_exit)
+            # to cause is gone: umst_plugin.patches.prefetch_thread_exit)
             "dataset.data_buffer_size=0", "optimization.update_freq=[1]", f"optimization.max_update={max_update}",
             f"checkpoint.save_dir={save_dir}", *tiny_overrides(collect_results.ROWS[row]["arch"])]
 
@@ -1262,7 +1262,7 @@ def test_hydra_and_fairseq_train_build_the_same_legacy_model(prepared):
     same flags: same parameters, same shapes, same add_args values for what neither sets."""
     from fairseq import options, tasks
 
-    from umst_plugin.legacy_hydra import model_config_for_build
+    from umst_plugin.patches.hydra_legacy_models import model_config_for_build
 
     databin = prepared["wmt14-en-de"]["databin"]
     row = "sf-t1-transformer-sf-base"
@@ -1404,7 +1404,7 @@ def test_legacy_model_gets_the_namespace_fairseq_train_builds(prepared):
     add_args defaults added (lightconv's weight_softmax), other groups' keys visible."""
     from fairseq.dataclass.utils import omegaconf_no_object_check
 
-    from umst_plugin.legacy_hydra import is_legacy_arch, use_legacy_namespace
+    from umst_plugin.patches.hydra_legacy_models import is_legacy_arch, use_legacy_namespace
 
     cfg = compose_row("prime-t1-dynamicconv-big", [f"task.data={prepared['wmt14-en-de']['databin']}",
                                                    f"common.user_dir={e2e.PLUGIN}"])

@@ -1,30 +1,21 @@
 """umst_plugin: multiscale encoders for fairseq.
 
 Load with ``fairseq-train --user-dir umst_plugin``. Importing the package
-registers the ``multiscale_translation`` task and every architecture in
-``umst_plugin/models`` (each module is imported here so that registration
-happens exactly once), and allow-lists the classes fairseq checkpoints contain
-so they load under torch>=2.6's ``weights_only=True`` default. It also lets
-``fairseq-hydra-train`` build argparse-style models (``legacy_hydra.py``),
-stops fairseq's batch-prefetch thread cleanly at exit (``prefetch_exit.py``: a
-run that stops mid-epoch would otherwise abort with "terminate called without an
-active exception"), and zeroes the never-initialized, unused ``conv_bias`` of
-fairseq's lightconv models (``dynamicconv_init.py``), and makes ``--bf16`` mean bf16 on GPUs and CPUs
-where fairseq would take it for a TPU (``mixed_precision.py``, which also holds ``--amp --amp-dtype``).
+
+1. installs the plugin's changes to fairseq and torch internals, every one of them in ``umst_plugin/patches``
+   (one module per target, each checking the code it replaces; ``python -m umst_plugin.patches`` lists them);
+2. registers the ``multiscale_translation`` task (``umst_plugin/tasks``);
+3. registers every architecture (``umst_plugin/models``; each module imported here, so that registration
+   happens exactly once).
 """
 import importlib
 import os
 
-from umst_plugin.checkpoint_safety import allow_fairseq_checkpoint_classes
-from umst_plugin import dynamicconv_init, legacy_hydra, mixed_precision, prefetch_exit
-
-allow_fairseq_checkpoint_classes()
-legacy_hydra.install()
-prefetch_exit.install()
-dynamicconv_init.install()
-mixed_precision.install()
+from umst_plugin import patches
 
 __version__ = "0.1.0"
+
+patches.install_all()
 
 
 def _import_all(subpackage):

@@ -82,9 +82,14 @@ class RawTextFromPretrained:
     def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".", **kwargs):
         """fairseq's ``from_pretrained`` (same arguments, e.g. ``source_parser='spacy'`` for UMST), with raw
         input prepared as the data-bin's preprocessing.json says; ``text_preprocessing='arguments'``
-        ignores the record and uses only ``tokenizer=`` / ``bpe=`` as given."""
+        ignores the record and uses only ``tokenizer=`` / ``bpe=`` as given. Decoding runs in fp32 unless
+        ``amp=True`` (then under autocast in the checkpoint's ``--amp-dtype``, or ``amp_dtype=...``), whatever
+        precision the checkpoint was trained in."""
+        amp = bool(kwargs.get("amp", False))
+        kwargs["amp"] = amp  # the task config's amp: this call's choice, not the training run's
         x = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
                                       archive_map=cls.hub_models(), **kwargs)
+        x["task"].inference_amp = amp
         logger.info(x["args"])
         return RawTextHubInterface(x["args"], x["task"], x["models"],
                                    text_preprocessing=kwargs.get("text_preprocessing"))

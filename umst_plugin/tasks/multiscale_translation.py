@@ -72,7 +72,8 @@ class MultiscaleTranslationConfig(TranslationConfig):
                                     "by --tokenizer/--bpe as given, the record ignored"})
     amp_dtype: ChoiceEnum(list(mixed_precision.AMP_DTYPES)) = field(
         default="float16", metadata={"help": "with --amp: the autocast dtype of training, validation and decoding, "
-                                     "on CUDA and CPU (float16: fairseq's grad scaler; bfloat16: no loss scaling)"})
+                                     "on CUDA and CPU (float16: a grad scaler; bfloat16: loss scale 1, non-finite "
+                                     "steps skipped)"})
     amp: bool = II("common.amp")
     fp16_init_scale: int = II("common.fp16_init_scale")
 
@@ -224,18 +225,18 @@ class MultiscaleTranslationTask(TranslationTask):
     # ---- mixed precision (umst_plugin/mixed_precision.py) --------------------------------------
 
     def _amp(self):
-        return mixed_precision.task_option(self.cfg, "amp", False)
+        """Autocast validation and decoding? The command line of this process decides, not the checkpoint
+        (``mixed_precision.inference_amp``)."""
+        return mixed_precision.inference_amp(self)
 
     def _amp_dtype(self):
         return mixed_precision.task_option(self.cfg, "amp_dtype", "float16")
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
-        sample = self._strip_side_inputs(sample, [model])
-        if mixed_precision.is_amp_optimizer(optimizer):  # --amp: autocast in --amp-dtype on any device
-            return mixed_precision.amp_train_step(
-                sample, model, criterion, optimizer, update_num, self._amp_dtype(), ignore_grad,
-                init_scale=mixed_precision.task_option(self.cfg, "fp16_init_scale", 128))
-        return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+        # under --amp, FairseqTask.train_step autocasts in --amp-dtype on the model's device
+        # (umst_plugin/patches/task_autocast.py)
+        return super().train_step(self._strip_side_inputs(sample, [model]), model, criterion, optimizer,
+                                  update_num, ignore_grad)
 
     def valid_step(self, sample, model, criterion):
         with mixed_precision.autocast(model, self._amp_dtype(), self._amp(), what="validation"):

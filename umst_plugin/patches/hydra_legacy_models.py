@@ -1,4 +1,4 @@
-"""Let fairseq-hydra-train build argparse-style ("legacy") models the way fairseq-train does.
+"""Patch: let fairseq-hydra-train build argparse-style ("legacy") models the way fairseq-train does.
 
 ``fairseq-train`` hands a legacy model (``register_model`` + ``add_args``, no
 dataclass) an ``argparse.Namespace``: every flag of the run flattened into one
@@ -26,6 +26,13 @@ import functools
 from argparse import Namespace
 
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+from umst_plugin.patches import expect_signature
+
+TARGET = "fairseq.models.build_model"
+SYMPTOM = ("fairseq-hydra-train cannot build argparse-style archs: missing add_args defaults, "
+           "'invalid argument fast_embed_dim'")
+REMOVE_WHEN = "every arch of the plugin is a dataclass model, or fairseq builds legacy archs from DictConfigs"
 
 
 def is_legacy_arch(name):
@@ -107,6 +114,8 @@ def install():
     if getattr(models.build_model, "umst_legacy_hydra", False):
         return
     original = models.build_model
+    expect_signature(original, "(cfg: fairseq.dataclass.configs.FairseqDataclass, task, from_checkpoint=False)",
+                     __name__)
 
     @functools.wraps(original)
     def build_model(cfg, task, from_checkpoint=False):

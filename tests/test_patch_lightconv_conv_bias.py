@@ -1,5 +1,5 @@
 """fairseq's lightconv models allocate an unused ``conv_bias`` without initializing it
-(umst_plugin/dynamicconv_init.py); the plugin makes it zero so checkpoints hold finite weights."""
+(umst_plugin/patches/lightconv_conv_bias.py); the plugin makes it zero so checkpoints hold finite weights."""
 import torch
 
 import umst_plugin  # noqa: F401  (installs the fix)
@@ -44,5 +44,5 @@ def test_used_conv_bias_still_starts_at_zero_and_is_added():
 
 def test_install_is_idempotent():
     before = DynamicConv_scripatable.reset_parameters
-    umst_plugin.dynamicconv_init.install()
+    umst_plugin.patches.lightconv_conv_bias.install()
     assert DynamicConv_scripatable.reset_parameters is before

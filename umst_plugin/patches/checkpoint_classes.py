@@ -1,4 +1,4 @@
-"""Allow-list the classes that fairseq checkpoints pickle.
+"""Patch: allow-list the classes that fairseq checkpoints pickle.
 
 torch>=2.6 loads checkpoints with ``weights_only=True``. fairseq 0.12 saves its
 config with ``OmegaConf.to_container`` (plain dicts), but a legacy (argparse)
@@ -14,10 +14,14 @@ import argparse
 
 import torch
 
+TARGET = "torch.serialization safe globals (torch.load weights_only=True)"
+SYMPTOM = "fairseq checkpoints of legacy archs do not load under torch>=2.6: argparse.Namespace refused"
+REMOVE_WHEN = "fairseq stores model configs as plain containers"
+
 FAIRSEQ_CHECKPOINT_CLASSES = [argparse.Namespace]
 
 
-def allow_fairseq_checkpoint_classes():
+def install():
     add = getattr(torch.serialization, "add_safe_globals", None)
     if add is not None:  # torch < 2.4 has no allow-list (and does not default to weights_only)
         add(FAIRSEQ_CHECKPOINT_CLASSES)

@@ -1,4 +1,4 @@
-"""Give fairseq's lightconv/dynamicconv models a defined ``conv_bias``.
+"""Patch: give fairseq's lightconv/dynamicconv models a defined ``conv_bias``.
 
 fairseq's ``lightconv`` architectures (the DynamicConv rows of the Prime tables)
 build their convolutions with ``DynamicConv_scripatable``, which always allocates
@@ -17,6 +17,12 @@ when ``has_conv_bias`` is set, exactly as before.
 """
 import torch
 
+from umst_plugin.patches import expect_signature
+
+TARGET = "fairseq.modules.dynamic_convolution.DynamicConv_scripatable.reset_parameters"
+SYMPTOM = "lightconv/dynamicconv checkpoints hold uninitialized memory (NaN/Inf) in the unused conv_bias"
+REMOVE_WHEN = "fairseq initializes conv_bias when conv_bias=False"
+
 _INSTALLED = "_umst_defined_conv_bias"
 
 
@@ -26,6 +32,7 @@ def install():
     if getattr(DynamicConv_scripatable.reset_parameters, _INSTALLED, False):
         return
     original = DynamicConv_scripatable.reset_parameters
+    expect_signature(original, "(self)", __name__)
 
     def reset_parameters(self):
         original(self)

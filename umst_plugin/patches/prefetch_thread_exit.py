@@ -1,4 +1,4 @@
-"""Stop fairseq's batch-prefetch threads before the interpreter exits.
+"""Patch: stop fairseq's batch-prefetch threads before the interpreter exits.
 
 fairseq's ``EpochBatchIterator`` (``--data-buffer-size``, default 10) collates
 batches in a ``BufferedIterator`` daemon thread (``BackgroundConsumer``). When
@@ -21,6 +21,12 @@ import queue
 import threading
 import time
 import weakref
+
+from umst_plugin.patches import expect_signature
+
+TARGET = "fairseq.data.iterators.BackgroundConsumer.__init__"
+SYMPTOM = "a run stopping mid-epoch aborts at exit: 'terminate called without an active exception' (SIGABRT)"
+REMOVE_WHEN = "fairseq stops its prefetch threads itself before interpreter finalization"
 
 _JOIN_SECONDS = 30.0  # one batch's collation, at most; then give up and let the interpreter exit
 
@@ -60,6 +66,7 @@ def install():
     if getattr(consumer_cls, "_umst_stoppable", False):
         return
     original_init = consumer_cls.__init__
+    expect_signature(original_init, "(self, queue, source, max_len, cuda_device)", __name__)
 
     def __init__(self, queue, source, max_len, cuda_device):
         self._umst_stop = threading.Event()

@@ -1,0 +1,67 @@
+"""Patch: fairseq's ``AMPOptimizer`` scales the loss the way the device and ``--amp-dtype`` need, and unscales
+the gradients once.
+
+fairseq-fixed 0.12.3.1's ``AMPOptimizer``
+
+* builds ``torch.cuda.amp.GradScaler``, which disables itself without CUDA: on a CPU, fp16 ``--amp`` gradients
+  were never scaled (they underflow) and no overflow was ever detected;
+* for bf16 the plugin used to switch the scaler off; fairseq's overflow path then called
+  ``get_backoff_factor()`` on the disabled scaler (``AttributeError: '_backoff_factor'``: a bf16 run died
+  with a traceback on its first non-finite gradient, seen on an H100), and a disabled scaler's ``step`` would
+  have written the inf into the weights;
+* unscales through ``self.optimizer`` (the torch optimizer) in ``clip_grad_norm`` but steps through
+  ``self.fp32_optimizer`` (its fairseq wrapper); the scaler keeps its unscaled state per object, so ``step``
+  unscaled a second time and every update was divided by the loss scale (SGD lr 1, gradient 2, scale 128
+  moved a weight by 2/128).
+
+``__init__`` now ends by installing ``mixed_precision.make_grad_scaler(device, dtype)`` (fp16: a grad scaler on
+CUDA or CPU from ``--fp16-init-scale``; bf16: the fixed-scale scaler that finds and skips non-finite steps), and
+``step`` steps through the object ``clip_grad_norm`` unscaled.
+"""
+import warnings
+
+import torch
+
+from umst_plugin import mixed_precision
+from umst_plugin.patches import expect_signature
+
+TARGET = "fairseq.optim.amp_optimizer.AMPOptimizer.__init__, .step"
+SYMPTOM = ("--amp updates divided by the loss scale (double unscale); fp16 unscaled on a CPU; bf16 --amp "
+           "dies on the first non-finite gradient (AttributeError '_backoff_factor')")
+REMOVE_WHEN = "fairseq unscales and steps through one object and builds its scaler per device and dtype"
+
+
+def amp_device_type(cfg):
+    return "cpu" if getattr(cfg.common, "cpu", False) or not torch.cuda.is_available() else "cuda"
+
+
+def install():
+    from fairseq.optim.amp_optimizer import AMPOptimizer
+
+    if getattr(AMPOptimizer, "_umst_patched", False):
+        return
+    original_init, original_step = AMPOptimizer.__init__, AMPOptimizer.step
+    expect_signature(original_init, "(self, cfg: omegaconf.dictconfig.DictConfig, params, fp32_optimizer, **kwargs)",
+                     __name__)
+    expect_signature(original_step, "(self)", __name__)
+
+    def __init__(self, cfg, params, fp32_optimizer, **kwargs):
+        with warnings.catch_warnings():  # the CUDA scaler it builds (and we replace) warns on a CPU
+            warnings.simplefilter("ignore")
+            original_init(self, cfg, params, fp32_optimizer, **kwargs)
+        dtype_name = str(mixed_precision.task_option(getattr(cfg, "task", None), "amp_dtype", "float16"))
+        device_type = amp_device_type(cfg)
+        self._grad_scaler = mixed_precision.make_grad_scaler(device_type, dtype_name, cfg.common.fp16_init_scale)
+        mixed_precision.logger.info("mixed precision: %s autocast on %s, %s", dtype_name, device_type,
+                                    "loss scale fixed at 1 (non-finite steps skipped)" if dtype_name == "bfloat16"
+                                    else f"grad scaler from {cfg.common.fp16_init_scale}")
+
+    def step(self):
+        # clip_grad_norm unscaled through self.optimizer: step through the same object, so the scaler sees
+        # that the gradients are already unscaled (and skips the step when they were not finite)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+
+    AMPOptimizer.__init__ = __init__
+    AMPOptimizer.step = step
+    AMPOptimizer._umst_patched = True
