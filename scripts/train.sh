@@ -2,7 +2,7 @@
 # Train one table row: fairseq-hydra-train with configs/ROW.yaml and the plugin as common.user_dir
 # (plain fairseq-hydra-train works too; this script adds the GPU-count scaling below).
 #
-#   bash scripts/train.sh ROW --data DATA_BIN [--save-dir DIR] [--gpus G] [--bf16]
+#   bash scripts/train.sh ROW --data DATA_BIN [--save-dir DIR] [--gpus G] [--amp-bf16] [--dry-run]
 #        [--nnodes N --node-rank R --master-addr HOST [--master-port PORT]] [-- HYDRA_OVERRIDES...]
 #   bash scripts/train.sh umst-t2-umst-base --data data/wmt14_en_de/data-bin/wmt14_en_de_bpe32000
 #
@@ -12,7 +12,10 @@
 # on the CPU in fp32 (only sensible for smoke tests), one process per machine, the
 # config's update_freq split over the machines (gloo). Several machines: run the same
 # command on each with --node-rank 0..N-1 (fairseq's own tcp:// rendezvous at HOST:PORT,
-# default port 29500). --bf16: bf16 autocast (--amp --amp-dtype bfloat16) instead of fp16.
+# default port 29500); each machine uses exactly --gpus devices (CUDA_VISIBLE_DEVICES: its first G), so the
+# ranks of machine R are R*G .. R*G+G-1 and never overlap another machine's. --amp-bf16: bf16 autocast on fp32
+# master weights (--amp --amp-dtype bfloat16) instead of the configs' fp16 (fairseq's own --bf16, pure bf16
+# weights, is another thing: train.sh does not offer it). --dry-run: print the command and its environment.
 # Anything after "--" is passed to hydra, e.g. "-- optimization.max_update=10
 # dataset.max_tokens=500"; an optimization.update_freq or distributed_world_size there
 # replaces the config's before the scaling. Checkpoints and the hydra log go to
@@ -21,17 +24,20 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
 
-usage() { sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 [[ $# -ge 1 && "$1" != -h && "$1" != --help ]] || { usage; exit 0; }
 ROW="$1"; shift
-DATA=""; SAVE="checkpoints/$ROW"; GPUS=""; OVERRIDES=(); BF16=0
+DATA=""; SAVE="checkpoints/$ROW"; GPUS=""; OVERRIDES=(); BF16=0; DRY=0
 NNODES=1; NODE_RANK=0; MASTER_ADDR=""; MASTER_PORT=29500
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --data) DATA="$2"; shift 2 ;;
         --save-dir) SAVE="$2"; shift 2 ;;
         --gpus) GPUS="$2"; shift 2 ;;
-        --bf16) BF16=1; shift ;;
+        --amp-bf16) BF16=1; shift ;;
+        --bf16) echo "train.sh: --bf16 is now --amp-bf16 (bf16 autocast, fp32 master weights, --amp --amp-dtype bfloat16);" \
+                     "fairseq's --bf16 means pure bf16 weights, which train.sh does not offer" >&2; exit 2 ;;
+        --dry-run) DRY=1; shift ;;
         --nnodes) NNODES="$2"; shift 2 ;;
         --node-rank) NODE_RANK="$2"; shift 2 ;;
         --master-addr) MASTER_ADDR="$2"; shift 2 ;;
@@ -43,9 +49,11 @@ done
 CONFIG="$ROOT/configs/$ROW.yaml"
 [[ -f "$CONFIG" ]] || { echo "no config $CONFIG; rows: $(cd "$ROOT/configs" && ls *.yaml | sed 's/\.yaml$//' | tr '\n' ' ')" >&2; exit 2; }
 [[ -n "$DATA" ]] || { echo "--data DATA_BIN is required (see scripts/prepare-*.sh)" >&2; exit 2; }
-[[ -d "$DATA" ]] || { echo "no data-bin directory $DATA" >&2; exit 2; }
-DATA="$(cd "$DATA" && pwd)"
-mkdir -p "$SAVE"; SAVE="$(cd "$SAVE" && pwd)"
+if [[ "$DRY" -eq 0 ]]; then
+    [[ -d "$DATA" ]] || { echo "no data-bin directory $DATA" >&2; exit 2; }
+    DATA="$(cd "$DATA" && pwd)"
+    mkdir -p "$SAVE"; SAVE="$(cd "$SAVE" && pwd)"
+fi
 
 if [[ -z "$GPUS" ]]; then
     GPUS="$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)"
@@ -98,21 +106,30 @@ else
     fi
     echo "[train.sh] $ROW assumes $ASSUMED GPUs x update_freq $UF; running on $NNODES machine(s) x $GPUS GPUs x update_freq $NEW_UF" >&2
     ARGS+=(distributed_training.distributed_world_size="$WORLD" "optimization.update_freq=[$NEW_UF]")
-    # fairseq spawns one process per GPU of this machine: ranks NODE_RANK*GPUS .. NODE_RANK*GPUS+GPUS-1
+    # fairseq spawns min(visible devices, world size) processes here, ranks from distributed_rank up: show it
+    # exactly GPUS devices (the first GPUS of those already visible), so this machine's ranks are
+    # NODE_RANK*GPUS .. NODE_RANK*GPUS+GPUS-1 whatever else the machine has.
+    VISIBLE="${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $(( GPUS - 1 )))}"
+    export CUDA_VISIBLE_DEVICES="$(echo "$VISIBLE" | cut -d, -f1-"$GPUS")"
     [[ "$NNODES" -le 1 ]] || ARGS+=(distributed_training.distributed_rank=$(( NODE_RANK * GPUS )))
+    echo "[train.sh] this machine: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES, ranks $(( NODE_RANK * GPUS ))..$(( NODE_RANK * GPUS + GPUS - 1 )) of $WORLD" >&2
 fi
 if [[ "$NNODES" -gt 1 ]]; then
     ARGS+=(distributed_training.distributed_init_method="tcp://$MASTER_ADDR:$MASTER_PORT")
     echo "[train.sh] machine $NODE_RANK of $NNODES, rendezvous tcp://$MASTER_ADDR:$MASTER_PORT, world size $WORLD" >&2
 fi
 if [[ "$BF16" -eq 1 ]]; then
-    # bf16 autocast on fp32 master weights, no loss scaling (umst_plugin/mixed_precision.py)
+    # bf16 autocast on fp32 master weights, loss scale 1 (umst_plugin/mixed_precision.py)
     [[ "$GPUS" -eq 0 ]] || ARGS+=(common.fp16=false)  # (the CPU branch above already turned fp16 off)
     ARGS+=(common.amp=true +task.amp_dtype=bfloat16)
 fi
 
+CMD=("$PY" -m fairseq_cli.hydra_train --config-dir "$ROOT/configs" --config-name "$ROW"
+     task.data="$DATA" common.user_dir="$ROOT/umst_plugin" checkpoint.save_dir="$SAVE" hydra.run.dir="$SAVE"
+     "${ARGS[@]}" ${OVERRIDES[@]+"${OVERRIDES[@]}"})
+if [[ "$DRY" -eq 1 ]]; then
+    echo "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-} $(printf '%q ' "${CMD[@]}")"
+    exit 0
+fi
 set -x
-exec "$PY" -m fairseq_cli.hydra_train \
-    --config-dir "$ROOT/configs" --config-name "$ROW" \
-    task.data="$DATA" common.user_dir="$ROOT/umst_plugin" checkpoint.save_dir="$SAVE" hydra.run.dir="$SAVE" \
-    "${ARGS[@]}" ${OVERRIDES[@]+"${OVERRIDES[@]}"}
+exec "${CMD[@]}"

@@ -203,6 +203,64 @@ def check_autocast(arch, overrides, dtype, device="cpu", loss_rtol=0.05):
                 f"{arch}: non-finite beam scores under {dtype} autocast (sentence {i})"
 
 
+def check_backward_in_autocast_dtype(arch, overrides, dtype=torch.bfloat16, device="cpu", grad_rtol=0.05):
+    """Under ``torch.autocast(dtype)`` (dropout off, so that it compares with fp32 on the same function) no
+    matrix product of the backward pass has only float32 inputs (custom autograd functions included:
+    umst_plugin/modules/amp_functions.py), and the gradients equal fp32's within ``grad_rtol`` (relative norm
+    of the difference over all parameters)."""
+    from umst_plugin.op_counts import MatmulDtypes
+
+    model, task = dev.build_model(arch, overrides)
+    model.to(device).eval()
+    sample = dev.move_sample(dev.collate(dev.random_dataset(task, 5, 12, 9, seed=11), range(5), pad_source_to=16),
+                             device)
+    _loss(model, sample).backward()
+    reference = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    with torch.autocast(device, dtype=dtype):
+        loss = _loss(model, sample)
+    with MatmulDtypes() as counter:
+        loss.backward()
+    assert counter.total > 0
+    assert counter.fp32_only == 0, \
+        f"{arch}: {counter.fp32_only} of {counter.total} backward matmuls ran in fp32 under {dtype} autocast: " \
+        f"{dict(counter.by_op)}"
+    got = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert got.keys() == reference.keys()
+    diff = torch.sqrt(sum(((got[n] - reference[n]).double() ** 2).sum() for n in got))
+    norm = torch.sqrt(sum((reference[n].double() ** 2).sum() for n in got))
+    assert diff <= grad_rtol * norm, f"{arch}: {dtype} autocast gradients differ from fp32's by {diff / norm:.3f}"
+
+
+def check_no_plugin_host_syncs(arch, overrides, device="cpu"):
+    """No host-device sync from the plugin's own lines (umst_plugin/op_counts.py) in a training step (forward,
+    loss, backward) nor in incremental decoding (the encoder and a first decoder step; a beam reorder and a
+    later step), on a batch collated by the task's dataset (its host-side hints included)."""
+    from umst_plugin.op_counts import HostSyncs
+
+    model, task = dev.build_model(arch, overrides)
+    model.to(device).train()
+    sample = dev.move_sample(dev.collate(dev.random_dataset(task, 5, 12, 9, seed=11), range(5), pad_source_to=16),
+                             device)
+    with HostSyncs() as counter:
+        _loss(model, sample).backward()
+    assert not counter.plugin_lines(), f"{arch}: host syncs in a training step: {counter.plugin_lines()}"
+    model.eval()
+    bsz, beam = 5, 2
+    order = torch.arange(bsz, device=device).repeat_interleave(beam)
+    eos = task.target_dictionary.eos()
+    with torch.no_grad(), HostSyncs() as counter:
+        enc = model.encoder.reorder_encoder_out(model.encoder(**dev.encoder_inputs(model, sample)), order)
+        state = {}
+        tokens = torch.full((bsz * beam, 1), eos, dtype=torch.long, device=device)
+        model.decoder(tokens, encoder_out=enc, incremental_state=state)
+        reorder = torch.arange(bsz * beam, device=device).flip(0)
+        model.decoder.reorder_incremental_state_scripting(state, reorder)
+        enc = model.encoder.reorder_encoder_out(enc, reorder)
+        model.decoder(torch.cat([tokens, torch.full_like(tokens, 5)], dim=1), encoder_out=enc, incremental_state=state)
+    assert not counter.plugin_lines(), f"{arch}: host syncs in incremental decoding: {counter.plugin_lines()}"
+
+
 # ---- DistributedDataParallel --------------------------------------------------------------
 
 def _free_port():

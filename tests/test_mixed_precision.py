@@ -228,15 +228,15 @@ def test_generate_and_interactive_decode_under_bf16_autocast(toy_raw, toy_databi
 
 
 @pytest.mark.slow
-def test_train_sh_bf16_trains_a_row_under_bf16_autocast(toy_databin, tmp_path):
-    """scripts/train.sh --bf16: a table row's YAML through fairseq-hydra-train (python -m fairseq_cli.hydra_train)
+def test_train_sh_amp_bf16_trains_a_row_under_bf16_autocast(toy_databin, tmp_path):
+    """scripts/train.sh --amp-bf16: a table row's YAML through fairseq-hydra-train (python -m fairseq_cli.hydra_train)
     with common.amp=true +task.amp_dtype=bfloat16, here on the CPU."""
     tiny = ["model.encoder_layers=1", "model.decoder_layers=1", "model.encoder_embed_dim=32",
             "model.decoder_embed_dim=32", "model.encoder_ffn_embed_dim=64", "model.decoder_ffn_embed_dim=64",
             "model.encoder_attention_heads=2", "model.decoder_attention_heads=2"]
     env = {**e2e.cli_env(), "PYTHON": os.path.join(e2e.BIN, "python")}
     proc = subprocess.run(["bash", os.path.join(e2e.ROOT, "scripts", "train.sh"), "m30k-umst", "--data", toy_databin,
-                           "--save-dir", str(tmp_path), "--gpus", "0", "--bf16", "--", "task.source_lang=kel",
+                           "--save-dir", str(tmp_path), "--gpus", "0", "--amp-bf16", "--", "task.source_lang=kel",
                            "task.target_lang=mor", "optimization.max_update=3", "dataset.max_tokens=1000",
                            "dataset.num_workers=0", "dataset.disable_validation=true", "checkpoint.no_save=true",
                            "common.log_interval=1", *tiny], env=env, cwd=e2e.ROOT, capture_output=True, text=True)

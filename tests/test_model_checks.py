@@ -101,3 +101,15 @@ def test_autocast_train_step_and_beam_decoding(arch, overrides, dtype, device):
 @pytest.mark.parametrize("arch,overrides", ARCH_CASES)
 def test_ddp_gloo_two_processes(arch, overrides):
     checks.check_ddp(arch, overrides)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("arch,overrides", ARCH_CASES)
+def test_backward_runs_in_the_autocast_dtype(arch, overrides, device):
+    checks.check_backward_in_autocast_dtype(arch, overrides, device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("arch,overrides", ARCH_CASES)
+def test_no_host_syncs_from_the_plugin(arch, overrides, device):
+    checks.check_no_plugin_host_syncs(arch, overrides, device=device)

@@ -147,13 +147,13 @@ def test_side_input_errors_are_clear():
     bad = wid.clone()
     bad[0, -1] = 0  # a real token marked as padding
     with pytest.raises(ValueError, match="inconsistent"):
-        build_graphs(src, bad, heads, PAD)
+        build_graphs(src, bad, heads, PAD, check_values=True)
     with pytest.raises(ValueError, match="laid out like src_tokens"):
         build_graphs(src, wid[:, 1:], heads, PAD)
     bad_heads = heads.clone()
     bad_heads[0, 0] = 99
     with pytest.raises(ValueError, match="inconsistent"):
-        build_graphs(src, wid, bad_heads, PAD)
+        build_graphs(src, wid, bad_heads, PAD, check_values=True)
 
 
 def _dense_R(g):

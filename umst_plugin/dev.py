@@ -89,7 +89,7 @@ def random_dataset(task, n, src_len, tgt_len, seed=0, left_pad_source=True, min_
     pair = LanguagePairDataset(src, torch.tensor([len(s) for s in src]), sd, tgt,
                                torch.tensor([len(t) for t in tgt]), td, left_pad_source=left_pad_source,
                                shuffle=False)
-    return SideDataLanguagePairDataset(pair, word_ids, heads)
+    return SideDataLanguagePairDataset(pair, word_ids, heads, batch_hints=getattr(task, "batch_hints", None))
 
 
 def collate(dataset, indices, pad_source_to=None):
@@ -104,11 +104,11 @@ def random_sample(task, bsz, src_len, tgt_len, seed=0, left_pad_source=True):
 
 def encoder_inputs(model, sample):
     """The encoder's kwargs from a sample, without side inputs the encoder does not take."""
-    from umst_plugin.tasks.multiscale_translation import SIDE_INPUT_KEYS, encoder_accepts_side_inputs
+    from umst_plugin.data.side_inputs import HINT_KEYS, SIDE_INPUT_KEYS, encoder_accepts_side_inputs
 
     keep_side = encoder_accepts_side_inputs(model)
     return {k: v for k, v in sample["net_input"].items()
-            if k != "prev_output_tokens" and (keep_side or k not in SIDE_INPUT_KEYS)}
+            if k != "prev_output_tokens" and (keep_side or k not in SIDE_INPUT_KEYS + HINT_KEYS)}
 
 
 def model_inputs(model, sample):

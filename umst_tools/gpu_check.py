@@ -7,17 +7,20 @@ the machine lacks). Steps, each with a time budget (its timeout) printed as it s
   install     wheels -> ``<work>/site`` (``pip --no-index --no-deps --target``); fairseq-fixed's sdist
               unpacked and its three light extensions compiled in place (``fairseq_source``)
   env         Python, torch, CUDA, the device, fairseq, the plugin's archs registered
-  tests       the tests marked ``cuda`` (``pytest -m cuda``: the model checks on the GPU, fp32/fp16/bf16)
-  bench-base  ``benchmarks/bench_archs.py`` at base width on the GPU, fp16 and bf16 autocast, 4,096 tokens
   toy-data    the toy corpus, fairseq-preprocess, umst-preprocess (gold CoNLL-U parses)
   train-fp32, train-bf16
               200 updates of ``umst_base`` (full base width) on the toy corpus, fp32 and ``--amp --amp-dtype
               bfloat16``, same seed; the mean training loss of the last 50 updates must agree within 2%
+  tests       the tests marked ``cuda`` (``pytest -m cuda``: the model checks on the GPU, fp32/fp16/bf16)
+  op-counts   ``benchmarks/bench_op_counts.py`` on CUDA: fp32-only backward matmuls, host syncs per step
+  bench-base  ``benchmarks/bench_archs.py`` at base width on the GPU, fp16 and bf16 autocast, 4,096 tokens
   bench-big   bench_archs.py at big width for the two largest memory ratios (TranSFormer, Prime)
 
 A step that fails or runs out of time is recorded and the next one runs (steps that need fairseq are skipped
-if the install failed). Results: ``<out>/gpu-<device>.json`` (every step, the tables' numbers) and
-``<out>/gpu-<device>.md`` (the tables), and ``<out>/gpu-check-log.txt`` (each step's output).
+if the install failed); ``--deadline`` cuts the last step short and skips what has no time left. Results,
+rewritten after every step (a call killed at its limit keeps what was measured): ``<out>/gpu-<device>.json``
+(every step, the tables' numbers), ``<out>/gpu-<device>.md`` (the tables) and ``<out>/gpu-check-log.txt``
+(each step's output).
 
 ``--dry-run`` runs on any machine, without a GPU: it prints the plan, builds the wheelhouse if none is
 given (for this machine's Python, everything but torch: ``offline-wheelhouse.sh --full``), creates a fresh
@@ -40,19 +43,22 @@ PLUGIN = os.path.join(ROOT, "umst_plugin")
 TRAIN_UPDATES = 200
 LOSS_TOLERANCE = 0.02
 
-# name, budget in seconds, what it is for. The budgets add up to 460 s (under 8 minutes).
+# name, budget in seconds (the step's timeout), what it is for; in the order they run: the GPU's
+# correctness first (install, the bf16 training, the CUDA tests), then the measurements.
 STEPS = [
     ("install", 60, "wheels into <work>/site; fairseq-fixed's sdist unpacked, its light extensions compiled"),
     ("env", 15, "Python, torch, CUDA, device, fairseq; the plugin's archs register"),
-    ("tests", 130, "pytest -m cuda: the model checks on the GPU"),
-    ("bench-base", 90, "bench_archs.py, base width, fp16 and bf16 autocast, 4,096 tokens"),
     ("toy-data", 30, "toy corpus, fairseq-preprocess, umst-preprocess --parser conllu"),
     ("train-fp32", 45, f"{TRAIN_UPDATES} updates of umst_base on the toy corpus, fp32"),
     ("train-bf16", 45, f"{TRAIN_UPDATES} updates of umst_base on the toy corpus, --amp --amp-dtype bfloat16"),
+    ("tests", 90, "pytest -m cuda: the model checks on the GPU"),
+    ("op-counts", 40, "bench_op_counts.py on CUDA: fp32-only backward matmuls under bf16, host syncs per step"),
+    ("bench-base", 75, "bench_archs.py, base width, fp16 and bf16 autocast, 4,096 tokens"),
     ("bench-big", 45, "bench_archs.py, big width, TranSFormer and Prime"),
 ]
-NEEDS_FAIRSEQ = {"env", "tests", "bench-base", "toy-data", "train-fp32", "train-bf16", "bench-big"}
+NEEDS_FAIRSEQ = {name for name, _, _ in STEPS} - {"install"}
 NEEDS = {"train-fp32": "toy-data", "train-bf16": "toy-data"}
+MIN_STEP_SECONDS = 15  # a step that would get less time before the deadline is skipped
 
 TOY = ("kel", "mor")
 
@@ -77,15 +83,17 @@ def commands(py, work, out):
     bench = os.path.join(ROOT, "benchmarks", "bench_archs.py")
     return {
         "env": [[py, "-m", "umst_tools.gpu_check", "--report-env"]],
-        "tests": [[py, "-m", "pytest", "-m", "cuda", "-q", "-n", "8", "-p", "no:cacheprovider",
+        "tests": [[py, "-m", "pytest", "-m", "cuda", "-q", "-n", "12", "-p", "no:cacheprovider",
                    "--junitxml", os.path.join(work, "gpu-tests.xml"), "tests/test_model_checks.py"]],
+        "op-counts": [[py, os.path.join(ROOT, "benchmarks", "bench_op_counts.py"), "--device", "cuda",
+                       "--json", os.path.join(work, "op-counts.json")]],
         "bench-base": [[py, bench, "--device", "cuda", "--precisions", "fp16,bf16", "--max-tokens", "4096",
-                        "--repeats", "10", "--warmup", "2", "--json", os.path.join(work, "bench-base.json")]],
+                        "--repeats", "6", "--warmup", "2", "--json", os.path.join(work, "bench-base.json")]],
         "toy-data": [
             [py, "-m", "umst_plugin.toy", raw],
             [py, "-m", "fairseq_cli.preprocess", "--source-lang", src, "--target-lang", tgt,
              "--trainpref", f"{raw}/train", "--validpref", f"{raw}/valid", "--testpref", f"{raw}/test",
-             "--destdir", databin, "--joined-dictionary", "--workers", "4"],
+             "--destdir", databin, "--joined-dictionary", "--workers", "8"],
             [py, "-m", "umst_plugin.preprocess", "--source-lang", src, "--target-lang", tgt,
              "--trainpref", f"{raw}/train", "--validpref", f"{raw}/valid", "--testpref", f"{raw}/test",
              "--destdir", databin, "--parser", "conllu"],
@@ -93,7 +101,7 @@ def commands(py, work, out):
         "train-fp32": [train_argv(py, databin, amp=False)],
         "train-bf16": [train_argv(py, databin, amp=True)],
         "bench-big": [[py, bench, "--device", "cuda", "--width", "big", "--archs", "transformer_sf,prime",
-                       "--precisions", "fp16,bf16", "--max-tokens", "4096", "--repeats", "10", "--warmup", "2",
+                       "--precisions", "fp16,bf16", "--max-tokens", "4096", "--repeats", "6", "--warmup", "2",
                        "--json", os.path.join(work, "bench-big.json")]],
     }
 
@@ -203,12 +211,14 @@ def run_plan(py, wheelhouse, work, out, deadline, only=None):
             entry["status"] = "skipped (install failed)"
         elif NEEDS.get(name) and status.get(NEEDS[name]) != "ok":
             entry["status"] = f"skipped ({NEEDS[name]} failed)"
-        elif elapsed + budget > deadline:
-            entry["status"] = f"skipped (would pass the {deadline} s deadline at {elapsed:.0f} s)"
+        elif deadline - elapsed < MIN_STEP_SECONDS:
+            entry["status"] = f"skipped (only {deadline - elapsed:.0f} s left before the {deadline} s deadline)"
         if "status" in entry:
             status[name] = "skipped"
             print(f"[gpu-check] {name}: {entry['status']}", flush=True)
             continue
+        budget = min(budget, int(deadline - elapsed))  # the deadline cuts the last step short
+        entry["budget_s"] = budget
         print(f"[gpu-check] {name} (budget {budget} s, at {elapsed:.0f} s): {what}", flush=True)
         log.write(f"\n===== {name} (budget {budget} s)\n")
         t0 = time.time()
@@ -241,6 +251,15 @@ def run_plan(py, wheelhouse, work, out, deadline, only=None):
         collect(name, entry, output, work, result)
         print(f"[gpu-check] {name}: {entry['status']} in {entry['seconds']} s (budget {budget} s)", flush=True)
         log.flush()
+        write_results(result, out, start)  # after every step: a run cut short keeps what it measured
+    base = write_results(result, out, start)
+    log.close()
+    print(markdown(result))
+    print(f"[gpu-check] wrote {base}.json, {base}.md, {log_path} ({result['total_seconds']} s)")
+    return 0 if all(s["status"] == "ok" for s in result["steps"]) else 1
+
+
+def write_results(result, out, start):
     result["total_seconds"] = round(time.time() - start, 1)
     if "train-fp32" in result and "train-bf16" in result:
         a, b = result["train-fp32"]["loss_last50"], result["train-bf16"]["loss_last50"]
@@ -252,10 +271,7 @@ def run_plan(py, wheelhouse, work, out, deadline, only=None):
         json.dump(result, f, indent=1)
     with open(base + ".md", "w") as f:
         f.write(markdown(result))
-    log.close()
-    print(markdown(result))
-    print(f"[gpu-check] wrote {base}.json, {base}.md, {log_path} ({result['total_seconds']} s)")
-    return 0 if all(s["status"] == "ok" for s in result["steps"]) else 1
+    return base
 
 
 def collect(name, entry, output, work, result):
@@ -267,7 +283,7 @@ def collect(name, entry, output, work, result):
     elif name == "tests":
         entry["summary"] = pytest_summary(output.strip().splitlines()[-1] if output.strip() else "")
         entry["failures"] = re.findall(r"^FAILED (\S+)", output, flags=re.M)[:40]
-    elif name.startswith("bench-"):
+    elif name.startswith("bench-") or name == "op-counts":
         path = os.path.join(work, f"{name}.json")
         if os.path.exists(path):
             with open(path) as f:
@@ -305,6 +321,11 @@ def markdown(result):
                       f"{bench['repeats']}; saved = bytes autograd keeps for backward; peak = "
                       "`torch.cuda.max_memory_allocated` during the step; per-FLOP ratios against the transformer.",
                       "", bench_table(bench)]
+    if "op-counts" in result:
+        lines += ["", "## Matmuls and host syncs on CUDA (bench_op_counts.py)", "",
+                  "Per arch at base width, 8 sentences: matrix products of one backward pass under bf16 autocast "
+                  "whose inputs are all float32; host-device syncs per training step and decoding step (plugin / "
+                  "fairseq).", "", op_counts_table(result["op-counts"])]
     if "train-fp32" in result and "train-bf16" in result:
         a, b = result["train-fp32"], result["train-bf16"]
         lines += ["", f"## umst_base, {TRAIN_UPDATES} updates on the toy corpus", "",
@@ -314,6 +335,18 @@ def markdown(result):
                   f"Relative difference {100 * result['train_loss_rel_diff']:.2f}% "
                   f"({'within' if result['train_loss_within_2pct'] else 'NOT within'} 2%)."]
     return "\n".join(lines) + "\n"
+
+
+def op_counts_table(counts):
+    def split(c):
+        return f"{c.get('plugin', 0)} / {c.get('fairseq', 0)}"
+    lines = ["| arch | fp32-only backward matmuls (of all), dropout on / off | syncs: training step | first decoding "
+             "step | later decoding step |", "|---|---|---|---|---|"]
+    for r in counts["rows"]:
+        lines.append(f"| {r['arch']} | {r['fp32_backward_matmuls']} / {r['fp32_backward_matmuls_no_dropout']} "
+                     f"({r['backward_matmuls']}) | {split(r['train_syncs'])} | {split(r['decode_first_syncs'])} | "
+                     f"{split(r['decode_later_syncs'])} |")
+    return "\n".join(lines)
 
 
 def bench_table(bench):
@@ -372,6 +405,10 @@ def check_one(argv):
         if proc.returncode != 0 or not sum(counts):
             raise RuntimeError(f"pytest --collect-only failed (rc {proc.returncode}): {proc.stdout[-1500:]}"
                                f"{proc.stderr[-1500:]}")
+    elif args[0].endswith("bench_op_counts.py"):
+        proc = subprocess.run([argv[0], args[0], "--help"], cwd=ROOT, capture_output=True, text=True)
+        if proc.returncode != 0 or "--device" not in proc.stdout:
+            raise RuntimeError(proc.stderr[-1500:])
     elif args[0].endswith("bench_archs.py"):
         proc = subprocess.run([argv[0]] + args + ["--dry-run"], cwd=ROOT, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -505,7 +542,7 @@ def parser():
     p.add_argument("--out", default=os.path.join(ROOT, "docs", "results"),
                    help="where gpu-<device>.json / .md and gpu-check-log.txt go (default: docs/results)")
     p.add_argument("--work", default=None, help="scratch folder (default: /tmp/umst-gpu-check)")
-    p.add_argument("--deadline", type=int, default=480, help="seconds; a step that would end past it is skipped")
+    p.add_argument("--deadline", type=int, default=480, help="seconds from the start: steps run while time is left, the last one cut short at it (default 480)")
     p.add_argument("--only", default=None, help="comma-separated steps to run (install is always needed)")
     p.add_argument("--python", default=sys.executable, help="the Python with torch to use (default: this one)")
     p.add_argument("--dry-run", action="store_true",

@@ -8,7 +8,10 @@ every batch's ``net_input``:
   its own (index n_words + 1);
 * ``src_word_heads`` (B x W, W = longest n_words + 1): position w holds the
   head of word w + 1 (0 = root, the ``</s>`` word has head 0), right-padded
-  with -1.
+  with -1;
+* the host-side batch hints the task's models asked for (``side_inputs.BatchHints``).
+
+Every batch is checked against the contract (``side_inputs.check_side_inputs``) here, on the host.
 
 Truncated sources (``--truncate-source``) truncate the side data the same way:
 words past the cut disappear and heads pointing past it become 0.
@@ -16,6 +19,7 @@ words past the cut disappear and heads pointing past it become 0.
 import torch
 from fairseq.data import BaseWrapperDataset, data_utils
 
+from umst_plugin.data.side_inputs import check_side_inputs
 from umst_plugin.data.word_boundaries import word_ids_from_tokens
 
 
@@ -29,8 +33,9 @@ class SideDataLanguagePairDataset(BaseWrapperDataset):
             the fallback graph (every head 0).
     """
 
-    def __init__(self, dataset, word_ids=None, heads=None, boundaries=None):
+    def __init__(self, dataset, word_ids=None, heads=None, boundaries=None, batch_hints=None):
         super().__init__(dataset)
+        self.batch_hints = batch_hints  # side_inputs.BatchHints of the task (or None)
         if word_ids is None and boundaries is None:
             raise ValueError("need stored word ids or a boundary table to derive them")
         self.word_ids = word_ids
@@ -84,4 +89,9 @@ class SideDataLanguagePairDataset(BaseWrapperDataset):
             pad_to_length=src_tokens.size(1))
         batch["net_input"]["src_word_heads"] = data_utils.collate_tokens(
             [s["src_word_heads"] for s in ordered], pad_idx=-1, left_pad=False)
+        # the contract, checked while the batch is on the host (free); the model does not re-check
+        check_side_inputs(src_tokens, batch["net_input"]["src_word_ids"], batch["net_input"]["src_word_heads"],
+                          self.pad, ids=batch["id"])
+        if self.batch_hints is not None:
+            batch["net_input"].update(self.batch_hints(src_tokens))
         return batch

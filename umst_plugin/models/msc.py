@@ -259,9 +259,9 @@ class MSCDecoder(TransformerDecoder):
         x = self.dropout_module(x)
         x = x.transpose(0, 1)
 
-        self_attn_padding_mask: Optional[Tensor] = None
-        if prev_output_tokens.eq(self.padding_idx).any():
-            self_attn_padding_mask = prev_output_tokens.eq(self.padding_idx)
+        # Always the mask: fairseq's decoder tests prev_output_tokens for padding with a Python ``if`` on a
+        # device tensor (a host-device sync on every call, every beam step); a mask without padding is exact.
+        self_attn_padding_mask = prev_output_tokens.eq(self.padding_idx)
 
         attn: Optional[Tensor] = None
         inner_states: List[Optional[Tensor]] = [x]

@@ -183,6 +183,24 @@ class PrimeEncoder(TransformerEncoder):
         """As TransformerEncoder.forward; extra inputs of side-data tasks (src_word_ids, ...) are ignored."""
         return self.forward_scriptable(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
 
+    beam_size = 1  # set by PrimeModel.set_beam_size (fairseq's SequenceGenerator)
+
+    def reorder_encoder_out(self, encoder_out, new_order):
+        """TransformerEncoder's reorder, plus the beam mark ``prime_beams``: fairseq's SequenceGenerator first
+        reorders the encoder output with each sentence repeated ``beam_size`` times in a row (new_order =
+        arange(bsz).repeat_interleave(beam)); later reorders keep whole sentences. Whether a reorder is that
+        expansion is read from the sizes alone (bsz rows in, bsz x beam_size out), so no host-device sync;
+        the mark tells the decoder's Prime layers that they may keep one copy of the cross-attention keys per
+        sentence."""
+        reordered = super().reorder_encoder_out(encoder_out, new_order)
+        beams = encoder_out.get("prime_beams", [1])[0] if isinstance(encoder_out, dict) else 1
+        if beams == 1 and self.beam_size > 1 and encoder_out["encoder_out"]:
+            if new_order.numel() == self.beam_size * encoder_out["encoder_out"][0].size(1):
+                beams = self.beam_size
+        if beams > 1 and new_order.numel() % beams == 0:
+            reordered["prime_beams"] = [beams]
+        return reordered
+
 
 class PrimeDecoder(TransformerDecoder):
     def __init__(self, args, dictionary, embed_tokens, no_encoder_attn=False):
@@ -193,6 +211,15 @@ class PrimeDecoder(TransformerDecoder):
         layer = PrimeDecoderLayer(**prime_layer_kwargs(self.args, self._next_layer, decoder=True))
         self._next_layer += 1
         return layer
+
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
+        """TransformerDecoder.forward; first hands the encoder output's beam mark to the layers (per call, so no
+        mark outlives the decoding it belongs to)."""
+        beams = encoder_out.get("prime_beams", [1])[0] if isinstance(encoder_out, dict) else 1
+        for layer in self.layers:
+            layer.shared_beams = beams
+        return super().forward(prev_output_tokens, encoder_out=encoder_out, incremental_state=incremental_state,
+                               **kwargs)
 
 
 @register_model("prime")
@@ -272,6 +299,7 @@ class PrimeModel(RawTextFromPretrained, TransformerModel):
         """fairseq's SequenceGenerator calls this before beam search (``set_decoder_beam_size``); the decoder's Prime
         layers then keep one copy of the cross-attention keys and values per sentence instead of one per beam."""
         self.decoder.set_beam_size(beam_size)
+        self.encoder.beam_size = beam_size
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):

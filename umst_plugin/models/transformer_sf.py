@@ -91,6 +91,11 @@ class TransformerSlowFastModel(RawTextFromPretrained, TransformerModel):
     def build_encoder(cls, args, src_dict, embed_tokens):
         return SlowFastEncoder(args, src_dict, embed_tokens)
 
+    def host_batch_hint(self):
+        """For multiscale_translation's collater: the batch's character length, computed on the host, so the
+        encoder learns it without a host-device sync (``CharTable.forward``'s ``char_len``)."""
+        return self.encoder.char_table.host_hint()
+
     def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,
                 features_only: bool = False, alignment_layer=None, alignment_heads=None, **side_inputs):
         """fairseq's encoder-decoder forward, also accepting (and passing on) the side inputs that
@@ -189,9 +194,10 @@ class SlowFastEncoder(FairseqEncoder):
         starts = (starts | pos.eq(0)) & valid
         return torch.cumsum(starts.long(), dim=1) * valid.long()
 
-    def forward(self, src_tokens, src_lengths=None, return_all_hiddens=False, token_embeddings=None, **unused):
+    def forward(self, src_tokens, src_lengths=None, return_all_hiddens=False, token_embeddings=None,
+                src_char_len=None, **unused):
         slow_padding_mask = src_tokens.eq(self.padding_idx)
-        chars = self.char_table(src_tokens)
+        chars = self.char_table(src_tokens, char_len=src_char_len)
         if self.fast_input == "char":
             fast_tokens, fast_groups, char_token_index = chars.chars, chars.char_groups, chars.char_token_index
         else:

@@ -26,7 +26,8 @@ Character-vocabulary ids: 0 = padding, 1 = word separator, 2 .. 1+S = the S
 special entries (dictionary order), then the real characters sorted by code point.
 """
 from dataclasses import dataclass
-from typing import List, Sequence
+import copy
+from typing import List, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -141,6 +142,10 @@ class CharTable(nn.Module):
         self.register_buffer("char_codepoints", codepoints)
         self._special_names = {special_char_id[i]: symbols[i] for i in specials}
 
+    def host_hint(self):
+        """A picklable ``src_tokens -> {"src_char_len": int}`` for the task's collater (a CPU copy of the table)."""
+        return CharLengthHint(self)
+
     @classmethod
     def from_dictionary(cls, dictionary, style="auto"):
         return cls(dictionary.symbols, dictionary.pad(), dictionary.eos(), dictionary.nspecial, style=style)
@@ -160,19 +165,33 @@ class CharTable(nn.Module):
         return word_ids_from_tokens(src_tokens, self.pad_index, self.eos_index, self.token_joins_next,
                                     ~self.token_joins_prev, scheme)
 
-    def forward(self, src_tokens) -> CharBatch:
-        batch, seq_len = src_tokens.shape
-        device = src_tokens.device
+    def _layout(self, src_tokens):
+        """(word ids, separator-before flags, characters per token, end slot of each token) of a batch."""
         word_ids = self.word_ids(src_tokens)
         valid = word_ids > 0
         starts_word = valid.clone()
         starts_word[:, 1:] &= word_ids[:, 1:] != word_ids[:, :-1]
         sep_before = (starts_word & (word_ids > 1)).long()  # separator before every word but the first
         n_chars = self.token_num_chars[src_tokens].long() * valid.long()
-        n_out = n_chars + sep_before
-        ends = torch.cumsum(n_out, dim=1)
-        starts = ends - n_out  # exclusive cumsum: first output slot of each token
-        char_len = int(ends[:, -1].max().item()) if seq_len > 0 else 0
+        ends = torch.cumsum(n_chars + sep_before, dim=1)
+        return word_ids, sep_before, n_chars, ends
+
+    def max_char_length(self, src_tokens) -> int:
+        """The longest character sequence of the batch (what ``forward`` sizes its output by)."""
+        if src_tokens.size(1) == 0:
+            return 0
+        return int(self._layout(src_tokens)[3][:, -1].max())
+
+    def forward(self, src_tokens, char_len: Optional[int] = None) -> CharBatch:
+        """``char_len``: the batch's ``max_char_length``, when the host already knows it (the task's collater
+        computes it on the host: ``src_char_len``); without it, it is read off the device (one host sync)."""
+        batch, seq_len = src_tokens.shape
+        device = src_tokens.device
+        word_ids, sep_before, n_chars, ends = self._layout(src_tokens)
+        valid = word_ids > 0
+        starts = ends - (n_chars + sep_before)  # exclusive cumsum: first output slot of each token
+        if char_len is None:
+            char_len = int(ends[:, -1].max().item()) if seq_len > 0 else 0
         width = char_len + 1  # last column is a dump slot for masked writes
         max_chars = self.token_chars.size(1)
 
@@ -243,3 +262,13 @@ class CharTable(nn.Module):
                 text = SPM_MARK + text
             symbols.append(text)
         return symbols
+
+
+class CharLengthHint:
+    """Computes, on the host, the ``char_len`` that ``CharTable.forward`` would read off the device."""
+
+    def __init__(self, table: CharTable):
+        self.table = copy.deepcopy(table).cpu()
+
+    def __call__(self, src_tokens):
+        return {"src_char_len": self.table.max_char_length(src_tokens.cpu())}

@@ -8,9 +8,10 @@ Unified Transformer paper (Zhao et al.), section 2.1:
 
 Eq. 6 is Wu et al.'s dynamic convolution: per-position kernels predicted from the
 input, softmax-normalised over the window, one kernel per head shared by the
-d/H channels of that head. We reuse ``fairseq.modules.DynamicConv`` for it
-(its CUDA kernel when built, else the pure-PyTorch ``DynamicConv1dTBC``), which
-also keeps the causal incremental buffer and reorders it for beam search.
+d/H channels of that head: ``modules.dynamic_conv.DynamicConv1d``, the computation and
+parameters of fairseq's ``DynamicConv1dTBC`` in one implementation on every device (fairseq's
+``DynamicConv`` factory switched to its CUDA extension, with other parameters, where that is built)
+that keeps only its input and kernels for backward, with the causal incremental buffer.
 fairseq's module does not know about padding, so :class:`MultiKernelConv`
 zeroes padded positions of its input itself: a sentence then sees zeros
 beyond its ends whatever its batch-mates or its padding side, exactly as if it
@@ -28,8 +29,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
-from fairseq.modules import DynamicConv
 from torch import Tensor
+
+from umst_plugin.modules.dynamic_conv import DynamicConv1d
 
 CONV_TYPES = ("dynamic", "standard")
 
@@ -126,7 +128,7 @@ class MultiKernelConv(nn.Module):
             padding_l = k - 1 if causal else same_padding_left(k)
             if conv_type == "dynamic":
                 cells.append(
-                    DynamicConv(
+                    DynamicConv1d(
                         channels,
                         kernel_size=k,
                         padding_l=padding_l,

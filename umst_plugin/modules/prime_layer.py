@@ -22,7 +22,8 @@ reading the same fused parameters); the input projection is always fused. At CPU
 rows (beam search at batch size 1), a tall projection is computed as ``W @ x^T`` (see :func:`_linear`).
 
 Beam search: after ``set_beam_size`` (fairseq's SequenceGenerator) the cross-attention keys and values are
-cached once per sentence, not once per beam (fairseq's beamable MultiheadAttention convention).
+cached once per sentence, not once per beam (fairseq's beamable MultiheadAttention convention), when the encoder
+marked its output as beam-expanded (``PrimeEncoder.reorder_encoder_out``, from sizes: no host-device sync).
 
 Input dropout (``input_dropout``, the authors' ``--input_dropout``, combine_transformer.py L208 / L516): in
 training, dropout on the input of the attention / convolution projections only (W^Q, W^K, W_1^A and a separate
@@ -51,9 +52,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
 
+from umst_plugin.modules.attention import attention
 from umst_plugin.modules.multi_kernel_dynamic_conv import MultiKernelConv
 from umst_plugin.modules.segment_ops import upcast_half
 
@@ -186,6 +189,7 @@ class PrimeLayer(nn.Module):
             )
         self.layer_norm = nn.LayerNorm(d)
         self.beam_size = 1  # set by fairseq's set_beam_size before beam search (cross-attention keys shared)
+        self.shared_beams = 1  # set by PrimeDecoder.forward from the encoder output's beam mark
         self.reset_parameters()
 
     # ------------------------------------------------------------------ parameters
@@ -356,12 +360,12 @@ class PrimeLayer(nn.Module):
             saved = self.get_incremental_state(incremental_state, "cross_attn")
             if saved is not None:
                 return saved["k"], saved["v"], saved.get("mask")
-        beams = self.beam_size if incremental_state is not None else 1
-        if beams > 1 and _repeats_each_sentence(encoder_out, beams, 1) and (
-                encoder_padding_mask is None or _repeats_each_sentence(encoder_padding_mask, beams, 0)):
-            # beam search repeats each sentence's encoder output for its beams (fairseq's SequenceGenerator,
-            # after set_beam_size): keys and values are computed, cached and reordered once per sentence.
-            # Checked, not assumed: a beam size set by an earlier generator must not merge other sentences.
+        # Beam search repeats each sentence's encoder output for its beams (fairseq's SequenceGenerator); the
+        # Prime encoder marks an encoder output it expanded that way (PrimeEncoder.reorder_encoder_out, from the
+        # shapes alone: no host-device sync), and the decoder passes the mark here as ``shared_beams``: keys and
+        # values are then computed, cached and reordered once per sentence.
+        beams = self.shared_beams if incremental_state is not None and self.beam_size > 1 else 1
+        if beams > 1 and encoder_out.size(1) % beams == 0:
             encoder_out = encoder_out[:, ::beams]
             if encoder_padding_mask is not None:
                 encoder_padding_mask = encoder_padding_mask[::beams]
@@ -370,8 +374,6 @@ class PrimeLayer(nn.Module):
         ck, cv = self.cross_kv_proj(encoder_out).chunk(2, dim=-1)
         mask = encoder_padding_mask
         if incremental_state is not None:
-            if mask is not None and not mask.any():
-                mask = None
             saved = {"k": ck.contiguous(), "v": cv.contiguous(), "beams": torch.tensor(beams)}
             if mask is not None:
                 saved["mask"] = mask
@@ -412,9 +414,9 @@ class PrimeLayer(nn.Module):
         if not need_weights:
             # One fused kernel for scaling, masking, softmax (float32 accumulation in half precision), dropout and
             # the weighted sum; fairseq's own attention takes the same kernel.
-            out = F.scaled_dot_product_attention(
+            out = attention(
                 q.reshape(T, B, H, Dh).permute(1, 2, 0, 3), k.reshape(S, B, H, Dh).permute(1, 2, 0, 3),
-                v.reshape(S, B, H, Dh).permute(1, 2, 0, 3), attn_mask=None if blocked is None else ~blocked,
+                v.reshape(S, B, H, Dh).permute(1, 2, 0, 3), None if blocked is None else ~blocked,
                 dropout_p=self.attention_dropout if self.training else 0.0, scale=self.scaling)
             return out.permute(2, 0, 1, 3).reshape(T, B, d), None
         # Explicit path when the probabilities are wanted (alignment): float32 softmax, blocked scores at the
@@ -449,14 +451,6 @@ class PrimeLayer(nn.Module):
             self.set_incremental_state(incremental_state, key, {
                 name: t if name == "beams" else t.index_select(0 if name == "mask" else 1, order)
                 for name, t in saved.items()})
-
-
-def _repeats_each_sentence(t: Tensor, beams: int, dim: int) -> bool:
-    """True when ``t`` along ``dim`` holds each sentence ``beams`` times in a row (once per decoding, per layer)."""
-    if t.size(dim) % beams:
-        return False
-    grouped = t.unflatten(dim, (-1, beams))
-    return bool((grouped == grouped.narrow(dim + 1, 0, 1)).all())
 
 
 def _linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:

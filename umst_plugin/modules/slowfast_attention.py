@@ -15,14 +15,22 @@ Efficiency: only a band of 2k + 1 diagonals can carry a relative term, so the
 key term is computed as ``q @ a^K^T`` (B x H x L x (2k+1)) and scattered into
 the logits' band, and the value term gathers the band of the attention weights
 (B x H x L x (2k+1)) and multiplies by a^V; no L x L x d_h tensor is built.
-Tensors are time-first (L x B x C) like fairseq's.
+The value term needs the attention weights themselves, so with relative positions
+the map is explicit; in training its core (logits, softmax, dropout, the two
+products) is recomputed in backward (``torch.utils.checkpoint``, the same dropout
+mask) instead of keeping the B x H x L x L logits and weights of the character
+sequence, which is 5-6 times longer than the subwords (``recompute=False`` keeps
+them). Without relative positions the attention is fused
+(``modules.attention.attention``). Tensors are time-first (L x B x C) like fairseq's.
 """
 import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
+from umst_plugin.modules.attention import attention
 from umst_plugin.modules.segment_ops import upcast_half
 
 
@@ -54,8 +62,9 @@ class BoundaryRelativeSelfAttention(nn.Module):
     ``max_distance=0`` disables the relative term (plain self-attention).
     """
 
-    def __init__(self, embed_dim, num_heads, dropout=0.0, max_distance=3):
+    def __init__(self, embed_dim, num_heads, dropout=0.0, max_distance=3, recompute=True):
         super().__init__()
+        self.recompute = recompute
         if embed_dim % num_heads != 0:
             raise ValueError(f"fast embed dim {embed_dim} is not divisible by its {num_heads} heads")
         self.embed_dim, self.num_heads = embed_dim, num_heads
@@ -94,20 +103,30 @@ class BoundaryRelativeSelfAttention(nn.Module):
         q = split(self.q_proj(x)) * self.scaling
         k = split(self.k_proj(x))
         v = split(self.v_proj(x))
+        dropout = self.dropout if self.training else 0.0
+        if self.rel_keys is None:
+            out = attention(q, k, v, (~key_padding_mask).view(batch, 1, 1, length), dropout, scale=1.0)
+        else:
+            cols, valid = boundary_band(groups, self.max_distance, use_boundary)
+            if self.recompute and self.training and torch.is_grad_enabled():
+                out = checkpoint(self._relative_core, q, k, v, key_padding_mask, cols, valid, dropout,
+                                 use_reentrant=False)
+            else:
+                out = self._relative_core(q, k, v, key_padding_mask, cols, valid, dropout)
+        out = out.permute(2, 0, 1, 3).reshape(length, batch, self.embed_dim)
+        return self.out_proj(out)
+
+    def _relative_core(self, q, k, v, key_padding_mask, cols, valid, dropout):
+        """softmax(q (k + a^K)^T) (v + a^V) over the boundary band (module docstring); q is scaled."""
+        batch, heads, length, _ = q.shape
         logits = upcast_half(torch.matmul(q, k.transpose(-1, -2)))  # B x H x L x L, fp32 softmax like fairseq
         # In-place updates of the fresh logits avoid two extra L x L copies (autograd-safe:
         # matmul's backward does not need its output).
-        if self.rel_keys is not None:
-            cols, valid = boundary_band(groups, self.max_distance, use_boundary)
-            rel = upcast_half(torch.matmul(q, self.rel_keys.t())) * valid.unsqueeze(1)  # B x H x L x (2k+1)
-            band_cols = cols.unsqueeze(1).expand(-1, heads, -1, -1)
-            logits.scatter_add_(-1, band_cols, rel)
+        rel = upcast_half(torch.matmul(q, self.rel_keys.t())) * valid.unsqueeze(1)  # B x H x L x (2k+1)
+        band_cols = cols.unsqueeze(1).expand(-1, heads, -1, -1)
+        logits.scatter_add_(-1, band_cols, rel)
         logits.masked_fill_(key_padding_mask.view(batch, 1, 1, length), float("-inf"))
-        weights = F.softmax(logits, dim=-1)
-        weights = F.dropout(weights, p=self.dropout, training=self.training)
+        weights = F.dropout(F.softmax(logits, dim=-1), p=dropout, training=dropout > 0)
         out = torch.matmul(weights.to(v.dtype), v)
-        if self.rel_values is not None:
-            band_weights = torch.gather(weights, -1, band_cols) * valid.unsqueeze(1)
-            out = out + torch.matmul(band_weights.to(v.dtype), self.rel_values)
-        out = out.permute(2, 0, 1, 3).reshape(length, batch, self.embed_dim)
-        return self.out_proj(out)
+        band_weights = torch.gather(weights, -1, band_cols) * valid.unsqueeze(1)
+        return out + torch.matmul(band_weights.to(v.dtype), self.rel_values)

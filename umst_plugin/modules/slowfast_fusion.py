@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from fairseq.modules import MultiheadAttention
 
+from umst_plugin.modules.attention import attention
 from umst_plugin.modules.segment_ops import segment_mean, upcast_half
 
 FUSIONS = ("cga", "linear-attention", "ds-concat", "ds-sum")
@@ -94,6 +95,44 @@ class WidthChangingAttention(nn.Module):
         nn.init.constant_(self.out_proj.bias, 0.0)
 
     def forward(self, query, kv, key_padding_mask):
+        if self.record is None:
+            return self._fused(query, kv, key_padding_mask)
+        return self._explicit(query, kv, key_padding_mask)
+
+    def _fused(self, query, kv, key_padding_mask):
+        """The same function through ``modules.attention.attention`` (no weights kept for backward)."""
+        len_q, batch, _ = query.shape
+        heads, head_dim = self.num_heads, self.head_dim
+        q = (self.q_proj(query) * self.scaling).view(len_q, batch, heads, head_dim).permute(1, 2, 0, 3)
+        keep = (~key_padding_mask).view(batch, 1, 1, -1)
+        dropout = self.dropout if self.training else 0.0
+        if not self.reassociate:
+            k = self.k_proj(kv).view(-1, batch, heads, head_dim).permute(1, 2, 0, 3)
+            v = self.v_proj(kv).view(-1, batch, heads, head_dim).permute(1, 2, 0, 3)
+            out = attention(q, k, v, keep, dropout, scale=1.0)
+        else:
+            # Keys and values are the thin kv itself, shared by the heads, with one column of ones: the query
+            # gets q . b^k in that column (the logits' per-query constant: their exact value, and k_proj.bias's
+            # zero gradient) and the value side b^v (each query's attention mass times the value bias, also
+            # under dropout). Columns are padded to a multiple of 8 with zeros (the fused kernels' alignment).
+            w_k = self.k_proj.weight.view(heads, head_dim, self.kv_dim)
+            q_k = torch.einsum("bhqd,hdc->bhqc", q, w_k)  # the query mapped into the key input space
+            q_bias = (q * self.k_proj.bias.view(1, heads, 1, head_dim)).sum(-1, keepdim=True)
+            kv_b = kv.transpose(0, 1).unsqueeze(1)  # B x 1 x Lk x Ckv
+            width = -(-(self.kv_dim + 1) // 8) * 8
+            pad = width - self.kv_dim - 1
+            q_ext = F.pad(torch.cat([q_k, q_bias.to(q_k.dtype)], dim=-1), (0, pad))
+            kv_ext = F.pad(torch.cat([kv_b, torch.ones_like(kv_b[..., :1])], dim=-1), (0, pad))
+            kv_ext = kv_ext.to(q_ext.dtype).expand(batch, heads, -1, -1)
+            context = attention(q_ext, kv_ext, kv_ext, keep, dropout, scale=1.0)  # B x H x Lq x width
+            w_v = self.v_proj.weight.view(heads, head_dim, self.kv_dim)
+            out = torch.einsum("bhqc,hdc->bhqd", context[..., :self.kv_dim], w_v)
+            out = out + context[..., self.kv_dim:self.kv_dim + 1] * self.v_proj.bias.view(1, heads, 1, head_dim)
+        out = out.permute(2, 0, 1, 3).reshape(len_q, batch, self.embed_dim)
+        return self.out_proj(out)
+
+    def _explicit(self, query, kv, key_padding_mask):
+        """The reference path, with the attention weights recorded (``record``, for umst-inspect)."""
         len_q, batch, _ = query.shape
         heads, head_dim = self.num_heads, self.head_dim
         q = (self.q_proj(query) * self.scaling).view(len_q, batch, heads, head_dim).permute(1, 2, 0, 3)
@@ -111,8 +150,7 @@ class WidthChangingAttention(nn.Module):
         logits = upcast_half(logits)
         logits.masked_fill_(key_padding_mask.view(batch, 1, 1, -1), float("-inf"))  # fresh tensor: in place
         weights = F.dropout(F.softmax(logits, dim=-1), p=self.dropout, training=self.training).to(q.dtype)
-        if self.record is not None:
-            self.record.append(weights.detach())
+        self.record.append(weights.detach())
         if self.reassociate:
             context = torch.einsum("bhqk,bkc->bhqc", weights, kv_b)
             w_v = self.v_proj.weight.view(heads, head_dim, self.kv_dim)

@@ -28,12 +28,15 @@ B.W^2 and the bmm cost B.W^2.d are below one self-attention map (B.H.T^2) and
 its T^2.d product, since W <= T. A dense bmm is also deterministic on GPU,
 which scatter-add with atomics is not.
 """
+import os
 from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from umst_plugin.data.side_inputs import check_side_input_shapes, check_side_inputs
+from umst_plugin.modules.amp_functions import amp_backward, amp_forward
 from umst_plugin.modules.group_gcn import normalized_group_adjacency  # noqa: F401  (re-exported for tests)
 from umst_plugin.modules.segment_ops import accumulation_dtype, segment_sum
 
@@ -60,35 +63,10 @@ class UMSTGraphs(NamedTuple):
     group_size: Tensor  # (B*(W+1)) float: tokens of each group row (>= 1); inf on the rows holding padding
 
 
-def check_side_inputs(src_tokens: Tensor, word_ids: Tensor, word_heads: Tensor, padding_idx: int):
-    """Raise a clear error when the side inputs do not follow the task's contract."""
-    if word_ids is None or word_heads is None:
-        raise ValueError(
-            "UMST needs src_word_ids and src_word_heads in net_input: train and decode with "
-            "--task multiscale_translation (the plain translation task does not provide them)"
-        )
-    if word_ids.shape != src_tokens.shape:
-        raise ValueError(
-            f"src_word_ids must be laid out like src_tokens {tuple(src_tokens.shape)}; got {tuple(word_ids.shape)}"
-        )
-    if word_heads.dim() != 2 or word_heads.size(0) != src_tokens.size(0):
-        raise ValueError(f"src_word_heads must be B x W with B={src_tokens.size(0)}; got {tuple(word_heads.shape)}")
-    pad = src_tokens.eq(padding_idx)
-    n_words = word_ids.max(dim=1).values
-    n_heads = word_heads.ge(0).sum(dim=1)
-    bad = (
-        (word_ids.eq(0) != pad).any()
-        | word_ids.lt(0).any()
-        | (n_words != n_heads).any()
-        | word_heads.ge(n_heads.unsqueeze(1) + 1).any()
-        | word_heads.lt(-1).any()
-    )
-    if bool(bad):  # one host sync per batch, worth a clear message
-        raise ValueError(
-            "src_word_ids / src_word_heads are inconsistent with src_tokens: word ids must be 0 exactly at "
-            "padding, the number of words (max word id) must equal the number of heads >= 0, and every head "
-            "must lie in [0, n_words] (padding -1)"
-        )
+def debug_checks() -> bool:
+    """``UMST_DEBUG_CHECKS=1``: the model re-validates its side inputs on every forward (one host-device sync
+    per batch). Off by default: the task's collater validates every batch on the host for free."""
+    return os.environ.get("UMST_DEBUG_CHECKS") == "1"
 
 
 def symmetric_normalize(adj: Tensor) -> Tensor:
@@ -196,10 +174,15 @@ def build_graphs(
     phrase_noise: str = "none",
     need_phrase: bool = True,
     check: bool = True,
+    check_values: Optional[bool] = None,
 ) -> UMSTGraphs:
-    """Build every graph of one batch (see the module docstring)."""
+    """Build every graph of one batch (see the module docstring). ``check``: shapes (free); ``check_values``:
+    also the values (a host sync on a GPU; default: only under ``UMST_DEBUG_CHECKS=1``, since the task's
+    collater validates every batch on the host)."""
     if check:
-        check_side_inputs(src_tokens, word_ids, word_heads, padding_idx)
+        check_side_input_shapes(src_tokens, word_ids, word_heads)
+        if check_values or (check_values is None and debug_checks()):
+            check_side_inputs(src_tokens, word_ids, word_heads, padding_idx)
     if word_boundary_noise not in WORD_BOUNDARY_NOISE:
         raise ValueError(f"unknown word-boundary noise {word_boundary_noise!r}; choose from {WORD_BOUNDARY_NOISE}")
     if phrase_noise not in PHRASE_NOISE:
@@ -262,12 +245,14 @@ class _SegmentSum(torch.autograd.Function):
     B x T x d activation per call; its gradient is just ``grad[index]``."""
 
     @staticmethod
+    @amp_forward
     def forward(ctx, source: Tensor, index: Tensor, n_rows: int, dtype: torch.dtype) -> Tensor:
         ctx.save_for_backward(index)
         ctx.source_dtype = source.dtype
         return segment_sum(source, index, n_rows, dtype)
 
     @staticmethod
+    @amp_backward
     def backward(ctx, grad: Tensor):
         (index,) = ctx.saved_tensors
         return grad.index_select(0, index).to(ctx.source_dtype), None, None, None

@@ -11,6 +11,10 @@ block input, LayerNorm statistics and boolean masks (ReLU > 0 merged with the dr
 and recompute in backward only what is elementwise or a segment mean (LayerNorm, per-word means);
 no matmul and no random draw is repeated.
 
+Mixed precision: the functions follow autocast on their inputs' device (``amp_functions``): the backward pass
+runs under the forward pass's autocast, so its matrix products take the autocast dtype like autograd's own; the
+LayerNorm backward gets its tensors in the statistics' dtype (float32).
+
 Dropout masks are drawn with ``torch.native_dropout`` in the same order and on tensors of the same
 size as the reference modules' ``F.dropout`` calls, which draw identical masks from the same RNG
 state; hence lean and reference give identical outputs and gradients under the same seed (tested).
@@ -28,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from umst_plugin.modules.amp_functions import amp_backward, amp_forward
 from umst_plugin.modules.segment_ops import accumulation_dtype, segment_sum
 
 
@@ -39,6 +44,15 @@ def _divide_rows(rows: Tensor, size: Tensor, dtype) -> Tensor:
 def _segment_mean(rows: Tensor, slot: Tensor, size: Tensor) -> Tensor:
     """Per-slot means of ``rows``; ``size`` holds the slots' sizes (inf on padding slots: mean 0)."""
     return _divide_rows(segment_sum(rows, slot, size.numel()), size, rows.dtype)
+
+
+def _layer_norm_backward(grad, x, mean, rstd, weight, bias, need):
+    """``native_layer_norm_backward`` with its tensors in one dtype: that of the saved statistics (float32 for
+    half inputs). Under autocast the gradient arriving here can be bf16/fp16 (a matmul of the backward pass)
+    while the block input is float32; the kernels expect matching dtypes."""
+    dtype = mean.dtype
+    return torch.ops.aten.native_layer_norm_backward(grad.to(dtype), x.to(dtype), [x.size(-1)], mean, rstd,
+                                                     weight, bias, need)
 
 
 def _dropout(t: Tensor, p: float, training: bool):
@@ -54,6 +68,7 @@ class LeanWordGCN(torch.autograd.Function):
     (their mean is 0, so padding tokens get exactly ``x`` back and send nothing to real groups)."""
 
     @staticmethod
+    @amp_forward
     def forward(ctx, x, ln_weight, ln_bias, weight, bias, slot, size, eps, p_act, p_out, training):
         channels = x.size(-1)
         normed, mean, rstd = torch.native_layer_norm(x, (channels,), ln_weight, ln_bias, eps)
@@ -66,6 +81,7 @@ class LeanWordGCN(torch.autograd.Function):
         return x + branch
 
     @staticmethod
+    @amp_backward
     def backward(ctx, grad):
         x, ln_weight, ln_bias, weight, mean, rstd, slot, size, active, keep_act, keep_out = ctx.saved_tensors
         need = ctx.needs_input_grad
@@ -78,12 +94,11 @@ class LeanWordGCN(torch.autograd.Function):
         channels = x.size(-1)
         normed = torch.native_layer_norm(x, (channels,), ln_weight, ln_bias, ctx.eps)[0]  # recomputed
         grad_weight = g_pre.t().mm(_segment_mean(normed, slot, size)) if need[3] else None
-        grad_bias = g_pre.sum(0) if need[4] else None
+        grad_bias = g_pre.sum(0, dtype=accumulation_dtype(g_pre.dtype)) if need[4] else None
         g_normed = _divide_rows(g_pre.mm(weight), size, g_pre.dtype)
-        grad_x, grad_ln_weight, grad_ln_bias = torch.ops.aten.native_layer_norm_backward(
-            g_normed.index_select(0, slot), x, [channels], mean, rstd, ln_weight, ln_bias,
-            [need[0], need[1], need[2]])
-        grad_x = grad + grad_x if need[0] else None
+        grad_x, grad_ln_weight, grad_ln_bias = _layer_norm_backward(
+            g_normed.index_select(0, slot), x, mean, rstd, ln_weight, ln_bias, [need[0], need[1], need[2]])
+        grad_x = grad + grad_x.to(grad.dtype) if need[0] else None
         return grad_x, grad_ln_weight, grad_ln_bias, grad_weight, grad_bias, None, None, None, None, None, None
 
 
@@ -91,6 +106,7 @@ class LeanPhraseGCN(torch.autograd.Function):
     """Words ``xw`` (B x W x C) -> ``xw + Drop(ReLU(Â_p LN(xw) W_p + b))`` (Eq. 3), ``adj`` = Â_p."""
 
     @staticmethod
+    @amp_forward
     def forward(ctx, xw, ln_weight, ln_bias, weight, bias, adj, eps, p, training):
         channels = xw.size(-1)
         normed, mean, rstd = torch.native_layer_norm(xw, (channels,), ln_weight, ln_bias, eps)
@@ -104,6 +120,7 @@ class LeanPhraseGCN(torch.autograd.Function):
         return xw + branch
 
     @staticmethod
+    @amp_backward
     def backward(ctx, grad):
         xw, ln_weight, ln_bias, weight, mean, rstd, adj, keep = ctx.saved_tensors
         need = ctx.needs_input_grad
@@ -118,10 +135,10 @@ class LeanPhraseGCN(torch.autograd.Function):
             normed = torch.native_layer_norm(xw, (channels,), ln_weight, ln_bias, ctx.eps)[0]  # recomputed
             grad_weight = flat.t().mm(normed.reshape(-1, channels))
         if need[4]:
-            grad_bias = flat.sum(0)
-        grad_xw, grad_ln_weight, grad_ln_bias = torch.ops.aten.native_layer_norm_backward(
-            g_lin.matmul(weight), xw, [channels], mean, rstd, ln_weight, ln_bias, [need[0], need[1], need[2]])
-        grad_xw = grad + grad_xw if need[0] else None
+            grad_bias = flat.sum(0, dtype=accumulation_dtype(flat.dtype))
+        grad_xw, grad_ln_weight, grad_ln_bias = _layer_norm_backward(
+            g_lin.matmul(weight), xw, mean, rstd, ln_weight, ln_bias, [need[0], need[1], need[2]])
+        grad_xw = grad + grad_xw.to(grad.dtype) if need[0] else None
         return grad_xw, grad_ln_weight, grad_ln_bias, grad_weight, grad_bias, None, None, None, None
 
 
@@ -135,6 +152,7 @@ class LeanPhraseGCNAuthors(torch.autograd.Function):
     gradient reads (Â_p^T g_pre)^T LN(xw), so Â_p LN(xw) is never kept nor recomputed."""
 
     @staticmethod
+    @amp_forward
     def forward(ctx, xw, ln_weight, ln_bias, weight, bias, adj, eps, p_act, p_out, training):
         channels = xw.size(-1)
         adj = adj.to(xw.dtype)
@@ -150,6 +168,7 @@ class LeanPhraseGCNAuthors(torch.autograd.Function):
         return xw + branch
 
     @staticmethod
+    @amp_backward
     def backward(ctx, grad):
         xw, ln_weight, ln_bias, weight, mean, rstd, adj, active, keep_out = ctx.saved_tensors
         need = ctx.needs_input_grad
@@ -159,15 +178,15 @@ class LeanPhraseGCNAuthors(torch.autograd.Function):
         if ctx.p_act:
             g_pre = g_pre * (1.0 / (1.0 - ctx.p_act))
         channels = xw.size(-1)
-        grad_bias = g_pre.reshape(-1, channels).sum(0) if need[4] else None
+        grad_bias = g_pre.reshape(-1, channels).sum(0, dtype=accumulation_dtype(g_pre.dtype)) if need[4] else None
         g_back = torch.bmm(adj_t, g_pre)  # Â_p^T g_pre: the weight's and the LayerNorm output's gradients
         grad_weight = None
         if need[3]:
             normed = torch.native_layer_norm(xw, (channels,), ln_weight, ln_bias, ctx.eps)[0]  # recomputed
             grad_weight = g_back.reshape(-1, channels).t().mm(normed.reshape(-1, channels))
-        grad_xw, grad_ln_weight, grad_ln_bias = torch.ops.aten.native_layer_norm_backward(
-            g_back.matmul(weight), xw, [channels], mean, rstd, ln_weight, ln_bias, [need[0], need[1], need[2]])
-        grad_xw = grad + grad_xw if need[0] else None
+        grad_xw, grad_ln_weight, grad_ln_bias = _layer_norm_backward(
+            g_back.matmul(weight), xw, mean, rstd, ln_weight, ln_bias, [need[0], need[1], need[2]])
+        grad_xw = grad + grad_xw.to(grad.dtype) if need[0] else None
         return grad_xw, grad_ln_weight, grad_ln_bias, grad_weight, grad_bias, None, None, None, None, None
 
 

@@ -13,9 +13,8 @@ We never build ATTN2' (L x L) nor G: since ``ATTN2' V = G ATTN2 (G^T V)``, we do
 words (an index_add over per-token word indices), attend at word level, and up-sample the result
 with a gather on the word indices. The extra work over a transformer is O(B.H.L'^2) for ATTN2
 (L' <= L words) plus O(B.L.d) for the scatter/gather. With no relative positions both maps run
-through ``F.scaled_dot_product_attention``, as fairseq's MultiheadAttention does for the
-transformer baseline (a fused kernel where one applies; with attention dropout on CPU both fall back
-to the math path, which keeps its map for backward).
+through ``modules.attention.attention`` (``F.scaled_dot_product_attention``, as fairseq's MultiheadAttention
+does for the transformer baseline: no map kept for backward, flash / memory-efficient kernels on GPUs).
 
 Attention dropout (``attention_dropout_mode``): a deliberate change
 -------------------------------------------------------------------
@@ -55,6 +54,12 @@ Shaw et al. (2018): ATTN1 logits get q_i . a^K_{clip(j-i, k)} and the ATTN1-weig
 a^V_{clip(j-i, k)}, per head dimension, shared across heads, with clipping distance k. They are
 applied to the subword branch (the one that sees token positions); the word branch has no
 position input of its own, as in the paper's figure 2.
+
+The relative terms are computed banded, never as L x L x d_k tensors: with b(i, j) = clip(j - i, k) + k,
+the key term is ``gather(q a^K^T, b)`` (q a^K^T is B x H x L x (2k+1)) and the value term is
+``(sum of ATTN1[i, j] over j with b(i, j) = b) a^V``, a scatter-add of ATTN1 into B x H x L x (2k+1) bins.
+Both need ATTN1 itself, so this subword branch keeps an explicit map (the word branch stays fused).
+Every explicit path scales q before q . k (fp16 range), as fairseq's attention does.
 """
 import math
 
@@ -63,10 +68,31 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from umst_plugin.modules.attention import attention
 from umst_plugin.modules.segment_ops import upcast_half
 from umst_plugin.modules.umst_graphs import UMSTGraphs, project_to_words, upsample_attention_map, upsample_tokens
 
 UPSAMPLE_NORMS = ("row", "literal")
+
+
+def relative_buckets(length, max_distance, device):
+    """L x L long: b(i, j) = clip(j - i, -k, k) + k, the relative-position bucket of key j for query i."""
+    pos = torch.arange(length, device=device)
+    return (pos.unsqueeze(0) - pos.unsqueeze(1)).clamp(-max_distance, max_distance) + max_distance
+
+
+def relative_key_logits(q_scaled, rel_keys, buckets):
+    """Shaw et al.'s key term q_i . a^K_{b(i,j)} (B x H x L x L) from q a^K^T (B x H x L x (2k+1))."""
+    banded = torch.matmul(q_scaled, rel_keys.t())
+    return torch.gather(banded, -1, buckets.expand(*banded.shape[:2], *buckets.shape))
+
+
+def relative_value_term(probs, rel_values, buckets):
+    """Shaw et al.'s value term sum_j probs_ij a^V_{b(i,j)} (B x H x L x d): probs summed per bucket, then
+    times the (2k+1) x d table."""
+    bins = probs.new_zeros(*probs.shape[:-1], rel_values.size(0))
+    bins = bins.scatter_add(-1, buckets.expand(*probs.shape[:2], *buckets.shape), probs)
+    return torch.matmul(bins.to(rel_values.dtype), rel_values)
 ATTENTION_DROPOUT_MODES = ("per-map", "fused")
 
 
@@ -141,19 +167,14 @@ class RectifiedSelfAttention(nn.Module):
         dropout = self.attention_dropout if self.training else 0.0
         if self.rel_keys is None:
             keep = (~key_pad).view(key_pad.size(0), 1, 1, key_pad.size(1))
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout)
-        # Shaw et al.: explicit map, relative embeddings looked up once per (i, j) and shared by heads.
-        length = q.size(2)
-        pos = torch.arange(length, device=q.device)
-        rel = (pos.unsqueeze(0) - pos.unsqueeze(1)).clamp(-self.max_relative_positions, self.max_relative_positions)
-        rel = rel + self.max_relative_positions  # L x L, [i, j] -> bucket of j - i
-        rel_k = self.rel_keys(rel).to(q.dtype)  # L x L x d_k
-        scale = 1.0 / math.sqrt(self.head_dim)
-        scores = torch.matmul(q, k.transpose(-1, -2)) + torch.einsum("bhid,ijd->bhij", q, rel_k)
-        scores = upcast_half(scores * scale).masked_fill(key_pad.view(key_pad.size(0), 1, 1, -1), float("-inf"))
-        attn = F.dropout(torch.softmax(scores, dim=-1), p=dropout, training=self.training).to(v.dtype)
-        rel_v = self.rel_values(rel).to(v.dtype)
-        return torch.matmul(attn, v) + torch.einsum("bhij,ijd->bhid", attn, rel_v)
+            return attention(q, k, v, keep, dropout)
+        # Shaw et al., banded (module docstring): the map is explicit, the relative tables are (2k+1) x d_k.
+        buckets = relative_buckets(q.size(2), self.max_relative_positions, q.device)
+        q = q * (1.0 / math.sqrt(self.head_dim))
+        scores = torch.matmul(q, k.transpose(-1, -2)) + relative_key_logits(q, self.rel_keys.weight, buckets)
+        scores = upcast_half(scores).masked_fill(key_pad.view(key_pad.size(0), 1, 1, -1), float("-inf"))
+        attn = F.dropout(torch.softmax(scores, dim=-1), p=dropout, training=self.training)
+        return torch.matmul(attn.to(v.dtype), v) + relative_value_term(attn, self.rel_values.weight, buckets).to(v.dtype)
 
     def forward(self, x, x_word, graphs: UMSTGraphs):
         """x: B x T x C (normalised subword stream), x_word: B x W x C (normalised word stream)."""
@@ -179,14 +200,8 @@ class RectifiedSelfAttention(nn.Module):
         v_word = self._heads(project_to_words(v_tokens, graphs, normalize=self.upsample_norm == "row"))
         keep_words = (~graphs.word_pad).view(graphs.word_pad.size(0), 1, 1, -1)
         dropout = self.attention_dropout if self.training else 0.0
-        out_word = F.scaled_dot_product_attention(q_word, k_word, v_word, attn_mask=keep_words, dropout_p=dropout)
+        out_word = attention(q_word, k_word, v_word, keep_words, dropout)
         return upsample_tokens(self._merge(out_word), graphs)
-
-    def _relative_keys_values(self, length, device, dtype):
-        pos = torch.arange(length, device=device)
-        rel = (pos.unsqueeze(0) - pos.unsqueeze(1)).clamp(-self.max_relative_positions, self.max_relative_positions)
-        rel = rel + self.max_relative_positions  # L x L, [i, j] -> bucket of j - i
-        return self.rel_keys(rel).to(dtype), self.rel_values(rel).to(dtype)
 
     def _fused_map_forward(self, x, x_word, graphs: UMSTGraphs):
         """Training with ``attention_dropout_mode="fused"``: the fused map (ATTN1 + ATTN2') / 2 is built
@@ -194,26 +209,27 @@ class RectifiedSelfAttention(nn.Module):
         one map; the relative-value term (RPR) sees ATTN1's share of the same dropped entries."""
         scale = 1.0 / math.sqrt(self.head_dim)
         q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+        q = q * scale
         scores = torch.matmul(q, k.transpose(-1, -2))
-        rel_v = None
+        buckets = None
         if self.rel_keys is not None:
-            rel_k, rel_v = self._relative_keys_values(q.size(2), q.device, q.dtype)
-            scores = scores + torch.einsum("bhid,ijd->bhij", q, rel_k)
-        scores = upcast_half(scores * scale).masked_fill(graphs.token_pad[:, None, None, :], float("-inf"))
+            buckets = relative_buckets(q.size(2), self.max_relative_positions, q.device)
+            scores = scores + relative_key_logits(q, self.rel_keys.weight, buckets)
+        scores = upcast_half(scores).masked_fill(graphs.token_pad[:, None, None, :], float("-inf"))
         a1 = torch.softmax(scores, dim=-1)
         word_q_proj = self.q_proj if self.share_qk else self.word_q_proj
         word_k_proj = self.k_proj if self.share_qk else self.word_k_proj
-        q_word, k_word = self._heads(word_q_proj(x_word)), self._heads(word_k_proj(x_word))
-        word_scores = upcast_half(torch.matmul(q_word, k_word.transpose(-1, -2)) * scale)
+        q_word, k_word = self._heads(word_q_proj(x_word)) * scale, self._heads(word_k_proj(x_word))
+        word_scores = upcast_half(torch.matmul(q_word, k_word.transpose(-1, -2)))
         a2 = torch.softmax(word_scores.masked_fill(graphs.word_pad[:, None, None, :], float("-inf")), dim=-1)
         fused = 0.5 * (a1 + upsample_attention_map(a2, graphs, normalize=self.upsample_norm == "row"))
         keep = None
         if self.attention_dropout > 0:
             fused, keep = torch.native_dropout(fused, self.attention_dropout, True)
         out = torch.matmul(fused.to(v.dtype), v)
-        if rel_v is not None:
+        if buckets is not None:
             a1_share = 0.5 * a1 if keep is None else 0.5 * a1 * keep / (1.0 - self.attention_dropout)
-            out = out + torch.einsum("bhij,ijd->bhid", a1_share.to(v.dtype), rel_v)
+            out = out + relative_value_term(a1_share, self.rel_values.weight, buckets).to(v.dtype)
         return self.out_proj(self._merge(out))
 
     def attention_maps(self, x, x_word, graphs: UMSTGraphs):
@@ -221,18 +237,16 @@ class RectifiedSelfAttention(nn.Module):
         visualisation only (no dropout). With relative positions ATTN1's logits include Shaw et al.'s key
         term; their value term is not a map and is not included."""
         scale = 1.0 / math.sqrt(self.head_dim)
-        q, k = self._heads(self.q_proj(x)), self._heads(self.k_proj(x))
+        q, k = self._heads(self.q_proj(x)) * scale, self._heads(self.k_proj(x))
         scores = q @ k.transpose(-1, -2)
         if self.rel_keys is not None:
-            rel_k, _ = self._relative_keys_values(q.size(2), q.device, q.dtype)
-            scores = scores + torch.einsum("bhid,ijd->bhij", q, rel_k)
-        a1 = torch.softmax((scores * scale).masked_fill(graphs.token_pad[:, None, None, :], float("-inf")), -1)
+            buckets = relative_buckets(q.size(2), self.max_relative_positions, q.device)
+            scores = scores + relative_key_logits(q, self.rel_keys.weight, buckets)
+        a1 = torch.softmax(scores.masked_fill(graphs.token_pad[:, None, None, :], float("-inf")), -1)
         wq = self.q_proj if self.share_qk else self.word_q_proj
         wk = self.k_proj if self.share_qk else self.word_k_proj
-        qw, kw = self._heads(wq(x_word)), self._heads(wk(x_word))
-        a2 = torch.softmax(
-            (qw @ kw.transpose(-1, -2) * scale).masked_fill(graphs.word_pad[:, None, None, :], float("-inf")), -1
-        )
+        qw, kw = self._heads(wq(x_word)) * scale, self._heads(wk(x_word))
+        a2 = torch.softmax((qw @ kw.transpose(-1, -2)).masked_fill(graphs.word_pad[:, None, None, :], float("-inf")), -1)
         bsz, n_slots = graphs.word_pad.shape
         length = graphs.token_pad.size(1)
         # Dense R (B x T x W) from the compact map, for reference only.

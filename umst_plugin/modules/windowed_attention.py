@@ -48,8 +48,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
+
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
+
+from umst_plugin.modules.attention import attention
 
 DEFAULT_SCALES = "1,3,N/16,N/8,N/4"
 
@@ -272,8 +275,7 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, dropout_p: float, tra
     """softmax(q k^T + bias) v. Without weights to return this is torch's fused
     scaled_dot_product_attention (no score matrix is stored for backward); ``q`` is already scaled."""
     if not need_weights:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p if training else 0.0,
-                                             scale=1.0)
+        out = attention(q, k, v, bias, dropout_p if training else 0.0, scale=1.0)
         return out, None
     scores = q @ k.transpose(-1, -2) + bias
     # fp16/bf16 scores are normalised in fp32 (as fairseq does)

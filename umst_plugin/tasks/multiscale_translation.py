@@ -12,7 +12,6 @@ Raw text (fairseq-interactive, ``from_pretrained(...).translate``, ``umst-inspec
 prepared as the data-bin's ``preprocessing.json`` says (``umst_plugin.text_preprocessing``): the task
 reads the record at set-up, and ``build_tokenizer`` / ``build_bpe`` return its pipeline.
 """
-import inspect
 import itertools
 import logging
 import os
@@ -31,24 +30,13 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from umst_plugin import text_preprocessing as textprep  # (the config field takes the plain name)
 from umst_plugin import mixed_precision
 from umst_plugin.data.side_data_dataset import SideDataLanguagePairDataset
+from umst_plugin.data.side_inputs import HINT_KEYS, SIDE_INPUT_KEYS, BatchHints, encoder_accepts_side_inputs  # noqa: F401
 from umst_plugin.data.word_boundaries import boundary_table, word_ids_from_tokens, words_from_pieces
 from umst_plugin.preprocess.errors import SideDataError
 from umst_plugin.preprocess.sidefiles import HEADS, WORD_IDS
 from umst_plugin.preprocess.text import moses_unescape
 
 logger = logging.getLogger(__name__)
-
-
-SIDE_INPUT_KEYS = ("src_word_ids", "src_word_heads")
-
-
-def encoder_accepts_side_inputs(model):
-    """Whether ``model.encoder.forward`` takes src_word_ids (by name or through **kwargs)."""
-    encoder = getattr(model, "encoder", None)
-    if encoder is None:
-        return False
-    params = inspect.signature(encoder.forward).parameters.values()
-    return any(p.name == "src_word_ids" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 @dataclass
@@ -139,6 +127,15 @@ class MultiscaleTranslationTask(TranslationTask):
         # reported where raw input is prepared (note_raw_input).
         self.text_record = textprep.read_record(self.text_record_dir) if self.text_record_dir else None
         self._noted_raw_input = False
+        # host-side sizes the models ask for (data/side_inputs.py), computed by the collater per batch
+        self.batch_hints = BatchHints()
+
+    def build_model(self, cfg, from_checkpoint=False):
+        model = super().build_model(cfg, from_checkpoint)
+        hint = getattr(model, "host_batch_hint", None)
+        if callable(hint):
+            self.batch_hints.register(type(model).__name__, hint())
+        return model
 
     # ---- raw text: the data-bin's preprocessing record -----------------------------------------
 
@@ -200,7 +197,8 @@ class MultiscaleTranslationTask(TranslationTask):
         else:
             ratios = [self.cfg.upsample_primary] + [1] * (len(word_id_sets) - 1)
             word_ids, heads = ConcatDataset(word_id_sets, ratios), ConcatDataset(head_sets, ratios)
-        self.datasets[split] = SideDataLanguagePairDataset(self.datasets[split], word_ids, heads)
+        self.datasets[split] = SideDataLanguagePairDataset(self.datasets[split], word_ids, heads,
+                                                           batch_hints=self.batch_hints)
 
     def get_batch_iterator(self, dataset, *args, **kwargs):
         """fairseq-fixed drops a last batch that is not a multiple of --required-batch-size-multiple
@@ -219,7 +217,7 @@ class MultiscaleTranslationTask(TranslationTask):
         """Drop src_word_ids/src_word_heads unless every model's encoder accepts them."""
         if not sample or "net_input" not in sample or all(encoder_accepts_side_inputs(m) for m in models):
             return sample
-        net_input = {k: v for k, v in sample["net_input"].items() if k not in SIDE_INPUT_KEYS}
+        net_input = {k: v for k, v in sample["net_input"].items() if k not in SIDE_INPUT_KEYS + HINT_KEYS}
         return {**sample, "net_input": net_input}
 
     # ---- mixed precision (umst_plugin/mixed_precision.py) --------------------------------------
@@ -305,4 +303,5 @@ class MultiscaleTranslationTask(TranslationTask):
         dataset = LanguagePairDataset(src_tokens, src_lengths, self.source_dictionary,
                                       tgt_dict=self.target_dictionary, constraints=constraints)
         return SideDataLanguagePairDataset(dataset, word_ids=None, heads=self._parse_tokens(src_tokens),
+                                           batch_hints=self.batch_hints,
                                            boundaries=self.boundaries)

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Run by srun on every node of a Slurm job (scripts/slurm/train-*.sbatch): one scripts/train.sh per node, with
+# this node's rank, the job's first node as the rendezvous host and every GPU Slurm gave the node.
+#   ROW DATA_BIN SAVE_DIR [extra train.sh arguments ...]
+# Environment: GPUS_PER_NODE (default: SLURM_GPUS_ON_NODE, else 8), MASTER_PORT (default: 20000 + job id mod
+# 20000), TRAIN_SH_DRY_RUN=1 (train.sh --dry-run: print each node's command instead of training).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+ROW="${1:?usage: launch.sh ROW DATA_BIN SAVE_DIR [train.sh args]}"; DATA="${2:?DATA_BIN}"; SAVE="${3:?SAVE_DIR}"
+shift 3
+GPUS="${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}"
+MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+MASTER_PORT="${MASTER_PORT:-$(( 20000 + SLURM_JOB_ID % 20000 ))}"
+EXTRA=()
+[[ "${TRAIN_SH_DRY_RUN:-0}" != 1 ]] || EXTRA+=(--dry-run)
+exec bash "$ROOT/scripts/train.sh" "$ROW" --data "$DATA" --save-dir "$SAVE" --gpus "$GPUS" --amp-bf16 \
+    --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \
+    ${EXTRA[@]+"${EXTRA[@]}"} "$@"

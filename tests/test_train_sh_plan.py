@@ -1,0 +1,116 @@
+"""scripts/train.sh --dry-run and the Slurm scripts: the commands planned for several machines of several GPUs.
+
+No GPU is needed: train.sh plans from --gpus. The Slurm scripts run under stand-ins for ``srun`` (one launch per
+node with SLURM_NODEID set, as srun --ntasks-per-node=1 does) and ``scontrol show hostnames``."""
+import os
+import re
+import stat
+import subprocess
+
+import pytest
+
+import e2e
+
+TRAIN_SH = os.path.join(e2e.ROOT, "scripts", "train.sh")
+
+
+def env(**extra):
+    out = {**e2e.cli_env(), "PYTHON": os.path.join(e2e.BIN, "python")}
+    out.pop("CUDA_VISIBLE_DEVICES", None)
+    out.update(extra)
+    return out
+
+
+def plan(row, *args, **environ):
+    proc = subprocess.run(["bash", TRAIN_SH, row, "--data", "/data/bin", "--dry-run", *args], env=env(**environ),
+                          cwd=e2e.ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().splitlines()[-1], proc.stderr
+
+
+def field(command, name):
+    m = re.search(rf"(?:^|\s){re.escape(name)}=(\S+)", command)
+    return m.group(1) if m else None
+
+
+def ranks(command):
+    """The ranks fairseq will give this machine's processes: distributed_rank .. + visible devices - 1."""
+    base = int(field(command, "distributed_training.distributed_rank") or 0)
+    visible = field(command, "CUDA_VISIBLE_DEVICES").split(",")
+    return set(range(base, base + len(visible)))
+
+
+@pytest.mark.parametrize("nodes,gpus", [(2, 4), (3, 2)])
+def test_every_machine_uses_its_gpus_and_ranks_never_overlap(nodes, gpus):
+    commands = [plan("umst-t2-umst-base", "--gpus", str(gpus), "--nnodes", str(nodes), "--node-rank", str(r),
+                     "--master-addr", "node0")[0] for r in range(nodes)]
+    seen = set()
+    for command in commands:
+        assert field(command, "CUDA_VISIBLE_DEVICES") == ",".join(str(i) for i in range(gpus))
+        assert field(command, "distributed_training.distributed_world_size") == str(nodes * gpus)
+        assert field(command, "distributed_training.distributed_init_method") == "tcp://node0:29500"
+        mine = ranks(command)
+        assert not mine & seen, f"ranks {mine & seen} planned twice"
+        seen |= mine
+    assert seen == set(range(nodes * gpus))
+    # the row's 8 GPUs x update_freq 8 become nodes x gpus x (64 / (nodes x gpus))
+    assert field(commands[0], "optimization.update_freq") == f"\\[{64 // (nodes * gpus)}\\]"
+
+
+def test_fewer_gpus_than_the_machine_has_keeps_the_first_ones():
+    command, _ = plan("umst-t2-umst-base", "--gpus", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr", "n0",
+                      CUDA_VISIBLE_DEVICES="3,5,6,7")
+    assert field(command, "CUDA_VISIBLE_DEVICES") == "3,5"
+    assert ranks(command) == {2, 3}
+
+
+def test_bf16_flag_is_named_for_what_it_does():
+    command, _ = plan("umst-t2-umst-base", "--gpus", "8", "--amp-bf16")
+    assert "common.amp=true" in command and "+task.amp_dtype=bfloat16" in command and "common.fp16=false" in command
+    proc = subprocess.run(["bash", TRAIN_SH, "umst-t2-umst-base", "--data", "/d", "--bf16"], env=env(),
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "--amp-bf16" in proc.stderr
+
+
+def _slurm_stand_ins(bin_dir, hosts):
+    """``srun --nodes=N ...``: runs the command once per node with SLURM_NODEID/SLURM_NNODES set;
+    ``scontrol show hostnames``: prints ``hosts``."""
+    srun = bin_dir / "srun"
+    srun.write_text("#!/usr/bin/env bash\nN=1\nwhile [[ \"$1\" == --* ]]; do\n"
+                    "  case \"$1\" in --nodes=*) N=\"${1#--nodes=}\" ;; esac; shift\ndone\n"
+                    "for ((i = 0; i < N; i++)); do SLURM_NODEID=$i SLURM_NNODES=$N \"$@\" || exit $?; done\n")
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text("#!/usr/bin/env bash\nprintf '%s\\n' " + " ".join(hosts) + "\n")
+    for p in (srun, scontrol):
+        p.chmod(p.stat().st_mode | stat.S_IEXEC)
+
+
+@pytest.mark.parametrize("script,nodes", [("train-1node.sbatch", 1), ("train-2nodes.sbatch", 2)])
+def test_sbatch_scripts_plan_one_train_sh_per_node(tmp_path, script, nodes):
+    _slurm_stand_ins(tmp_path, ["gpu-a", "gpu-b"][:nodes])
+    environ = env(PATH=f"{tmp_path}:{os.environ['PATH']}", SLURM_JOB_ID="1234", SLURM_JOB_NODELIST="gpu-[a-b]",
+                  SLURM_SUBMIT_DIR=e2e.ROOT, TRAIN_SH_DRY_RUN="1")
+    proc = subprocess.run(["bash", os.path.join(e2e.ROOT, "scripts", "slurm", script), "prime-t1-prime-big",
+                           "/data/wmt14"], env=environ, cwd=e2e.ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    commands = [line for line in proc.stdout.splitlines() if "fairseq_cli.hydra_train" in line]
+    assert len(commands) == nodes
+    seen = set()
+    for command in commands:
+        assert field(command, "distributed_training.distributed_world_size") == str(8 * nodes)
+        assert field(command, "CUDA_VISIBLE_DEVICES") == "0,1,2,3,4,5,6,7"
+        assert "+task.amp_dtype=bfloat16" in command and "task.data=/data/wmt14" in command
+        # prime-t1 rows assume 4 GPUs x update_freq 32: 128 / (8 x nodes)
+        assert field(command, "optimization.update_freq") == f"\\[{128 // (8 * nodes)}\\]"
+        if nodes > 1:
+            assert field(command, "distributed_training.distributed_init_method") == "tcp://gpu-a:21234"
+        assert not ranks(command) & seen
+        seen |= ranks(command)
+    assert seen == set(range(8 * nodes))
+
+
+def test_the_effective_batch_table_in_the_docs_is_current():
+    from umst_tools import batch_table
+
+    with open(os.path.join(e2e.ROOT, "docs", "wmt-on-gpus.md"), encoding="utf-8") as f:
+        assert batch_table.markdown() in f.read(), "regenerate with: python -m umst_tools.batch_table"

@@ -1,0 +1,31 @@
+"""Custom autograd functions that follow autocast on whatever device their inputs live.
+
+``torch.amp.custom_fwd`` / ``custom_bwd`` bind one device type at decoration time; the plugin's functions run on
+CUDA and on CPUs. :func:`amp_forward` records, in the forward pass, whether autocast is on for the first tensor
+argument's device and in which dtype; :func:`amp_backward` runs the backward pass under that same autocast, so
+its matrix products take the autocast dtype (the autograd engine runs backward with autocast off otherwise:
+every matmul of a custom backward would run in fp32 inside a bf16 step). Gradients are returned in the dtype of
+their inputs by the autograd engine.
+"""
+import functools
+
+import torch
+
+
+def amp_forward(forward):
+    @functools.wraps(forward)
+    def wrapper(ctx, *args, **kwargs):
+        device_type = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
+        ctx.amp_device_type = device_type
+        ctx.amp_enabled = torch.is_autocast_enabled(device_type)
+        ctx.amp_dtype = torch.get_autocast_dtype(device_type)
+        return forward(ctx, *args, **kwargs)
+    return wrapper
+
+
+def amp_backward(backward):
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        with torch.autocast(ctx.amp_device_type, dtype=ctx.amp_dtype, enabled=ctx.amp_enabled):
+            return backward(ctx, *grads)
+    return wrapper

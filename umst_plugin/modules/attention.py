@@ -1,0 +1,48 @@
+"""Scaled dot-product attention for every family of the plugin: fused where torch fuses, exact everywhere.
+
+:func:`attention` is ``F.scaled_dot_product_attention`` (no probabilities kept for backward; flash or
+memory-efficient kernels on GPUs) with one exception: reduced precision (bf16/fp16) *with dropout* on a CPU. The
+CPU flash kernel has no dropout, so torch falls back to its math path, which upcasts q, k and v to float32: the
+forward and backward matmuls run in fp32 inside the autocast region. There :func:`explicit_attention` runs the
+same function in the input dtype (q scaled first, fp32 softmax, dropout on the probabilities), as fairseq's own
+attention does. :func:`explicit_attention` is also the reference path (and the one that returns probabilities,
+for alignment and ``umst-inspect``); ``tests/test_attention.py`` checks both give the same values and gradients.
+
+Masks: boolean (True = may attend) or additive float, broadcastable to B x H x L x S.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _needs_explicit(q: Tensor, dropout_p: float) -> bool:
+    return dropout_p > 0 and q.device.type == "cpu" and q.dtype in _HALF
+
+
+def explicit_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, dropout_p: float = 0.0,
+                       scale: Optional[float] = None) -> Tuple[Tensor, Tensor]:
+    """(softmax(q k^T * scale + mask) v, the probabilities), B x H x L x d. q is scaled before the product
+    (fp16 range); the softmax runs in fp32 for fp16/bf16 scores; dropout acts on the probabilities."""
+    scale = q.size(-1) ** -0.5 if scale is None else scale
+    scores = torch.matmul(q * scale, k.transpose(-1, -2))
+    if scores.dtype in _HALF:
+        scores = scores.float()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
+    probs = torch.softmax(scores, dim=-1)
+    dropped = F.dropout(probs, p=dropout_p, training=dropout_p > 0)
+    return torch.matmul(dropped.to(v.dtype), v), probs
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, dropout_p: float = 0.0,
+              scale: Optional[float] = None) -> Tensor:
+    """softmax(q k^T * scale + mask) v (B x H x L x d), fused unless torch would run it in fp32 (module doc)."""
+    if _needs_explicit(q, dropout_p):
+        return explicit_attention(q, k, v, mask, dropout_p, scale)[0]
+    if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
+        mask = mask.to(q.dtype)  # an additive mask in another dtype would make torch promote to its dtype
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)

@@ -1,0 +1,145 @@
+"""Counting what a model step dispatches: matmuls left in fp32 under autocast, and host-device syncs.
+
+Both are ``TorchDispatchMode``s, so they see every aten op a step runs -- forward, the autograd engine's
+backward, custom autograd functions -- on any device, a CPU included: a count taken on a CPU is the count a GPU
+would see (the same Python runs the same ops), which is how the GPU path is checked without a GPU.
+
+* :class:`MatmulDtypes`: every matrix product (mm, bmm, addmm, baddbmm, convolution, fused attention) with the
+  floating dtypes of its inputs. Under ``torch.autocast(dtype=bf16/fp16)`` a product whose inputs are all
+  float32 forgoes the low-precision units; in the backward pass that happens when a forward op ran in fp32 (its
+  saved tensors are fp32) or a custom autograd function's backward runs outside autocast.
+* :class:`HostSyncs`: every op that makes a GPU wait for the host (``.item()``, ``bool(t)``, ``if t.any()``,
+  ``int(t)``, ``nonzero``, boolean-mask indexing, ...), each attributed to the innermost frame outside torch and
+  this module (``file:line``), so a count says whose line it is (the plugin's, fairseq's, the caller's).
+  Tensors that live on the host even when the model is on a GPU -- shapes turned into tensors
+  (``torch.onnx.operators.shape_as_tensor``, as fairseq's positional embedding does), ``torch.tensor(...)``
+  literals, and whatever is computed from those alone -- are tracked, and reading them is not counted.
+  A copy to the host (``.cpu()``) is not seen on a CPU, where it is no op.
+"""
+import collections
+import os
+import traceback
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_aten = torch.ops.aten
+MATMUL_OPS = {_aten.mm.default, _aten.bmm.default, _aten.addmm.default, _aten.baddbmm.default,
+              _aten.addbmm.default, _aten.convolution.default, _aten.convolution_backward.default,
+              _aten._scaled_dot_product_flash_attention.default,
+              _aten._scaled_dot_product_efficient_attention.default,
+              _aten._scaled_dot_product_flash_attention_for_cpu.default,
+              _aten._scaled_dot_product_flash_attention_backward.default,
+              _aten._scaled_dot_product_efficient_attention_backward.default,
+              _aten._scaled_dot_product_flash_attention_for_cpu_backward.default}
+SYNC_OPS = {_aten._local_scalar_dense.default, _aten.is_nonzero.default, _aten.nonzero.default,
+            _aten.equal.default, _aten.masked_select.default, _aten._unique2.default, _aten.unique_dim.default,
+            _aten.unique_consecutive.default, _aten.repeat_interleave.Tensor}
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_HERE = os.path.abspath(__file__)
+
+
+def _float_dtypes(args, kwargs):
+    out = []
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            out.append(a.dtype)
+    return out
+
+
+class MatmulDtypes(TorchDispatchMode):
+    """Counts matrix products by input dtypes: ``total``, ``fp32_only`` (every floating input float32)."""
+
+    def __init__(self):
+        super().__init__()
+        self.total = 0
+        self.fp32_only = 0
+        self.by_op = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in MATMUL_OPS:
+            dtypes = _float_dtypes(args, kwargs)
+            self.total += 1
+            if dtypes and all(d == torch.float32 for d in dtypes):
+                self.fp32_only += 1
+                self.by_op[str(func.overloadpacket.__name__)] += 1
+        return func(*args, **kwargs)
+
+
+def caller(skip=(_TORCH_DIR, _HERE)):
+    """'path:line' of the innermost stack frame outside torch and this module."""
+    for frame in reversed(traceback.extract_stack()):
+        name = os.path.abspath(frame.filename)
+        if not name.startswith(skip) and "<frozen" not in name:
+            return f"{name}:{frame.lineno}"
+    return "?"
+
+
+def owner(location):
+    """'plugin', 'fairseq' or 'other' for a 'path:line'."""
+    path = location.rsplit(":", 1)[0]
+    if f"{os.sep}umst_plugin{os.sep}" in path:
+        return "plugin"
+    if f"{os.sep}fairseq{os.sep}" in path or f"{os.sep}fairseq_cli{os.sep}" in path:
+        return "fairseq"
+    return "other"
+
+
+HOST_SOURCES = {_aten._shape_as_tensor.default, _aten.lift_fresh.default, _aten.lift_fresh_copy.default}
+
+
+def _tensors(x):
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _tensors(v)
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _tensors(v)
+
+
+class HostSyncs(TorchDispatchMode):
+    """Counts host-device syncs by the line that asked for them: ``locations`` ('path:line' -> n)."""
+
+    def __init__(self):
+        super().__init__()
+        self.locations = collections.Counter()
+        self._host = set()  # ids of live tensors that stay on the host on any device
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        inputs = list(_tensors(args)) + list(_tensors(kwargs))
+        host_inputs = bool(inputs) and all(id(t) in self._host for t in inputs)
+        sync = func in SYNC_OPS
+        if func is _aten.index.Tensor:  # boolean-mask indexing: the result size needs a nonzero
+            sync = any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or []))
+        if sync and not host_inputs:
+            self.locations[caller()] += 1
+        out = func(*args, **kwargs)
+        # a factory given no device at all (shape_as_tensor's empty) makes a host tensor on any device
+        made_on_host = not inputs and "device" not in kwargs
+        if func in HOST_SOURCES or host_inputs or made_on_host:
+            for t in _tensors(out):
+                self._host.add(id(t))
+                weakref.finalize(t, self._host.discard, id(t))
+        return out
+
+    def snapshot(self):
+        """The counts so far as a new object, and start counting afresh (host tensors stay known)."""
+        taken = HostSyncs.__new__(HostSyncs)
+        taken.locations = self.locations
+        self.locations = collections.Counter()
+        return taken
+
+    def by_owner(self):
+        counts = collections.Counter()
+        for location, n in self.locations.items():
+            counts[owner(location)] += n
+        return counts
+
+    def plugin_lines(self):
+        return {loc: n for loc, n in self.locations.items() if owner(loc) == "plugin"}
