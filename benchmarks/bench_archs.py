@@ -45,9 +45,15 @@ LENGTHS = os.path.join(HERE, "multi30k_lengths.json")
 VOCAB = 10000
 PRENORM = dict(encoder_normalize_before=True, decoder_normalize_before=True)
 
-# name -> (arch at base width, arch at big width, overrides). The transformer row is the baseline.
+# name -> (arch at base width, arch at big width, overrides). The transformer rows are the baselines: each arch
+# is compared with the pre-norm transformer at the same attention and activation dropout (its paper's): a
+# dropout on the attention weights has no fused kernel on a CPU, so there torch keeps the weights for backward
+# and runs the math in fp32 (also in fairseq's MultiheadAttention of every decoder); comparing with a transformer
+# without it would charge that CPU artefact to the arch (on a GPU the fused kernels take the dropout).
+DROPOUT_01 = dict(attention_dropout=0.1, activation_dropout=0.1)
 ARCHS = {
     "transformer": ("transformer", "transformer_vaswani_wmt_en_de_big", PRENORM),
+    "transformer_dropout": ("transformer", "transformer_vaswani_wmt_en_de_big", dict(PRENORM, **DROPOUT_01)),
     "umst": ("umst_base", "umst_big", {}),
     "umst_rpr": ("umst_base_rpr", "umst_big_rpr", {}),
     "transformer_sf": ("transformer_sf_base", "transformer_sf_big", {}),
@@ -56,6 +62,8 @@ ARCHS = {
     "prime": ("prime_base", "prime_big", {}),
     "prime_simple": ("prime_simple_base", "prime_simple_big", {}),
 }
+BASELINE = {"umst": "transformer_dropout", "umst_rpr": "transformer_dropout", "transformer_sf": "transformer_dropout",
+            "msc": "transformer_dropout"}  # the others: "transformer" (attention and activation dropout 0)
 QUICK = dict(encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_embed_dim=32,
              encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4,
              decoder_attention_heads=4)
@@ -107,7 +115,8 @@ def make_sample(task, src_lengths, tgt_lengths, seed=0):
         tgt.append(torch.tensor(dev._random_sentence(rng, td, t_len - 1) + [td.eos()], dtype=torch.long))
     pair = LanguagePairDataset(src, torch.tensor([len(s) for s in src]), sd, tgt,
                                torch.tensor([len(t) for t in tgt]), td, left_pad_source=True, shuffle=False)
-    data = SideDataLanguagePairDataset(pair, word_ids, heads, batch_hints=task.batch_hints)
+    hints = {"batch_hints": task.batch_hints} if hasattr(task, "batch_hints") else {}  # (older checkouts: none)
+    data = SideDataLanguagePairDataset(pair, word_ids, heads, **hints)
     return dev.collate(data, range(len(src)))
 
 
@@ -167,6 +176,39 @@ def saved_bytes(model, sample, autocast_dtype, device_type):
         loss = loss_fn(model, sample, net_input, autocast_dtype, device_type)
     loss.backward()
     return sum(seen.values())
+
+
+def saved_bytes_by_module(model, sample, autocast_dtype, device_type, depth=4):
+    """Bytes autograd saves for backward, parameters excluded, by the innermost module (first ``depth`` levels of
+    its name) that was running when each tensor was saved; each storage counted once, for its first saver."""
+    import collections
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen, stack, by_module = set(), ["<model>"], collections.Counter()
+    hooks = []
+    for name, module in model.named_modules():
+        short = ".".join(name.split(".")[:depth]) or "<model>"
+        hooks.append(module.register_forward_pre_hook(lambda m, a, short=short: stack.append(short)))
+        hooks.append(module.register_forward_hook(lambda m, a, o: stack.pop()))
+
+    def pack(t):
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in params and ptr not in seen:
+            seen.add(ptr)
+            by_module[stack[-1]] += storage.nbytes()
+        return t
+
+    net_input = dev.model_inputs(model, sample)
+    model.zero_grad(set_to_none=True)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = loss_fn(model, sample, net_input, autocast_dtype, device_type)
+    finally:
+        for h in hooks:
+            h.remove()
+    loss.backward()
+    return by_module
 
 
 def event_time(fn, device):
@@ -247,14 +289,20 @@ def measure(names, width, precisions, device, max_tokens, repeats, warmup, quick
                 precisions=list(precisions), rows=[rows[n] for n in names])
 
 
-def ratios(result, baseline="transformer"):
-    """Per row: FLOPs, saved and time ratios, and the per-FLOP ratios, against the baseline row."""
+def baseline_of(name):
+    return name if name.startswith("transformer") and name != "transformer_sf" else BASELINE.get(name, "transformer")
+
+
+def ratios(result):
+    """Per row: FLOPs, saved and time ratios, and the per-FLOP ratios, against the row's baseline transformer
+    (the same attention and activation dropout: ``BASELINE``)."""
     rows = {r["name"]: r for r in result["rows"]}
-    tf = rows[baseline]
     out = []
     for r in result["rows"]:
+        base = baseline_of(r["name"])
+        tf = rows[base]
         flops = r["flops"] / tf["flops"]
-        entry = dict(name=r["name"], arch=r["arch"], flops=flops)
+        entry = dict(name=r["name"], arch=r["arch"], baseline=base, flops=flops)
         for p in result["precisions"]:
             saved = r["saved"][p] / tf["saved"][p]
             t = r["time"][p] / tf["time"][p]
@@ -267,14 +315,16 @@ def ratios(result, baseline="transformer"):
 def markdown(result):
     """The table: one row per arch; per precision saved MiB, peak MiB, ms, tokens/s and the per-FLOP ratios."""
     precisions = result["precisions"]
-    head = ["arch", "params", "GFLOP", "FLOPs"]
+    head = ["arch", "baseline", "params", "GFLOP", "FLOPs"]
     for p in precisions:
         head += [f"saved {p} MiB", f"saved/FLOP {p}", f"peak {p} MiB", f"{p} ms", f"tok/s {p}", f"time/FLOP {p}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     by_name = {r["name"]: r for r in result["rows"]}
     for ratio in ratios(result):
         r = by_name[ratio["name"]]
-        cells = [r["arch"], f"{r['params'] / 1e6:.1f}M", f"{r['flops'] / 1e9:.1f}", f"{ratio['flops']:.2f}x"]
+        label = r["arch"] + (" (dropout 0.1)" if r["name"] == "transformer_dropout" else "")
+        cells = [label, ratio["baseline"].replace("transformer_dropout", "tf dropout 0.1").replace(
+            "transformer", "tf"), f"{r['params'] / 1e6:.1f}M", f"{r['flops'] / 1e9:.1f}", f"{ratio['flops']:.2f}x"]
         for p in precisions:
             cells += [f"{r['saved'][p] / 2**20:.0f}", f"{ratio[p]['saved_per_flop']:.2f}",
                       f"{r['peak'][p] / 2**20:.0f}", f"{r['time'][p] * 1000:.1f}", f"{r['tokens_per_s'][p]:.0f}",
@@ -289,7 +339,8 @@ def main(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--width", choices=["base", "big"], default="base")
     p.add_argument("--archs", default=",".join(ARCHS),
-                   help="comma-separated rows (the transformer baseline is always added); choices: " + ", ".join(ARCHS))
+                   help="comma-separated rows (their baseline transformers are always added); choices: "
+                   + ", ".join(ARCHS))
     p.add_argument("--precisions", default=None,
                    help="comma-separated of fp32, bf16, fp16 (default: fp32,bf16 on CPU, fp16,bf16 on CUDA)")
     p.add_argument("--max-tokens", type=int, default=None, help="batch size in tokens (default 1024 CPU, 4096 CUDA)")
@@ -300,12 +351,17 @@ def main(argv=None):
     p.add_argument("--json", default=None, help="write the measurements (and ratios) here")
     p.add_argument("--markdown", default=None, help="write the table here")
     p.add_argument("--dry-run", action="store_true", help="check the arguments and the arch names, measure nothing")
+    p.add_argument("--by-module", action="store_true",
+                   help="only print, per arch, the saved activation bytes by module (where the memory goes)")
     args = p.parse_args(argv)
     cuda = args.device.startswith("cuda")
     precisions = (args.precisions or ("fp16,bf16" if cuda else "fp32,bf16")).split(",")
     bad = [x for x in precisions if x not in PRECISIONS]
-    names = ["transformer"] + [n for n in args.archs.split(",") if n and n != "transformer"]
-    unknown = [n for n in names if n not in ARCHS]
+    asked = [n for n in args.archs.split(",") if n]
+    unknown = [n for n in asked if n not in ARCHS]
+    names = sorted({baseline_of(n) for n in asked if n in ARCHS}) + [n for n in asked if n in ARCHS
+                                                                      and not n.startswith("transformer")
+                                                                      or n == "transformer_sf"]
     if bad or unknown:
         p.error(f"unknown precision(s) {bad} or arch(s) {unknown}")
     max_tokens = args.max_tokens or (4096 if cuda else 1024)
@@ -316,6 +372,19 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    if args.by_module:
+        src_lengths, tgt_lengths = lengths_batch(max_tokens)
+        for name in names:
+            arch, model, task = build(name, args.width, args.quick)
+            model = model.to(args.device).train()
+            sample = dev.move_sample(make_sample(task, src_lengths, tgt_lengths), args.device)
+            device_type = "cuda" if cuda else "cpu"
+            counts = saved_bytes_by_module(model, sample, PRECISIONS[precisions[0]], device_type)
+            total = sum(counts.values())
+            print(f"\n{arch} ({precisions[0]}): {total / 2**20:.0f} MiB saved")
+            for module, n in counts.most_common(25):
+                print(f"  {n / 2**20:8.1f} MiB  {100 * n / total:5.1f}%  {module}")
+        return 0
     start = time.time()
     result = measure(names, args.width, precisions, args.device, max_tokens, 1 if args.quick else args.repeats,
                      0 if args.quick else args.warmup, args.quick)

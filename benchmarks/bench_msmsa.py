@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 from fairseq.modules import MultiheadAttention  # noqa: E402
 
-from umst_plugin.modules.windowed_attention import (  # noqa: E402
+from umst_plugin.modules.msmsa.windowed_attention import (  # noqa: E402
     DEFAULT_SCALES,
     MultiScaleSelfAttention,
     alpha_head_allocation,

@@ -8,7 +8,7 @@ paper-default width on a batch of 8 random sentences of up to 12 subwords:
   dropout, torch's ``scaled_dot_product_attention`` on a CPU has no fused kernel and falls back to its math
   path, which upcasts to float32: fairseq's MultiheadAttention (every decoder here, MSC's and TranSFormer's
   encoders) then runs its attention matmuls in fp32 on a CPU; on CUDA the fused kernels take the dropout in
-  bf16 (the GPU check counts there). The plugin's own attentions avoid it (``modules/attention.py``);
+  bf16 (the GPU check counts there). The plugin's own attentions avoid it (``modules/common/attention.py``);
 * ``syncs``: host-device syncs of one training step (forward, loss, backward) and of incremental decoding
   (the encoder and the first decoder step; a later step with a beam reorder), split by whose line asked:
   the plugin's, fairseq's, the caller's.

@@ -44,7 +44,7 @@ from fairseq import options  # noqa: E402
 from fairseq.data import Dictionary  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 from fairseq.tasks.translation import TranslationTask  # noqa: E402
-from umst_plugin.modules import prime_layer  # noqa: E402
+from umst_plugin.modules.prime import layer as prime_layer  # noqa: E402
 
 # The paper's table 3 model as the authors' speed script builds it (lancopku/Prime README, "Inference Speed for
 # simple module on IWSLT de-en": -a transformer_iwslt_de_en, 6 blocks, dim 512, inner dim 1024, generate.py

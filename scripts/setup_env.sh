@@ -43,8 +43,8 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 [ "$DRY" = 1 ] || mkdir -p "$VENV"
 # Bump the stamp when the install list changes, so existing venvs pick up the new packages
-# (v2: tensorboardX, for --tensorboard-logdir).
-STAMP="$VENV/.umst_setup_v2"
+# (v2: tensorboardX, for --tensorboard-logdir; v3: the umst_tools package in the editable install).
+STAMP="$VENV/.umst_setup_v3"
 TORCH_HAS_CUDA='import torch, sys; sys.exit(0 if torch.version.cuda else 1)'
 if [ "$CUDA" = 1 ] && ! has "$TORCH_HAS_CUDA"; then
   step "installing a CUDA build of torch==$TORCH_VERSION${TORCH_INDEX_URL:+ from $TORCH_INDEX_URL}"

@@ -1,82 +1,8 @@
-"""Show fairseq-train's progress compactly on the terminal; keep the full log in a file.
-
-    fairseq-train ... --log-format simple --log-interval 50 2>&1 \
-        | python scripts/train_progress.py --log train.log --max-update 1000
-
-Every line fairseq writes goes to ``--log`` unchanged. The terminal gets a line
-per ``--log-interval``, at most one every ``--every`` seconds (update count, epoch, training loss of the interval, the
-latest validation loss, updates/s, elapsed wall time and an ETA from the average
-rate so far), the model size, warnings/errors/tracebacks, and fairseq's
-"done training" line. Exit status: 0 (the caller checks fairseq's own status with
-``set -o pipefail``).
-"""
-import argparse
-import re
+#!/usr/bin/env python3
+"""fairseq-train's log in, one progress line at most every few seconds out (umst_tools/train_progress.py)."""
 import sys
-import time
 
-KV = re.compile(r"([a-z_]+)=([-0-9.e+]+)")
-
-
-def fields_pipe(line):
-    """'| loss 4.3 | num_updates 48' -> {'loss': '4.3', 'num_updates': '48'}"""
-    return dict(m.groups() for m in re.finditer(r"\| ([a-z_]+) ([-0-9.e+]+)\b", line))
-
-
-def fmt_seconds(s):
-    s = int(round(s))
-    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--log", required=True, help="file that receives every line")
-    ap.add_argument("--max-update", type=int, default=0)
-    ap.add_argument("--every", type=float, default=10.0, help="seconds between progress lines, at least")
-    args = ap.parse_args(argv)
-    valid_loss = None
-    in_traceback = False
-    last_shown = -args.every
-    with open(args.log, "w", encoding="utf-8") as log:
-        for line in sys.stdin:
-            log.write(line)
-            log.flush()
-            text = line.rstrip("\n")
-            out = None
-            if in_traceback or text.startswith("Traceback"):
-                in_traceback = True
-                out = text
-            elif "| WARNING |" in text or "| ERROR |" in text:
-                out = text
-            elif "num. shared model params" in text or "num. model params" in text:
-                out = "  model: " + text.split(" | ")[-1]
-            elif "| train_inner |" in text:
-                kv = dict(KV.findall(text))
-                epoch = re.search(r"epoch (\d+)", text)
-                n, wall = int(float(kv.get("num_updates", 0))), float(kv.get("wall", 0))
-                if time.monotonic() - last_shown < args.every and n != args.max_update:
-                    continue
-                last_shown = time.monotonic()
-                parts = [f"update {n:>{len(str(args.max_update or n))}}" + (f"/{args.max_update}" if args.max_update else "")]
-                if epoch:
-                    parts[0] += f" (epoch {int(epoch.group(1))})"
-                parts.append(f"train loss {float(kv.get('loss', 'nan')):.3f}")
-                if valid_loss is not None:
-                    parts.append(f"valid loss {valid_loss:.3f}")
-                parts.append(f"{float(kv.get('ups', 'nan')):.2f} updates/s")
-                eta = ""
-                if args.max_update and n and wall:
-                    eta = f", ETA {fmt_seconds(wall * (args.max_update / n - 1))}"
-                parts.append(f"{fmt_seconds(wall)} elapsed{eta}")
-                out = "  " + " | ".join(parts)
-            elif "valid on 'valid' subset" in text:
-                valid_loss = float(fields_pipe(text).get("loss", "nan"))
-            elif "done training in" in text:
-                out = "  " + text.split(" | ")[-1]
-            if out is not None:
-                print(out, flush=True)
-    return 0
-
+from umst_tools.train_progress import main
 
 if __name__ == "__main__":
     sys.exit(main())

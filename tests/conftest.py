@@ -1,12 +1,5 @@
-import os
-import sys
-
 import pytest
 import torch
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 # Two cores shared by two xdist workers: one intra-op thread each.
 torch.set_num_threads(1)

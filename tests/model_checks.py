@@ -206,7 +206,7 @@ def check_autocast(arch, overrides, dtype, device="cpu", loss_rtol=0.05):
 def check_backward_in_autocast_dtype(arch, overrides, dtype=torch.bfloat16, device="cpu", grad_rtol=0.05):
     """Under ``torch.autocast(dtype)`` (dropout off, so that it compares with fp32 on the same function) no
     matrix product of the backward pass has only float32 inputs (custom autograd functions included:
-    umst_plugin/modules/amp_functions.py), and the gradients equal fp32's within ``grad_rtol`` (relative norm
+    umst_plugin/modules/common/amp_functions.py), and the gradients equal fp32's within ``grad_rtol`` (relative norm
     of the difference over all parameters)."""
     from umst_plugin.op_counts import MatmulDtypes
 

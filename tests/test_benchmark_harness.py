@@ -1,10 +1,6 @@
-import os
-import sys
-
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import common  # noqa: E402
+from benchmarks import common
 
 
 def test_cpu_peak_memory_sees_a_known_allocation():

@@ -1,10 +1,10 @@
-"""umst_plugin/modules/dynamic_conv.py equals fairseq's DynamicConv1dTBC (the training path Prime used), in
+"""umst_plugin/modules/prime/dynamic_conv.py equals fairseq's DynamicConv1dTBC (the training path Prime used), in
 float64, forward and gradients, and keeps only the input and the kernels for backward."""
 import pytest
 import torch
 from fairseq.modules.dynamic_convolution import DynamicConv1dTBC
 
-from umst_plugin.modules.dynamic_conv import DynamicConv1d
+from umst_plugin.modules.prime.dynamic_conv import DynamicConv1d
 
 
 def pair(channels, kernel, heads, padding_l, seed=0):
@@ -78,3 +78,16 @@ def test_backward_keeps_the_input_and_kernels_not_a_band_matrix():
     inputs = (length + kernel - 1) * batch * channels * 8 + 2 * length * batch * heads * kernel * 8
     assert mine <= 1.05 * inputs + x.numel() * 8, (mine, inputs)
     assert fairseqs > 2 * mine
+
+
+def test_the_lean_function_has_the_gradients_of_its_formula_with_dropconnect():
+    """gradcheck (float64) of softmax -> DropConnect mask -> K-tap convolution, causal and centred."""
+    from umst_plugin.modules.prime.dynamic_conv import DynamicConvolution
+
+    torch.manual_seed(3)
+    for padding_l in (1, 3):
+        x = torch.randn(6, 2, 8, dtype=torch.float64, requires_grad=True)
+        logits = torch.randn(6, 2, 2, 4, dtype=torch.float64, requires_grad=True)
+        keep = torch.rand(6, 2, 2, 4) >= 0.25
+        assert torch.autograd.gradcheck(lambda a, b: DynamicConvolution.apply(a, b, keep, 0.25, padding_l),
+                                        (x, logits))

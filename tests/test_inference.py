@@ -29,7 +29,7 @@ import torch
 
 import e2e
 import recipe_toy
-from umst_plugin import text_preprocessing as textprep
+from umst_tools import text_preprocessing as textprep
 
 ROOT = e2e.ROOT
 MERGES = 300

@@ -198,7 +198,7 @@ def test_umst_maps_are_the_modules_own(toy, checkpoints):
     """The drawn fused map times V (and the output projection) is what RSAN returned in the forward."""
     from fairseq import checkpoint_utils
 
-    from umst_plugin.modules.umst_graphs import upsample_attention_map
+    from umst_plugin.modules.umst.graphs import upsample_attention_map
 
     _, databin = toy
     models, _, task = checkpoint_utils.load_model_ensemble_and_task([checkpoints["umst"]],
@@ -220,8 +220,8 @@ def test_umst_maps_are_the_modules_own(toy, checkpoints):
 
 
 def test_record_hooks_do_not_change_outputs():
-    from umst_plugin.modules.msc_layers import FeatureFusion
-    from umst_plugin.modules.slowfast_fusion import WidthChangingAttention
+    from umst_plugin.modules.msc.layers import FeatureFusion
+    from umst_plugin.modules.transformer_sf.fusion import WidthChangingAttention
 
     torch.manual_seed(0)
     for module, inputs in ((WidthChangingAttention(16, 4, 2).eval(),

@@ -1,4 +1,4 @@
-"""Tests of the MSC model (umst_plugin/models/msc.py, umst_plugin/modules/msc_layers.py)."""
+"""Tests of the MSC model (umst_plugin/models/msc.py, umst_plugin/modules/msc/layers.py)."""
 
 import json
 import os
@@ -158,7 +158,7 @@ def test_encoder_out_carries_blocks_and_contexts_and_reorders(name):
 
 def test_context_recurrence_and_gate_formulas():
     """C^n = GRU(C^{n-1}, B^n) (Eq. 9) and the gate of Eqs. 12-13."""
-    from umst_plugin.modules.msc_layers import FeatureFusion
+    from umst_plugin.modules.msc.layers import FeatureFusion
     model, _, _ = build("msc_iwslt_de_en", TINY)
     model.eval()
     src, lengths, _, _ = random_batch()

@@ -7,7 +7,7 @@ import torch
 import e2e
 import model_checks as checks
 from umst_plugin import dev
-from umst_plugin.modules.windowed_attention import (
+from umst_plugin.modules.msmsa.windowed_attention import (
     MultiScaleSelfAttention,
     Scale,
     alpha_head_allocation,

@@ -1,5 +1,5 @@
-"""Tests of the Unified Transformer / Prime (umst_plugin/models/prime.py, umst_plugin/modules/prime_layer.py,
-umst_plugin/modules/multi_kernel_dynamic_conv.py)."""
+"""Tests of the Unified Transformer / Prime (umst_plugin/models/prime.py, umst_plugin/modules/prime/layer.py,
+umst_plugin/modules/prime/multi_kernel_conv.py)."""
 import math
 
 import pytest
@@ -11,9 +11,9 @@ from fairseq import options
 from fairseq.data import Dictionary
 from fairseq.tasks.translation import TranslationTask
 from umst_plugin.models.prime import PrimeModel, layer_kernels
-from umst_plugin.modules import prime_layer
-from umst_plugin.modules.multi_kernel_dynamic_conv import MultiKernelConv
-from umst_plugin.modules.prime_layer import PrimeLayer
+from umst_plugin.modules.prime import layer as prime_layer
+from umst_plugin.modules.prime.multi_kernel_conv import MultiKernelConv
+from umst_plugin.modules.prime.layer import PrimeLayer
 
 TINY = {
     "encoder_layers": 2, "decoder_layers": 2, "encoder_embed_dim": 16, "decoder_embed_dim": 16,

@@ -29,13 +29,12 @@ import recipe_toy
 ROOT = e2e.ROOT
 CONFIGS = os.path.join(ROOT, "configs")
 SCRIPTS = os.path.join(ROOT, "scripts")
-sys.path.insert(0, SCRIPTS)
 
-import collect_results  # noqa: E402
-import multi30k_table  # noqa: E402
-import score  # noqa: E402
 import umst_plugin  # noqa: E402,F401  (registers the plugin's archs)
 from umst_plugin import average_checkpoints  # noqa: E402
+from umst_tools import collect_results, score  # noqa: E402
+from umst_tools import multi30k as multi30k_table  # noqa: E402
+from umst_tools.multi30k import plots as multi30k_plots  # noqa: E402
 
 ROW_NAMES = sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(CONFIGS, "*.yaml")))
 MERGES = 300  # toy BPE
@@ -132,7 +131,7 @@ def test_prepare_writes_databin_with_side_data_and_stats(prepared, dataset):
 def assert_record(p, lowercase, aggressive_dash_splits, romanian):
     """DATA_BIN/preprocessing.json says what the tokenize stage did, and its steps reproduce the recipe's
     tokenized and BPE'd test lines from the extracted text, on both sides (docs/inference.md)."""
-    from umst_plugin import text_preprocessing as textprep
+    from umst_tools import text_preprocessing as textprep
 
     record = textprep.read_record(p["databin"])
     assert record is not None, os.listdir(p["databin"])
@@ -582,7 +581,7 @@ def test_budget_curve_picture_and_missing_matplotlib(tmp_path, monkeypatch):
     box, width = caption.get_window_extent(), fig.bbox.width
     assert 0 <= box.x0 and box.x1 <= width and 0 <= box.y0 and box.y1 < fig.axes[0].get_tightbbox().y0
     said = []
-    monkeypatch.setattr(multi30k_table, "log", said.append)
+    monkeypatch.setattr(multi30k_plots, "log", said.append)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     assert not multi30k_table.plot_budget_curves(args, curves, str(tmp_path / "none.png"), "CPU A")
     base = multi30k_table.BASELINE
@@ -600,8 +599,8 @@ def test_redraw_draws_a_tables_picture_from_what_its_runner_wrote(tmp_path, monk
     results = os.path.join(ROOT, "docs", "results")
     figures = []
     for name in ("valid_curves_figure", "budget_curves_figure"):  # keep what the real functions drew
-        draw = getattr(multi30k_table, name)
-        monkeypatch.setattr(multi30k_table, name, lambda *a, draw=draw: figures.append(draw(*a)) or figures[-1])
+        draw = getattr(multi30k_plots, name)
+        monkeypatch.setattr(multi30k_plots, name, lambda *a, draw=draw: figures.append(draw(*a)) or figures[-1])
     out = tmp_path / "redrawn"
     assert multi30k_table.main(["--redraw", os.path.join(results, "multi30k-cpu-1000x2048.json"),
                                 "--out", str(out)]) == 0  # no --data: nothing is trained or decoded

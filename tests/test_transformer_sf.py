@@ -9,10 +9,10 @@ from fairseq import options
 from fairseq.data import Dictionary
 from fairseq.tasks.translation import TranslationTask
 
-from umst_plugin.modules.char_table import CHAR_PAD, CHAR_SEP, CharTable
-from umst_plugin.modules.slowfast_attention import BoundaryRelativeSelfAttention, boundary_band
-from umst_plugin.modules.slowfast_encoder import SlowFastConfig, SlowFastEncoderStack, parse_interaction_layers
-from umst_plugin.modules.slowfast_fusion import chars_to_tokens, tokens_to_chars
+from umst_plugin.modules.transformer_sf.char_table import CHAR_PAD, CHAR_SEP, CharTable
+from umst_plugin.modules.transformer_sf.fast_attention import BoundaryRelativeSelfAttention, boundary_band
+from umst_plugin.modules.transformer_sf.encoder import SlowFastConfig, SlowFastEncoderStack, parse_interaction_layers
+from umst_plugin.modules.transformer_sf.fusion import chars_to_tokens, tokens_to_chars
 
 TINY = {
     "encoder_embed_dim": 16, "encoder_ffn_embed_dim": 32, "encoder_attention_heads": 2, "encoder_layers": 2,
@@ -417,7 +417,7 @@ def test_width_changing_attention_equals_standard_attention(kv_dim, heads):
     """Both contraction orders compute fairseq's cross-attention with kdim = vdim = kv_dim."""
     from fairseq.modules import MultiheadAttention
 
-    from umst_plugin.modules.slowfast_fusion import WidthChangingAttention
+    from umst_plugin.modules.transformer_sf.fusion import WidthChangingAttention
 
     torch.manual_seed(0)
     attn = WidthChangingAttention(32, kv_dim, heads, dropout=0.2).double()

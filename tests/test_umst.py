@@ -9,14 +9,14 @@ import torch
 import torch.nn.functional as F
 
 import umst_plugin  # noqa: F401  (registers the model and task)
-from umst_plugin.modules.group_gcn import group_mean
-from umst_plugin.modules.umst_graphs import (
+from umst_plugin.modules.umst.group_gcn import group_mean
+from umst_plugin.modules.umst.graphs import (
     build_graphs,
     downsample_words,
     project_to_words,
     upsample_tokens,
 )
-from umst_plugin.modules.umst_rectified_attention import RectifiedSelfAttention
+from umst_plugin.modules.umst.rectified_attention import RectifiedSelfAttention
 
 PAD, EOS = 1, 2
 
@@ -607,8 +607,8 @@ def test_gcn_activation_modes_give_identical_outputs_and_gradients(left_pad, ext
 
 
 def _lean_case(left_pad, dtype=torch.float64, form="eq3"):
-    from umst_plugin.modules.group_gcn import GroupGCN
-    from umst_plugin.modules.umst_encoder_layer import PhraseGCN
+    from umst_plugin.modules.umst.group_gcn import GroupGCN
+    from umst_plugin.modules.umst.encoder_layer import PhraseGCN
 
     sents = random_sentences(4, seed=17)
     src, wid, heads = collate(sents, left_pad=left_pad, extra_pad=2)
@@ -627,7 +627,7 @@ def _lean_case(left_pad, dtype=torch.float64, form="eq3"):
 @pytest.mark.parametrize("form", ["eq3", "authors"])
 @pytest.mark.parametrize("left_pad", [True, False])
 def test_lean_gcn_backward_passes_gradcheck_with_dropout_on(left_pad, form):
-    from umst_plugin.modules.umst_lean_gcn import LeanPhraseGCN, LeanPhraseGCNAuthors, LeanWordGCN
+    from umst_plugin.modules.umst.lean_gcn import LeanPhraseGCN, LeanPhraseGCNAuthors, LeanWordGCN
 
     g, word, phrase, x, xw = _lean_case(left_pad, form=form)
     flat = x.reshape(-1, 6).clone().requires_grad_()
@@ -656,7 +656,7 @@ def test_lean_gcn_backward_passes_gradcheck_with_dropout_on(left_pad, form):
 @pytest.mark.parametrize("form", ["eq3", "authors"])
 @pytest.mark.parametrize("left_pad", [True, False])
 def test_lean_gcn_equals_the_reference_modules_and_leaves_padding_alone(left_pad, form):
-    from umst_plugin.modules.umst_lean_gcn import lean_phrase_gcn, lean_word_gcn
+    from umst_plugin.modules.umst.lean_gcn import lean_phrase_gcn, lean_word_gcn
 
     g, word, phrase, x, xw = _lean_case(left_pad, form=form)
     word.train(), phrase.train()

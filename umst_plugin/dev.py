@@ -1,6 +1,7 @@
 """Helpers for tests and benchmarks: build any registered arch on a synthetic
 vocabulary through fairseq's real argument parsing, and make real batches
-(collated by the task's own dataset classes) without a data-bin.
+(collated by the task's own dataset classes) without a data-bin. The batch helpers
+that production code uses too live in ``umst_plugin.batches`` (re-exported here).
 """
 import os
 import random
@@ -11,6 +12,7 @@ from fairseq.data import Dictionary, LanguagePairDataset
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
 import umst_plugin
+from umst_plugin.batches import encoder_inputs, model_inputs, move_sample  # noqa: F401  (re-exported)
 from umst_plugin.data.side_data_dataset import SideDataLanguagePairDataset
 from umst_plugin.data.word_boundaries import word_ids_from_pieces
 
@@ -100,28 +102,3 @@ def collate(dataset, indices, pad_source_to=None):
 
 def random_sample(task, bsz, src_len, tgt_len, seed=0, left_pad_source=True):
     return collate(random_dataset(task, bsz, src_len, tgt_len, seed, left_pad_source), range(bsz))
-
-
-def encoder_inputs(model, sample):
-    """The encoder's kwargs from a sample, without side inputs the encoder does not take."""
-    from umst_plugin.data.side_inputs import HINT_KEYS, SIDE_INPUT_KEYS, encoder_accepts_side_inputs
-
-    keep_side = encoder_accepts_side_inputs(model)
-    return {k: v for k, v in sample["net_input"].items()
-            if k != "prev_output_tokens" and (keep_side or k not in SIDE_INPUT_KEYS + HINT_KEYS)}
-
-
-def model_inputs(model, sample):
-    net_input = encoder_inputs(model, sample)
-    net_input["prev_output_tokens"] = sample["net_input"]["prev_output_tokens"]
-    return net_input
-
-
-def move_sample(sample, device):
-    def move(x):
-        if torch.is_tensor(x):
-            return x.to(device)
-        if isinstance(x, dict):
-            return {k: move(v) for k, v in x.items()}
-        return x
-    return move(sample)

@@ -83,12 +83,12 @@ def commands(py, work, out):
     bench = os.path.join(ROOT, "benchmarks", "bench_archs.py")
     return {
         "env": [[py, "-m", "umst_tools.gpu_check", "--report-env"]],
-        "tests": [[py, "-m", "pytest", "-m", "cuda", "-q", "-n", "12", "-p", "no:cacheprovider",
+        "tests": [[py, "-m", "pytest", "-m", "cuda", "-q", "-n", "14", "-p", "no:cacheprovider",
                    "--junitxml", os.path.join(work, "gpu-tests.xml"), "tests/test_model_checks.py"]],
         "op-counts": [[py, os.path.join(ROOT, "benchmarks", "bench_op_counts.py"), "--device", "cuda",
                        "--json", os.path.join(work, "op-counts.json")]],
         "bench-base": [[py, bench, "--device", "cuda", "--precisions", "fp16,bf16", "--max-tokens", "4096",
-                        "--repeats", "6", "--warmup", "2", "--json", os.path.join(work, "bench-base.json")]],
+                        "--repeats", "4", "--warmup", "1", "--json", os.path.join(work, "bench-base.json")]],
         "toy-data": [
             [py, "-m", "umst_plugin.toy", raw],
             [py, "-m", "fairseq_cli.preprocess", "--source-lang", src, "--target-lang", tgt,

@@ -7,7 +7,7 @@
 The sample is built by the ``multiscale_translation`` task exactly as training/generation
 (``--index``: the binarized split and its side files) or fairseq-interactive (``--sentence``:
 tokenizer/BPE, word ids from the dictionary's subword markers, heads from ``--source-parser``)
-see it. The scale graphs are drawn from ``umst_plugin.modules.umst_graphs``; with ``--path`` the
+see it. The scale graphs are drawn from ``umst_plugin.modules.umst.graphs``; with ``--path`` the
 checkpoint is loaded the fairseq way and its encoder run once in evaluation mode (see
 ``capture.py`` for what is read from which module). Every fairseq-interactive option is accepted
 (``--tokenizer``, ``--bpe``, ``--source-lang``, ``--model-overrides``, ``--cpu`` ...).
@@ -100,7 +100,7 @@ def _word_strings(pieces, token_word, n_words, scheme):
 
 
 def source_from_sample(task, sample, origin):
-    from umst_plugin.modules.umst_graphs import build_graphs
+    from umst_plugin.modules.umst.graphs import build_graphs
 
     net_input = sample["net_input"]
     src_tokens, word_ids, heads = net_input["src_tokens"], net_input["src_word_ids"], net_input["src_word_heads"]
@@ -226,7 +226,7 @@ def run(argv=None, log=print):
             raise InspectError(f"don't know how to inspect a checkpoint of arch {arch!r} (encoder "
                                f"{type(model.encoder).__name__}); known families: {', '.join(FAMILIES)}")
         device = next(model.parameters()).device
-        from umst_plugin.dev import move_sample
+        from umst_plugin.batches import move_sample
 
         capture = CAPTURES[family](model, move_sample(sample, device), source, layer=args.layer, head=args.head)
 

@@ -98,7 +98,7 @@ FAMILIES = ("umst", "transformer_sf", "msmsa", "msc", "prime", "transformer")
 
 
 def encoder_inputs(model, sample):
-    from umst_plugin.dev import encoder_inputs as _inputs
+    from umst_plugin.batches import encoder_inputs as _inputs
 
     return _inputs(model, sample)
 
@@ -112,7 +112,7 @@ def _run_encoder(model, sample):
 
 
 def capture_umst(model, sample, source, layer=None, head=None):
-    from umst_plugin.modules.umst_graphs import upsample_attention_map
+    from umst_plugin.modules.umst.graphs import upsample_attention_map
 
     layers = model.encoder.layers
     index = resolve_layer(layer, len(layers))
@@ -254,8 +254,6 @@ def _fast_labels(encoder, sample, source):
 
 
 def capture_transformer_sf(model, sample, source, layer=None, head=None):
-    from umst_plugin.modules.slowfast_fusion import WidthChangingAttention
-
     encoder = model.encoder
     layers = encoder.stack.layers
     fused = [i for i, l in enumerate(layers) if l.slow_fusion is not None or l.fast_fusion is not None]
@@ -370,7 +368,7 @@ def capture_msc(model, sample, source, layer=None, head=None):
 
 
 def _model_inputs(model, sample):
-    from umst_plugin.dev import model_inputs
+    from umst_plugin.batches import model_inputs
 
     return model_inputs(model, sample)
 

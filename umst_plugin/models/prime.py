@@ -5,7 +5,7 @@ Registered model ``prime`` with architectures ``prime_base``, ``prime_big`` (Pri
 dynamic convolution and FFN in parallel, Eq. 4) and ``prime_simple_base``, ``prime_simple_big``
 (attention and FFN in parallel, Eq. 1). Embeddings, positions, output projection, beam
 reordering of the encoder output and incremental plumbing are fairseq's TransformerEncoder /
-TransformerDecoder; only the layers are replaced by :class:`~umst_plugin.modules.prime_layer.PrimeLayer`.
+TransformerDecoder; only the layers are replaced by :class:`~umst_plugin.modules.prime.layer.PrimeLayer`.
 
 Prime needs no side data: it trains with fairseq's plain ``translation`` task, and with
 ``multiscale_translation`` it accepts and ignores the extra encoder inputs
@@ -26,7 +26,7 @@ from fairseq.models.transformer import (
 )
 
 from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
-from umst_plugin.modules.prime_layer import PrimeLayer
+from umst_plugin.modules.prime.layer import PrimeDecoderLayer, PrimeEncoderLayer
 
 logger = logging.getLogger(__name__)
 
@@ -122,50 +122,6 @@ def validate_prime_args(args):
         None, args.decoder_embed_dim
     ):
         raise ValueError("Prime does not support --decoder-input-dim different from --decoder-embed-dim")
-
-
-class PrimeEncoderLayer(PrimeLayer):
-    """fairseq TransformerEncoder-compatible calling convention."""
-
-    def forward(self, x, encoder_padding_mask=None, attn_mask=None):
-        if attn_mask is not None:
-            raise ValueError("Prime encoder layers do not take an attention mask")
-        return super().forward(x, padding_mask=encoder_padding_mask)[0]
-
-    def upgrade_state_dict_named(self, state_dict, name):
-        pass
-
-
-class PrimeDecoderLayer(PrimeLayer):
-    """fairseq TransformerDecoder-compatible calling convention."""
-
-    def forward(
-        self,
-        x,
-        encoder_out=None,
-        encoder_padding_mask=None,
-        incremental_state=None,
-        prev_self_attn_state=None,
-        prev_attn_state=None,
-        self_attn_mask=None,
-        self_attn_padding_mask=None,
-        need_attn=False,
-        need_head_weights=False,
-    ):
-        if prev_self_attn_state is not None or prev_attn_state is not None:
-            raise ValueError("Prime decoder layers do not take prev_self_attn_state / prev_attn_state")
-        x, attn = super().forward(
-            x,
-            padding_mask=self_attn_padding_mask,
-            encoder_out=encoder_out,
-            encoder_padding_mask=encoder_padding_mask,
-            incremental_state=incremental_state,
-            # fairseq passes its future mask except with full_context_alignment
-            attn_causal=incremental_state is None and self_attn_mask is not None,
-            need_weights=need_attn,
-            need_head_weights=need_head_weights,
-        )
-        return x, attn, None
 
 
 class PrimeEncoder(TransformerEncoder):

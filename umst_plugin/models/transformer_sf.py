@@ -15,7 +15,7 @@ the model runs under ``translation`` and ``multiscale_translation`` tasks and in
 fairseq-generate / fairseq-interactive with no side input. Subword->word groups
 (A_s) come from the same table, so ``src_word_ids`` from the task is accepted
 and ignored (both follow the same definition: 1-based words, </s> its own word).
-See ``umst_plugin/modules/slowfast_encoder.py`` for the block and docs/transformer_sf.md.
+See ``umst_plugin/modules/transformer_sf/encoder.py`` for the block and docs/transformer_sf.md.
 """
 import math
 
@@ -29,8 +29,8 @@ from fairseq.modules import PositionalEmbedding
 
 from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
 from umst_plugin.models._sizes import transformer_big_sizes
-from umst_plugin.modules.char_table import CHAR_PAD, STYLES, CharTable
-from umst_plugin.modules.slowfast_encoder import (
+from umst_plugin.modules.transformer_sf.char_table import CHAR_PAD, STYLES, CharTable
+from umst_plugin.modules.transformer_sf.encoder import (
     ENCODER_OUTPUTS,
     SLOW_GCN,
     SlowFastConfig,
@@ -38,7 +38,7 @@ from umst_plugin.modules.slowfast_encoder import (
     parse_interaction_layers,
     slow_branch_is_read,
 )
-from umst_plugin.modules.slowfast_fusion import FUSIONS
+from umst_plugin.modules.transformer_sf.fusion import FUSIONS
 
 RANDOM_BOUNDARY_TABLE = 4099  # prime; size of the fixed hash table behind --random-char-boundary
 RANDOM_BOUNDARY_RATE = 0.2  # ~5 characters per pseudo-word, like English words (paper fig. 2c)

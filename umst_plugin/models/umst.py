@@ -1,8 +1,8 @@
 """UMST: the Universal MultiScale Transformer (Li et al., ICML 2022), as a fairseq model ``umst``.
 
-Encoder: class embedding + UMST blocks (:mod:`umst_plugin.modules.umst_encoder_layer`), the
+Encoder: class embedding + UMST blocks (:mod:`umst_plugin.modules.umst.encoder_layer`), the
 scale graphs built once per batch from the ``multiscale_translation`` task's ``src_word_ids`` /
-``src_word_heads`` (:mod:`umst_plugin.modules.umst_graphs`). Decoder: fairseq's standard
+``src_word_heads`` (:mod:`umst_plugin.modules.umst.graphs`). Decoder: fairseq's standard
 pre-norm transformer decoder (the paper changes the encoder only).
 
 Architectures: ``umst_base`` (512/2048, 8 heads, dropouts 0.1, pre-norm; appendix A.2),
@@ -21,14 +21,14 @@ from fairseq.models.transformer.transformer_legacy import base_architecture
 
 from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
 from umst_plugin.models._sizes import transformer_big_sizes
-from umst_plugin.modules.umst_encoder_layer import (
+from umst_plugin.modules.umst.encoder_layer import (
     GCN_ACTIVATIONS,
     INTRA_GROUP_OPS,
     PHRASE_GCN_FORMS,
     UMSTEncoderLayer,
 )
-from umst_plugin.modules.umst_graphs import PHRASE_NOISE, UPSAMPLE_MODES, WORD_BOUNDARY_NOISE, build_graphs
-from umst_plugin.modules.umst_rectified_attention import ATTENTION_DROPOUT_MODES, UPSAMPLE_NORMS
+from umst_plugin.modules.umst.graphs import PHRASE_NOISE, UPSAMPLE_MODES, WORD_BOUNDARY_NOISE, build_graphs
+from umst_plugin.modules.umst.rectified_attention import ATTENTION_DROPOUT_MODES, UPSAMPLE_NORMS
 
 logger = logging.getLogger(__name__)
 

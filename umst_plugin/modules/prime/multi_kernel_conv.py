@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
 
-from umst_plugin.modules.dynamic_conv import DynamicConv1d
+from umst_plugin.modules.prime.dynamic_conv import DynamicConv1d
 
 CONV_TYPES = ("dynamic", "standard")
 

@@ -37,8 +37,8 @@ import torch.nn.functional as F
 
 from fairseq.modules import MultiheadAttention
 
-from umst_plugin.modules.attention import attention
-from umst_plugin.modules.segment_ops import segment_mean, upcast_half
+from umst_plugin.modules.common.attention import attention
+from umst_plugin.modules.common.segment_ops import segment_mean, upcast_half
 
 FUSIONS = ("cga", "linear-attention", "ds-concat", "ds-sum")
 

@@ -43,7 +43,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from umst_plugin.modules.segment_ops import segment_mean
+from umst_plugin.modules.common.segment_ops import segment_mean
 
 
 def _check_group_ids(group_ids, length, batch):

@@ -188,7 +188,6 @@ class CharTable(nn.Module):
         batch, seq_len = src_tokens.shape
         device = src_tokens.device
         word_ids, sep_before, n_chars, ends = self._layout(src_tokens)
-        valid = word_ids > 0
         starts = ends - (n_chars + sep_before)  # exclusive cumsum: first output slot of each token
         if char_len is None:
             char_len = int(ends[:, -1].max().item()) if seq_len > 0 else 0

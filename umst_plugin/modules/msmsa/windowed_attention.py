@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from umst_plugin.modules.attention import attention
+from umst_plugin.modules.common.attention import attention
 
 DEFAULT_SCALES = "1,3,N/16,N/8,N/4"
 

@@ -58,7 +58,9 @@ position input of its own, as in the paper's figure 2.
 The relative terms are computed banded, never as L x L x d_k tensors: with b(i, j) = clip(j - i, k) + k,
 the key term is ``gather(q a^K^T, b)`` (q a^K^T is B x H x L x (2k+1)) and the value term is
 ``(sum of ATTN1[i, j] over j with b(i, j) = b) a^V``, a scatter-add of ATTN1 into B x H x L x (2k+1) bins.
-Both need ATTN1 itself, so this subword branch keeps an explicit map (the word branch stays fused).
+Both need ATTN1 itself, so this subword branch keeps an explicit map (the word branch stays fused); in
+training that map's core is recomputed in backward (``torch.utils.checkpoint``, the same dropout mask)
+instead of being kept.
 Every explicit path scales q before q . k (fp16 range), as fairseq's attention does.
 """
 import math
@@ -68,9 +70,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from umst_plugin.modules.attention import attention
-from umst_plugin.modules.segment_ops import upcast_half
-from umst_plugin.modules.umst_graphs import UMSTGraphs, project_to_words, upsample_attention_map, upsample_tokens
+from umst_plugin.modules.common.attention import attention
+from umst_plugin.modules.common.segment_ops import upcast_half
+from umst_plugin.modules.umst.graphs import UMSTGraphs, project_to_words, upsample_attention_map, upsample_tokens
 
 UPSAMPLE_NORMS = ("row", "literal")
 
@@ -168,12 +170,18 @@ class RectifiedSelfAttention(nn.Module):
         if self.rel_keys is None:
             keep = (~key_pad).view(key_pad.size(0), 1, 1, key_pad.size(1))
             return attention(q, k, v, keep, dropout)
-        # Shaw et al., banded (module docstring): the map is explicit, the relative tables are (2k+1) x d_k.
+        # Shaw et al., banded (module docstring): the map is explicit; in training its core is recomputed in
+        # backward (same dropout mask) rather than keeping the B x H x L x L logits and probabilities.
+        if self.training and torch.is_grad_enabled():
+            return checkpoint(self._relative_core, q, k, v, key_pad, dropout, use_reentrant=False)
+        return self._relative_core(q, k, v, key_pad, dropout)
+
+    def _relative_core(self, q, k, v, key_pad, dropout):
         buckets = relative_buckets(q.size(2), self.max_relative_positions, q.device)
         q = q * (1.0 / math.sqrt(self.head_dim))
         scores = torch.matmul(q, k.transpose(-1, -2)) + relative_key_logits(q, self.rel_keys.weight, buckets)
         scores = upcast_half(scores).masked_fill(key_pad.view(key_pad.size(0), 1, 1, -1), float("-inf"))
-        attn = F.dropout(torch.softmax(scores, dim=-1), p=dropout, training=self.training)
+        attn = F.dropout(torch.softmax(scores, dim=-1), p=dropout, training=dropout > 0)
         return torch.matmul(attn.to(v.dtype), v) + relative_value_term(attn, self.rel_values.weight, buckets).to(v.dtype)
 
     def forward(self, x, x_word, graphs: UMSTGraphs):

@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from umst_plugin.modules.amp_functions import amp_backward, amp_forward
-from umst_plugin.modules.segment_ops import accumulation_dtype, segment_sum
+from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward
+from umst_plugin.modules.common.segment_ops import accumulation_dtype, segment_sum
 
 
 def _divide_rows(rows: Tensor, size: Tensor, dtype) -> Tensor:

@@ -30,8 +30,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from umst_plugin.modules.attention import attention
-from umst_plugin.modules.segment_ops import upcast_half
+from umst_plugin.modules.common.attention import attention
+from umst_plugin.modules.common.segment_ops import upcast_half
 
 
 def boundary_band(groups, max_distance, use_boundary=True):

@@ -27,10 +27,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from umst_plugin.modules.group_gcn import GroupGCN, group_mean
-from umst_plugin.modules.umst_graphs import UMSTGraphs, downsample_words
-from umst_plugin.modules.umst_lean_gcn import lean_phrase_gcn, lean_word_gcn
-from umst_plugin.modules.umst_rectified_attention import RectifiedSelfAttention
+from umst_plugin.modules.umst.group_gcn import GroupGCN, group_mean
+from umst_plugin.modules.umst.graphs import UMSTGraphs, downsample_words
+from umst_plugin.modules.umst.lean_gcn import lean_phrase_gcn, lean_word_gcn
+from umst_plugin.modules.umst.rectified_attention import RectifiedSelfAttention
 
 INTRA_GROUP_OPS = ("gcn", "pool", "gat")
 # How training keeps what the GCN blocks' backward needs (same math and dropout masks in all three):

@@ -56,9 +56,9 @@ import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
 
-from umst_plugin.modules.attention import attention
-from umst_plugin.modules.multi_kernel_dynamic_conv import MultiKernelConv
-from umst_plugin.modules.segment_ops import upcast_half
+from umst_plugin.modules.common.attention import attention
+from umst_plugin.modules.prime.multi_kernel_conv import MultiKernelConv
+from umst_plugin.modules.common.segment_ops import upcast_half
 
 IncrementalState = Optional[Dict[str, Dict[str, Optional[Tensor]]]]
 # Input projection segments read by the self-attention and the convolution (input dropout acts on these).
@@ -488,3 +488,49 @@ def _init_linear_(weight: Tensor, bias: Tensor, fan_in: int, fan_out: int, init:
         bound = math.sqrt(6.0 / (fan_in + fan_out))
         weight.uniform_(-bound, bound)
         bias.zero_()
+
+
+# ---- fairseq's encoder / decoder layer calling conventions ---------------------------------------------
+
+class PrimeEncoderLayer(PrimeLayer):
+    """fairseq TransformerEncoder-compatible calling convention."""
+
+    def forward(self, x, encoder_padding_mask=None, attn_mask=None):
+        if attn_mask is not None:
+            raise ValueError("Prime encoder layers do not take an attention mask")
+        return super().forward(x, padding_mask=encoder_padding_mask)[0]
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        pass
+
+
+class PrimeDecoderLayer(PrimeLayer):
+    """fairseq TransformerDecoder-compatible calling convention."""
+
+    def forward(
+        self,
+        x,
+        encoder_out=None,
+        encoder_padding_mask=None,
+        incremental_state=None,
+        prev_self_attn_state=None,
+        prev_attn_state=None,
+        self_attn_mask=None,
+        self_attn_padding_mask=None,
+        need_attn=False,
+        need_head_weights=False,
+    ):
+        if prev_self_attn_state is not None or prev_attn_state is not None:
+            raise ValueError("Prime decoder layers do not take prev_self_attn_state / prev_attn_state")
+        x, attn = super().forward(
+            x,
+            padding_mask=self_attn_padding_mask,
+            encoder_out=encoder_out,
+            encoder_padding_mask=encoder_padding_mask,
+            incremental_state=incremental_state,
+            # fairseq passes its future mask except with full_context_alignment
+            attn_causal=incremental_state is None and self_attn_mask is not None,
+            need_weights=need_attn,
+            need_head_weights=need_head_weights,
+        )
+        return x, attn, None

@@ -34,9 +34,9 @@ import torch.nn.functional as F
 
 from fairseq.modules import MultiheadAttention
 
-from umst_plugin.modules.group_gcn import GroupGCN
-from umst_plugin.modules.slowfast_attention import BoundaryRelativeSelfAttention
-from umst_plugin.modules.slowfast_fusion import FUSIONS, CrossGranularityFusion
+from umst_plugin.modules.umst.group_gcn import GroupGCN
+from umst_plugin.modules.transformer_sf.fast_attention import BoundaryRelativeSelfAttention
+from umst_plugin.modules.transformer_sf.fusion import FUSIONS, CrossGranularityFusion
 
 ENCODER_OUTPUTS = ("slow", "fast", "both")
 SLOW_GCN = ("input", "every-layer", "none")

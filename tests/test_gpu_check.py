@@ -1,0 +1,71 @@
+"""scripts/gpu-check.sh (umst_tools/gpu_check.py): what it reads from its steps, what it writes, and its dry run.
+
+The dry run is what CI runs in place of a GPU: the plan, a wheelhouse for this Python (PyPI), a fresh venv that
+sees only torch from this one, an install from the wheelhouse alone (--no-index), the light fairseq build, and
+every planned command parsed by its own program's parser."""
+import json
+import os
+import subprocess
+
+import pytest
+
+import e2e
+from umst_tools import fairseq_source, gpu_check
+
+FAIRSEQ_JSON = """2026-11-26 14:41:42 | INFO | train_inner | {"epoch": 1, "loss": "11.731", "num_updates": "10", "wps": "28063.2"}
+2026-11-26 14:41:43 | INFO | train | {"epoch": 1, "train_loss": "11.01", "train_num_updates": "14"}
+2026-11-26 14:41:44 | INFO | train_inner | {"epoch": 2, "loss": "8.482", "num_updates": "20", "wps": "20304.3"}
+"""
+
+
+def test_training_losses_are_read_from_fairseq_json_logs():
+    points = gpu_check.train_losses(FAIRSEQ_JSON)
+    assert points == [(10, 11.731), (20, 8.482)]  # train_inner records only, not the epoch summary
+    assert gpu_check.tail_mean(points, last=50) == pytest.approx((11.731 + 8.482) / 2)
+    assert gpu_check.tail_mean(points, last=10) == pytest.approx(8.482)
+
+
+def test_pytest_summary_line():
+    assert gpu_check.pytest_summary("3 failed, 150 passed, 2 skipped in 40.1s") == \
+        {"failed": 3, "passed": 150, "skipped": 2}
+
+
+def test_results_are_written_after_every_step_and_render(tmp_path):
+    result = dict(started="now", steps=[dict(name="install", budget_s=60, what="w", status="ok", seconds=1.0),
+                                        dict(name="tests", budget_s=90, what="t", status="failed (rc 1)",
+                                             seconds=9.0, summary={"failed": 1, "passed": 3},
+                                             failures=["tests/x.py::y"])],
+                  env=dict(device="NVIDIA H100 80GB HBM3", torch="2.11", cuda="13.0", python="3.12", fairseq="0.12"),
+                  **{"train-fp32": dict(loss_last50=4.0, seconds=40, wps_median=24000.0, losses=[]),
+                     "train-bf16": dict(loss_last50=4.05, seconds=38, wps_median=30000.0, losses=[])})
+    base = gpu_check.write_results(result, str(tmp_path), start=0)
+    assert base.endswith("gpu-nvidia-h100-80gb-hbm3")
+    data = json.loads(open(base + ".json").read())
+    assert data["train_loss_within_2pct"] is True and abs(data["train_loss_rel_diff"] - 0.0125) < 1e-9
+    md = open(base + ".md").read()
+    assert "# GPU check: NVIDIA H100 80GB HBM3" in md and "`tests/x.py::y`" in md and "1.25%" in md
+
+
+def test_the_plan_fits_the_time_a_gpu_is_lent_and_names_every_step():
+    assert sum(budget for _, budget, _ in gpu_check.STEPS) <= 8 * 60
+    commands = gpu_check.commands("python3", "/w", "/o")
+    assert set(commands) == {name for name, _, _ in gpu_check.STEPS} - {"install"}
+
+
+def test_a_wheelhouse_without_fairseq_is_a_clear_error(tmp_path):
+    with pytest.raises(fairseq_source.BuildError, match="no fairseq-fixed source archive"):
+        fairseq_source.find_sdist(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_dry_run_installs_from_the_wheelhouse_alone_and_every_command_parses(tmp_path):
+    """What CI runs: bash scripts/gpu-check.sh --dry-run (builds a wheelhouse for this Python from PyPI)."""
+    proc = subprocess.run(["bash", os.path.join(e2e.ROOT, "scripts", "gpu-check.sh"), "--dry-run", "--work",
+                           str(tmp_path / "work")], env={**e2e.cli_env(), "PYTHON": os.path.join(e2e.BIN, "python")},
+                          cwd=e2e.ROOT, capture_output=True, text=True, timeout=1500)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    for name, _, _ in gpu_check.STEPS:
+        assert f"  {name}" in out
+    assert "installed from" in out and "alone (--no-index)" in out
+    assert "every command parses; the fresh environment imports fairseq and the plugin" in out

@@ -1,0 +1,1 @@
+"""Pieces shared by several families: fused attention, autocast-aware autograd functions, segment reductions."""

@@ -1,0 +1,111 @@
+"""The archive that outlives the machine: a run's settings compared by content, archiving and restoring."""
+import os
+
+from umst_tools.multi30k.config import CPU_TIME, TEST_SETS, run_dir
+from umst_tools.multi30k.files import copy_file, log, read_json, write_file, write_json
+from umst_tools.multi30k.logs import last_update, training_time
+from umst_tools.multi30k.runs import evaluated, forget_results, train_cmd, trained
+
+
+# Overrides naming where a run's files are: the same training elsewhere (another clone, another --out)
+RUN_LOCATION = ("checkpoint.save_dir=", "hydra.run.dir=", "common.user_dir=")
+
+
+def settings(cmd, portable=False):
+    """The hydra overrides of a training command that decide its model (all but the budget and how many
+    checkpoints are kept), as a set; ``portable``: without where the run and the plugin were, and the
+    data-bin by its name only (an archived run trained on another machine)."""
+    args = cmd.split() if isinstance(cmd, str) else cmd
+    args = args[args.index("fairseq_cli.hydra_train") + 1:] if "fairseq_cli.hydra_train" in args else args
+    out = {a for a in args if not a.startswith(("optimization.max_update=", "checkpoint.keep_"))}
+    if portable:
+        out = {f"task.data={os.path.basename(a.split('=', 1)[1])}" if a.startswith("task.data=") else a
+               for a in out if not a.startswith(RUN_LOCATION)}
+    return out
+
+
+def check_same_settings(args, row, seed, what, where=None, portable=False, option="--out"):
+    """Stop unless every training segment logged in the train.log of ``where`` (default: the run's
+    directory; an archived copy with ``portable`` settings) ran with this command's settings."""
+    save = run_dir(args.out, row, seed)
+    where = where or save
+    train_log = os.path.join(where, "train.log")
+    if not os.path.exists(train_log):
+        return
+    with open(train_log, errors="replace") as f:
+        headers = [line[2:].split(": ", 1)[-1] for line in f if line.startswith("# ")]
+    want = settings(train_cmd(args, row, seed, save), portable)
+    for header in headers:
+        if settings(header, portable) != want:
+            raise SystemExit(f"{where} {what} with other settings: {sorted(settings(header, portable) ^ want)}; "
+                             f"use another {option}")
+
+
+def adopt_longer_run(args, row, seed):
+    """A run already trained past --max-update with the same settings (a budget-finding run, --keep 0)
+    answers for the shorter budget: with the inverse-sqrt schedule and fixed --warmup, fairseq's
+    per-update seeds and per-epoch shuffling, its model of update N is the N-update run's model. Stamp it
+    trained; evaluate() averages its saved models up to --max-update. Stops if its settings differ."""
+    save = run_dir(args.out, row, seed)
+    train_log = os.path.join(save, "train.log")
+    trained_to = last_update(train_log)[0]
+    if trained(save, args.max_update) or trained_to <= args.max_update:
+        return
+    check_same_settings(args, row, seed, f"trained past --max-update {args.max_update}")
+    forget_results(save)
+    write_json(os.path.join(save, "train-done.json"),
+               dict(max_update=args.max_update, wall_s=round(training_time(train_log, args.max_update), 1),
+                    trained_to=trained_to, jobs=args.jobs, threads=args.threads))
+    log(f"{row} seed {seed}: trained to update {trained_to} before; its first {args.max_update} "
+        "updates are this budget's run")
+
+
+def archived_files(save, average_n):
+    """The files of a finished run, relative to its directory, that the table reads (no checkpoints)."""
+    names = ["train.log", "train-done.json", CPU_TIME, "params.json", f"checkpoint_avg{average_n}.json"]
+    for subset, _ in TEST_SETS:
+        names += [os.path.join(f"eval-{subset}", n) for n in ("results.json", f"generate-{subset}.txt", "hyp.detok.txt")]
+    return [n for n in names if os.path.exists(os.path.join(save, n))]
+
+
+def archive_run(args, row, seed):
+    """Copy what the table reads of a finished, decoded run (logs, scores, hypotheses; no checkpoint) to
+    ARCHIVE/ROW/seedS, where a later runner on a fresh machine finds it (restore_run). Of a decoding's
+    generate file only what the table reads is kept: the hypotheses and targets (``H-``, ``T-``) and the
+    BLEU line, not the sources, detokenized hypotheses (hyp.detok.txt has them) and per-token scores
+    (``S-``, ``D-``, ``P-``: two thirds of the file). Every file is written atomically and results.json
+    goes last, so an archive cut off mid-copy is not taken for a finished one and is copied again."""
+    save, dest = run_dir(args.out, row, seed), run_dir(args.archive, row, seed)
+    if not evaluated(save) or (evaluated(dest) and read_json(os.path.join(dest, "train-done.json"))
+                               == read_json(os.path.join(save, "train-done.json"))):
+        return  # not finished, or archived before
+    names = sorted(archived_files(save, args.average), key=lambda n: n.endswith("results.json"))
+    for name in names:  # an older archive of this run (a longer budget) is not finished until the new one is
+        if name.endswith("results.json") and os.path.exists(os.path.join(dest, name)):
+            os.remove(os.path.join(dest, name))
+    for name in names:
+        os.makedirs(os.path.dirname(os.path.join(dest, name)), exist_ok=True)
+        if os.path.basename(name).startswith("generate-"):  # not hyp.detok.txt: a cased "S-Bahn ..." stays
+            with open(os.path.join(save, name), encoding="utf-8") as f:
+                write_file(os.path.join(dest, name), "".join(x for x in f if not x.startswith(("S-", "D-", "P-"))))
+        else:
+            copy_file(os.path.join(save, name), os.path.join(dest, name))
+    log(f"{row} seed {seed}: archived to {dest}")
+
+
+def restore_run(args, row, seed):
+    """A run of this budget and settings that ARCHIVE holds and OUT does not (a fresh machine, another
+    --out): copy it into OUT, where it counts as trained and decoded. False if there is nothing to
+    restore; stops if the archived run trained with other settings."""
+    save, src = run_dir(args.out, row, seed), run_dir(args.archive, row, seed)
+    if not evaluated(src) or os.path.exists(os.path.join(save, "train-done.json")):
+        return False
+    if read_json(os.path.join(src, "train-done.json")).get("max_update") != args.max_update:
+        return False
+    check_same_settings(args, row, seed, "was trained", where=src, portable=True, option="--archive")
+    # train-done.json last: until it is there the run is not restored, and a re-run restores it again
+    for name in sorted(archived_files(src, args.average), key=lambda n: n == "train-done.json"):
+        os.makedirs(os.path.dirname(os.path.join(save, name)), exist_ok=True)
+        copy_file(os.path.join(src, name), os.path.join(save, name))
+    log(f"{row} seed {seed}: restored from {src} (trained and decoded before)")
+    return True
