@@ -36,11 +36,14 @@ def test_results_are_written_after_every_step_and_render(tmp_path):
                                              seconds=9.0, summary={"failed": 1, "passed": 3},
                                              failures=["tests/x.py::y"])],
                   env=dict(device="NVIDIA H100 80GB HBM3", torch="2.11", cuda="13.0", python="3.12", fairseq="0.12"),
-                  **{"train-fp32": dict(loss_last50=4.0, seconds=40, wps_median=24000.0, losses=[]),
-                     "train-bf16": dict(loss_last50=4.05, seconds=38, wps_median=30000.0, losses=[])})
+                  **{"train-fp32": dict(updates=200, seconds=40, wps_median=24000.0,
+                                        losses=[(u, 4.0) for u in range(10, 201, 10)]),
+                     "train-bf16": dict(updates=170, seconds=45, wps_median=30000.0,  # cut short: compared to 170
+                                        losses=[(u, 4.05 if u > 120 else 9.0) for u in range(10, 171, 10)])})
     base = gpu_check.write_results(result, str(tmp_path), start=0)
     assert base.endswith("gpu-nvidia-h100-80gb-hbm3")
     data = json.loads(open(base + ".json").read())
+    assert data["train_compared_updates"] == [130, 170]
     assert data["train_loss_within_2pct"] is True and abs(data["train_loss_rel_diff"] - 0.0125) < 1e-9
     md = open(base + ".md").read()
     assert "# GPU check: NVIDIA H100 80GB HBM3" in md and "`tests/x.py::y`" in md and "1.25%" in md

@@ -123,8 +123,11 @@ class WidthChangingAttention(nn.Module):
             pad = width - self.kv_dim - 1
             q_ext = F.pad(torch.cat([q_k, q_bias.to(q_k.dtype)], dim=-1), (0, pad))
             kv_ext = F.pad(torch.cat([kv_b, torch.ones_like(kv_b[..., :1])], dim=-1), (0, pad))
-            kv_ext = kv_ext.to(q_ext.dtype).expand(batch, heads, -1, -1)
-            context = attention(q_ext, kv_ext, kv_ext, keep, dropout, scale=1.0)  # B x H x Lq x width
+            kv_ext = kv_ext.to(q_ext.dtype)  # B x 1 x Lk x width: one key/value set for every head
+            # The heads share their keys and values, so they fold into the queries (B x 1 x H*Lq x width): a
+            # dense problem for the fused kernels, with no keys or values copied per head.
+            context = attention(q_ext.reshape(batch, 1, heads * len_q, width), kv_ext, kv_ext, keep, dropout,
+                                scale=1.0).view(batch, heads, len_q, width)
             w_v = self.v_proj.weight.view(heads, head_dim, self.kv_dim)
             out = torch.einsum("bhqc,hdc->bhqd", context[..., :self.kv_dim], w_v)
             out = out + context[..., self.kv_dim:self.kv_dim + 1] * self.v_proj.bias.view(1, heads, 1, head_dim)

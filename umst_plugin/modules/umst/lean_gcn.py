@@ -47,10 +47,11 @@ def _segment_mean(rows: Tensor, slot: Tensor, size: Tensor) -> Tensor:
 
 
 def _layer_norm_backward(grad, x, mean, rstd, weight, bias, need):
-    """``native_layer_norm_backward`` with its tensors in one dtype: that of the saved statistics (float32 for
-    half inputs). Under autocast the gradient arriving here can be bf16/fp16 (a matmul of the backward pass)
-    while the block input is float32; the kernels expect matching dtypes."""
-    dtype = mean.dtype
+    """``native_layer_norm_backward`` with the gradient and the input in the dtype of the LayerNorm's weight
+    (float32 under autocast, where a matmul of the backward pass can hand a bf16/fp16 gradient to a float32
+    block input; bf16 in a pure-bf16 model). The kernels expect them to match the weight (seen on CUDA:
+    "expected scalar type Float but found BFloat16")."""
+    dtype = weight.dtype if weight is not None else x.dtype
     return torch.ops.aten.native_layer_norm_backward(grad.to(dtype), x.to(dtype), [x.size(-1)], mean, rstd,
                                                      weight, bias, need)
 
