@@ -178,7 +178,7 @@ def saved_bytes(model, sample, autocast_dtype, device_type):
     return sum(seen.values())
 
 
-def saved_bytes_by_module(model, sample, autocast_dtype, device_type, depth=4):
+def saved_bytes_by_module(model, sample, autocast_dtype, device_type, depth=6):
     """Bytes autograd saves for backward, parameters excluded, by the innermost module (first ``depth`` levels of
     its name) that was running when each tensor was saved; each storage counted once, for its first saver."""
     import collections
@@ -186,10 +186,13 @@ def saved_bytes_by_module(model, sample, autocast_dtype, device_type, depth=4):
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen, stack, by_module = set(), ["<model>"], collections.Counter()
     hooks = []
+    def leave(module, args, output):
+        stack.pop()  # (returns None: a forward hook's return value would replace the output)
+
     for name, module in model.named_modules():
         short = ".".join(name.split(".")[:depth]) or "<model>"
         hooks.append(module.register_forward_pre_hook(lambda m, a, short=short: stack.append(short)))
-        hooks.append(module.register_forward_hook(lambda m, a, o: stack.pop()))
+        hooks.append(module.register_forward_hook(leave))
 
     def pack(t):
         storage = t.untyped_storage()

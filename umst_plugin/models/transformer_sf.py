@@ -86,6 +86,9 @@ class TransformerSlowFastModel(RawTextFromPretrained, TransformerModel):
                             help="drop the boundary-wise relative positional encoding (table 5 #5: 28.13)")
         parser.add_argument("--boundary-pe-distance", type=int, metavar="K",
                             help="window k of the boundary-wise relative PE (paper: 3)")
+        parser.add_argument("--sf-keep-fast-activations", action="store_true",
+                            help="keep the character branch's activations for backward instead of recomputing "
+                                 "its sub-layers there (faster by a few percent, more memory: docs/performance.md)")
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
@@ -126,6 +129,7 @@ def slowfast_config_from_args(args):
         slow_gcn=args.sf_slow_gcn,
         char_gcn=not args.no_char_boundary,
         boundary_pe_distance=0 if args.no_boundary_pe else args.boundary_pe_distance,
+        recompute_fast=not getattr(args, "sf_keep_fast_activations", False),
     )
 
 

@@ -8,6 +8,12 @@ same function in the input dtype (q scaled first, fp32 softmax, dropout on the p
 attention does. :func:`explicit_attention` is also the reference path (and the one that returns probabilities,
 for alignment and ``umst-inspect``); ``tests/test_attention.py`` checks both give the same values and gradients.
 
+On a CPU, attention *with dropout in training* has no fused kernel at all: torch's math path (or the explicit
+path above) keeps the B x H x L x S probabilities and the dropout mask for backward. There the core is
+recomputed in backward instead (``torch.utils.checkpoint``, the same dropout mask from the saved RNG state), so
+backward keeps only q, k, v and the mask, as the fused kernels do on a GPU: more memory on a CPU than a GPU
+would never be charged to an architecture (``recompute=False`` keeps the probabilities).
+
 Masks: boolean (True = may attend) or additive float, broadcastable to B x H x L x S.
 """
 from typing import Optional, Tuple
@@ -15,6 +21,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -38,11 +45,18 @@ def explicit_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] =
     return torch.matmul(dropped.to(v.dtype), v), probs
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, dropout_p: float = 0.0,
-              scale: Optional[float] = None) -> Tensor:
-    """softmax(q k^T * scale + mask) v (B x H x L x d), fused unless torch would run it in fp32 (module doc)."""
+def _core(q, k, v, mask, dropout_p, scale):
     if _needs_explicit(q, dropout_p):
         return explicit_attention(q, k, v, mask, dropout_p, scale)[0]
     if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
         mask = mask.to(q.dtype)  # an additive mask in another dtype would make torch promote to its dtype
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, dropout_p: float = 0.0,
+              scale: Optional[float] = None, recompute: bool = True) -> Tensor:
+    """softmax(q k^T * scale + mask) v (B x H x L x d): fused, in the input dtype, and on a CPU with dropout
+    recomputed in backward rather than kept (module docstring)."""
+    if recompute and dropout_p > 0 and q.device.type == "cpu" and torch.is_grad_enabled() and q.requires_grad:
+        return checkpoint(_core, q, k, v, mask, dropout_p, scale, use_reentrant=False)
+    return _core(q, k, v, mask, dropout_p, scale)

@@ -29,8 +29,10 @@ Tensors are time-first (L x B x C); padding masks are B x L, True at padding.
 from dataclasses import dataclass, field
 from typing import FrozenSet
 
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from fairseq.modules import MultiheadAttention
 
@@ -90,6 +92,10 @@ class SlowFastConfig:
     slow_gcn: str = "input"
     char_gcn: bool = True  # False: --no-char-boundary (table 5 #3)
     boundary_pe_distance: int = 3  # k; 0 = --no-boundary-pe (table 5 #5)
+    # training: recompute the fast (character) branch's sub-layers in backward instead of keeping their
+    # activations (same values, same dropout masks): its sequence is 5-6x the subwords', its FLOPs ~5% of the
+    # model's; --sf-keep-fast-activations keeps them (docs/performance.md)
+    recompute_fast: bool = True
 
     def validate(self):
         if self.fusion not in FUSIONS:
@@ -155,6 +161,7 @@ class SlowFastLayer(nn.Module):
         self.slow_gcn = self.slow_attn = self.slow_attn_norm = self.slow_fusion = self.slow_ffn = None
         self.fast_gcn = self.fast_attn = self.fast_attn_norm = self.fast_fusion = self.fast_ffn = None
         self.dropout = cfg.dropout
+        self.recompute_fast = cfg.recompute_fast
         if level["slow"] is not None:
             if cfg.slow_gcn == "every-layer":
                 self.slow_gcn = GroupGCN(cfg.slow_dim, cfg.dropout, cfg.activation_dropout)
@@ -181,6 +188,24 @@ class SlowFastLayer(nn.Module):
     def _drop(self, x):
         return F.dropout(x, p=self.dropout, training=self.training)
 
+    def _fast(self, fn, *args):
+        """A fast-branch sub-layer, recomputed in backward when training with ``recompute_fast``."""
+        if self.recompute_fast and self.training and torch.is_grad_enabled():
+            return checkpoint(fn, *args, use_reentrant=False)
+        return fn(*args)
+
+    def _fast_mixing(self, x_fast, side):
+        if self.fast_gcn is not None:
+            x_fast = self.fast_gcn(x_fast, side["fast_gcn_groups"], time_first=True,
+                                   num_groups=side.get("fast_num_groups"))
+        h = self.fast_attn(self.fast_attn_norm(x_fast), side["fast_padding_mask"], side["fast_pe_groups"],
+                           use_boundary=side["fast_pe_boundary"])
+        return x_fast + self._drop(h)
+
+    def _fast_fused(self, x_fast, fast_mid, slow_mid, side):
+        return x_fast + self._drop(self.fast_fusion(fast_mid, slow_mid, side["slow_padding_mask"],
+                                                    side["char_token_index"]))
+
     def forward(self, x_slow, x_fast, side):
         if self.slow_attn is not None:
             if self.slow_gcn is not None:
@@ -191,23 +216,17 @@ class SlowFastLayer(nn.Module):
                                   need_weights=False)
             x_slow = x_slow + self._drop(h)
         if self.fast_attn is not None:
-            if self.fast_gcn is not None:
-                x_fast = self.fast_gcn(x_fast, side["fast_gcn_groups"], time_first=True,
-                                       num_groups=side.get("fast_num_groups"))
-            h = self.fast_attn(self.fast_attn_norm(x_fast), side["fast_padding_mask"], side["fast_pe_groups"],
-                               use_boundary=side["fast_pe_boundary"])
-            x_fast = x_fast + self._drop(h)
+            x_fast = self._fast(self._fast_mixing, x_fast, side)
         slow_mid, fast_mid = x_slow, x_fast
         if self.slow_fusion is not None:
             x_slow = x_slow + self._drop(self.slow_fusion(slow_mid, fast_mid, side["fast_padding_mask"],
                                                           side["char_token_index"]))
         if self.fast_fusion is not None:
-            x_fast = x_fast + self._drop(self.fast_fusion(fast_mid, slow_mid, side["slow_padding_mask"],
-                                                          side["char_token_index"]))
+            x_fast = self._fast(self._fast_fused, x_fast, fast_mid, slow_mid, side)
         if self.slow_ffn is not None:
             x_slow = self.slow_ffn(x_slow)
         if self.fast_ffn is not None:
-            x_fast = self.fast_ffn(x_fast)
+            x_fast = self._fast(self.fast_ffn, x_fast)
         return x_slow, x_fast
 
 
