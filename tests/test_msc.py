@@ -399,7 +399,8 @@ def test_72_layer_model_trains_and_plot(toy_databin, tmp_path):
 
 
 def test_trains_through_multiscale_translation_task_with_side_inputs():
-    """The multiscale_translation task's batches carry src_word_ids/src_word_heads: accepted and ignored."""
+    """The multiscale_translation task's batches carry src_word_ids/src_word_heads; the task hands an encoder only
+    the side inputs its forward names (data/side_inputs.py), so MSC gets none."""
     from umst_plugin import dev
     model, task = dev.build_model("msc_iwslt_de_en", dict(encoder_blocks=2, encoder_layers_per_block=2,
                                                           encoder_embed_dim=16, decoder_embed_dim=16,
@@ -408,6 +409,8 @@ def test_trains_through_multiscale_translation_task_with_side_inputs():
                                                           encoder_l2=1e-4))
     sample = dev.random_sample(task, bsz=4, src_len=7, tgt_len=6)
     assert "src_word_ids" in sample["net_input"]
+    sample = task._strip_side_inputs(sample, [model])
+    assert "src_word_ids" not in sample["net_input"] and "src_word_heads" not in sample["net_input"]
     criterion = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
     model.train()
     loss, _, _ = criterion(model, sample)

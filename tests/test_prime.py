@@ -482,17 +482,23 @@ def test_every_parameter_gets_a_gradient(arch, extra):
     assert not missing, missing
 
 
-def test_side_inputs_are_accepted_and_ignored():
-    model, _ = tiny("prime_base")
-    src, lengths, prev = batch()
+def test_the_task_hands_prime_no_side_inputs():
+    """One side-input policy: the task gives an encoder exactly the side inputs its forward names; Prime names
+    none, so they never reach it (a forward called with them is an error, not silently ignored)."""
+    from umst_plugin import dev
+
+    model, task = dev.build_model("prime_base", dict(encoder_layers=1, decoder_layers=1, encoder_embed_dim=16,
+                                                     decoder_embed_dim=16, encoder_ffn_embed_dim=32,
+                                                     decoder_ffn_embed_dim=32, encoder_attention_heads=2,
+                                                     decoder_attention_heads=2))
+    sample = dev.random_sample(task, 3, 7, 6)
+    assert "src_word_ids" in sample["net_input"]
+    stripped = task._strip_side_inputs(sample, [model])
+    assert not {"src_word_ids", "src_word_heads", "src_char_len"} & set(stripped["net_input"])
     with torch.no_grad():
-        plain = model(src, lengths, prev)[0]
-        side = model(src, lengths, prev, src_word_ids=torch.ones_like(src),
-                     src_word_heads=torch.zeros(src.size(0), 3, dtype=torch.long))[0]
-        enc = model.encoder.forward_torchscript({"src_tokens": src, "src_lengths": lengths,
-                                                 "src_word_ids": torch.ones_like(src)})
-    torch.testing.assert_close(plain, side)
-    assert enc["encoder_out"][0].shape == (src.size(1), src.size(0), 16)
+        model(**stripped["net_input"])
+        with pytest.raises(TypeError, match="src_word_ids"):
+            model(**sample["net_input"])
 
 
 def test_dropout_off_in_eval_and_on_in_train():

@@ -2,14 +2,12 @@
 accepts them), the whole net_input, and a sample moved to a device. Used by umst-inspect, tests and benchmarks."""
 import torch
 
-from umst_plugin.data.side_inputs import HINT_KEYS, SIDE_INPUT_KEYS, encoder_accepts_side_inputs
+from umst_plugin.data.side_inputs import keep_named_inputs
 
 
 def encoder_inputs(model, sample):
-    """The encoder's kwargs from a sample, without side inputs the encoder does not take."""
-    keep_side = encoder_accepts_side_inputs(model)
-    return {k: v for k, v in sample["net_input"].items()
-            if k != "prev_output_tokens" and (keep_side or k not in SIDE_INPUT_KEYS + HINT_KEYS)}
+    """The encoder's kwargs from a sample: the side inputs and hints it names, no other."""
+    return {k: v for k, v in keep_named_inputs(sample["net_input"], [model]).items() if k != "prev_output_tokens"}
 
 
 def model_inputs(model, sample):

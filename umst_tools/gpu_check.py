@@ -375,7 +375,7 @@ def bench_table(bench):
     by_name = {r["name"]: r for r in bench["rows"]}
     head = ["arch", "GFLOP", "FLOPs"]
     for p in precisions:
-        head += [f"saved {p} MiB", f"saved/FLOP", f"peak {p} MiB", f"{p} ms", "tok/s", "time/FLOP"]
+        head += [f"saved {p} MiB", "saved/FLOP", f"peak {p} MiB", f"{p} ms", "tok/s", "time/FLOP"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for ratio in bench["ratios"]:
         r = by_name[ratio["name"]]

@@ -24,13 +24,25 @@ SIDE_INPUT_CONTRACT = (
     ">= 0, and every head must lie in [0, n_words] (padding -1)")
 
 
-def encoder_accepts_side_inputs(model):
-    """Whether ``model.encoder.forward`` takes src_word_ids (by name or through **kwargs)."""
+def encoder_input_names(model):
+    """The side inputs and hints ``model.encoder.forward`` names: the only ones the task hands it (one policy:
+    no model accepts side inputs only to ignore them)."""
     encoder = getattr(model, "encoder", None)
     if encoder is None:
-        return False
-    params = inspect.signature(encoder.forward).parameters.values()
-    return any(p.name == "src_word_ids" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+        return set()
+    return set(inspect.signature(encoder.forward).parameters) & set(SIDE_INPUT_KEYS + HINT_KEYS)
+
+
+def encoder_accepts_side_inputs(model):
+    """Whether ``model.encoder.forward`` takes src_word_ids (by name)."""
+    return "src_word_ids" in encoder_input_names(model)
+
+
+def keep_named_inputs(net_input, models):
+    """``net_input`` without the side inputs and hints that not every one of ``models`` names."""
+    named = set.intersection(*(encoder_input_names(m) for m in models)) if models else set()
+    drop = set(SIDE_INPUT_KEYS + HINT_KEYS) - named
+    return {k: v for k, v in net_input.items() if k not in drop}
 
 
 def check_side_input_shapes(src_tokens: Tensor, word_ids: Tensor, word_heads: Tensor):

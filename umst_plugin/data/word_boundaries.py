@@ -107,3 +107,18 @@ def word_ids_from_tokens(src_tokens, pad_idx, eos_idx, continues, begins, scheme
         new_word |= first
     new_word = (new_word | is_eos) & is_tok
     return torch.cumsum(new_word.long(), dim=1) * is_tok.long()
+
+
+# Moses escapes written by the standard WMT tokenization (sacremoses/tokenizer.perl).
+MOSES_ESCAPES = {
+    "&apos;": "'", "&quot;": '"', "&amp;": "&", "&#124;": "|",
+    "&lt;": "<", "&gt;": ">", "&#91;": "[", "&#93;": "]",
+}
+
+
+def moses_unescape(word):
+    if "&" not in word:
+        return word
+    for escaped, plain in MOSES_ESCAPES.items():
+        word = word.replace(escaped, plain)
+    return word

@@ -140,10 +140,9 @@ class MSCEncoder(FairseqEncoder):
         src_tokens: Tensor,
         src_lengths: Optional[Tensor] = None,
         return_all_hiddens: bool = False,
-        token_embeddings: Optional[Tensor] = None,
-        **unused_side_inputs,
+        token_embeddings: Optional[Tensor] = None
     ):
-        """src_tokens: B x T. Extra keyword inputs (side data of other models) are ignored."""
+        """src_tokens: B x T."""
         padding_mask = src_tokens.eq(self.padding_idx)
         if token_embeddings is None:
             token_embeddings = self.embed_tokens(src_tokens)
@@ -408,8 +407,7 @@ class MSCModel(RawTextFromPretrained, FairseqEncoderDecoderModel):
         return_all_hiddens: bool = False,
         features_only: bool = False,
         alignment_layer: Optional[int] = None,
-        alignment_heads: Optional[int] = None,
-        **unused_side_inputs,
+        alignment_heads: Optional[int] = None
     ):
         """Side inputs of other models (src_word_ids, src_word_heads, ...) are ignored."""
         if self.grad_norm_logger is not None:

@@ -12,7 +12,7 @@ Prime needs no side data: it trains with fairseq's plain ``translation`` task, a
 (``src_word_ids``, ``src_word_heads``).
 """
 import logging
-from typing import List, Optional
+from typing import List
 
 from fairseq import utils
 from fairseq.models import register_model, register_model_architecture
@@ -134,8 +134,7 @@ class PrimeEncoder(TransformerEncoder):
         self._next_layer += 1
         return layer
 
-    def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None,
-                **unused_side_inputs):
+    def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None):
         """As TransformerEncoder.forward; extra inputs of side-data tasks (src_word_ids, ...) are ignored."""
         return self.forward_scriptable(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
 
@@ -264,28 +263,6 @@ class PrimeModel(RawTextFromPretrained, TransformerModel):
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         return PrimeDecoder(args, tgt_dict, embed_tokens, no_encoder_attn=getattr(args, "no_cross_attention", False))
-
-    def forward(
-        self,
-        src_tokens,
-        src_lengths,
-        prev_output_tokens,
-        return_all_hiddens: bool = True,
-        features_only: bool = False,
-        alignment_layer: Optional[int] = None,
-        alignment_heads: Optional[int] = None,
-        **unused_side_inputs,
-    ):
-        """TransformerModel.forward that accepts (and ignores) side inputs such as src_word_ids."""
-        return super().forward(
-            src_tokens,
-            src_lengths,
-            prev_output_tokens,
-            return_all_hiddens=return_all_hiddens,
-            features_only=features_only,
-            alignment_layer=alignment_layer,
-            alignment_heads=alignment_heads,
-        )
 
 
 def prime_defaults(args):

@@ -100,11 +100,11 @@ class TransformerSlowFastModel(RawTextFromPretrained, TransformerModel):
         return self.encoder.char_table.host_hint()
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,
-                features_only: bool = False, alignment_layer=None, alignment_heads=None, **side_inputs):
-        """fairseq's encoder-decoder forward, also accepting (and passing on) the side inputs that
-        multiscale_translation puts in net_input; the Slow-Fast encoder derives its own and ignores them."""
+                features_only: bool = False, alignment_layer=None, alignment_heads=None, src_char_len=None):
+        """fairseq's encoder-decoder forward, passing on the host-side character length the task's collater
+        computes (``src_char_len``; without it the encoder reads it off the device)."""
         encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens,
-                                   **side_inputs)
+                                   src_char_len=src_char_len)
         return self.decoder(prev_output_tokens, encoder_out=encoder_out, features_only=features_only,
                             alignment_layer=alignment_layer, alignment_heads=alignment_heads,
                             src_lengths=src_lengths, return_all_hiddens=return_all_hiddens)
@@ -199,7 +199,7 @@ class SlowFastEncoder(FairseqEncoder):
         return torch.cumsum(starts.long(), dim=1) * valid.long()
 
     def forward(self, src_tokens, src_lengths=None, return_all_hiddens=False, token_embeddings=None,
-                src_char_len=None, **unused):
+                src_char_len=None):
         slow_padding_mask = src_tokens.eq(self.padding_idx)
         chars = self.char_table(src_tokens, char_len=src_char_len)
         if self.fast_input == "char":

@@ -21,50 +21,11 @@ bad line and the counts are reported at the end.
 """
 import logging
 
-from umst_plugin.preprocess.conllu_reader import SurfaceParse
+from umst_plugin.preprocess import spacy_backend, stanza_backend  # noqa: F401  (they register on import)
+from umst_plugin.preprocess.parser_base import (BACKENDS, FALLBACK_LABEL, ParserBackend,  # noqa: F401  (API)
+                                                fallback_parse, register_backend)
 
 logger = logging.getLogger("umst_plugin.preprocess")
-
-BACKENDS = {}
-
-FALLBACK_LABEL = "_"
-
-
-def register_backend(name):
-    def wrap(cls):
-        if name in BACKENDS:
-            raise ValueError(f"parser backend {name!r} registered twice")
-        BACKENDS[name] = cls
-        cls.name = name
-        return cls
-    return wrap
-
-
-def fallback_parse(words, reason=None):
-    return SurfaceParse(list(words), [0] * len(words), [FALLBACK_LABEL] * len(words), fallback=reason)
-
-
-class ParserBackend:
-    """Base class: ``parse(list of word lists) -> list of SurfaceParse``.
-
-    ``parse`` may raise on a bad sentence; ``safe_parse`` isolates it. Backends
-    read their options from the argparse Namespace given to the constructor with
-    ``getattr(args, name, default)``, so a Namespace holding only ``parser_model``
-    (what the task passes) is enough.
-    """
-
-    name = None
-
-    def __init__(self, args=None):
-        pass
-
-    @classmethod
-    def add_args(cls, parser):
-        pass
-
-    def parse(self, sentences):
-        raise NotImplementedError
-
 
 @register_backend("none")
 class NoParser(ParserBackend):
@@ -130,7 +91,3 @@ def safe_parse(backend, sentences, max_words=0):
     if todo:
         run(todo)
     return out
-
-
-# Model backends register themselves on import; they import their libraries lazily.
-from umst_plugin.preprocess import spacy_backend, stanza_backend  # noqa: E402,F401

@@ -26,7 +26,7 @@ import numpy as np
 from umst_plugin.preprocess.errors import SideDataError
 from umst_plugin.preprocess.text import moses_unescape, parser_words, read_bpe_lines
 
-WORD_IDS, HEADS, LABELS = "wordids", "heads", "labels"
+from umst_plugin.data.side_files import HEADS, LABELS, WORD_IDS, side_prefix  # noqa: F401  (the contract)
 
 
 class ParseArrays:
@@ -294,8 +294,3 @@ def read_parse_text(heads_path, labels_path):
             raise SideDataError(labels_path, k + 1, f"{len(label.split())} labels but {n} heads in "
                                 f"{heads_path}:{k + 1}; expected one label per head")
     return ParseArrays(heads, sizes, labels, source=heads_path)
-
-
-def side_prefix(destdir, split, src, tgt):
-    """Prefix of the binarized side files, next to fairseq's ``{split}.{src}-{tgt}.{src}``."""
-    return os.path.join(destdir, f"{split}.{src}-{tgt}.{src}")

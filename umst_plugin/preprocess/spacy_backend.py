@@ -13,7 +13,7 @@ package when spaCy cannot find it under that name (offline installs, CI).
 """
 from umst_plugin.preprocess.conllu_reader import SurfaceParse
 from umst_plugin.preprocess.errors import ParserSetupError
-from umst_plugin.preprocess.parsers import ParserBackend, register_backend
+from umst_plugin.preprocess.parser_base import ParserBackend, register_backend
 
 DEFAULT_MODEL = "en_core_web_md"
 # Components a dependency parse does not need; excluding them roughly doubles speed.

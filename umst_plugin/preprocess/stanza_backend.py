@@ -14,7 +14,7 @@ import os
 
 from umst_plugin.preprocess.conllu_reader import SurfaceParse, collapse_multiword
 from umst_plugin.preprocess.errors import ParserSetupError
-from umst_plugin.preprocess.parsers import ParserBackend, register_backend
+from umst_plugin.preprocess.parser_base import ParserBackend, register_backend
 
 DEFAULT_PROCESSORS = "tokenize,pos,lemma,depparse"
 

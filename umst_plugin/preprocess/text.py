@@ -4,21 +4,8 @@ import re
 import numpy as np
 
 from umst_plugin.data.word_boundaries import SP_MARK, SUBWORD_NMT, word_ids_from_pieces, words_from_pieces
+from umst_plugin.data.word_boundaries import MOSES_ESCAPES, moses_unescape  # noqa: F401  (re-exported)
 from umst_plugin.preprocess.errors import SideDataError
-
-# Moses escapes written by the standard WMT tokenization (sacremoses/tokenizer.perl).
-MOSES_ESCAPES = {
-    "&apos;": "'", "&quot;": '"', "&amp;": "&", "&#124;": "|",
-    "&lt;": "<", "&gt;": ">", "&#91;": "[", "&#93;": "]",
-}
-
-
-def moses_unescape(word):
-    if "&" not in word:
-        return word
-    for escaped, plain in MOSES_ESCAPES.items():
-        word = word.replace(escaped, plain)
-    return word
 
 
 def read_bpe_lines(path):

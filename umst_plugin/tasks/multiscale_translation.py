@@ -14,14 +14,13 @@ reads the record at set-up, and ``build_tokenizer`` / ``build_bpe`` return its p
 """
 import itertools
 import logging
-import os
 from argparse import Namespace
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from fairseq import utils
-from fairseq.data import ConcatDataset, LanguagePairDataset, data_utils, indexed_dataset
+from fairseq.data import ConcatDataset, LanguagePairDataset, data_utils
 from fairseq.dataclass import ChoiceEnum
 from omegaconf import II
 from fairseq.tasks import register_task
@@ -30,11 +29,12 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from umst_tools import text_preprocessing as textprep  # (the config field takes the plain name)
 from umst_plugin import mixed_precision
 from umst_plugin.data.side_data_dataset import SideDataLanguagePairDataset
-from umst_plugin.data.side_inputs import HINT_KEYS, SIDE_INPUT_KEYS, BatchHints, encoder_accepts_side_inputs  # noqa: F401
+from umst_plugin.data.side_inputs import (HINT_KEYS, SIDE_INPUT_KEYS, BatchHints,  # noqa: F401
+                                          encoder_accepts_side_inputs, keep_named_inputs)
 from umst_plugin.data.word_boundaries import boundary_table, word_ids_from_tokens, words_from_pieces
-from umst_plugin.preprocess.errors import SideDataError
-from umst_plugin.preprocess.sidefiles import HEADS, WORD_IDS
-from umst_plugin.preprocess.text import moses_unescape
+from umst_plugin.data.side_files import (HEADS, WORD_IDS, SideDataError, check_side_alignment,  # noqa: F401
+                                         load_side, side_prefix_of)
+from umst_plugin.data.word_boundaries import moses_unescape
 
 logger = logging.getLogger(__name__)
 
@@ -64,49 +64,6 @@ class MultiscaleTranslationConfig(TranslationConfig):
                                      "steps skipped)"})
     amp: bool = II("common.amp")
     fp16_init_scale: int = II("common.fp16_init_scale")
-
-
-def _side_prefix(data_path, split, src, tgt, dataset_impl):
-    """Prefix of the split's source dataset (either language direction), as fairseq resolves it."""
-    for a, b in ((src, tgt), (tgt, src)):
-        prefix = os.path.join(data_path, f"{split}.{a}-{b}.{src}")
-        if indexed_dataset.dataset_exists(prefix, impl=dataset_impl):
-            return prefix
-    return None
-
-
-def _load_side(prefix, kind):
-    path = f"{prefix}.{kind}"
-    if not indexed_dataset.dataset_exists(path, impl="mmap"):
-        raise SideDataError(path + ".bin", None, "side data not found; run umst-preprocess on this data-bin "
-                            "(or train with --task translation if the model needs no side data)")
-    return indexed_dataset.MMapIndexedDataset(path)
-
-
-def _last_items(dataset):
-    """Last integer of every item of an mmap dataset, vectorised."""
-    flat = np.frombuffer(dataset._bin_buffer, dtype=dataset._index.dtype)
-    ends = np.cumsum(dataset.sizes) - 1
-    return flat[ends] if len(flat) else np.zeros(0, dtype=np.int64)
-
-
-def check_side_alignment(prefix, src_sizes, word_ids, heads):
-    """Word ids per sentence = source tokens - 1 (</s>); heads per sentence = words."""
-    wid_path, head_path = f"{prefix}.{WORD_IDS}.bin", f"{prefix}.{HEADS}.bin"
-    if len(word_ids) != len(src_sizes) or len(heads) != len(src_sizes):
-        raise SideDataError(wid_path, None, f"{len(word_ids)} word-id and {len(heads)} head lines but "
-                            f"{len(src_sizes)} source sentences in {prefix}.bin; re-run umst-preprocess")
-    bad = np.nonzero(word_ids.sizes != src_sizes - 1)[0]
-    if len(bad):
-        i = int(bad[0])
-        raise SideDataError(wid_path, i + 1, f"{word_ids.sizes[i]} word ids but {src_sizes[i] - 1} source tokens "
-                            f"(without </s>) in {prefix}.bin; expected equal counts: re-run umst-preprocess")
-    n_words = _last_items(word_ids)
-    bad = np.nonzero(heads.sizes != n_words)[0]
-    if len(bad):
-        i = int(bad[0])
-        raise SideDataError(head_path, i + 1, f"{heads.sizes[i]} heads but {n_words[i]} words in the word ids; "
-                            "expected one head per word: re-run umst-preprocess")
 
 
 @register_task("multiscale_translation", dataclass=MultiscaleTranslationConfig)
@@ -181,12 +138,12 @@ class MultiscaleTranslationTask(TranslationTask):
         word_id_sets, head_sets = [], []
         for k in itertools.count():  # the same shards fairseq concatenated (train, train1, ...)
             split_k = split + (str(k) if k > 0 else "")
-            prefix = _side_prefix(data_path, split_k, src, tgt, self.cfg.dataset_impl)
+            prefix = side_prefix_of(data_path, split_k, src, tgt, self.cfg.dataset_impl)
             if prefix is None:
                 break
             src_raw = data_utils.load_indexed_dataset(prefix, None, self.cfg.dataset_impl)
             src_sizes = np.array(src_raw.sizes)  # copy while src_raw (and its mmap) is alive
-            word_ids, heads = _load_side(prefix, WORD_IDS), _load_side(prefix, HEADS)
+            word_ids, heads = load_side(prefix, WORD_IDS), load_side(prefix, HEADS)
             check_side_alignment(prefix, src_sizes, word_ids, heads)
             word_id_sets.append(word_ids)
             head_sets.append(heads)
@@ -214,11 +171,10 @@ class MultiscaleTranslationTask(TranslationTask):
     # ---- models that take no side inputs (e.g. fairseq's own transformer) ------------------
 
     def _strip_side_inputs(self, sample, models):
-        """Drop src_word_ids/src_word_heads unless every model's encoder accepts them."""
-        if not sample or "net_input" not in sample or all(encoder_accepts_side_inputs(m) for m in models):
+        """Hand each encoder the side inputs and hints its forward names, no other (data/side_inputs.py)."""
+        if not sample or "net_input" not in sample:
             return sample
-        net_input = {k: v for k, v in sample["net_input"].items() if k not in SIDE_INPUT_KEYS + HINT_KEYS}
-        return {**sample, "net_input": net_input}
+        return {**sample, "net_input": keep_named_inputs(sample["net_input"], models)}
 
     # ---- mixed precision (umst_plugin/mixed_precision.py) --------------------------------------
 

@@ -11,16 +11,23 @@ from umst_tools.multi30k.runs import evaluated, forget_results, train_cmd, train
 RUN_LOCATION = ("checkpoint.save_dir=", "hydra.run.dir=", "common.user_dir=")
 
 
-def settings(cmd, portable=False):
-    """The hydra overrides of a training command that decide its model (all but the budget and how many
-    checkpoints are kept), as a set; ``portable``: without where the run and the plugin were, and the
-    data-bin by its name only (an archived run trained on another machine)."""
-    args = cmd.split() if isinstance(cmd, str) else cmd
+def settings(cmd, portable=False, with_data=True):
+    """What decides a training's model, by content: its config's name and the hydra overrides (all but the
+    budget and how many checkpoints are kept), as a set; never the Python or the configs' folder, which name
+    where the checkout was. ``portable``: also without where the run and the plugin were, and the data-bin by
+    its name only (an archived run trained on another machine or clone); ``with_data=False``: without the
+    data-bin at all (a table rebuilt from an archive, no data-bin given)."""
+    args = cmd.split() if isinstance(cmd, str) else list(cmd)
     args = args[args.index("fairseq_cli.hydra_train") + 1:] if "fairseq_cli.hydra_train" in args else args
+    if "--config-dir" in args:  # a path: the same config in another clone is the same config
+        i = args.index("--config-dir")
+        del args[i:i + 2]
     out = {a for a in args if not a.startswith(("optimization.max_update=", "checkpoint.keep_"))}
     if portable:
         out = {f"task.data={os.path.basename(a.split('=', 1)[1])}" if a.startswith("task.data=") else a
                for a in out if not a.startswith(RUN_LOCATION)}
+    if not with_data:
+        out = {a for a in out if not a.startswith("task.data=")}
     return out
 
 
@@ -34,11 +41,12 @@ def check_same_settings(args, row, seed, what, where=None, portable=False, optio
         return
     with open(train_log, errors="replace") as f:
         headers = [line[2:].split(": ", 1)[-1] for line in f if line.startswith("# ")]
-    want = settings(train_cmd(args, row, seed, save), portable)
+    with_data = args.data is not None
+    want = settings(train_cmd(args, row, seed, save), portable, with_data)
     for header in headers:
-        if settings(header, portable) != want:
-            raise SystemExit(f"{where} {what} with other settings: {sorted(settings(header, portable) ^ want)}; "
-                             f"use another {option}")
+        got = settings(header, portable, with_data)
+        if got != want:
+            raise SystemExit(f"{where} {what} with other settings: {sorted(got ^ want)}; use another {option}")
 
 
 def adopt_longer_run(args, row, seed):
@@ -90,7 +98,31 @@ def archive_run(args, row, seed):
                 write_file(os.path.join(dest, name), "".join(x for x in f if not x.startswith(("S-", "D-", "P-"))))
         else:
             copy_file(os.path.join(save, name), os.path.join(dest, name))
+    archive_references(args)
     log(f"{row} seed {seed}: archived to {dest}")
+
+
+REFERENCES = ("ref/test.tok.de", "ref/test1.tok.de", "ref/test2.tok.de", "tok/test.en")
+
+
+def reference_file(args, name):
+    """A test set's reference (``ref/test.tok.de``) or tokenized source (``tok/test.en``): from the data-bin's
+    recipe folders, or, with no --data (a table rebuilt from the archive), from ARCHIVE/ref, tok."""
+    if args.data is not None:
+        folder, base = name.split("/")
+        return os.path.join(args.data, "ref", base) if folder == "ref" else \
+            os.path.join(args.data, "..", "..", folder, base)
+    return os.path.join(args.archive or "", name)
+
+
+def archive_references(args):
+    """Keep the test references and tokenized sources beside the archived runs (once): the paired bootstrap
+    and the sample sentences read them, so a table rebuilt from the archive needs no data-bin."""
+    for name in REFERENCES:
+        src, dest = reference_file(args, name), os.path.join(args.archive, name)
+        if os.path.exists(src) and not os.path.exists(dest):
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            copy_file(src, dest)
 
 
 def restore_run(args, row, seed):

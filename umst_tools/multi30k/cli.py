@@ -63,7 +63,8 @@ from umst_tools.multi30k.training import train_all
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", help="the data-bin of prepare-multi30k.sh (required but with --redraw)")
+    p.add_argument("--data", help="the data-bin of prepare-multi30k.sh (required but with --redraw, and with "
+                                  "--table-only --archive: the table from the archive alone)")
     p.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows (default: all)")
     p.add_argument("--seeds", default="1,2", help="comma-separated seeds (default: 1,2)")
     p.add_argument("--max-update", type=int, default=8000, help="updates per run (reference: 8000)")
@@ -124,9 +125,10 @@ def main(argv=None):
     args.out = os.path.abspath(args.out)
     if args.redraw:
         return redraw(args)
-    if not args.data:
-        p.error("the following arguments are required: --data")
-    args.data = os.path.abspath(args.data.rstrip("/"))
+    if not args.data and not (args.table_only and args.archive):
+        p.error("the following arguments are required: --data (or --table-only --archive DIR: the table from an "
+                "archive alone)")
+    args.data = os.path.abspath(args.data.rstrip("/")) if args.data else None
     rows = [r for r in args.rows.split(",") if r]
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
@@ -138,7 +140,7 @@ def main(argv=None):
     if args.save_every != "epoch" and args.max_update % args.save_every:
         p.error(f"--max-update {args.max_update} must be a multiple of --save-every {args.save_every} "
                 "(the last checkpoint must hold the final update)")
-    for r in rows:
+    for r in rows if args.data else []:
         data = args.data + DATA_VARIANT.get(r, "")
         if not os.path.isdir(data):
             p.error(f"row {r} needs the data-bin {data} (run scripts/prepare-multi30k.sh)")

@@ -48,7 +48,7 @@ def subprocess_env(args, **extra):
 def train_cmd(args, row, seed, save):
     warmup = warmup_updates(args.max_update, args.warmup)
     cmd = [sys.executable, "-m", "fairseq_cli.hydra_train", "--config-dir", CONFIGS, "--config-name", row,
-           f"task.data={args.data + DATA_VARIANT.get(row, '')}", f"common.user_dir={ROOT}/umst_plugin",
+           f"task.data={(args.data or '') + DATA_VARIANT.get(row, '')}", f"common.user_dir={ROOT}/umst_plugin",
            f"checkpoint.save_dir={save}", f"hydra.run.dir={save}", f"common.seed={seed}",
            f"optimization.max_update={args.max_update}", f"lr_scheduler.warmup_updates={warmup}",
            f"dataset.max_tokens={args.max_tokens}", "common.log_interval=25", "dataset.num_workers=0"]

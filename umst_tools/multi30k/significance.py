@@ -1,9 +1,9 @@
 """Paired bootstrap significance, the pairs compared, and the rows close to the baseline."""
-import os
 import statistics
 
 from umst_tools import score
 
+from umst_tools.multi30k.archive import reference_file
 from umst_tools.multi30k.config import ABLATIONS, BASELINE, LABELS
 from umst_tools.multi30k.evaluation import finished_test_decoding
 
@@ -35,7 +35,7 @@ def paired_bootstrap(baseline_gen, system_gen, tok_ref, samples=1000):
 def significance(args, rows, seeds_of, baseline=BASELINE):
     """{(row, seed): (difference, p)} against ``baseline`` of the same seed on test_2016_flickr."""
     out = {}
-    ref = os.path.join(args.data, "ref", "test.tok.de")
+    ref = reference_file(args, "ref/test.tok.de")
     for row in rows:
         for seed in seeds_of[row]:
             base, gen = finished_test_decoding(args, baseline, seed), finished_test_decoding(args, row, seed)

@@ -4,6 +4,7 @@ import statistics
 
 from umst_tools import score
 
+from umst_tools.multi30k.archive import reference_file
 from umst_tools.multi30k.config import BASELINE, LABELS, REFERENCE, SAMPLE_IDS, TEST_SETS, lr_of, precision_of, warmup_updates
 from umst_tools.multi30k.evaluation import finished_test_decoding
 from umst_tools.multi30k.machine import this_machine
@@ -137,8 +138,8 @@ def table(args, rows, seeds, results, seeds_of=None):
                   "that recorded it."]
     if signature:
         lines += ["", f"sacreBLEU signature: `{signature}`"]
-    src = os.path.join(args.data, "..", "..", "tok", "test.en")  # as the model read it (tokenized, cased as the recipe)
-    ref = os.path.join(args.data, "ref", "test.tok.de")
+    src = reference_file(args, "tok/test.en")  # as the model read it (tokenized, cased as the recipe)
+    ref = reference_file(args, "ref/test.tok.de")
     if samples and os.path.exists(ref):
         srcs = open(src, encoding="utf-8").read().splitlines() if os.path.exists(src) else []
         refs = open(ref, encoding="utf-8").read().splitlines()

@@ -1,0 +1,76 @@
+"""The side-file contract in one place: what umst-preprocess writes beside a data-bin and what the task reads.
+
+For every split's source prefix ``{split}.{src}-{tgt}.{src}``: ``.wordids`` (per sentence, the 1-based word of
+each subword, without ``</s>``) and ``.heads`` (per sentence, the 1-based head of each word, 0 = root) as fairseq
+mmap datasets, and ``.labels`` (dependency labels, text). Here: their names, where they live, loading them, the
+alignment check against the source sentences, and the error every producer and consumer raises
+(``SideDataError``: the file, the line, what was expected).
+"""
+import os
+
+import numpy as np
+from fairseq.data import indexed_dataset
+
+WORD_IDS, HEADS, LABELS = "wordids", "heads", "labels"
+
+
+class SideDataError(ValueError):
+    """Input that cannot be turned into aligned side data.
+
+    The message always names the file, the 1-based line (or sentence) number
+    and what was expected, e.g. ``train.bpe.en:17: 12 words in the BPE text but
+    11 tokens in train.en.conllu (sentence 17, starting at line 203)``.
+    """
+
+    def __init__(self, path, line, message):
+        self.path, self.line = path, line
+        where = f"{path}:{line}" if line is not None else f"{path}"
+        super().__init__(f"{where}: {message}")
+
+
+def side_prefix(destdir, split, src, tgt):
+    """Where umst-preprocess writes a split's side files: next to fairseq's ``{split}.{src}-{tgt}.{src}``."""
+    return os.path.join(destdir, f"{split}.{src}-{tgt}.{src}")
+
+
+def side_prefix_of(data_path, split, src, tgt, dataset_impl):
+    """Prefix of the split's source dataset (either language direction), as fairseq resolves it."""
+    for a, b in ((src, tgt), (tgt, src)):
+        prefix = os.path.join(data_path, f"{split}.{a}-{b}.{src}")
+        if indexed_dataset.dataset_exists(prefix, impl=dataset_impl):
+            return prefix
+    return None
+
+
+def load_side(prefix, kind):
+    path = f"{prefix}.{kind}"
+    if not indexed_dataset.dataset_exists(path, impl="mmap"):
+        raise SideDataError(path + ".bin", None, "side data not found; run umst-preprocess on this data-bin "
+                            "(or train with --task translation if the model needs no side data)")
+    return indexed_dataset.MMapIndexedDataset(path)
+
+
+def last_items(dataset):
+    """Last integer of every item of an mmap dataset, vectorised."""
+    flat = np.frombuffer(dataset._bin_buffer, dtype=dataset._index.dtype)
+    ends = np.cumsum(dataset.sizes) - 1
+    return flat[ends] if len(flat) else np.zeros(0, dtype=np.int64)
+
+
+def check_side_alignment(prefix, src_sizes, word_ids, heads):
+    """Word ids per sentence = source tokens - 1 (</s>); heads per sentence = words."""
+    wid_path, head_path = f"{prefix}.{WORD_IDS}.bin", f"{prefix}.{HEADS}.bin"
+    if len(word_ids) != len(src_sizes) or len(heads) != len(src_sizes):
+        raise SideDataError(wid_path, None, f"{len(word_ids)} word-id and {len(heads)} head lines but "
+                            f"{len(src_sizes)} source sentences in {prefix}.bin; re-run umst-preprocess")
+    bad = np.nonzero(word_ids.sizes != src_sizes - 1)[0]
+    if len(bad):
+        i = int(bad[0])
+        raise SideDataError(wid_path, i + 1, f"{word_ids.sizes[i]} word ids but {src_sizes[i] - 1} source tokens "
+                            f"(without </s>) in {prefix}.bin; expected equal counts: re-run umst-preprocess")
+    n_words = last_items(word_ids)
+    bad = np.nonzero(heads.sizes != n_words)[0]
+    if len(bad):
+        i = int(bad[0])
+        raise SideDataError(head_path, i + 1, f"{heads.sizes[i]} heads but {n_words[i]} words in the word ids; "
+                            "expected one head per word: re-run umst-preprocess")
