@@ -201,8 +201,10 @@ def plugin_cli_flags():
 
 
 def script_texts():
-    paths = [p for d in ("scripts", "benchmarks") for p in glob.glob(os.path.join(ROOT, d, "*"))
-             if os.path.isfile(p)]
+    """The scripts, benchmarks and the fairseq-free tools they run (umst_tools: the argparse of the runner,
+    the GPU check, the recipes' Python)."""
+    paths = [p for d in ("scripts", "scripts/slurm", "benchmarks", "umst_tools", "umst_tools/multi30k")
+             for p in glob.glob(os.path.join(ROOT, d, "*")) if os.path.isfile(p)]
     return {rel(p): read(p) for p in paths}
 
 

@@ -231,7 +231,10 @@ def test_record_hooks_do_not_change_outputs():
         off = module(*inputs)
         module.record = []
         on = module(*inputs)
-        assert torch.equal(off, on) and len(module.record) == 1 and not module.record[0].requires_grad
+        # recording takes the explicit path that returns the weights (WidthChangingAttention's fused path,
+        # without them, equals it to rounding: tests/test_attention.py, in float64)
+        torch.testing.assert_close(off, on, rtol=1e-5, atol=1e-6)
+        assert len(module.record) == 1 and not module.record[0].requires_grad
         module.record = None
 
 

@@ -141,3 +141,44 @@ def restore_run(args, row, seed):
         copy_file(os.path.join(src, name), os.path.join(save, name))
     log(f"{row} seed {seed}: restored from {src} (trained and decoded before)")
     return True
+
+
+README_HEAD = """# Archive of the Multi30k runs
+
+Written by `scripts/multi30k_table.py --archive DIR`: one folder `ROW/seedS` per finished and decoded run, holding
+what the table reads and no checkpoint, and `ref/`, `tok/`: the test references and tokenized sources the paired
+bootstrap and the sample sentences read. The same command on a fresh machine (or `--table-only --archive DIR`
+without `--data`) takes these runs as done and rewrites the table from them.
+
+| file | what |
+|---|---|
+| `train.log` | fairseq-hydra-train's whole log, one `# started ...` header (with the command) per training segment |
+| `train-done.json` | budget, wall time, jobs, threads and the CPU the run trained on (`machine`) |
+| `cpu-time.json` | CPU seconds of each training segment |
+| `params.json`, `checkpoint_avgN.json` | parameters of the averaged model; the checkpoints it averages |
+| `eval-{test,test1,test2}/results.json` | tokenized BLEU, sacreBLEU with signature, lengths (test = 2016 Flickr, test1 = 2017 Flickr, test2 = 2017 MSCOCO) |
+| `eval-*/generate-*.txt` | fairseq-generate's hypotheses and targets (`H-`, `T-` lines) and its BLEU line |
+| `eval-*/hyp.detok.txt` | the detokenized hypotheses sacreBLEU scored |
+
+## The runs
+
+Every archived run: the CPU it trained on (as `/proc/cpuinfo` names it), its training CPU time (user + system of
+the training process, per update over the recorded segments, times the budget; wall time where no CPU time
+was recorded, marked †) and its 2016 Flickr tokenized BLEU.
+"""
+
+
+def write_archive_readme(args, results):
+    """ARCHIVE/README.md: what the folder holds, and one line per archived run (machine, CPU time, BLEU)."""
+    rows = []
+    for (row, seed), run in sorted(results.items()):
+        if not os.path.exists(os.path.join(run_dir(args.archive, row, seed), "train-done.json")):
+            continue
+        cpu = run.get("train_cpu_s")
+        time = f"{cpu / 60:.1f} min" if cpu else (f"{run['train_wall_s'] / 60:.1f} min †"
+                                                  if run.get("train_wall_s") else "–")
+        bleu = run.get("bleu", {}).get("test")
+        rows.append(f"| `{row}` | {seed} | {run.get('machine', '–')} | {time} | "
+                    f"{bleu if bleu is not None else '–'} |")
+    table = "\n".join(["| row | seed | machine | training time | 2016 Flickr BLEU |", "|---|---|---|---|---|"] + rows)
+    write_file(os.path.join(args.archive, "README.md"), README_HEAD + "\n" + table + "\n")

@@ -50,7 +50,7 @@ difference and its p value per seed.
 import argparse
 import os
 
-from umst_tools.multi30k.archive import restore_run
+from umst_tools.multi30k.archive import restore_run, write_archive_readme
 from umst_tools.multi30k.config import BASELINE, COMPARE, DATA_VARIANT, ROWS, compare_pairs, markers, save_every, warmup_updates
 from umst_tools.multi30k.evaluation import budget_curve, run_results
 from umst_tools.multi30k.files import copy_file, log, write_file, write_json
@@ -176,6 +176,8 @@ def main(argv=None):
     budget = {k: getattr(args, k) for k in ("max_update", "max_tokens", "average", "save_every", "beam", "jobs",
                                             "threads", "cpu", "fp16", "bf16", "override", "hardware",
                                             "close_seeds", "close_within")}
+    if args.archive:
+        write_archive_readme(args, results)
     write_json(os.path.join(args.out, "runs.json"),  # every run, per seed
                {"budget": dict(budget, warmup_updates=warmup_updates(args.max_update, args.warmup)),
                 "runs": list(results.values())}, indent=1)

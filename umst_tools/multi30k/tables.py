@@ -89,6 +89,9 @@ def table(args, rows, seeds, results, seeds_of=None):
             + f" | 2016 Flickr sacreBLEU | hyp/ref length | valid ppl | train {'CPU' if args.cpu else 'wall'} time / run"
             + " | published |"
             + (" vs pre-norm transformer, per seed |" if sig is not None else ""))
+    if len(machines) > 1:
+        head = head.replace(f"train {'CPU' if args.cpu else 'wall'} time / run",
+                            f"train {'CPU' if args.cpu else 'wall'} time vs pre-norm, same machine")
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     signature = None
     samples = {}
@@ -107,11 +110,12 @@ def table(args, rows, seeds, results, seeds_of=None):
         cells = [LABELS[row] + f" (`{row}`)", f"{params / 1e6:.2f}M" if params else "–"]
         cells += [mean_spread(per_set[s]) for s, _ in TEST_SETS]
         seconds, wall = train_time(row)
-        spent = f"{seconds / 60:.1f} min" if seconds else "–"
         ratio = time_ratio(row, wall) if seconds and BASELINE in rows else None
-        if ratio:
-            spent += f" ({ratio:.2f}x)"
-        elif seconds and BASELINE in rows and any(baseline_time_on(m, wall) for m in machines):
+        if len(machines) > 1:  # minutes of different CPUs do not average: the per-machine ratio alone
+            spent = f"{ratio:.2f}x" if ratio else "–"
+        else:
+            spent = (f"{seconds / 60:.1f} min" if seconds else "–") + (f" ({ratio:.2f}x)" if ratio else "")
+        if not ratio and seconds and BASELINE in rows and any(baseline_time_on(m, wall) for m in machines):
             spent += " (no pre-norm run on its machine)"
         if wall:
             spent += " †"
@@ -130,8 +134,9 @@ def table(args, rows, seeds, results, seeds_of=None):
     if len(machines) > 1:  # which run trained where: a time in minutes averages over these CPUs
         lines += ["", "Trained on different machines: "
                   + "; ".join(f"{m}: {', '.join(runs)}" for m, runs in machines.items())
-                  + ". A time ratio is each run's time over the pre-norm transformer's on the same machine, "
-                  "averaged over the row's runs that have one; a time in minutes averages over CPUs."]
+                  + ". The time column is each run's time over the pre-norm transformer's on the same machine, "
+                  "averaged over the row's runs that have one; every run's minutes, with its machine: "
+                  "`runs.json` (and an archive's README, `--archive`)."]
     if wall_for_cpu:
         lines += ["", "†: wall time, no run of the row recorded CPU time (trained before the runner recorded it; "
                   "wall time grows with whatever else ran on the machine). Elsewhere CPU time, over the runs "
