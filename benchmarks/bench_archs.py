@@ -18,6 +18,9 @@ defaults (dropout on, train mode):
 
 Ratios are per FLOP against the transformer of the same run: ``saved/FLOP = (saved / flops) / (saved_tf /
 flops_tf)`` and ``time/FLOP`` likewise: an arch that does 1.3x the work may take 1.3x the memory and time.
+Extra rows: ``transformer_sf_keep_fast`` (TranSFormer with ``--sf-keep-fast-activations``, the memory/time
+trade-off) and ``transformer_prime_shape`` (a transformer of Prime's 12+12 narrow shape: Prime's rows are also
+compared with it, ``vs_shape`` in the JSON, ``compare_runs.py shape``).
 
 Usage::
 
@@ -57,17 +60,34 @@ ARCHS = {
     "umst": ("umst_base", "umst_big", {}),
     "umst_rpr": ("umst_base_rpr", "umst_big_rpr", {}),
     "transformer_sf": ("transformer_sf_base", "transformer_sf_big", {}),
+    # the trade-off flag: the character branch's activations kept rather than recomputed in backward
+    "transformer_sf_keep_fast": ("transformer_sf_base", "transformer_sf_big", {"sf_keep_fast_activations": True}),
     "msc": ("msc_base", "msc_big", {}),
     "msmsa": ("msmsa_base", "msmsa_big", {}),
     "prime": ("prime_base", "prime_big", {}),
     "prime_simple": ("prime_simple_base", "prime_simple_big", {}),
+    # Prime's shape (12+12 layers, narrower and deeper than the transformer's 6+6): activations grow with
+    # layers x width and matmul FLOPs with layers x width^2, so a narrower model keeps more bytes per FLOP
+    # whatever its layers are. This transformer tells the shape's share of Prime's ratio from the layers'.
+    "transformer_prime_shape": ("transformer", "transformer_vaswani_wmt_en_de_big",
+                                dict(PRENORM, encoder_layers=12, decoder_layers=12, encoder_embed_dim=384,
+                                     decoder_embed_dim=384, encoder_ffn_embed_dim=768, decoder_ffn_embed_dim=768,
+                                     encoder_attention_heads=4, decoder_attention_heads=4, dropout=0.4),
+                                dict(encoder_embed_dim=768, decoder_embed_dim=768, encoder_ffn_embed_dim=3072,
+                                     decoder_ffn_embed_dim=3072, encoder_attention_heads=16,
+                                     decoder_attention_heads=16, dropout=0.3)),
 }
-BASELINE = {"umst": "transformer_dropout", "umst_rpr": "transformer_dropout", "transformer_sf": "transformer_dropout",
-            "msc": "transformer_dropout"}  # the others: "transformer" (attention and activation dropout 0)
+# the others: "transformer" (attention and activation dropout 0)
+BASELINE = {name: "transformer_dropout" for name in ("umst", "umst_rpr", "transformer_sf", "transformer_sf_keep_fast",
+                                                     "msc")}
+LABELS = {"transformer_dropout": " (dropout 0.1)", "transformer_prime_shape": " (Prime's shape)",
+          "transformer_sf_keep_fast": " --sf-keep-fast-activations"}
+SHAPE_BASELINE = {"prime": "transformer_prime_shape", "prime_simple": "transformer_prime_shape"}
 QUICK = dict(encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_embed_dim=32,
              encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4,
              decoder_attention_heads=4)
 QUICK_EXTRA = {"transformer_sf": dict(fast_embed_dim=8, fast_ffn_embed_dim=16, fast_attention_heads=2),
+               "transformer_sf_keep_fast": dict(fast_embed_dim=8, fast_ffn_embed_dim=16, fast_attention_heads=2),
                "msc": dict(encoder_blocks=2, encoder_layers_per_block=1)}
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -121,9 +141,11 @@ def make_sample(task, src_lengths, tgt_lengths, seed=0):
 
 
 def build(name, width, quick):
-    base, big, overrides = ARCHS[name]
+    base, big, overrides, *big_overrides = ARCHS[name]
     arch = big if width == "big" else base
     overrides = dict(overrides, share_all_embeddings=True)
+    if width == "big" and big_overrides:
+        overrides.update(big_overrides[0])
     if quick:
         overrides.update(QUICK)
         overrides.update(QUICK_EXTRA.get(name, {}))
@@ -293,7 +315,9 @@ def measure(names, width, precisions, device, max_tokens, repeats, warmup, quick
 
 
 def baseline_of(name):
-    return name if name.startswith("transformer") and name != "transformer_sf" else BASELINE.get(name, "transformer")
+    if name in ("transformer", "transformer_dropout"):
+        return name
+    return BASELINE.get(name, "transformer")  # transformer_prime_shape too: its shape's cost against the base
 
 
 def ratios(result):
@@ -311,6 +335,15 @@ def ratios(result):
             t = r["time"][p] / tf["time"][p]
             entry[p] = dict(saved=saved, saved_per_flop=saved / flops, peak=r["peak"][p] / tf["peak"][p],
                             time=t, time_per_flop=t / flops)
+        shape = rows.get(SHAPE_BASELINE.get(r["name"]))
+        if shape is not None:  # also against the transformer of the arch's own shape
+            entry["shape_baseline"] = shape["name"]
+            for p in result["precisions"]:
+                shape_flops = r["flops"] / shape["flops"]
+                entry[p]["vs_shape"] = dict(
+                    flops=shape_flops,
+                    saved_per_flop=r["saved"][p] / shape["saved"][p] / shape_flops,
+                    time_per_flop=r["time"][p] / shape["time"][p] / shape_flops)
         out.append(entry)
     return out
 
@@ -323,10 +356,10 @@ def markdown(result):
         head += [f"saved {p} MiB", f"saved/FLOP {p}", f"peak {p} MiB", f"{p} ms", f"tok/s {p}", f"time/FLOP {p}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     by_name = {r["name"]: r for r in result["rows"]}
-    for ratio in ratios(result):
+    for ratio in result.get("ratios") or ratios(result):  # as recorded: older runs had one baseline
         r = by_name[ratio["name"]]
-        label = r["arch"] + (" (dropout 0.1)" if r["name"] == "transformer_dropout" else "")
-        cells = [label, ratio["baseline"].replace("transformer_dropout", "tf dropout 0.1").replace(
+        label = r["arch"] + LABELS.get(r["name"], "")
+        cells = [label, ratio.get("baseline", "transformer").replace("transformer_dropout", "tf dropout 0.1").replace(
             "transformer", "tf"), f"{r['params'] / 1e6:.1f}M", f"{r['flops'] / 1e9:.1f}", f"{ratio['flops']:.2f}x"]
         for p in precisions:
             cells += [f"{r['saved'][p] / 2**20:.0f}", f"{ratio[p]['saved_per_flop']:.2f}",
@@ -362,9 +395,9 @@ def main(argv=None):
     bad = [x for x in precisions if x not in PRECISIONS]
     asked = [n for n in args.archs.split(",") if n]
     unknown = [n for n in asked if n not in ARCHS]
-    names = sorted({baseline_of(n) for n in asked if n in ARCHS}) + [n for n in asked if n in ARCHS
-                                                                      and not n.startswith("transformer")
-                                                                      or n == "transformer_sf"]
+    baselines = {baseline_of(n) for n in asked if n in ARCHS} | {SHAPE_BASELINE[n] for n in asked
+                                                                 if n in SHAPE_BASELINE}
+    names = sorted(baselines) + [n for n in asked if n in ARCHS and n not in baselines]
     if bad or unknown:
         p.error(f"unknown precision(s) {bad} or arch(s) {unknown}")
     max_tokens = args.max_tokens or (4096 if cuda else 1024)

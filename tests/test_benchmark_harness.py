@@ -44,3 +44,36 @@ def test_cpu_peak_memory_ignores_blocks_allocated_before_the_call():
 
     peak = common.peak_memory(free_then_allocate)
     assert 4 * 2**20 <= peak < 5 * 2**20
+
+
+def _bench_module(name):
+    import os
+    import sys
+    folder = os.path.dirname(common.__file__)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)  # the scripts import common by name, as when run as scripts
+    return __import__(name)
+
+
+def test_bench_archs_quick_run_and_its_tables(tmp_path):
+    """bench_archs at tiny widths: every baseline an asked arch needs is measured (Prime's own-shape transformer
+    too), the ratios are against the right one, and compare_runs renders the JSON it writes; a run compared with
+    itself shows no change."""
+    import json
+    bench_archs, compare_runs = _bench_module("bench_archs"), _bench_module("compare_runs")
+    out = tmp_path / "quick.json"
+    assert bench_archs.main(["--quick", "--archs", "umst,prime", "--precisions", "fp32", "--max-tokens", "64",
+                             "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [r["name"] for r in result["rows"]] == ["transformer", "transformer_dropout", "transformer_prime_shape",
+                                                   "umst", "prime"]
+    ratios = {r["name"]: r for r in result["ratios"]}
+    assert ratios["umst"]["baseline"] == "transformer_dropout" and ratios["prime"]["baseline"] == "transformer"
+    rows = {r["name"]: r for r in result["rows"]}
+    shape = ratios["prime"]["fp32"]["vs_shape"]
+    assert abs(shape["flops"] - rows["prime"]["flops"] / rows["transformer_prime_shape"]["flops"]) < 1e-9
+    assert all(r["flops"] > 0 and r["saved"]["fp32"] > 0 and r["time"]["fp32"] > 0 for r in rows.values())
+    same = compare_runs.render(["steps", str(out), str(out)])
+    assert "| umst_base |" in same and "→" not in same
+    assert "the transformer of its shape" in compare_runs.render(["shape", str(out)])
+    assert "| transformer (Prime's shape) |" in compare_runs.render(["table", str(out)])

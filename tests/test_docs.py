@@ -7,6 +7,9 @@
   umst-average-checkpoints, or a script in scripts/ or benchmarks/; the few flags of outside tools are
   listed in EXTERNAL_FLAGS;
 * every ``bash scripts/X.sh`` / ``python scripts/X.py`` / ``python benchmarks/X.py`` names a file that exists;
+* every project path the docs name in backticks (``umst_plugin/...``, ``benchmarks/x.py``, ...) exists;
+* every table marked ``<!-- compare_runs ... -->`` equals what ``benchmarks/compare_runs.py`` renders from the
+  JSON files it names;
 * README.md stays a five-minute read (<= 300 lines) that starts with the two commands.
 """
 import argparse
@@ -257,6 +260,56 @@ def test_the_command_scan_sees_commands():
         ["scripts/quickstart.sh", "scripts/score.py"]
 
 
+PATH_RE = re.compile(r"`((?:umst_plugin|umst_tools|benchmarks|scripts|tests|configs)/[\w./-]*\w)`")
+
+
+def test_every_project_path_the_docs_name_exists():
+    missing = []
+    for path in DOCS:
+        for target in PATH_RE.findall(read(path)):
+            placeholder = "*" in target or re.search(r"\b[A-Z]{2,}\b", target)  # configs/ROW.yaml
+            if not placeholder and not os.path.exists(os.path.join(ROOT, target)):
+                missing.append("%s: %s" % (rel(path), target))
+    assert not missing, "the docs name project paths that do not exist:\n" + "\n".join(missing)
+
+
+def test_the_path_scan_sees_paths():
+    assert PATH_RE.findall("in `umst_plugin/modules/umst/graphs.py` and `benchmarks/`, not `fairseq/x.py`") == \
+        ["umst_plugin/modules/umst/graphs.py"]
+
+
+def _compare_runs():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("compare_runs", os.path.join(ROOT, "benchmarks", "compare_runs.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_marked_table_equals_its_render_from_the_results():
+    compare_runs = _compare_runs()
+    marked, stale = 0, []
+    for path in DOCS:
+        for line, args, table in compare_runs.marked_tables(path):
+            marked += 1
+            if compare_runs.render(args, os.path.dirname(path)) != table:
+                stale.append("%s:%d compare_runs %s" % (rel(path), line, " ".join(args)))
+    assert marked >= 4, "docs/performance.md and docs/mixed-precision.md mark their measured tables"
+    assert not stale, ("tables that differ from their JSON (python benchmarks/compare_runs.py fill PAGE):\n"
+                       + "\n".join(stale))
+
+
+def test_a_changed_table_is_seen(tmp_path):
+    compare_runs = _compare_runs()
+    page = os.path.join(ROOT, "docs", "performance.md")
+    text = read(page).replace("| umst_base |", "| umst_base_changed |", 1)
+    copy = tmp_path / "performance.md"
+    copy.write_text(text)
+    os.symlink(os.path.join(ROOT, "docs", "results"), tmp_path / "results")
+    assert any(compare_runs.render(args, str(tmp_path)) != table
+               for _, args, table in compare_runs.marked_tables(str(copy)))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # (4) the README itself
 
@@ -282,4 +335,5 @@ def test_each_architecture_page_is_linked_from_the_readme_and_links_back(page):
     assert "(docs/%s.md)" % page in read(README)
     text = read(path)
     assert "](../README.md" in text
-    assert "## Real data (Multi30k En-De)" in text and "](multi30k.md)" in text
+    assert "## Real data (Multi30k En-De)" in text and "](multi30k.md" in text
+    assert "](performance.md)" in text, "each family page links to the per-arch cost table"

@@ -1461,3 +1461,28 @@ def test_average_checkpoints_averages_and_picks_the_newest(tmp_path):
     assert state["cfg"]["epoch"] == 3 and state["optimizer_history"] == [{"num_updates": 300}]
     assert torch.equal(state["model"]["w"], torch.full((2,), 2.0))
     assert state["averaged_from"] == ["checkpoint1.pt", "checkpoint3.pt", "checkpoint2.pt"]
+
+
+@pytest.mark.slow
+def test_the_documented_rebuild_reproduces_the_converged_table(tmp_path):
+    """docs/multi30k.md's converged table is what its own documented command (the fenced block after
+    ``<!-- rebuild-converged -->``) writes from the archive alone: run in a copy of the docs, the block it
+    writes equals the page's, so the page cannot drift from the archived runs."""
+    page = os.path.join(ROOT, "docs", "multi30k.md")
+    text = open(page, encoding="utf-8").read()
+    block = text.split("<!-- rebuild-converged -->", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    argv = [a for a in re.split(r"\s+", block.replace("\\\n", " ").strip()) if a]
+    assert argv[:2] == ["python", "scripts/multi30k_table.py"] and "--table-only" in argv, argv
+    shutil.copytree(os.path.join(ROOT, "docs"), tmp_path / "docs")
+    out = tmp_path / "out"
+    argv = [str(out) if a == argv[argv.index("--out") + 1] else a.strip("\"'") for a in argv]
+    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "multi30k_table.py")] + argv[2:],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    def converged(t):
+        return t.split("<!-- multi30k-table:converged:begin -->")[1].split("<!-- multi30k-table:converged:end -->")[0]
+
+    rebuilt = (tmp_path / "docs" / "multi30k.md").read_text(encoding="utf-8")
+    assert "| row |" in converged(text) and "m30k-prime" in converged(text)
+    assert converged(rebuilt) == converged(text)
