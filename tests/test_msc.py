@@ -139,7 +139,7 @@ def test_encoder_out_carries_blocks_and_contexts_and_reorders(name):
     model, _, _ = build("msc_iwslt_de_en", TINY + ABLATIONS[name])
     model.eval()
     src, lengths, _, _ = random_batch()
-    out = model.encoder(src, lengths, src_word_ids=src, src_word_heads=src)  # side inputs ignored
+    out = model.encoder(src, lengths)  # no side inputs: the task hands MSC none (test_trains_through_multiscale_translation_task_with_side_inputs)
     n_blocks = 1 if name == "no_block_collab" else 3
     n_ctx = 0 if name == "no_ctx_collab" else 3
     assert len(out["msc_block_out"]) == n_blocks and len(out["msc_context"]) == n_ctx
