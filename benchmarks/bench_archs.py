@@ -39,7 +39,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-import common  # benchmarks/common.py (the script's folder is on sys.path)
+try:  # imported from the installed benchmarks package (tests), or run as a script (its folder on sys.path)
+    from benchmarks import common
+except ImportError:
+    import common
 
 from umst_plugin import dev
 

@@ -139,8 +139,10 @@ def render(args, base_dir="."):
     if args.what == "shape":
         return shape_markdown(_load(path(args.result)))
     if args.what == "table":
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_archs imports common by name
-        import bench_archs
+        try:
+            from benchmarks import bench_archs
+        except ImportError:  # run as a script from a checkout that pip has not installed: its folder is on sys.path
+            import bench_archs
         result = _load(path(args.result))
         return bench_archs.markdown(result[args.key] if args.key else result)
     if args.what == "op-counts":

@@ -46,21 +46,12 @@ def test_cpu_peak_memory_ignores_blocks_allocated_before_the_call():
     assert 4 * 2**20 <= peak < 5 * 2**20
 
 
-def _bench_module(name):
-    import os
-    import sys
-    folder = os.path.dirname(common.__file__)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)  # the scripts import common by name, as when run as scripts
-    return __import__(name)
-
-
 def test_bench_archs_quick_run_and_its_tables(tmp_path):
     """bench_archs at tiny widths: every baseline an asked arch needs is measured (Prime's own-shape transformer
     too), the ratios are against the right one, and compare_runs renders the JSON it writes; a run compared with
     itself shows no change."""
     import json
-    bench_archs, compare_runs = _bench_module("bench_archs"), _bench_module("compare_runs")
+    from benchmarks import bench_archs, compare_runs
     out = tmp_path / "quick.json"
     assert bench_archs.main(["--quick", "--archs", "umst,prime", "--precisions", "fp32", "--max-tokens", "64",
                              "--json", str(out)]) == 0
