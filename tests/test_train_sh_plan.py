@@ -74,13 +74,14 @@ def test_bf16_flag_is_named_for_what_it_does():
 
 def _slurm_stand_ins(bin_dir, hosts):
     """``srun --nodes=N ...``: runs the command once per node with SLURM_NODEID/SLURM_NNODES set;
-    ``scontrol show hostnames``: prints ``hosts``."""
+    ``scontrol show hostnames``: prints ``hosts``, then many more."""
     srun = bin_dir / "srun"
     srun.write_text("#!/usr/bin/env bash\nN=1\nwhile [[ \"$1\" == --* ]]; do\n"
                     "  case \"$1\" in --nodes=*) N=\"${1#--nodes=}\" ;; esac; shift\ndone\n"
                     "for ((i = 0; i < N; i++)); do SLURM_NODEID=$i SLURM_NNODES=$N \"$@\" || exit $?; done\n")
     scontrol = bin_dir / "scontrol"
-    scontrol.write_text("#!/usr/bin/env bash\nprintf '%s\\n' " + " ".join(hosts) + "\n")
+    # a long host list, as on a big job: a reader that stops after the first host must not kill the job
+    scontrol.write_text("#!/usr/bin/env bash\nprintf '%s\\n' " + " ".join(hosts) + "\nseq 200000 | sed 's/^/spare-/'\n")
     for p in (srun, scontrol):
         p.chmod(p.stat().st_mode | stat.S_IEXEC)
 

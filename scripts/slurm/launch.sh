@@ -9,7 +9,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 ROW="${1:?usage: launch.sh ROW DATA_BIN SAVE_DIR [train.sh args]}"; DATA="${2:?DATA_BIN}"; SAVE="${3:?SAVE_DIR}"
 shift 3
 GPUS="${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}"
-MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+# The first host, without a pipe into head: under pipefail, scontrol killed by SIGPIPE once head has its line
+# (a race that grows with the node count) would end the job with status 141.
+HOSTS="$(scontrol show hostnames "$SLURM_JOB_NODELIST")"
+MASTER_ADDR="${HOSTS%%$'\n'*}"
 MASTER_PORT="${MASTER_PORT:-$(( 20000 + SLURM_JOB_ID % 20000 ))}"
 EXTRA=()
 [[ "${TRAIN_SH_DRY_RUN:-0}" != 1 ]] || EXTRA+=(--dry-run)
