@@ -118,29 +118,8 @@ def lengths_batch(max_tokens, seed=0):
 
 def make_sample(task, src_lengths, tgt_lengths, seed=0):
     """A collated batch with exactly these lengths (random tokens and dependency trees)."""
-    import random
-
-    from fairseq.data import LanguagePairDataset
-    from umst_plugin.data.side_data_dataset import SideDataLanguagePairDataset
-    from umst_plugin.data.word_boundaries import word_ids_from_pieces
-
-    rng = random.Random(seed)
-    sd, td = task.source_dictionary, task.target_dictionary
-    src, tgt, word_ids, heads = [], [], [], []
-    for s_len, t_len in zip(src_lengths, tgt_lengths):
-        pieces = dev._random_sentence(rng, sd, s_len - 1)
-        wids = word_ids_from_pieces([sd[p] for p in pieces])
-        n_words = wids[-1]
-        heads.append(torch.tensor([rng.choice([h for h in range(n_words + 1) if h != w])
-                                   for w in range(1, n_words + 1)], dtype=torch.long))
-        word_ids.append(torch.tensor(wids, dtype=torch.long))
-        src.append(torch.tensor(pieces + [sd.eos()], dtype=torch.long))
-        tgt.append(torch.tensor(dev._random_sentence(rng, td, t_len - 1) + [td.eos()], dtype=torch.long))
-    pair = LanguagePairDataset(src, torch.tensor([len(s) for s in src]), sd, tgt,
-                               torch.tensor([len(t) for t in tgt]), td, left_pad_source=True, shuffle=False)
-    hints = {"batch_hints": task.batch_hints} if hasattr(task, "batch_hints") else {}  # (older checkouts: none)
-    data = SideDataLanguagePairDataset(pair, word_ids, heads, **hints)
-    return dev.collate(data, range(len(src)))
+    data = dev.dataset_of_lengths(task, src_lengths, tgt_lengths, seed=seed)
+    return dev.collate(data, range(len(src_lengths)))
 
 
 def build(name, width, quick):

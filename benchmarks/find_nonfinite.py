@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from umst_plugin import dev
+from umst_plugin.op_counts import tensors_in
 
 TINY = dict(encoder_layers=2, decoder_layers=2, encoder_embed_dim=16, decoder_embed_dim=16, encoder_ffn_embed_dim=32,
             decoder_ffn_embed_dim=32, encoder_attention_heads=2, decoder_attention_heads=2)
@@ -24,13 +25,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 
 
 def nonfinite(x):
-    if torch.is_tensor(x) and x.is_floating_point():
-        return not bool(torch.isfinite(x).all())
-    if isinstance(x, (list, tuple)):
-        return any(nonfinite(v) for v in x)
-    if isinstance(x, dict):
-        return any(nonfinite(v) for v in x.values())
-    return False
+    return any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in tensors_in(x))
 
 
 def watch(model, events):
@@ -39,22 +34,12 @@ def watch(model, events):
     Tensor hooks, not full backward hooks: those wrap outputs in views that break fairseq's in-place ops."""
     handles = []
 
-    def tensors(x):
-        if torch.is_tensor(x):
-            yield x
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                yield from tensors(v)
-        elif isinstance(x, dict):
-            for v in x.values():
-                yield from tensors(v)
-
     for name, module in model.named_modules():
         def fwd(mod, args, out, name=name):
             label = name or "<model>"
             if nonfinite(out):
                 events.append(("forward output", label, type(mod).__name__))
-            for t in tensors(out):
+            for t in tensors_in(out):
                 if t.requires_grad and t.is_floating_point():
                     def grad_hook(g, label=label, cls=type(mod).__name__):
                         if not bool(torch.isfinite(g).all()):

@@ -76,18 +76,31 @@ def _random_sentence(rng, dictionary, length):
 def random_dataset(task, n, src_len, tgt_len, seed=0, left_pad_source=True, min_len=2):
     """A SideDataLanguagePairDataset of ``n`` random sentences with random dependency trees."""
     rng = random.Random(seed)
+    return _random_side_dataset(task, rng, n, lambda: rng.randint(min_len, src_len),
+                                lambda: rng.randint(min_len, tgt_len), left_pad_source)
+
+
+def dataset_of_lengths(task, src_lengths, tgt_lengths, seed=0, left_pad_source=True):
+    """As :func:`random_dataset`, with exactly these sentence lengths (</s> included)."""
+    src_it, tgt_it = (iter(n - 1 for n in lengths) for lengths in (src_lengths, tgt_lengths))
+    return _random_side_dataset(task, random.Random(seed), len(src_lengths), lambda: next(src_it),
+                                lambda: next(tgt_it), left_pad_source)
+
+
+def _random_side_dataset(task, rng, n, src_len, tgt_len, left_pad_source):
+    """``n`` random sentence pairs, source and target lengths (without </s>) drawn by ``src_len()`` and
+    ``tgt_len()`` in that order per pair, each source word with a random head."""
     sd, td = task.source_dictionary, task.target_dictionary
     src, tgt, word_ids, heads = [], [], [], []
     for _ in range(n):
-        pieces = _random_sentence(rng, sd, rng.randint(min_len, src_len))
+        pieces = _random_sentence(rng, sd, src_len())
         wids = word_ids_from_pieces([sd[p] for p in pieces])
         n_words = wids[-1]
         heads.append(torch.tensor([rng.choice([h for h in range(n_words + 1) if h != w])
                                    for w in range(1, n_words + 1)], dtype=torch.long))
         word_ids.append(torch.tensor(wids, dtype=torch.long))
         src.append(torch.tensor(pieces + [sd.eos()], dtype=torch.long))
-        tgt.append(torch.tensor(_random_sentence(rng, td, rng.randint(min_len, tgt_len)) + [td.eos()],
-                                dtype=torch.long))
+        tgt.append(torch.tensor(_random_sentence(rng, td, tgt_len()) + [td.eos()], dtype=torch.long))
     pair = LanguagePairDataset(src, torch.tensor([len(s) for s in src]), sd, tgt,
                                torch.tensor([len(t) for t in tgt]), td, left_pad_source=left_pad_source,
                                shuffle=False)

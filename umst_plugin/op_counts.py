@@ -91,15 +91,16 @@ def owner(location):
 HOST_SOURCES = {_aten._shape_as_tensor.default, _aten.lift_fresh.default, _aten.lift_fresh_copy.default}
 
 
-def _tensors(x):
+def tensors_in(x):
+    """Every tensor in ``x``, through lists, tuples and dict values (an op's arguments, a module's output)."""
     if isinstance(x, torch.Tensor):
         yield x
     elif isinstance(x, (list, tuple)):
         for v in x:
-            yield from _tensors(v)
+            yield from tensors_in(v)
     elif isinstance(x, dict):
         for v in x.values():
-            yield from _tensors(v)
+            yield from tensors_in(v)
 
 
 class HostSyncs(TorchDispatchMode):
@@ -112,7 +113,7 @@ class HostSyncs(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        inputs = list(_tensors(args)) + list(_tensors(kwargs))
+        inputs = list(tensors_in(args)) + list(tensors_in(kwargs))
         host_inputs = bool(inputs) and all(id(t) in self._host for t in inputs)
         sync = func in SYNC_OPS
         if func is _aten.index.Tensor:  # boolean-mask indexing: the result size needs a nonzero
@@ -123,7 +124,7 @@ class HostSyncs(TorchDispatchMode):
         # a factory given no device at all (shape_as_tensor's empty) makes a host tensor on any device
         made_on_host = not inputs and "device" not in kwargs
         if func in HOST_SOURCES or host_inputs or made_on_host:
-            for t in _tensors(out):
+            for t in tensors_in(out):
                 self._host.add(id(t))
                 weakref.finalize(t, self._host.discard, id(t))
         return out
