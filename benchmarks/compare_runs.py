@@ -24,9 +24,6 @@ import shlex
 import sys
 
 
-BASELINES = ("transformer", "transformer_dropout", "transformer_prime_shape")  # bench_archs' baseline rows
-
-
 def _load(path):
     with open(path) as f:
         return json.load(f)
@@ -44,13 +41,15 @@ def steps_markdown(before, after):
     old_rows = {r["name"]: r for r in before["rows"]}
     new_rows = {r["name"]: r for r in after["rows"]}
     precisions = [p for p in after["precisions"] if p in before["precisions"]]
+    baselines = {r.get("baseline", "transformer") for r in after["ratios"]} | {
+        r["shape_baseline"] for r in after["ratios"] if "shape_baseline" in r}  # rows others are measured against
     head = ["arch", "baseline", "FLOPs"]
     for p in precisions:
         head += [f"saved MiB {p}", f"saved/FLOP {p}", f"time/FLOP {p}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for new in after["ratios"]:
         name = new["name"]
-        if name in BASELINES or name not in old:
+        if name in baselines or name not in old:
             continue
         prev = old[name]
         baseline = new["baseline"].replace("transformer_dropout", "tf, dropout 0.1").replace("transformer", "tf")

@@ -278,16 +278,8 @@ def test_the_path_scan_sees_paths():
         ["umst_plugin/modules/umst/graphs.py"]
 
 
-def _compare_runs():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("compare_runs", os.path.join(ROOT, "benchmarks", "compare_runs.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_every_marked_table_equals_its_render_from_the_results():
-    compare_runs = _compare_runs()
+    from benchmarks import compare_runs
     marked, stale = 0, []
     for path in DOCS:
         for line, args, table in compare_runs.marked_tables(path):
@@ -300,7 +292,7 @@ def test_every_marked_table_equals_its_render_from_the_results():
 
 
 def test_a_changed_table_is_seen(tmp_path):
-    compare_runs = _compare_runs()
+    from benchmarks import compare_runs
     page = os.path.join(ROOT, "docs", "performance.md")
     text = read(page).replace("| umst_base |", "| umst_base_changed |", 1)
     copy = tmp_path / "performance.md"
