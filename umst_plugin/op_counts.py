@@ -144,3 +144,115 @@ class HostSyncs(TorchDispatchMode):
 
     def plugin_lines(self):
         return {loc: n for loc, n in self.locations.items() if owner(loc) == "plugin"}
+
+
+# ---- kernel launches ----------------------------------------------------------------------------------------
+
+# ops that run no kernel on any device: views (``func.is_view``) are caught by their tag; these are the rest --
+# bare allocations (memory, no work), metadata and aliasing ops, and the host read of a scalar (a copy engine
+# transfer, not a kernel: the syncs above count it)
+NO_KERNEL_OPS = {_aten.empty.memory_format, _aten.empty_strided.default, _aten.empty_like.default,
+                 _aten.new_empty.default, _aten.new_empty_strided.default, _aten._unsafe_view.default,
+                 _aten.lift_fresh.default, _aten.resize_.default, _aten.set_.source_Storage,
+                 _aten.set_.source_Storage_storage_offset, _aten.set_.source_Tensor, _aten._local_scalar_dense.default,
+                 _aten.is_nonzero.default, _aten.sym_size.int, _aten.sym_stride.int, _aten.sym_numel.default,
+                 _aten.sym_storage_offset.default, _aten.is_same_size.default, _aten.record_stream.default}
+for _name in ("_record_function_enter", "_record_function_enter_new", "_record_function_exit"):
+    _packet = getattr(torch.ops.profiler, _name, None)  # the profiler's range markers (record_function): no kernel
+    if _packet is not None:
+        NO_KERNEL_OPS.update(getattr(_packet, overload) for overload in _packet.overloads())
+# torch's multi-tensor apply (every ``_foreach_*``, the fused optimizers, AMP's unscale) launches one CUDA kernel
+# per chunk of tensors: at most MAX_TENSORS[depth] tensors (depth = the number of tensor lists the op reads and
+# writes) and 320 blocks of 65,536 elements per launch (ATen/native/cuda/MultiTensorApply.cuh)
+MULTI_TENSOR_MAX_TENSORS = {1: 110, 2: 64, 3: 48, 4: 36, 5: 30}
+MULTI_TENSOR_BLOCKS, MULTI_TENSOR_CHUNK = 320, 65536
+
+
+def multi_tensor_launches(args):
+    """Estimated CUDA launches of one multi-tensor op, from its tensor-list arguments (MultiTensorApply.cuh)."""
+    lists = [a for a in args if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
+    if not lists:
+        return 1
+    tensors = lists[0]
+    max_tensors = MULTI_TENSOR_MAX_TENSORS.get(len(lists), 30)
+    launches, in_launch, blocks = 0, 0, 0
+    for t in tensors:
+        if t.numel() == 0:
+            continue
+        chunks = -(-t.numel() // MULTI_TENSOR_CHUNK)
+        in_launch += 1
+        for _ in range(chunks):
+            blocks += 1
+            if blocks == MULTI_TENSOR_BLOCKS:
+                launches, blocks = launches + 1, 0
+                in_launch = 0 if _ == chunks - 1 else 1
+        if in_launch == max_tensors:
+            launches, in_launch, blocks = launches + (1 if blocks else 0), 0, 0
+    return launches + (1 if blocks else 0) or 1
+
+
+def is_multi_tensor(func):
+    name = func.overloadpacket.__name__
+    return name.startswith(("_foreach_", "_fused_", "_amp_foreach"))
+
+
+def launches_of(func, args):
+    """Kernels ``func`` launches on a GPU: 0 for views, allocations and metadata; multi-tensor ops by chunks;
+    1 for every other op."""
+    if func.is_view or func in NO_KERNEL_OPS:
+        return 0
+    if is_multi_tensor(func):
+        return multi_tensor_launches(args)
+    return 1
+
+
+class KernelLaunches(TorchDispatchMode):
+    """Counts the kernels a step launches, below autograd (forward ops, the autograd engine's backward, custom
+    autograd functions, optimizers), by ``phase`` (set it, or use :meth:`in_phase`) and by op name.
+
+    On a CPU the same Python dispatches the same aten ops as on a GPU, and on a GPU at base width a training
+    step is launch-bound (docs/performance.md): this count, taken anywhere, is what a step costs there. What it
+    counts as a launch: every op but views, bare allocations and metadata (:data:`NO_KERNEL_OPS`); a
+    multi-tensor op as the launches CUDA's multi-tensor apply makes for its tensor lists. It does not see what
+    runs below one aten op (a cuBLAS call is one op; on the GPU a matmul is one or two kernels), nor
+    ``torch.compile``'s generated kernels (counted as the ops of the graph it runs: use the profiler there).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.phase = "rest"
+        self.by_phase = collections.Counter()
+        self.ops = collections.Counter()  # (phase, op name) -> launches
+        self.dispatched = collections.Counter()  # phase -> aten ops dispatched (multi-tensor ops once)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        n = launches_of(func, args)
+        if n:
+            self.by_phase[self.phase] += n
+            self.ops[(self.phase, func.overloadpacket.__name__)] += n
+            self.dispatched[self.phase] += 1
+        return func(*args, **kwargs)
+
+    @property
+    def total(self):
+        return sum(self.by_phase.values())
+
+    def in_phase(self, name):
+        """Context manager: count what runs inside as ``name`` (restores the enclosing phase on exit)."""
+        counter = self
+
+        class _Phase:
+            def __enter__(self):
+                self.outer, counter.phase = counter.phase, name
+
+            def __exit__(self, *exc):
+                counter.phase = self.outer
+        return _Phase()
+
+    def top_ops(self, phase=None, n=15):
+        counts = collections.Counter()
+        for (p, op), k in self.ops.items():
+            if phase is None or p == phase:
+                counts[op] += k
+        return counts.most_common(n)

@@ -1,0 +1,317 @@
+"""Kernel launches of one whole fairseq update, per architecture and phase, against stock fairseq's transformer.
+
+On a GPU at base width and WMT batch sizes a training step is launch-bound: the GPU waits for the CPU to issue
+its kernels three quarters of the step (docs/performance.md), so what an update costs there is its number of
+kernel launches, not its FLOPs. This benchmark counts them without a GPU: ``umst_plugin.op_counts.KernelLaunches``
+sees every aten op below autograd (views, bare allocations and metadata left out; a multi-tensor op as the
+launches CUDA's multi-tensor apply makes), on the CPU as on a GPU, and on an H100 this count matched the
+profiler's kernel count within 12% per arch.
+
+One update is what ``fairseq-train`` runs per batch: fairseq's own ``Trainer.train_step`` on a batch of 32
+random sentences of up to 25 tokens (a 10,000-entry shared vocabulary; the same sentences for every arch), with
+``--optimizer adam --clip-norm 0.1 --criterion label_smoothed_cross_entropy``, after one warm-up update (the
+optimizer's state is built). Phases:
+
+* ``forward``: the model and the loss (``criterion.forward``);
+* ``backward``: ``optimizer.backward(loss)``;
+* ``amp``: the grad scaler (unscale, the non-finite check, its update), under ``--amp``;
+* ``grad norm``: the gradient norm and clipping (``optimizer.clip_grad_norm``, the unscale excluded);
+* ``optimizer``: the torch optimizer's ``step``;
+* ``zero grad``: ``optimizer.zero_grad``;
+* ``rest``: everything else the trainer does (gradient scaling by the sample size, learning rate, logging).
+
+``stock`` is fairseq's own transformer (pre-norm), its ``translation`` task and adam, in a process that never
+imports the plugin (``--stock``): what a user gets without ``--user-dir``. The plugin's rows run with the plugin
+loaded, its fast paths on (``--use-old-adam`` gives fairseq's adam back: the ``transformer --use-old-adam`` row).
+Ratios are per matmul FLOP (``torch.utils.flop_counter``, forward + backward) against ``stock``.
+
+    python benchmarks/bench_launches.py                       # every arch, fp32, this CPU
+    python benchmarks/bench_launches.py --archs umst,prime --precision bf16 --json out.json
+    python benchmarks/bench_launches.py --quick               # tiny widths: a smoke run
+"""
+import argparse
+import collections
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+VOCAB = 10000
+SENTENCES, MAX_LEN = 32, 25
+PHASES = ("forward", "backward", "amp", "grad norm", "optimizer", "zero grad", "rest")
+PRENORM = dict(encoder_normalize_before=True, decoder_normalize_before=True)
+# name -> (arch, overrides): the plugin's rows (the plugin loaded); "stock" runs in its own process
+ARCHS = {
+    "transformer": ("transformer", PRENORM),
+    "transformer_old_adam": ("transformer", dict(PRENORM, use_old_adam=True)),
+    "umst": ("umst_base", {}),
+    "transformer_sf": ("transformer_sf_base", {}),
+    "msc": ("msc_base", {}),
+    "msmsa": ("msmsa_base", {}),
+    "prime": ("prime_base", {}),
+    "prime_simple": ("prime_simple_base", {}),
+}
+LABELS = {"transformer": "transformer (plugin loaded)", "transformer_old_adam": "transformer --use-old-adam",
+          "stock": "stock fairseq transformer"}
+QUICK = dict(encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_embed_dim=32,
+             encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4,
+             decoder_attention_heads=4)
+QUICK_EXTRA = {"transformer_sf_base": dict(fast_embed_dim=8, fast_ffn_embed_dim=16, fast_attention_heads=2),
+               "msc_base": dict(encoder_blocks=2, encoder_layers_per_block=1)}
+TRAINING = dict(optimizer="adam", adam_betas="(0.9,0.98)", lr=5e-4, lr_scheduler="inverse_sqrt", warmup_updates=100,
+                clip_norm=0.1, criterion="label_smoothed_cross_entropy", label_smoothing=0.1, max_tokens=4096,
+                share_all_embeddings=True, seed=1, source_lang="src", target_lang="tgt")
+
+
+def make_dictionary(vocab):
+    """A subword-nmt style dictionary (every third entry continues its word), as ``umst_plugin.dev``'s, built
+    without importing the plugin (the stock process must not load its patches)."""
+    from fairseq.data import Dictionary
+
+    d = Dictionary()
+    for i in range(vocab):
+        d.add_symbol(f"w{i}@@" if i % 3 == 1 else f"w{i}")
+    d.finalize(padding_factor=1)
+    return d
+
+
+def random_pairs(dictionary, n=SENTENCES, max_len=MAX_LEN, seed=0):
+    """``n`` (source, target) token lists of 2..max_len tokens, each ending in a whole word (no </s>)."""
+    rng = random.Random(seed)
+    symbols = list(range(dictionary.nspecial, len(dictionary)))
+    whole = [s for s in symbols if not dictionary[s].endswith("@@")]
+
+    def sentence():
+        pieces = [rng.choice(symbols) for _ in range(rng.randint(2, max_len))]
+        pieces[-1] = rng.choice(whole)
+        return pieces
+    return [(sentence(), sentence()) for _ in range(n)]
+
+
+def language_pair_dataset(dictionary, pairs):
+    from fairseq.data import LanguagePairDataset
+
+    eos = dictionary.eos()
+    src = [torch.tensor(s + [eos]) for s, _ in pairs]
+    tgt = [torch.tensor(t + [eos]) for _, t in pairs]
+    return LanguagePairDataset(src, torch.tensor([len(s) for s in src]), dictionary, tgt,
+                               torch.tensor([len(t) for t in tgt]), dictionary, left_pad_source=True, shuffle=False)
+
+
+def sample_for(task, dictionary, pairs, side_data):
+    """The collated batch: the task's side data (word ids, random dependency heads) where it has them."""
+    dataset = language_pair_dataset(dictionary, pairs)
+    if side_data:
+        from umst_plugin.data.side_data_dataset import SideDataLanguagePairDataset
+        from umst_plugin.data.word_boundaries import word_ids_from_pieces
+
+        rng = random.Random(1)
+        word_ids, heads = [], []
+        for source, _ in pairs:
+            wids = word_ids_from_pieces([dictionary[p] for p in source])
+            n_words = wids[-1]
+            word_ids.append(torch.tensor(wids, dtype=torch.long))
+            heads.append(torch.tensor([rng.choice([h for h in range(n_words + 1) if h != w])
+                                       for w in range(1, n_words + 1)], dtype=torch.long))
+        dataset = SideDataLanguagePairDataset(dataset, word_ids, heads, batch_hints=getattr(task, "batch_hints", None))
+    return dataset.collater([dataset[i] for i in range(len(dataset))])
+
+
+def overrides_to_argv(overrides):
+    argv = []
+    for key, value in overrides.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value not in (False, None):
+            argv += [flag, str(value)]
+    return argv
+
+
+def build_trainer(arch, overrides, precision, plugin, quick):
+    """fairseq's Trainer for ``arch`` on the synthetic vocabulary, and the batch; ``plugin``: with
+    ``--user-dir umst_plugin`` and its task, else fairseq's ``translation`` task alone."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.trainer import Trainer
+
+    overrides = dict(TRAINING, **overrides)
+    if quick:
+        overrides.update(QUICK, **QUICK_EXTRA.get(arch, {}))
+    if not torch.cuda.is_available():
+        overrides["cpu"] = True
+    if precision != "fp32":
+        overrides["amp"] = True
+        if plugin:
+            overrides["amp_dtype"] = {"bf16": "bfloat16", "fp16": "float16"}[precision]
+    task_name = "multiscale_translation" if plugin else "translation"
+    argv = ["/nonexistent-data", "--task", task_name, "--arch", arch]
+    if plugin:
+        argv += ["--user-dir", os.path.join(ROOT, "umst_plugin")]
+    args = options.parse_args_and_arch(options.get_training_parser(default_task=task_name),
+                                       input_args=argv + overrides_to_argv(overrides))
+    cfg = convert_namespace_to_omegaconf(args)
+    dictionary = make_dictionary(VOCAB)
+    task = tasks.TASK_REGISTRY[task_name](cfg.task, dictionary, dictionary)
+    torch.manual_seed(1)
+    model = task.build_model(cfg.model)
+    criterion = task.build_criterion(cfg.criterion)
+    trainer = Trainer(cfg, task, model, criterion)
+    sample = sample_for(task, dictionary, random_pairs(dictionary), side_data=plugin)
+    return trainer, sample
+
+
+def wrap(obj, name, counter, phase):
+    method = getattr(obj, name)
+
+    def wrapped(*args, **kwargs):
+        with counter.in_phase(phase):
+            return method(*args, **kwargs)
+    setattr(obj, name, wrapped)
+
+
+def instrument(trainer, counter):
+    """Attribute what runs to phases by wrapping the trainer's objects' methods (this trainer only)."""
+    from fairseq.optim.amp_optimizer import AMPOptimizer
+
+    optimizer = trainer.optimizer
+    wrap(trainer.criterion, "forward", counter, "forward")
+    wrap(optimizer, "backward", counter, "backward")
+    wrap(optimizer, "clip_grad_norm", counter, "grad norm")
+    wrap(optimizer, "zero_grad", counter, "zero grad")
+    if isinstance(optimizer, AMPOptimizer):
+        wrap(optimizer, "step", counter, "amp")  # the scaler's step and update around the torch optimizer's
+        wrap(optimizer.scaler, "unscale_", counter, "amp")
+    else:
+        wrap(optimizer, "step", counter, "optimizer")
+    wrap(optimizer.optimizer, "step", counter, "optimizer")  # the torch optimizer itself
+
+
+def measure(name, arch, overrides, precision, plugin, quick):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    KernelLaunches = op_counts_module().KernelLaunches
+
+    trainer, sample = build_trainer(arch, overrides, precision, plugin, quick)
+    trainer.train_step([sample])  # warm-up: the optimizer's state and lazy buffers are built
+    counter = KernelLaunches()
+    instrument(trainer, counter)
+    with counter:
+        trainer.train_step([sample])
+    with FlopCounterMode(display=False) as flops:
+        trainer.train_step([sample])
+    by_phase = {p: counter.by_phase.get(p, 0) for p in PHASES}
+    top = {p: counter.top_ops(p, 8) for p in PHASES if by_phase[p]}
+    params = sum(1 for p in trainer.model.parameters() if p.requires_grad)
+    return dict(name=name, arch=arch, precision=precision, plugin=plugin, launches=counter.total, by_phase=by_phase,
+                top_ops=top, flops=flops.get_total_flops(), parameter_tensors=params,
+                optimizer=type(trainer.optimizer.optimizer).__name__,
+                target_tokens=int(sample["ntokens"]))
+
+
+def op_counts_module():
+    """``umst_plugin/op_counts.py`` loaded by its path: importing it as ``umst_plugin.op_counts`` would run the
+    package's ``__init__`` (the archs, the fairseq patches), which the stock process must not."""
+    import importlib.util
+
+    if "umst_plugin" in sys.modules:
+        from umst_plugin import op_counts
+        return op_counts
+    spec = importlib.util.spec_from_file_location("umst_op_counts", os.path.join(ROOT, "umst_plugin", "op_counts.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def stock_row(precision, quick):
+    """The stock transformer's row, measured in a child process that never imports the plugin."""
+    argv = [sys.executable, os.path.abspath(__file__), "--stock", "--precision", precision]
+    if quick:
+        argv.append("--quick")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the stock measurement failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def ratios(rows):
+    stock = next(r for r in rows if r["name"] == "stock")
+    per_flop = stock["launches"] / stock["flops"]
+    for r in rows:
+        r["flops_ratio"] = r["flops"] / stock["flops"]
+        r["launches_per_flop_ratio"] = r["launches"] / r["flops"] / per_flop
+        r["fwd_bwd_per_flop_ratio"] = ((r["by_phase"]["forward"] + r["by_phase"]["backward"]) / r["flops"]) / (
+            (stock["by_phase"]["forward"] + stock["by_phase"]["backward"]) / stock["flops"])
+    return rows
+
+
+def markdown(result):
+    head = ["arch", "GFLOP", "launches"] + list(PHASES) + ["per FLOP vs stock", "fwd+bwd per FLOP"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in result["rows"]:
+        cells = [LABELS.get(r["name"], r["arch"]), f"{r['flops'] / 1e9:.0f}", f"{r['launches']:,}"]
+        cells += [f"{r['by_phase'][p]:,}" for p in PHASES]
+        cells += [f"{r['launches_per_flop_ratio']:.2f}", f"{r['fwd_bwd_per_flop_ratio']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--archs", default=",".join(ARCHS), help="comma-separated rows; choices: " + ", ".join(ARCHS))
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+                   help="fp32, or --amp in bf16 / fp16 (the stock row: fairseq's own --amp, fp16 on CUDA only)")
+    p.add_argument("--quick", action="store_true", help="tiny widths: a smoke run")
+    p.add_argument("--json", default=None)
+    p.add_argument("--stock", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--top", action="store_true", help="also print each row's most launching ops per phase")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    import logging
+    import warnings
+
+    logging.disable(logging.WARNING)  # fairseq's and hydra's start-up chatter
+    warnings.filterwarnings("ignore")
+    if args.stock:  # child process: fairseq alone
+        row = measure("stock", "transformer", PRENORM, "fp16" if args.precision != "fp32" else "fp32", False,
+                      args.quick)
+        assert "umst_plugin" not in sys.modules, "the stock row imported the plugin"
+        print(json.dumps(row))
+        return 0
+    names = [n for n in args.archs.split(",") if n]
+    unknown = [n for n in names if n not in ARCHS]
+    if unknown:
+        p.error(f"unknown arch(s) {unknown}; choices: {', '.join(ARCHS)}")
+    start = time.time()
+    rows = [stock_row(args.precision, args.quick)]
+    for name in names:
+        arch, overrides = ARCHS[name]
+        rows.append(measure(name, arch, overrides, args.precision, True, args.quick))
+        print(f"  {name}: {rows[-1]['launches']:,} launches, {rows[-1]['flops'] / 1e9:.1f} GFLOP", flush=True)
+    from benchmarks.bench_archs import device_name
+
+    result = dict(device=device_name("cpu"), torch=torch.__version__, precision=args.precision, quick=args.quick,
+                  sentences=SENTENCES, max_len=MAX_LEN, rows=ratios(rows), seconds=round(time.time() - start, 1))
+    print(f"\n{result['device']}, torch {result['torch']}, {args.precision}, one update of {SENTENCES} sentences "
+          f"of up to {MAX_LEN} tokens\n\n{markdown(result)}")
+    if args.top:
+        for r in rows:
+            print(f"\n{r['name']}: " + "; ".join(f"{ph}: " + ", ".join(f"{op} {n}" for op, n in ops)
+                                                 for ph, ops in r["top_ops"].items()))
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
