@@ -27,6 +27,8 @@ PATCHES = (
     "amp_optimizer",
     "task_autocast",
     "cudnn_attention",
+    "fused_adam",
+    "grad_norm",
 )
 
 
