@@ -252,7 +252,8 @@ def device_name(device):
     return cpu_name()
 
 
-def measure(names, width, precisions, device, max_tokens, repeats, warmup, quick, log=print):
+def measure(names, width, precisions, device, max_tokens, repeats, warmup, quick, log=print, memory=True,
+            profile=False):
     device_type = "cuda" if str(device).startswith("cuda") else "cpu"
     src_lengths, tgt_lengths = lengths_batch(max_tokens)
     log(f"batch: {len(src_lengths)} sentences, source {min(src_lengths)}-{max(src_lengths)}, "
@@ -264,17 +265,19 @@ def measure(names, width, precisions, device, max_tokens, repeats, warmup, quick
         sample = dev.move_sample(make_sample(task, src_lengths, tgt_lengths), device)
         row = dict(name=name, arch=arch, params=common.n_params(model))
         row["flops"] = matmul_flops(model, sample, device_type)
-        row["saved"] = {p: saved_bytes(model, sample, PRECISIONS[p], device_type) for p in precisions}
-        row["peak"] = {}
+        if memory:
+            row["saved"] = {p: saved_bytes(model, sample, PRECISIONS[p], device_type) for p in precisions}
+            row["peak"] = {}
         for p in precisions:
             step = step_fn(model, sample, PRECISIONS[p], device_type)
             step()  # allocator warm, lazy state built
-            row["peak"][p] = common.peak_memory(step, device)
+            if memory:
+                row["peak"][p] = common.peak_memory(step, device)
             steps[(name, p)] = step
         row["target_tokens"] = int(sample["ntokens"])
         rows[name] = row
-        log(f"  {name} ({arch}): {row['params'] / 1e6:.1f}M parameters, {row['flops'] / 1e9:.1f} GFLOP, "
-            + ", ".join(f"saved {p} {row['saved'][p] / 2**20:.0f} MiB" for p in precisions))
+        log(f"  {name} ({arch}): {row['params'] / 1e6:.1f}M parameters, {row['flops'] / 1e9:.1f} GFLOP"
+            + "".join(f", saved {p} {row['saved'][p] / 2**20:.0f} MiB" for p in precisions if memory))
         rows[name]["_model"] = model
     for p in precisions:
         fns = {name: steps[(name, p)] for name in names}
@@ -288,12 +291,15 @@ def measure(names, width, precisions, device, max_tokens, repeats, warmup, quick
         for name in names:
             rows[name].setdefault("time", {})[p] = statistics.median(times[name])
             rows[name].setdefault("tokens_per_s", {})[p] = rows[name]["target_tokens"] / rows[name]["time"][p]
+        if profile and device_type == "cuda":  # kernels per step and GPU busy (benchmarks/common.cuda_profile)
+            for name, fn in fns.items():
+                rows[name].setdefault("profile", {})[p] = common.cuda_profile(fn)
     for name in names:
         rows[name].pop("_model")
     return dict(device=device_name(device), device_type=device_type, torch=torch.__version__,
                 threads=torch.get_num_threads() if device_type == "cpu" else None, width=width,
                 max_tokens=max_tokens, sentences=len(src_lengths), repeats=repeats, quick=quick,
-                precisions=list(precisions), rows=[rows[n] for n in names])
+                precisions=list(precisions), memory=memory, rows=[rows[n] for n in names])
 
 
 def baseline_of(name):
@@ -313,29 +319,40 @@ def ratios(result):
         flops = r["flops"] / tf["flops"]
         entry = dict(name=r["name"], arch=r["arch"], baseline=base, flops=flops)
         for p in result["precisions"]:
-            saved = r["saved"][p] / tf["saved"][p]
             t = r["time"][p] / tf["time"][p]
-            entry[p] = dict(saved=saved, saved_per_flop=saved / flops, peak=r["peak"][p] / tf["peak"][p],
-                            time=t, time_per_flop=t / flops)
+            entry[p] = dict(time=t, time_per_flop=t / flops)
+            if "saved" in r:
+                saved = r["saved"][p] / tf["saved"][p]
+                entry[p].update(saved=saved, saved_per_flop=saved / flops, peak=r["peak"][p] / tf["peak"][p])
+            if "profile" in r and p in r["profile"]:
+                mine, theirs = r["profile"][p], tf["profile"][p]
+                entry[p].update(kernels_per_flop=mine["kernels"] / theirs["kernels"] / flops, busy=mine["busy"])
         shape = rows.get(SHAPE_BASELINE.get(r["name"]))
         if shape is not None:  # also against the transformer of the arch's own shape
             entry["shape_baseline"] = shape["name"]
             for p in result["precisions"]:
                 shape_flops = r["flops"] / shape["flops"]
-                entry[p]["vs_shape"] = dict(
-                    flops=shape_flops,
-                    saved_per_flop=r["saved"][p] / shape["saved"][p] / shape_flops,
-                    time_per_flop=r["time"][p] / shape["time"][p] / shape_flops)
+                entry[p]["vs_shape"] = dict(flops=shape_flops,
+                                            time_per_flop=r["time"][p] / shape["time"][p] / shape_flops)
+                if "saved" in r:
+                    entry[p]["vs_shape"]["saved_per_flop"] = r["saved"][p] / shape["saved"][p] / shape_flops
         out.append(entry)
     return out
 
 
 def markdown(result):
-    """The table: one row per arch; per precision saved MiB, peak MiB, ms, tokens/s and the per-FLOP ratios."""
+    """The table: one row per arch; per precision saved MiB, peak MiB (when measured), ms, tokens/s and the
+    per-FLOP ratios; kernels per step and GPU busy when profiled."""
     precisions = result["precisions"]
+    memory = result.get("memory", True)
+    profiled = any("profile" in r for r in result["rows"])
     head = ["arch", "baseline", "params", "GFLOP", "FLOPs"]
     for p in precisions:
-        head += [f"saved {p} MiB", f"saved/FLOP {p}", f"peak {p} MiB", f"{p} ms", f"tok/s {p}", f"time/FLOP {p}"]
+        if memory:
+            head += [f"saved {p} MiB", f"saved/FLOP {p}", f"peak {p} MiB"]
+        head += [f"{p} ms", f"tok/s {p}", f"time/FLOP {p}"]
+        if profiled:
+            head += [f"kernels {p}", f"kernels/FLOP {p}", f"GPU busy {p}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     by_name = {r["name"]: r for r in result["rows"]}
     for ratio in result.get("ratios") or ratios(result):  # as recorded: older runs had one baseline
@@ -344,9 +361,14 @@ def markdown(result):
         cells = [label, ratio.get("baseline", "transformer").replace("transformer_dropout", "tf dropout 0.1").replace(
             "transformer", "tf"), f"{r['params'] / 1e6:.1f}M", f"{r['flops'] / 1e9:.1f}", f"{ratio['flops']:.2f}x"]
         for p in precisions:
-            cells += [f"{r['saved'][p] / 2**20:.0f}", f"{ratio[p]['saved_per_flop']:.2f}",
-                      f"{r['peak'][p] / 2**20:.0f}", f"{r['time'][p] * 1000:.1f}", f"{r['tokens_per_s'][p]:.0f}",
-                      f"{ratio[p]['time_per_flop']:.2f}"]
+            if memory:
+                cells += [f"{r['saved'][p] / 2**20:.0f}", f"{ratio[p]['saved_per_flop']:.2f}",
+                          f"{r['peak'][p] / 2**20:.0f}"]
+            cells += [f"{r['time'][p] * 1000:.1f}", f"{r['tokens_per_s'][p]:.0f}", f"{ratio[p]['time_per_flop']:.2f}"]
+            if profiled:
+                prof = r.get("profile", {}).get(p)
+                cells += [f"{prof['kernels']:,}", f"{ratio[p]['kernels_per_flop']:.2f}", f"{prof['busy']:.2f}"] \
+                    if prof else ["-"] * 3
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -369,6 +391,9 @@ def main(argv=None):
     p.add_argument("--json", default=None, help="write the measurements (and ratios) here")
     p.add_argument("--markdown", default=None, help="write the table here")
     p.add_argument("--dry-run", action="store_true", help="check the arguments and the arch names, measure nothing")
+    p.add_argument("--profile", action="store_true",
+                   help="on CUDA: also profile one step per arch and precision (kernels launched, GPU busy)")
+    p.add_argument("--no-memory", action="store_true", help="skip the saved-bytes and peak-memory passes")
     p.add_argument("--by-module", action="store_true",
                    help="only print, per arch, the saved activation bytes by module (where the memory goes)")
     args = p.parse_args(argv)
@@ -405,7 +430,7 @@ def main(argv=None):
         return 0
     start = time.time()
     result = measure(names, args.width, precisions, args.device, max_tokens, 1 if args.quick else args.repeats,
-                     0 if args.quick else args.warmup, args.quick)
+                     0 if args.quick else args.warmup, args.quick, memory=not args.no_memory, profile=args.profile)
     result["ratios"] = ratios(result)
     result["seconds"] = round(time.time() - start, 1)
     table = markdown(result)

@@ -134,7 +134,7 @@ def overrides_to_argv(overrides):
     return argv
 
 
-def build_trainer(arch, overrides, precision, plugin, quick):
+def build_trainer(arch, overrides, precision, plugin, quick, device="cpu"):
     """fairseq's Trainer for ``arch`` on the synthetic vocabulary, and the batch; ``plugin``: with
     ``--user-dir umst_plugin`` and its task, else fairseq's ``translation`` task alone."""
     from fairseq import options, tasks
@@ -144,7 +144,7 @@ def build_trainer(arch, overrides, precision, plugin, quick):
     overrides = dict(TRAINING, **overrides)
     if quick:
         overrides.update(QUICK, **QUICK_EXTRA.get(arch, {}))
-    if not torch.cuda.is_available():
+    if not str(device).startswith("cuda"):
         overrides["cpu"] = True
     if precision != "fp32":
         overrides["amp"] = True
@@ -168,10 +168,12 @@ def build_trainer(arch, overrides, precision, plugin, quick):
 
 
 def wrap(obj, name, counter, phase):
+    """Count what ``obj.name`` runs as ``phase``, and mark it for the profiler (``common.PHASE_PREFIX``)."""
     method = getattr(obj, name)
+    label = "phase:" + phase
 
     def wrapped(*args, **kwargs):
-        with counter.in_phase(phase):
+        with counter.in_phase(phase), torch.profiler.record_function(label):
             return method(*args, **kwargs)
     setattr(obj, name, wrapped)
 
@@ -193,12 +195,12 @@ def instrument(trainer, counter):
     wrap(optimizer.optimizer, "step", counter, "optimizer")  # the torch optimizer itself
 
 
-def measure(name, arch, overrides, precision, plugin, quick):
+def measure(name, arch, overrides, precision, plugin, quick, device="cpu"):
     from torch.utils.flop_counter import FlopCounterMode
 
     KernelLaunches = op_counts_module().KernelLaunches
 
-    trainer, sample = build_trainer(arch, overrides, precision, plugin, quick)
+    trainer, sample = build_trainer(arch, overrides, precision, plugin, quick, device)
     trainer.train_step([sample])  # warm-up: the optimizer's state and lazy buffers are built
     counter = KernelLaunches()
     instrument(trainer, counter)
@@ -209,10 +211,21 @@ def measure(name, arch, overrides, precision, plugin, quick):
     by_phase = {p: counter.by_phase.get(p, 0) for p in PHASES}
     top = {p: counter.top_ops(p, 8) for p in PHASES if by_phase[p]}
     params = sum(1 for p in trainer.model.parameters() if p.requires_grad)
-    return dict(name=name, arch=arch, precision=precision, plugin=plugin, launches=counter.total, by_phase=by_phase,
-                top_ops=top, flops=flops.get_total_flops(), parameter_tensors=params,
-                optimizer=type(trainer.optimizer.optimizer).__name__,
-                target_tokens=int(sample["ntokens"]))
+    row = dict(name=name, arch=arch, precision=precision, plugin=plugin, launches=counter.total, by_phase=by_phase,
+               top_ops=top, flops=flops.get_total_flops(), parameter_tensors=params,
+               optimizer=type(trainer.optimizer.optimizer).__name__,
+               target_tokens=int(sample["ntokens"]))
+    if str(device).startswith("cuda"):  # what the GPU ran: kernels by phase from the profiler, busy
+        row["cuda"] = benchmark_common().cuda_profile(lambda: trainer.train_step([sample]))
+    return row
+
+
+def benchmark_common():
+    try:
+        from benchmarks import common
+    except ImportError:
+        import common
+    return common
 
 
 def op_counts_module():
@@ -229,9 +242,9 @@ def op_counts_module():
     return module
 
 
-def stock_row(precision, quick):
+def stock_row(precision, quick, device="cpu"):
     """The stock transformer's row, measured in a child process that never imports the plugin."""
-    argv = [sys.executable, os.path.abspath(__file__), "--stock", "--precision", precision]
+    argv = [sys.executable, os.path.abspath(__file__), "--stock", "--precision", precision, "--device", device]
     if quick:
         argv.append("--quick")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
@@ -253,12 +266,21 @@ def ratios(rows):
 
 
 def markdown(result):
+    """The table: launches by phase and per FLOP against stock; on CUDA also the profiler's kernels (and their
+    ratio to the count), the update's wall time and GPU busy."""
+    cuda = any("cuda" in r for r in result["rows"])
     head = ["arch", "GFLOP", "launches"] + list(PHASES) + ["per FLOP vs stock", "fwd+bwd per FLOP"]
+    if cuda:
+        head += ["CUDA kernels", "kernels / count", "update ms", "GPU busy"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in result["rows"]:
         cells = [LABELS.get(r["name"], r["arch"]), f"{r['flops'] / 1e9:.0f}", f"{r['launches']:,}"]
         cells += [f"{r['by_phase'][p]:,}" for p in PHASES]
         cells += [f"{r['launches_per_flop_ratio']:.2f}", f"{r['fwd_bwd_per_flop_ratio']:.2f}"]
+        if cuda:
+            c = r.get("cuda") or {}
+            cells += [f"{c['kernels']:,}", f"{c['kernels'] / r['launches']:.2f}", f"{c['wall_ms']:.1f}",
+                      f"{c['busy']:.2f}"] if c else ["-"] * 4
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -270,6 +292,9 @@ def main(argv=None):
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
                    help="fp32, or --amp in bf16 / fp16 (the stock row: fairseq's own --amp, fp16 on CUDA only)")
     p.add_argument("--quick", action="store_true", help="tiny widths: a smoke run")
+    p.add_argument("--device", default="cpu",
+                   help="cpu (default: the count, anywhere) or cuda (also the profiler's kernels by phase, the wall "
+                        "time of an update and GPU busy)")
     p.add_argument("--json", default=None)
     p.add_argument("--stock", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--top", action="store_true", help="also print each row's most launching ops per phase")
@@ -282,7 +307,7 @@ def main(argv=None):
     warnings.filterwarnings("ignore")
     if args.stock:  # child process: fairseq alone
         row = measure("stock", "transformer", PRENORM, "fp16" if args.precision != "fp32" else "fp32", False,
-                      args.quick)
+                      args.quick, args.device)
         assert "umst_plugin" not in sys.modules, "the stock row imported the plugin"
         print(json.dumps(row))
         return 0
@@ -291,14 +316,14 @@ def main(argv=None):
     if unknown:
         p.error(f"unknown arch(s) {unknown}; choices: {', '.join(ARCHS)}")
     start = time.time()
-    rows = [stock_row(args.precision, args.quick)]
+    rows = [stock_row(args.precision, args.quick, args.device)]
     for name in names:
         arch, overrides = ARCHS[name]
-        rows.append(measure(name, arch, overrides, args.precision, True, args.quick))
+        rows.append(measure(name, arch, overrides, args.precision, True, args.quick, args.device))
         print(f"  {name}: {rows[-1]['launches']:,} launches, {rows[-1]['flops'] / 1e9:.1f} GFLOP", flush=True)
     from benchmarks.bench_archs import device_name
 
-    result = dict(device=device_name("cpu"), torch=torch.__version__, precision=args.precision, quick=args.quick,
+    result = dict(device=device_name(args.device), torch=torch.__version__, precision=args.precision, quick=args.quick,
                   sentences=SENTENCES, max_len=MAX_LEN, rows=ratios(rows), seconds=round(time.time() - start, 1))
     print(f"\n{result['device']}, torch {result['torch']}, {args.precision}, one update of {SENTENCES} sentences "
           f"of up to {MAX_LEN} tokens\n\n{markdown(result)}")

@@ -10,6 +10,7 @@ i.e. activations + gradients allocated during the measured call, not the process
 meaningless for one call).
 """
 import argparse
+import collections
 import json
 import os
 import statistics
@@ -166,3 +167,62 @@ def setup(args):
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"device={args.device} torch={torch.__version__} threads={torch.get_num_threads()}")
+
+
+# ---- what a GPU does during a call: kernels, their time, how busy it is ----------------------------------------
+
+PHASE_PREFIX = "phase:"  # record_function ranges named so attribute the kernels launched inside them
+
+
+def _is_kernel(name):
+    return not name.startswith(("Memcpy", "Memset", "memcpy", "memset"))
+
+
+def kernels_by_phase(events, main_thread=None):
+    """Kernels (count, microseconds) by phase from a CUDA profile's CPU event tree: a kernel belongs to the
+    innermost ``record_function("phase:<name>")`` range around the op that launched it; ops of another CPU thread
+    than ``main_thread`` (the autograd engine's device thread runs backward on a GPU) count as ``backward``;
+    the rest as ``rest``. Memory copies and sets are not kernels."""
+    from torch.autograd import DeviceType
+
+    counts, times = collections.Counter(), collections.Counter()
+    roots = [e for e in events if e.device_type == DeviceType.CPU and e.cpu_parent is None]
+    if main_thread is None:
+        marked = [e for e in roots if e.name.startswith(PHASE_PREFIX)]
+        main_thread = marked[0].thread if marked else None
+    stack = [(e, "rest" if main_thread is None or e.thread == main_thread else "backward") for e in roots]
+    while stack:
+        event, phase = stack.pop()
+        if event.name.startswith(PHASE_PREFIX):
+            phase = event.name[len(PHASE_PREFIX):]
+        for kernel in event.kernels:
+            if _is_kernel(kernel.name):
+                counts[phase] += 1
+                times[phase] += kernel.duration
+        stack.extend((child, phase) for child in event.cpu_children)
+    return counts, times
+
+
+def cuda_profile(fn, repeats=3):
+    """One call of ``fn`` under torch.profiler on CUDA, and ``repeats`` unprofiled calls timed by the wall clock:
+    kernels launched, their summed time, the median wall time, GPU busy (kernel time / wall time; below 1 the GPU
+    waited for the host to launch work), and kernels by phase (:func:`kernels_by_phase`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    counts, times = kernels_by_phase(prof.events())
+    walls = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        walls.append(time.perf_counter() - start)
+    wall = statistics.median(walls)
+    kernel_s = sum(times.values()) / 1e6
+    return dict(kernels=sum(counts.values()), kernel_ms=kernel_s * 1000, wall_ms=wall * 1000,
+                busy=kernel_s / wall if wall else None, kernels_by_phase=dict(counts),
+                kernel_ms_by_phase={k: v / 1000 for k, v in times.items()})

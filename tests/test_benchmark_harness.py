@@ -68,3 +68,36 @@ def test_bench_archs_quick_run_and_its_tables(tmp_path):
     assert "| umst_base |" in same and "→" not in same
     assert "the transformer of its shape" in compare_runs.render(["shape", str(out)])
     assert "| transformer (Prime's shape) |" in compare_runs.render(["table", str(out)])
+
+
+def test_kernels_are_attributed_to_the_phase_that_launched_them():
+    """benchmarks.common.kernels_by_phase on an event tree shaped like torch.profiler's (CPU events with their
+    kernels and children): the innermost phase range wins, the autograd engine's thread is backward, memory
+    copies are not kernels."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from benchmarks import common
+
+    def kernel(name="k", us=10.0):
+        return SimpleNamespace(name=name, duration=us)
+
+    def op(name, thread=1, kernels=(), children=()):
+        event = SimpleNamespace(name=name, thread=thread, device_type=DeviceType.CPU, cpu_parent=None,
+                                kernels=list(kernels), cpu_children=list(children))
+        for child in children:
+            child.cpu_parent = event
+        return event
+
+    forward = op("phase:forward", children=[op("aten::mm", kernels=[kernel(), kernel()]),
+                                            op("aten::copy_", kernels=[kernel("Memcpy HtoD")])])
+    step = op("phase:amp", children=[op("aten::mul", kernels=[kernel()]),
+                                     op("phase:optimizer", children=[op("aten::_fused_adamw_",
+                                                                        kernels=[kernel(us=5.0)] * 3)])])
+    backward = op("autograd::engine::evaluate_function", thread=2, kernels=[kernel()] * 4)
+    loose = op("aten::add", kernels=[kernel()])
+    events = [forward, *forward.cpu_children, step, *step.cpu_children, backward, loose]
+    counts, times = common.kernels_by_phase(events)
+    assert dict(counts) == {"forward": 2, "amp": 1, "optimizer": 3, "backward": 4, "rest": 1}
+    assert times["optimizer"] == 15.0
