@@ -296,6 +296,8 @@ def main(argv=None):
                    help="cpu (default: the count, anywhere) or cuda (also the profiler's kernels by phase, the wall "
                         "time of an update and GPU busy)")
     p.add_argument("--json", default=None)
+    p.add_argument("--markdown", default=None, help="also write the table here")
+    p.add_argument("--dry-run", action="store_true", help="check the arguments and the arch names, measure nothing")
     p.add_argument("--stock", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--top", action="store_true", help="also print each row's most launching ops per phase")
     args = p.parse_args(argv)
@@ -315,6 +317,9 @@ def main(argv=None):
     unknown = [n for n in names if n not in ARCHS]
     if unknown:
         p.error(f"unknown arch(s) {unknown}; choices: {', '.join(ARCHS)}")
+    if args.dry_run:
+        print(f"bench_launches: would count one update of stock and {names} in {args.precision} on {args.device}")
+        return 0
     start = time.time()
     rows = [stock_row(args.precision, args.quick, args.device)]
     for name in names:
@@ -335,6 +340,9 @@ def main(argv=None):
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(result) + "\n")
     return 0
 
 

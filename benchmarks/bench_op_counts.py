@@ -118,11 +118,15 @@ def main(argv=None):
     p.add_argument("--archs", default=",".join(ARCHS))
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", default=None)
+    p.add_argument("--markdown", default=None, help="also write the table here")
     p.add_argument("--lines", action="store_true", help="also print each sync's file:line")
     args = p.parse_args(argv)
     torch.manual_seed(0)
     rows = [measure(n, args.device) for n in args.archs.split(",")]
     print(markdown(rows))
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(rows) + "\n")
     if args.lines:
         for r in rows:
             print(f"\n{r['arch']}: training {r['train_sync_lines']}\n  decoding {r['decode_sync_lines']}")

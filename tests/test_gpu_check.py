@@ -30,29 +30,66 @@ def test_pytest_summary_line():
         {"failed": 3, "passed": 150, "skipped": 2}
 
 
+def _train_rows(name, points_by_precision):
+    return [dict(name=name, precision=p, wps=1000.0, loss=points) for p, points in points_by_precision.items()]
+
+
 def test_results_are_written_after_every_step_and_render(tmp_path):
-    result = dict(started="now", steps=[dict(name="install", budget_s=60, what="w", status="ok", seconds=1.0),
-                                        dict(name="tests", budget_s=90, what="t", status="failed (rc 1)",
-                                             seconds=9.0, summary={"failed": 1, "passed": 3},
-                                             failures=["tests/x.py::y"])],
+    steady = [(u, 4.0) for u in range(5, 201, 5)]
+    cut = [(u, 4.05 if u > 120 else 9.0) for u in range(5, 171, 5)]  # bf16 cut short at 170: compared there
+    result = dict(started="now", device="NVIDIA H100 80GB HBM3",
+                  steps=[dict(name="install", budget_s=60, what="w", status="ok", seconds=1.0),
+                         dict(name="tests", budget_s=90, what="t", status="failed (rc 1)", seconds=9.0,
+                              summary={"failed": 1, "passed": 3}, failures=["tests/x.py::y"],
+                              concurrent_with=["data"])],
                   env=dict(device="NVIDIA H100 80GB HBM3", torch="2.11", cuda="13.0", python="3.12", fairseq="0.12"),
-                  **{"train-fp32": dict(updates=200, seconds=40, wps_median=24000.0,
-                                        losses=[(u, 4.0) for u in range(10, 201, 10)]),
-                     "train-bf16": dict(updates=170, seconds=45, wps_median=30000.0,  # cut short: compared to 170
-                                        losses=[(u, 4.05 if u > 120 else 9.0) for u in range(10, 171, 10)])})
+                  tables={"bench-4096": "| arch | time/FLOP |\n|---|---|\n| umst_base | 1.10 |"},
+                  **{"train-speed": dict(rows=_train_rows("umst", {"fp32": steady, "bf16": cut})),
+                     "compile": dict(rows=_train_rows("umst_compile", {"bf16": [(u, 4.0) for u in range(5, 201, 5)]}))})
     base = gpu_check.write_results(result, str(tmp_path), start=0)
     assert base.endswith("gpu-nvidia-h100-80gb-hbm3")
     data = json.loads(open(base + ".json").read())
-    assert data["train_compared_updates"] == [130, 170]
+    assert data["train_compared_updates"] == [125, 170]
     assert data["train_loss_within_2pct"] is True and abs(data["train_loss_rel_diff"] - 0.0125) < 1e-9
+    assert data["compile_compared_updates"] == [125, 170]  # eager bf16 stopped at 170
+    assert data["compile_loss_within_1pct"] is False  # 4.05 against 4.0: 1.2%
     md = open(base + ".md").read()
     assert "# GPU check: NVIDIA H100 80GB HBM3" in md and "`tests/x.py::y`" in md and "1.25%" in md
+    assert "| umst_base | 1.10 |" in md and "(beside data)" in md and "NOT within 1%" in md
+    assert sorted(os.listdir(tmp_path)) == ["gpu-nvidia-h100-80gb-hbm3.json", "gpu-nvidia-h100-80gb-hbm3.md"]
+
+
+def test_a_second_call_joins_the_first_report(tmp_path):
+    first = dict(started="t0", device="NVIDIA H100", host_python="py", total_seconds=400.0,
+                 steps=[dict(name="install", status="ok"), dict(name="bench", status="ok"),
+                        dict(name="compile", status="skipped (deadline)")])
+    with open(tmp_path / "gpu-nvidia-h100.json", "w") as f:
+        json.dump(first, f)
+    result = gpu_check.start_result(str(tmp_path), "NVIDIA H100", "py", ["install", "compile"])
+    assert [s["name"] for s in result["steps"]] == ["bench"]  # install and compile are run again
+    assert result["calls"][0]["only"] == ["install", "compile"] and result["total_seconds"] == 400.0
+    fresh = gpu_check.start_result(str(tmp_path), "NVIDIA H100", "py")
+    assert fresh["steps"] == [] and fresh["device"] == "NVIDIA H100"
+
+
+def test_test_summary_comes_from_the_junit_report(tmp_path):
+    xml = tmp_path / "r.xml"
+    xml.write_text('<?xml version="1.0"?><testsuites><testsuite name="pytest" tests="172" failures="1" errors="0" '
+                   'skipped="1"></testsuite></testsuites>')
+    assert gpu_check.junit_summary(str(xml)) == {"passed": 170, "failed": 1, "skipped": 1}
+    entry = {}
+    gpu_check.collect("tests", entry, "170 passed, 1570 warnings in 60s\nstderr noise after the summary\n",
+                      str(tmp_path / "nowhere"), {})
+    assert entry["summary"] == {"passed": 170}  # no XML: the last summary line printed, not the last line
 
 
 def test_the_plan_fits_the_time_a_gpu_is_lent_and_names_every_step():
-    assert sum(budget for _, budget, _ in gpu_check.STEPS) <= 8 * 60
+    assert gpu_check.plan_wall_seconds() <= 8 * 60
+    assert gpu_check.plan_wall_seconds(gpu_check.SECOND_CALL) <= 8 * 60
     commands = gpu_check.commands("python3", "/w", "/o")
     assert set(commands) == {name for name, _, _ in gpu_check.STEPS} - {"install"}
+    groups = gpu_check.stages([name for name, _, _ in gpu_check.STEPS])
+    assert ["data", "tests", "op-counts"] in groups and groups[0] == ["install"]
 
 
 def test_a_wheelhouse_without_fairseq_is_a_clear_error(tmp_path):

@@ -2,25 +2,32 @@
 
 Run by ``scripts/gpu-check.sh``. The machine has a Python with torch (CUDA) and no internet; the checkout
 carries a wheelhouse (``scripts/offline-wheelhouse.sh``: fairseq-fixed's source archive and wheels of what
-the machine lacks). Steps, each with a time budget (its timeout) printed as it starts and ends:
+the machine lacks). It asks the machine's torch for the CUDA device first (the report is named after it; no
+CUDA device, no check). Steps (``STEPS``), each with a time budget (its timeout) printed as it starts and ends:
 
-  install     wheels -> ``<work>/site`` (``pip --no-index --no-deps --target``); fairseq-fixed's sdist
-              unpacked and its three light extensions compiled in place (``fairseq_source``)
-  env         Python, torch, CUDA, the device, fairseq, the plugin's archs registered
-  toy-data    the toy corpus, fairseq-preprocess, umst-preprocess (gold CoNLL-U parses)
-  train-fp32, train-bf16
-              200 updates of ``umst_base`` (full base width) on the toy corpus, fp32 and ``--amp --amp-dtype
-              bfloat16``, same seed; the mean training loss of the last 50 updates must agree within 2%
-  tests       the tests marked ``cuda`` (``pytest -m cuda``: the model checks on the GPU, fp32/fp16/bf16)
-  op-counts   ``benchmarks/bench_op_counts.py`` on CUDA: fp32-only backward matmuls, host syncs per step
-  bench-base  ``benchmarks/bench_archs.py`` at base width on the GPU, fp16 and bf16 autocast, 4,096 tokens
-  bench-big   bench_archs.py at big width for the two largest memory ratios (TranSFormer, Prime)
+  install      wheels -> ``<work>/site`` (``pip --no-index --no-deps --target``); fairseq-fixed's sdist
+               unpacked and its three light extensions compiled in place (``fairseq_source``)
+  env          Python, torch, CUDA, the device, fairseq, the plugin's archs registered
+  data, tests, op-counts   at the same time (none of them times anything):
+               ``benchmarks/synthetic_corpus.py`` (29,000 random pairs of Multi30k lengths, binarized, side files);
+               the tests marked ``cuda`` (the model checks on the GPU, fp32/fp16/bf16); ``bench_op_counts.py``
+               (fp32-only backward matmuls under bf16, host syncs per step)
+  bench        ``bench_archs.py --profile``, bf16, eager, 4,096 and 16,384 tokens: time, kernels and GPU busy per
+               training step against the transformer
+  train-speed  ``bench_train.py``: fairseq-train words/s on the synthetic corpus, every arch in fp32 and bf16
+               ``--amp``, stock fairseq's transformer in fp32 and fp16 ``--amp``; umst_base trains 200 updates in
+               each, and its bf16 loss must follow fp32's within 2% (the mean over the last 50 updates)
+  decode       ``bench_decode.py``: fairseq-generate at beam 1 and 5 per arch; kernels per decoding step
+  launches     ``bench_launches.py --device cuda``: the kernels of one whole fairseq update by phase
+  compile      ``--compile`` for a subset (``COMPILE_ARCHS``): bench_archs.py and bench_train.py, compile time
+               apart; umst_base compiled trains to the eager loss within 1% over 200 updates
 
 A step that fails or runs out of time is recorded and the next one runs (steps that need fairseq are skipped
-if the install failed); ``--deadline`` cuts the last step short and skips what has no time left. Results,
+if the install failed); ``--deadline`` cuts the last step short and skips what has no time left, and
+``--only a,b`` runs those steps (a second call finishes what a first one had no time for). Results,
 rewritten after every step (a call killed at its limit keeps what was measured): ``<out>/gpu-<device>.json``
-(every step, the tables' numbers), ``<out>/gpu-<device>.md`` (the tables) and ``<out>/gpu-check-log.txt``
-(each step's output).
+(every step, the tables' numbers, the test summary from pytest's JUnit XML), ``<out>/gpu-<device>.md`` (the
+tables each benchmark wrote) and ``<out>/gpu-check-log.txt`` (each step's output).
 
 ``--dry-run`` runs on any machine, without a GPU: it prints the plan, builds the wheelhouse if none is
 given (for this machine's Python, everything but torch: ``offline-wheelhouse.sh --full``), creates a fresh
@@ -40,69 +47,81 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLUGIN = os.path.join(ROOT, "umst_plugin")
-TRAIN_UPDATES = 200
-LOSS_TOLERANCE = 0.02
+BENCH = os.path.join(ROOT, "benchmarks")
+LOSS_UPDATES = 200  # umst_base's fp32 / bf16 / --compile rows of the words/s runs train this long: same loss?
+LOSS_TOLERANCE = 0.02  # bf16 --amp against fp32, mean loss of the last 50 updates both reached
+COMPILE_LOSS_TOLERANCE = 0.01  # --compile against eager (both bf16), same seed
+COMPILE_ARCHS = "transformer,umst"  # the --compile subset of one check (compiling every arch does not fit)
 
-# name, budget in seconds (the step's timeout), what it is for; in the order they run: the GPU's
-# correctness first (install, the bf16 training, the CUDA tests), then the measurements.
+# name, budget in seconds (the step's timeout), what it is for. The GPU's correctness first (install, the CUDA
+# tests), then the measurements by priority; a deadline cuts what has no time left (--only runs the rest).
 STEPS = [
-    ("install", 60, "wheels into <work>/site; fairseq-fixed's sdist unpacked, its light extensions compiled"),
-    ("env", 15, "Python, torch, CUDA, device, fairseq; the plugin's archs register"),
-    ("toy-data", 30, "toy corpus, fairseq-preprocess, umst-preprocess --parser conllu"),
-    ("train-fp32", 60, f"{TRAIN_UPDATES} updates of umst_base on the toy corpus, fp32"),
-    ("train-bf16", 60, f"{TRAIN_UPDATES} updates of umst_base on the toy corpus, --amp --amp-dtype bfloat16"),
-    ("tests", 70, "pytest -m cuda: the model checks on the GPU"),
-    ("op-counts", 30, "bench_op_counts.py on CUDA: fp32-only backward matmuls under bf16, host syncs per step"),
-    ("bench-base", 75, "bench_archs.py, base width, fp16 and bf16 autocast, 4,096 tokens"),
-    ("bench-big", 45, "bench_archs.py, big width, TranSFormer and Prime"),
+    ("install", 50, "wheels into <work>/site; fairseq-fixed's sdist unpacked, its light extensions compiled"),
+    ("env", 10, "Python, torch, CUDA, device, fairseq; the plugin's archs register"),
+    ("data", 40, "the synthetic corpus of Multi30k lengths (29,000 pairs), fairseq-preprocess, umst-preprocess"),
+    ("tests", 75, "pytest -m cuda: the model checks on the GPU (runs beside data and op-counts)"),
+    ("op-counts", 40, "bench_op_counts.py on CUDA: fp32-only backward matmuls under bf16, host syncs per step "
+                      "(beside data and tests)"),
+    ("bench", 80, "bench_archs.py, bf16 autocast, eager, 4,096 and 16,384 tokens: time, kernels and GPU busy "
+                  "per step against the transformer"),
+    ("train-speed", 125, f"bench_train.py: fairseq-train words/s, every arch in fp32 and bf16 --amp, stock fairseq's "
+                         f"transformer in fp32 and fp16 --amp; umst_base {LOSS_UPDATES} updates (fp32 vs bf16 loss)"),
+    ("decode", 60, "bench_decode.py: fairseq-generate at beam 1 and 5 per arch, sentences/s; kernels per step"),
+    ("launches", 40, "bench_launches.py --device cuda: kernels of one whole fairseq update by phase, stock and plugin"),
+    ("compile", 110, f"--compile for {COMPILE_ARCHS}: bench_archs.py at 4,096 tokens, fairseq-train words/s and "
+                     f"umst_base's loss over {LOSS_UPDATES} updates against eager"),
 ]
+# steps that run at the same time (none of them times anything)
+CONCURRENT = [("data", "tests", "op-counts")]
+# what a plain call runs (under 8 minutes on one H100); the rest is a second call, --only compile, whose results
+# join the first's report
+SECOND_CALL = ("compile",)
 NEEDS_FAIRSEQ = {name for name, _, _ in STEPS} - {"install"}
-NEEDS = {"train-fp32": "toy-data", "train-bf16": "toy-data"}
+NEEDS = {"train-speed": "data", "decode": "data", "compile": "data"}
 MIN_STEP_SECONDS = 15  # a step that would get less time before the deadline is skipped
-
-TOY = ("kel", "mor")
-
-
-def train_argv(py, databin, amp):
-    argv = [py, "-m", "fairseq_cli.train", databin, "--user-dir", PLUGIN, "--task", "multiscale_translation",
-            "--arch", "umst_base", "--share-all-embeddings", "--optimizer", "adam", "--adam-betas", "(0.9,0.98)",
-            "--lr", "5e-4", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100",
-            "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--max-tokens", "4096",
-            "--max-update", str(TRAIN_UPDATES), "--seed", "1", "--no-save", "--disable-validation",
-            "--log-format", "json", "--log-interval", "10", "--num-workers", "0"]
-    if amp:
-        argv += ["--amp", "--amp-dtype", "bfloat16"]
-    return argv
 
 
 def commands(py, work, out):
     """Step name -> list of argv lists (run in order, in the repo root)."""
-    toy = os.path.join(work, "toy")
-    raw, databin = os.path.join(toy, "raw"), os.path.join(toy, "data-bin")
-    src, tgt = TOY
-    bench = os.path.join(ROOT, "benchmarks", "bench_archs.py")
+    synth = os.path.join(work, "synthetic")
+    databin = os.path.join(synth, "data-bin")
+
+    def bench(script):
+        return [py, os.path.join(BENCH, script)]
     return {
         "env": [[py, "-m", "umst_tools.gpu_check", "--report-env"]],
-        "tests": [[py, "-m", "pytest", "-m", "cuda", "-q", "-n", "14", "-p", "no:cacheprovider",
+        "data": [[py, os.path.join(BENCH, "synthetic_corpus.py"), synth, "--workers", "8"]],
+        "tests": [[py, "-m", "pytest", "-m", "cuda", "-q", "-n", "12", "-p", "no:cacheprovider",
                    "--junitxml", os.path.join(work, "gpu-tests.xml"), "tests/test_model_checks.py"]],
-        "op-counts": [[py, os.path.join(ROOT, "benchmarks", "bench_op_counts.py"), "--device", "cuda",
-                       "--json", os.path.join(work, "op-counts.json")]],
-        "bench-base": [[py, bench, "--device", "cuda", "--precisions", "fp16,bf16", "--max-tokens", "4096",
-                        "--repeats", "4", "--warmup", "1", "--json", os.path.join(work, "bench-base.json")]],
-        "toy-data": [
-            [py, "-m", "umst_plugin.toy", raw],
-            [py, "-m", "fairseq_cli.preprocess", "--source-lang", src, "--target-lang", tgt,
-             "--trainpref", f"{raw}/train", "--validpref", f"{raw}/valid", "--testpref", f"{raw}/test",
-             "--destdir", databin, "--joined-dictionary", "--workers", "8"],
-            [py, "-m", "umst_plugin.preprocess", "--source-lang", src, "--target-lang", tgt,
-             "--trainpref", f"{raw}/train", "--validpref", f"{raw}/valid", "--testpref", f"{raw}/test",
-             "--destdir", databin, "--parser", "conllu"],
-        ],
-        "train-fp32": [train_argv(py, databin, amp=False)],
-        "train-bf16": [train_argv(py, databin, amp=True)],
-        "bench-big": [[py, bench, "--device", "cuda", "--width", "big", "--archs", "transformer_sf,prime",
-                       "--precisions", "fp16,bf16", "--max-tokens", "4096", "--repeats", "6", "--warmup", "2",
-                       "--json", os.path.join(work, "bench-big.json")]],
+        "op-counts": [bench("bench_op_counts.py") + ["--device", "cuda", "--json", os.path.join(work, "op-counts.json"),
+                                                     "--markdown", os.path.join(work, "op-counts.md")]],
+        "bench": [bench("bench_archs.py") + ["--device", "cuda", "--precisions", "bf16", "--max-tokens", str(tokens),
+                                             "--repeats", "4", "--warmup", "1", "--profile"]
+                  + (["--no-memory"] if tokens > 4096 else [])
+                  + ["--json", os.path.join(work, f"bench-{tokens}.json"),
+                     "--markdown", os.path.join(work, f"bench-{tokens}.md")] for tokens in (4096, 16384)],
+        "train-speed": [bench("bench_train.py") + ["--data", databin, "--updates", "40", "--loss-archs", "umst",
+                                                   "--loss-updates", str(LOSS_UPDATES), "--timeout", "115",
+                                                   "--work", os.path.join(work, "train-speed"),
+                                                   "--json", os.path.join(work, "train-speed.json"),
+                                                   "--markdown", os.path.join(work, "train-speed.md")]],
+        "decode": [bench("bench_decode.py") + ["--device", "cuda", "--data", databin,
+                                               "--json", os.path.join(work, "decode.json"),
+                                               "--markdown", os.path.join(work, "decode.md")]],
+        "launches": [bench("bench_launches.py") + ["--device", "cuda", "--precision", "bf16",
+                                                   "--json", os.path.join(work, "launches.json"),
+                                                   "--markdown", os.path.join(work, "launches.md")]],
+        "compile": [bench("bench_archs.py") + ["--device", "cuda", "--precisions", "bf16", "--max-tokens", "4096",
+                                               "--repeats", "4", "--warmup", "2", "--profile", "--no-memory",
+                                               "--archs", COMPILE_ARCHS, "--compile",
+                                               "--json", os.path.join(work, "compile-bench.json"),
+                                               "--markdown", os.path.join(work, "compile-bench.md")],
+                    bench("bench_train.py") + ["--data", databin, "--archs", "", "--compile-archs", COMPILE_ARCHS,
+                                               "--no-stock", "--updates", "40", "--loss-archs", "umst",
+                                               "--loss-updates", str(LOSS_UPDATES), "--timeout", "100",
+                                               "--work", os.path.join(work, "train-compile"),
+                                               "--json", os.path.join(work, "train-compile.json"),
+                                               "--markdown", os.path.join(work, "train-compile.md")]],
     }
 
 
@@ -126,6 +145,14 @@ def install(py, wheelhouse, work, log):
 
     site = os.path.join(work, "site")
     wheels = wheel_files(wheelhouse)
+    stamp = os.path.join(work, "install-done.json")
+    record = dict(python=py, wheels=[os.path.basename(w) for w in wheels])
+    if os.path.exists(stamp):  # a later call on the same machine (--only): the same wheels are in place
+        with open(stamp) as f:
+            done = json.load(f)
+        if done.get("record") == record and os.path.isdir(done.get("tree", "")):
+            log.write(f"already installed in {work} by an earlier call (same Python, same wheels)\n")
+            return site, done["tree"]
     if wheels:
         cmd = [py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
                "--disable-pip-version-check", "--upgrade", "--target", site] + wheels
@@ -136,6 +163,8 @@ def install(py, wheelhouse, work, log):
             raise RuntimeError(f"pip install from {wheelhouse} failed (rc {proc.returncode}): {proc.stderr[-2000:]}")
     tree = fairseq_source.build_light(wheelhouse, os.path.join(work, "fairseq-src"), python=py, log=log,
                                       env=step_env(site, None))
+    with open(stamp, "w") as f:
+        json.dump(dict(record=record, tree=tree), f)
     return site, tree
 
 
@@ -191,68 +220,166 @@ def pytest_summary(text):
     return counts
 
 
+def junit_summary(path):
+    """passed / failed / skipped / errors from pytest's JUnit XML (what the run wrote, whatever it printed)."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    total = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+    counts = {"passed": total["tests"] - total["failures"] - total["errors"] - total["skipped"],
+              "failed": total["failures"], "errors": total["errors"], "skipped": total["skipped"]}
+    return {k: v for k, v in counts.items() if v or k == "passed"}
+
+
+def probe_device(py):
+    """The CUDA device's name, asked of ``py``'s torch before anything else (the report files are named after
+    it), or None when that torch sees no CUDA device."""
+    proc = subprocess.run([py, "-c", "import torch; print(torch.cuda.get_device_name(0) if "
+                           "torch.cuda.is_available() else '')"], capture_output=True, text=True)
+    name = proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 and proc.stdout.strip() else ""
+    return name or None
+
+
+def start_result(out, device, py, only_names=None):
+    """The report this call fills: a new one, or with ``--only`` (``only_names``) the device's last report, whose
+    entries of these steps are replaced (a second call completes a first)."""
+    now = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    previous = os.path.join(out, f"gpu-{slug(device)}.json")
+    if only_names and os.path.exists(previous):
+        with open(previous) as f:
+            result = json.load(f)
+        result["steps"] = [s for s in result["steps"] if s["name"] not in only_names]
+        result.setdefault("calls", []).append(dict(started=now, only=list(only_names)))
+        return result
+    return dict(started=now, host_python=py, device=device, steps=[])
+
+
+def needed_ready(need, status, group, names, work):
+    """Whether what a step needs is there: the needed step ran fine in this call (or runs beside it), or -- not
+    in this call's plan -- an earlier call on this machine left its output (the synthetic data-bin)."""
+    if need in group:
+        return True
+    if need in names:
+        return status.get(need) == "ok"
+    return need == "data" and os.path.exists(os.path.join(work, "synthetic", "data-bin", "dict.src.txt"))
+
+
+def plan_wall_seconds(only=None):
+    """The longest a call can take by its steps' budgets (concurrent steps count once, by the longest)."""
+    budgets = {name: budget for name, budget, _ in STEPS}
+    names = [n for n, _, _ in STEPS if (n in only or n == "install" if only else n not in SECOND_CALL)]
+    return sum(max(budgets[n] for n in group) for group in stages(names))
+
+
+def run_step(name, budget, argv_list, env, t0):
+    """Run a step's commands in order within ``budget`` seconds: (status, output, log text)."""
+    output, log = "", ""
+    try:
+        rc = 0
+        for argv in argv_list:
+            remaining = budget - (time.time() - t0)
+            log += "$ " + shlex.join(argv) + "\n"
+            proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=max(remaining, 1))
+            output += proc.stdout + proc.stderr
+            log += proc.stdout[-20000:] + proc.stderr[-20000:]
+            rc = proc.returncode
+            if rc != 0:
+                break
+        return ("ok" if rc == 0 else f"failed (rc {rc})"), output, log
+    except subprocess.TimeoutExpired as e:
+        for stream in (e.stdout, e.stderr):
+            text = stream.decode(errors="replace") if isinstance(stream, bytes) else (stream or "")
+            output += text
+            log += text[-20000:]
+        return f"timed out after {budget} s", output, log
+    except Exception as e:  # noqa: BLE001  (a failed step is recorded; the check goes on)
+        status = f"failed: {type(e).__name__}: {str(e)[:500]}"
+        return status, output, log + status + "\n"
+
+
+def stages(names):
+    """The steps to run, in order, grouped where they run at the same time (``CONCURRENT``)."""
+    out, done = [], set()
+    for name in names:
+        if name in done:
+            continue
+        group = next((g for g in CONCURRENT if name in g), (name,))
+        members = [n for n in group if n in names]
+        done.update(members)
+        out.append(members)
+    return out
+
+
 def run_plan(py, wheelhouse, work, out, deadline, only=None):
+    device = probe_device(py)
+    if device is None:
+        print(f"[gpu-check] {py}'s torch sees no CUDA device: the check needs a GPU (--dry-run checks the plan "
+              "on any machine)", file=sys.stderr)
+        return 2
     os.makedirs(work, exist_ok=True)
     os.makedirs(out, exist_ok=True)
     log_path = os.path.join(out, "gpu-check-log.txt")
-    log = open(log_path, "w")
+    names = [name for name, _, _ in STEPS if (name in only if only else name not in SECOND_CALL)]
     start = time.time()
-    result = dict(started=time.strftime("%Y-%m-%d %H:%M:%S %Z"), host_python=py, steps=[])
+    result = start_result(out, device, py, names if only else None)
+    log = open(log_path, "a" if only else "w")
     site = tree = None
     status = {}
     cmds = commands(py, work, out)
-    for name, budget, what in STEPS:
-        if only and name not in only:
-            continue
+    budgets = {name: (budget, what) for name, budget, what in STEPS}
+    for group in stages(names):
         elapsed = time.time() - start
-        entry = dict(name=name, budget_s=budget, what=what)
-        result["steps"].append(entry)
-        if name in NEEDS_FAIRSEQ and status.get("install") != "ok":
-            entry["status"] = "skipped (install failed)"
-        elif NEEDS.get(name) and status.get(NEEDS[name]) != "ok":
-            entry["status"] = f"skipped ({NEEDS[name]} failed)"
-        elif deadline - elapsed < MIN_STEP_SECONDS:
-            entry["status"] = f"skipped (only {deadline - elapsed:.0f} s left before the {deadline} s deadline)"
-        if "status" in entry:
-            status[name] = "skipped"
-            print(f"[gpu-check] {name}: {entry['status']}", flush=True)
-            continue
-        budget = min(budget, int(deadline - elapsed))  # the deadline cuts the last step short
-        entry["budget_s"] = budget
-        print(f"[gpu-check] {name} (budget {budget} s, at {elapsed:.0f} s): {what}", flush=True)
-        log.write(f"\n===== {name} (budget {budget} s)\n")
+        runnable = []
+        for name in group:
+            budget, what = budgets[name]
+            entry = dict(name=name, budget_s=budget, what=what)
+            result["steps"].append(entry)
+            if name in NEEDS_FAIRSEQ and status.get("install") != "ok":
+                entry["status"] = "skipped (install failed)"
+            elif NEEDS.get(name) and not needed_ready(NEEDS[name], status, group, names, work):
+                entry["status"] = f"skipped ({NEEDS[name]} failed or not run)"
+            elif deadline - elapsed < MIN_STEP_SECONDS:
+                entry["status"] = f"skipped (only {deadline - elapsed:.0f} s left before the {deadline} s deadline)"
+            if "status" in entry:
+                status[name] = "skipped"
+                print(f"[gpu-check] {name}: {entry['status']}", flush=True)
+                continue
+            entry["budget_s"] = min(budget, int(deadline - elapsed))  # the deadline cuts the last step short
+            runnable.append(entry)
+            print(f"[gpu-check] {name} (budget {entry['budget_s']} s, at {elapsed:.0f} s): {what}", flush=True)
         t0 = time.time()
-        output = ""
-        try:
-            if name == "install":
+        if [e["name"] for e in runnable] == ["install"]:
+            entry = runnable[0]
+            log.write(f"\n===== install (budget {entry['budget_s']} s)\n")
+            try:
                 site, tree = install(py, wheelhouse, work, log)
-                rc = 0
-            else:
-                rc = 0
-                for argv in cmds[name]:
-                    remaining = budget - (time.time() - t0)
-                    log.write("$ " + shlex.join(argv) + "\n")
-                    proc = subprocess.run(argv, cwd=ROOT, env=step_env(site, tree), capture_output=True, text=True,
-                                          timeout=max(remaining, 1))
-                    output += proc.stdout + proc.stderr
-                    log.write(proc.stdout[-20000:] + proc.stderr[-20000:])
-                    rc = proc.returncode
-                    if rc != 0:
-                        break
-            entry["status"] = "ok" if rc == 0 else f"failed (rc {rc})"
-        except subprocess.TimeoutExpired as e:
-            for stream in (e.stdout, e.stderr):
-                text = stream.decode(errors="replace") if isinstance(stream, bytes) else (stream or "")
-                output += text
-                log.write(text[-20000:])
-            entry["status"] = f"timed out after {budget} s"
-        except Exception as e:  # noqa: BLE001  (a failed step is recorded; the check goes on)
-            entry["status"] = f"failed: {type(e).__name__}: {str(e)[:500]}"
-            log.write(entry["status"] + "\n")
-        entry["seconds"] = round(time.time() - t0, 1)
-        status[name] = "ok" if entry["status"] == "ok" else "failed"
-        collect(name, entry, output, work, result)
-        print(f"[gpu-check] {name}: {entry['status']} in {entry['seconds']} s (budget {budget} s)", flush=True)
+                entry["status"] = "ok"
+            except Exception as e:  # noqa: BLE001
+                entry["status"] = f"failed: {type(e).__name__}: {str(e)[:500]}"
+                log.write(entry["status"] + "\n")
+            outputs = {"install": ""}
+            entry["seconds"] = round(time.time() - t0, 1)
+        else:
+            import concurrent.futures
+
+            with concurrent.futures.ThreadPoolExecutor(max_workers=max(len(runnable), 1)) as pool:
+                futures = {e["name"]: pool.submit(run_step, e["name"], e["budget_s"], cmds[e["name"]],
+                                                  step_env(site, tree), t0) for e in runnable}
+                outputs = {}
+                for entry in runnable:
+                    entry["status"], outputs[entry["name"]], text = futures[entry["name"]].result()
+                    entry["seconds"] = round(time.time() - t0, 1) if len(runnable) == 1 else None
+                    log.write(f"\n===== {entry['name']} (budget {entry['budget_s']} s)\n{text}")
+            if len(runnable) > 1:  # the group's wall time (each step's own end is not tracked)
+                for entry in runnable:
+                    entry["seconds"] = round(time.time() - t0, 1)
+                    entry["concurrent_with"] = [e["name"] for e in runnable if e is not entry]
+        for entry in runnable:
+            status[entry["name"]] = "ok" if entry["status"] == "ok" else "failed"
+            collect(entry["name"], entry, outputs.get(entry["name"], ""), work, result)
+            print(f"[gpu-check] {entry['name']}: {entry['status']} in {entry['seconds']} s "
+                  f"(budget {entry['budget_s']} s)", flush=True)
         log.flush()
         write_results(result, out, start)  # after every step: a run cut short keeps what it measured
     base = write_results(result, out, start)
@@ -262,27 +389,57 @@ def run_plan(py, wheelhouse, work, out, deadline, only=None):
     return 0 if all(s["status"] == "ok" for s in result["steps"]) else 1
 
 
-def compare_training(result):
-    """fp32 against bf16 on the same updates: the mean logged training loss over the last 50 updates both runs
-    reached (a run cut short by its step's time budget is compared where it stopped)."""
-    a, b = dict(map(tuple, result["train-fp32"]["losses"])), dict(map(tuple, result["train-bf16"]["losses"]))
+def mean_loss_over(points, updates):
+    kept = [loss for u, loss in points if u in updates]
+    return sum(kept) / len(kept)
+
+
+def compare_losses(a_points, b_points, last=50):
+    """Two runs' mean logged training loss over the last ``last`` updates both reached (a run cut short is
+    compared where it stopped): (first, final update, mean a, mean b, relative difference)."""
+    a, b = dict(map(tuple, a_points)), dict(map(tuple, b_points))
     common = sorted(set(a) & set(b))
     if not common:
-        return
-    last = [u for u in common if u > common[-1] - 50]
-    fp32, bf16 = sum(a[u] for u in last) / len(last), sum(b[u] for u in last) / len(last)
-    result["train_compared_updates"] = [last[0], last[-1]]
-    result["train_loss_fp32"], result["train_loss_bf16"] = fp32, bf16
-    result["train_loss_rel_diff"] = abs(bf16 - fp32) / fp32
-    result["train_loss_within_2pct"] = result["train_loss_rel_diff"] <= LOSS_TOLERANCE
+        return None
+    kept = {u for u in common if u > common[-1] - last}
+    mean_a, mean_b = mean_loss_over(a_points, kept), mean_loss_over(b_points, kept)
+    return dict(updates=[min(kept), max(kept)], a=mean_a, b=mean_b, rel_diff=abs(mean_b - mean_a) / mean_a)
+
+
+def train_rows(result, key):
+    return {(r["name"], r["precision"]): r for r in result.get(key, {}).get("rows", []) if r.get("loss")}
+
+
+def compare_training(result):
+    """umst_base: bf16 --amp against fp32 (within 2%), and --compile against eager in bf16 (within 1%), on the
+    same updates of the words/s runs."""
+    speed, compiled = train_rows(result, "train-speed"), train_rows(result, "compile")
+    fp32, bf16 = speed.get(("umst", "fp32")), speed.get(("umst", "bf16"))
+    if fp32 and bf16:
+        c = compare_losses(fp32["loss"], bf16["loss"])
+        if c:
+            result["train_compared_updates"] = c["updates"]
+            result["train_loss_fp32"], result["train_loss_bf16"] = c["a"], c["b"]
+            result["train_loss_rel_diff"] = c["rel_diff"]
+            result["train_loss_within_2pct"] = c["rel_diff"] <= LOSS_TOLERANCE
+    comp = compiled.get(("umst_compile", "bf16"))
+    if bf16 and comp:
+        c = compare_losses(bf16["loss"], comp["loss"])
+        if c:
+            result["compile_compared_updates"] = c["updates"]
+            result["compile_loss_eager"], result["compile_loss_compiled"] = c["a"], c["b"]
+            result["compile_loss_rel_diff"] = c["rel_diff"]
+            result["compile_loss_within_1pct"] = c["rel_diff"] <= COMPILE_LOSS_TOLERANCE
 
 
 def write_results(result, out, start):
-    result["total_seconds"] = round(time.time() - start, 1)
-    if "train-fp32" in result and "train-bf16" in result:
-        compare_training(result)
-    device = result.get("env", {}).get("device", "no-gpu")
-    base = os.path.join(out, f"gpu-{slug(device)}")
+    """Write ``gpu-<device>.json`` and ``.md`` (only ever for the device the check runs on)."""
+    if "calls" in result:
+        result["calls"][-1]["seconds"] = round(time.time() - start, 1)
+    else:
+        result["total_seconds"] = round(time.time() - start, 1)
+    compare_training(result)
+    base = os.path.join(out, f"gpu-{slug(result['device'])}")
     with open(base + ".json", "w") as f:
         json.dump(result, f, indent=1)
     with open(base + ".md", "w") as f:
@@ -290,32 +447,55 @@ def write_results(result, out, start):
     return base
 
 
+# step -> (the JSON files it writes into <work>, the markdown tables it writes beside them)
+STEP_FILES = {"op-counts": ["op-counts"], "bench": ["bench-4096", "bench-16384"], "train-speed": ["train-speed"],
+              "decode": ["decode"], "launches": ["launches"], "compile": ["compile-bench", "train-compile"]}
+
+
 def collect(name, entry, output, work, result):
-    """Pull the step's numbers out of its output into ``result``."""
+    """Pull the step's numbers out of its output and files into ``result``."""
     if name == "env":
         m = re.search(r"^GPUCHECK-ENV (\{.*\})$", output, flags=re.M)
         if m:
             result["env"] = json.loads(m.group(1))
     elif name == "tests":
-        entry["summary"] = pytest_summary(output.strip().splitlines()[-1] if output.strip() else "")
+        xml = os.path.join(work, "gpu-tests.xml")
+        if os.path.exists(xml):
+            entry["summary"] = junit_summary(xml)
+        else:  # the run died before writing it: the last summary line pytest printed
+            lines = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed|errors?)", line)]
+            entry["summary"] = pytest_summary(lines[-1] if lines else "")
         entry["failures"] = re.findall(r"^FAILED (\S+)", output, flags=re.M)[:40]
-    elif name.startswith("bench-") or name == "op-counts":
-        path = os.path.join(work, f"{name}.json")
+    for stem in STEP_FILES.get(name, []):
+        path = os.path.join(work, f"{stem}.json")
         if os.path.exists(path):
             with open(path) as f:
-                result[name] = json.load(f)
-    elif name.startswith("train-"):
-        points = train_losses(output)
-        if points:
-            wps = [float(x) for x in re.findall(r'"wps": "?([\d.]+)', output)]
-            result[name] = dict(updates=max(u for u, _ in points), loss_last50=tail_mean(points),
-                                losses=points, seconds=entry["seconds"],
-                                wps_median=sorted(wps)[len(wps) // 2] if wps else None)
+                data = json.load(f)
+            key = name if len(STEP_FILES[name]) == 1 else stem
+            if name == "compile" and stem == "train-compile":
+                key = "compile"
+            result[key] = data
+            table = os.path.join(work, f"{stem}.md")
+            if os.path.exists(table):
+                with open(table) as f:
+                    result.setdefault("tables", {})[stem] = f.read().strip()
+
+
+TABLE_TITLES = [
+    ("bench-4096", "One training step against the transformer, bf16, 4,096 tokens (bench_archs.py)"),
+    ("bench-16384", "One training step against the transformer, bf16, 16,384 tokens (bench_archs.py)"),
+    ("launches", "Kernels of one whole fairseq update by phase, bf16 --amp (bench_launches.py)"),
+    ("train-speed", "fairseq-train words/s on the synthetic corpus (bench_train.py)"),
+    ("compile-bench", f"--compile ({COMPILE_ARCHS}): one training step, bf16, 4,096 tokens (bench_archs.py)"),
+    ("train-compile", f"--compile ({COMPILE_ARCHS}): fairseq-train words/s (bench_train.py)"),
+    ("decode", "Decoding: fairseq-generate at beam 1 and 5 (bench_decode.py)"),
+    ("op-counts", "Matmuls and host syncs on CUDA (bench_op_counts.py)"),
+]
 
 
 def markdown(result):
     env = result.get("env", {})
-    lines = [f"# GPU check: {env.get('device', 'no GPU')}", "",
+    lines = [f"# GPU check: {env.get('device', result.get('device', '?'))}", "",
              f"torch {env.get('torch', '?')} (CUDA {env.get('cuda', '?')}), Python {env.get('python', '?')}, "
              f"fairseq {env.get('fairseq', '?')}; started {result['started']}, {result.get('total_seconds', '?')} s "
              "in all (`bash scripts/gpu-check.sh`).", "",
@@ -324,68 +504,29 @@ def markdown(result):
         extra = ""
         if s.get("summary"):
             extra = " (" + ", ".join(f"{v} {k}" for k, v in s["summary"].items()) + ")"
+        if s.get("concurrent_with"):
+            extra += " (beside " + ", ".join(s["concurrent_with"]) + ")"
         lines.append(f"| {s['name']} | {s['status']}{extra} | {s.get('seconds', '')} | {s['budget_s']} |")
     failures = [f for s in result["steps"] for f in s.get("failures", [])]
     if failures:
         lines += ["", "Failed tests: " + ", ".join(f"`{f}`" for f in failures)]
-    for key, title in (("bench-base", "Base width"), ("bench-big", "Big width")):
-        if key in result:
-            bench = result[key]
-            lines += ["", f"## {title}: one training step against the pre-norm transformer", "",
-                      f"{bench['sentences']} sentences of Multi30k lengths ({bench['max_tokens']} max tokens), "
-                      "CUDA-event median of "
-                      f"{bench['repeats']}; saved = bytes autograd keeps for backward; peak = "
-                      "`torch.cuda.max_memory_allocated` during the step; per-FLOP ratios against the transformer.",
-                      "", bench_table(bench)]
-    if "op-counts" in result:
-        lines += ["", "## Matmuls and host syncs on CUDA (bench_op_counts.py)", "",
-                  "Per arch at base width, 8 sentences: matrix products of one backward pass under bf16 autocast "
-                  "whose inputs are all float32; host-device syncs per training step and decoding step (plugin / "
-                  "fairseq).", "", op_counts_table(result["op-counts"])]
-    if "train-fp32" in result and "train-bf16" in result:
-        a, b = result["train-fp32"], result["train-bf16"]
-        first, final = result.get("train_compared_updates", ["?", "?"])
-        lines += ["", f"## umst_base, {TRAIN_UPDATES} updates on the toy corpus", "",
-                  f"| precision | updates reached | mean train loss, updates {first}-{final} | wall s | words/s (median) |",
-                  "|---|---|---|---|---|",
-                  f"| fp32 | {a['updates']} | {result.get('train_loss_fp32', float('nan')):.4f} | {a['seconds']} | "
-                  f"{a['wps_median']} |",
-                  f"| bf16 `--amp` | {b['updates']} | {result.get('train_loss_bf16', float('nan')):.4f} | "
-                  f"{b['seconds']} | {b['wps_median']} |", ""]
-        if "train_loss_rel_diff" in result:
-            lines.append(f"Relative difference {100 * result['train_loss_rel_diff']:.2f}% "
-                         f"({'within' if result['train_loss_within_2pct'] else 'NOT within'} 2%).")
+    tables = result.get("tables", {})
+    for stem, title in TABLE_TITLES:
+        if stem in tables:
+            lines += ["", f"## {title}", "", tables[stem]]
+    if "train_loss_rel_diff" in result:
+        first, final = result["train_compared_updates"]
+        lines += ["", f"umst_base, bf16 `--amp` against fp32, mean training loss over updates {first}-{final}: "
+                      f"{result['train_loss_bf16']:.4f} against {result['train_loss_fp32']:.4f}, "
+                      f"{100 * result['train_loss_rel_diff']:.2f}% apart "
+                      f"({'within' if result['train_loss_within_2pct'] else 'NOT within'} 2%)."]
+    if "compile_loss_rel_diff" in result:
+        first, final = result["compile_compared_updates"]
+        lines += ["", f"umst_base, `--compile` against eager (bf16 `--amp`, same seed), mean training loss over "
+                      f"updates {first}-{final}: {result['compile_loss_compiled']:.4f} against "
+                      f"{result['compile_loss_eager']:.4f}, {100 * result['compile_loss_rel_diff']:.2f}% apart "
+                      f"({'within' if result['compile_loss_within_1pct'] else 'NOT within'} 1%)."]
     return "\n".join(lines) + "\n"
-
-
-def op_counts_table(counts):
-    def split(c):
-        return f"{c.get('plugin', 0)} / {c.get('fairseq', 0)}"
-    lines = ["| arch | fp32-only backward matmuls (of all), dropout on / off | syncs: training step | first decoding "
-             "step | later decoding step |", "|---|---|---|---|---|"]
-    for r in counts["rows"]:
-        lines.append(f"| {r['arch']} | {r['fp32_backward_matmuls']} / {r['fp32_backward_matmuls_no_dropout']} "
-                     f"({r['backward_matmuls']}) | {split(r['train_syncs'])} | {split(r['decode_first_syncs'])} | "
-                     f"{split(r['decode_later_syncs'])} |")
-    return "\n".join(lines)
-
-
-def bench_table(bench):
-    precisions = bench["precisions"]
-    by_name = {r["name"]: r for r in bench["rows"]}
-    head = ["arch", "GFLOP", "FLOPs"]
-    for p in precisions:
-        head += [f"saved {p} MiB", "saved/FLOP", f"peak {p} MiB", f"{p} ms", "tok/s", "time/FLOP"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    for ratio in bench["ratios"]:
-        r = by_name[ratio["name"]]
-        cells = [r["arch"], f"{r['flops'] / 1e9:.0f}", f"{ratio['flops']:.2f}x"]
-        for p in precisions:
-            cells += [f"{r['saved'][p] / 2**20:.0f}", f"{ratio[p]['saved_per_flop']:.2f}",
-                      f"{r['peak'][p] / 2**20:.0f}", f"{r['time'][p] * 1000:.1f}",
-                      f"{r['tokens_per_s'][p]:.0f}", f"{ratio[p]['time_per_flop']:.2f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------------ dry run
@@ -409,6 +550,9 @@ def check_commands(cmds_json):
     return 1 if failures else 0
 
 
+DRY_RUN_SCRIPTS = ("bench_archs.py", "bench_train.py", "bench_launches.py", "bench_decode.py")
+
+
 def check_one(argv):
     args = argv[1:]
     if args[:2] == ["-m", "umst_tools.gpu_check"]:
@@ -426,30 +570,16 @@ def check_one(argv):
         if proc.returncode != 0 or not sum(counts):
             raise RuntimeError(f"pytest --collect-only failed (rc {proc.returncode}): {proc.stdout[-1500:]}"
                                f"{proc.stderr[-1500:]}")
-    elif args[0].endswith("bench_op_counts.py"):
-        proc = subprocess.run([argv[0], args[0], "--help"], cwd=ROOT, capture_output=True, text=True)
-        if proc.returncode != 0 or "--device" not in proc.stdout:
-            raise RuntimeError(proc.stderr[-1500:])
-    elif args[0].endswith("bench_archs.py"):
+    elif args[0].endswith(DRY_RUN_SCRIPTS):  # the script checks its own arguments and names, measures nothing
         proc = subprocess.run([argv[0]] + args + ["--dry-run"], cwd=ROOT, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise RuntimeError(proc.stderr[-1500:])
-    elif args[:2] == ["-m", "umst_plugin.toy"]:
-        from umst_plugin import toy
-
-        toy.get_parser().parse_args(args[2:])
-    elif args[:2] == ["-m", "umst_plugin.preprocess"]:
-        from umst_plugin.preprocess import cli
-
-        cli.get_parser().parse_args(args[2:])
-    elif args[:2] == ["-m", "fairseq_cli.preprocess"]:
-        from fairseq import options
-
-        options.get_preprocessing_parser().parse_args(args[2:])
-    elif args[:2] == ["-m", "fairseq_cli.train"]:
-        from fairseq import options
-
-        options.parse_args_and_arch(options.get_training_parser(), args[2:])
+            raise RuntimeError(proc.stdout[-1500:] + proc.stderr[-1500:])
+    elif args[0].endswith((".py",)) and os.path.dirname(args[0]) == BENCH:  # every flag used is one it has
+        proc = subprocess.run([argv[0], args[0], "--help"], cwd=ROOT, capture_output=True, text=True)
+        used = [a for a in args[1:] if a.startswith("--")]
+        missing = [a for a in used if a not in proc.stdout]
+        if proc.returncode != 0 or missing:
+            raise RuntimeError(f"{os.path.basename(args[0])} --help failed or lacks {missing}: {proc.stderr[-1500:]}")
     else:
         raise RuntimeError(f"no parse check known for {argv}")
 
@@ -516,7 +646,8 @@ def dry_run(wheelhouse, work, builder):
     for name, budget, what in STEPS:
         total += budget
         print(f"  {name:<11} {budget:>4} s  {what}")
-    print(f"  {'total':<11} {total:>4} s  (deadline 480 s)")
+    print(f"  {'total':<11} {total:>4} s  of budgets; wall time {plan_wall_seconds()} s for a plain call, "
+          f"{plan_wall_seconds(SECOND_CALL)} s for --only {','.join(SECOND_CALL)} (deadline 480 s each)")
     os.makedirs(work, exist_ok=True)
     if not wheelhouse:
         wheelhouse = os.path.join(work, "wheelhouse")
@@ -564,7 +695,10 @@ def parser():
                    help="where gpu-<device>.json / .md and gpu-check-log.txt go (default: docs/results)")
     p.add_argument("--work", default=None, help="scratch folder (default: /tmp/umst-gpu-check)")
     p.add_argument("--deadline", type=int, default=480, help="seconds from the start: steps run while time is left, the last one cut short at it (default 480)")
-    p.add_argument("--only", default=None, help="comma-separated steps to run (install is always needed)")
+    p.add_argument("--only", default=None,
+                   help="comma-separated steps to run (install is always needed); their results join this device's "
+                        "last report. A plain call runs every step but " + ", ".join(SECOND_CALL) + "; "
+                        "--only " + ",".join(SECOND_CALL) + " is the second call")
     p.add_argument("--python", default=sys.executable, help="the Python with torch to use (default: this one)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan; install into a fresh venv from the wheelhouse alone; check every command parses")

@@ -1,0 +1,308 @@
+"""fairseq-train words/s per architecture and precision, against stock fairseq's transformer, on one data-bin.
+
+What a user sees in fairseq-train's log (``wps``: target tokens per second of wall time, data loading, the
+update, logging and all), for short runs of every row on a corpus with realistic batches (by default the
+synthetic corpus of Multi30k lengths, ``benchmarks/synthetic_corpus.py``: the toy corpus's 14 batches an epoch
+hide the step in epoch overhead). Each run is ``fairseq_cli.train.main`` with fairseq-train's own command line,
+``--max-update N --log-interval 5 --no-save --disable-validation``; a row's figure is the median ``wps`` of its
+``train_inner`` records after the first (warm-up: CUDA context, allocator, ``--compile``'s compilation).
+
+Rows: ``stock`` is fairseq's own transformer (pre-norm), ``--task translation`` and adam in a process that never
+imports the plugin, fp32 and fairseq's own fp16 ``--amp`` (its only mixed precision); the plugin's rows run in
+a second process with ``--user-dir umst_plugin --task multiscale_translation``: every arch in fp32 and under
+``--amp --amp-dtype bfloat16``, plus ``transformer --use-old-adam`` in bf16 (the plugin's fast paths off: the
+bf16 baseline the issue names) and, with ``--compile-archs``, rows with ``--compile``. The runs of one process
+share its imports and CUDA context, so a row costs its model build and its updates.
+
+``words/s per FLOP`` multiplies a row's words/s by its arch's matmul FLOPs per target token relative to the
+transformer's (``bench_archs.matmul_flops`` on one batch of the same lengths): above 1, the arch turns FLOPs
+into training faster than the transformer does.
+
+    python benchmarks/bench_train.py --data DATA_BIN [--updates 60] [--archs umst,prime] [--json out.json]
+    python benchmarks/bench_train.py --build-corpus DIR       # the synthetic corpus's data-bin, then the runs
+"""
+import argparse
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PLUGIN = os.path.join(ROOT, "umst_plugin")
+PRENORM = ["--encoder-normalize-before", "--decoder-normalize-before"]
+ARCHS = {  # name -> (arch, extra fairseq-train arguments)
+    "transformer": ("transformer", PRENORM),
+    "umst": ("umst_base", []),
+    "transformer_sf": ("transformer_sf_base", []),
+    "msc": ("msc_base", []),
+    "msmsa": ("msmsa_base", []),
+    "prime": ("prime_base", []),
+    "prime_simple": ("prime_simple_base", []),
+}
+QUICK = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+         "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "4",
+         "--decoder-attention-heads", "4"]
+QUICK_EXTRA = {"transformer_sf": ["--fast-embed-dim", "8", "--fast-ffn-embed-dim", "16", "--fast-attention-heads", "2"],
+               "msc": ["--encoder-blocks", "1", "--encoder-layers-per-block", "1"]}
+PRECISION_ARGS = {"fp32": [], "bf16": ["--amp", "--amp-dtype", "bfloat16"], "fp16": ["--amp"]}
+
+
+def common_args(data, arch, updates, max_tokens, seed=1):
+    return [data, "--arch", arch, "--share-all-embeddings", "--optimizer", "adam", "--adam-betas", "(0.9,0.98)",
+            "--lr", "5e-4", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4000",
+            "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+            "--max-tokens", str(max_tokens), "--max-update", str(updates), "--seed", str(seed),
+            "--no-save", "--disable-validation", "--log-format", "json", "--log-interval", "5"]
+
+
+def plan(data, archs, precisions, updates, max_tokens, compile_archs=(), compile_precisions=("bf16",), quick=False,
+         loss_archs=(), loss_updates=200):
+    """(stock runs, plugin runs): each a dict(name, arch, precision, argv) of fairseq-train arguments; the rows of
+    ``loss_archs`` (eager and compiled) train ``loss_updates`` updates, for comparing their losses."""
+    def sizes(name):
+        return QUICK + QUICK_EXTRA.get(name, []) if quick else []
+    stock = []
+    for precision in ("fp32", "fp16"):
+        stock.append(dict(name="stock", arch="transformer", precision=precision, compiled=False,
+                          argv=common_args(data, "transformer", updates, max_tokens) + PRENORM + sizes("transformer")
+                          + ["--task", "translation"] + PRECISION_ARGS[precision]))
+    plugin = []
+
+    def add(name, precision, extra=(), compiled=False, label=None):
+        arch, arch_args = ARCHS[name]
+        n = loss_updates if name in loss_archs and label != "transformer_old_adam" else updates
+        plugin.append(dict(name=label or name, arch=arch, precision=precision, compiled=compiled,
+                           argv=common_args(data, arch, n, max_tokens) + arch_args + sizes(name)
+                           + ["--user-dir", PLUGIN, "--task", "multiscale_translation"]
+                           + PRECISION_ARGS[precision] + list(extra)))
+    for name in archs:
+        for precision in precisions:
+            add(name, precision)
+    if "transformer" in archs and "bf16" in precisions:
+        add("transformer", "bf16", ["--use-old-adam"], label="transformer_old_adam")
+    for name in compile_archs:
+        for precision in compile_precisions:
+            add(name, precision, ["--compile"], compiled=True, label=f"{name}_compile")
+    return stock, plugin
+
+
+class _Records(logging.Handler):
+    """Collects fairseq's json progress records (train_inner) as they are logged."""
+
+    def __init__(self):
+        super().__init__()
+        self.records = []
+
+    def emit(self, record):
+        message = record.getMessage()
+        i = message.find("{")
+        if i < 0 or '"wps"' not in message:
+            return
+        try:
+            data = json.loads(message[i:])
+        except ValueError:
+            return
+        if "num_updates" in data and "train_wps" not in data:
+            self.records.append(data)
+
+
+def run_one(argv):
+    """fairseq-train's main on ``argv`` in this process; its train_inner records and wall seconds."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq_cli import train
+
+    handler = _Records()
+    logging.getLogger().addHandler(handler)
+    start = time.time()
+    try:
+        args = options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
+        cfg = convert_namespace_to_omegaconf(args)
+        train.main(cfg)
+    finally:
+        logging.getLogger().removeHandler(handler)
+    return handler.records, time.time() - start
+
+
+def summarise(run, records, seconds):
+    wps = [float(r["wps"]) for r in records]
+    kept = wps[1:] if len(wps) > 1 else wps
+    return dict(run, argv=run["argv"], seconds=round(seconds, 1), wps_records=wps,
+                wps=statistics.median(kept) if kept else None,
+                updates=int(float(records[-1]["num_updates"])) if records else 0,
+                loss=[(int(float(r["num_updates"])), float(r["loss"])) for r in records if "loss" in r])
+
+
+def child(plan_path, index_from, out_path):
+    """Run the plan's runs in this process (the stock process never imports the plugin)."""
+    with open(plan_path) as f:
+        runs = json.load(f)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
+    results = []
+    for run in runs:
+        print(f"[bench_train] {run['name']} {run['precision']}: fairseq-train {' '.join(run['argv'][1:4])} ...",
+              file=sys.stderr, flush=True)
+        try:
+            records, seconds = run_one(run["argv"])
+            results.append(summarise(run, records, seconds))
+        except Exception as e:  # noqa: BLE001  (one failed row is recorded; the others run)
+            results.append(dict(run, error=f"{type(e).__name__}: {e}"))
+        with open(out_path, "w") as f:  # after every run: a process killed at a limit keeps what it measured
+            json.dump(results, f)
+    return 0
+
+
+def flops_per_token(names, device, quick=False):
+    """Each arch's matmul FLOPs per target token on one batch of Multi30k lengths (bench_archs' batch)."""
+    try:
+        from benchmarks import bench_archs
+    except ImportError:
+        import bench_archs
+    from umst_plugin import dev
+
+    src, tgt = bench_archs.lengths_batch(4096)
+    out = {}
+    for name in names:
+        _, model, task = bench_archs.build(name, "base", quick)
+        model = model.to(device).train()
+        sample = dev.move_sample(bench_archs.make_sample(task, src, tgt), device)
+        out[name] = bench_archs.matmul_flops(model, sample, "cuda" if str(device).startswith("cuda") else "cpu") \
+            / int(sample["ntokens"])
+    return out
+
+
+def run_process(runs, work, tag, timeout):
+    plan_path, out_path = os.path.join(work, f"{tag}-plan.json"), os.path.join(work, f"{tag}-results.json")
+    with open(plan_path, "w") as f:
+        json.dump(runs, f)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in [env.get("PYTHONPATH")] if p])
+    log_path = os.path.join(work, f"{tag}-log.txt")
+    with open(log_path, "w") as log:
+        try:
+            subprocess.run([sys.executable, os.path.abspath(__file__), "--child", plan_path, "--child-out", out_path],
+                           stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            print(f"[bench_train] the {tag} runs stopped at their {timeout} s limit; rows so far kept", flush=True)
+    if not os.path.exists(out_path):
+        return [dict(run, error=f"no result (see {log_path})") for run in runs]
+    with open(out_path) as f:
+        done = json.load(f)
+    return done + [dict(run, error=f"not run (time limit; see {log_path})") for run in runs[len(done):]]
+
+
+def ratios(rows, flops):
+    stock = {r["precision"]: r for r in rows if r["name"] == "stock" and r.get("wps")}
+    base = stock.get("fp32")
+    for r in rows:
+        if not r.get("wps") or base is None:
+            continue
+        r["wps_vs_stock_fp32"] = r["wps"] / base["wps"]
+        name = r["name"].replace("_compile", "").replace("_old_adam", "")
+        if name == "stock":
+            name = "transformer"
+        if flops and name in flops and "transformer" in flops:
+            r["flops_per_token_ratio"] = flops[name] / flops["transformer"]
+            r["wps_per_flop_vs_stock_fp32"] = r["wps_vs_stock_fp32"] * r["flops_per_token_ratio"]
+    by = {(r["name"], r["precision"]): r for r in rows if r.get("wps")}
+    for (name, precision), r in by.items():
+        if precision != "fp32" and (name, "fp32") in by:
+            r["wps_vs_own_fp32"] = r["wps"] / by[(name, "fp32")]["wps"]
+    return rows
+
+
+def markdown(result):
+    head = ["row", "precision", "words/s", "vs stock fp32", "vs own fp32", "FLOPs/token", "words/s per FLOP vs stock",
+            "updates", "run s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in result["rows"]:
+        if not r.get("wps"):
+            lines.append(f"| {r['name']} | {r['precision']} | {r.get('error', 'no records')} |" + " |" * 6)
+            continue
+        def f(key, fmt="{:.2f}"):
+            return fmt.format(r[key]) if r.get(key) is not None else "-"
+        lines.append(f"| {r['name']} | {r['precision']} | {r['wps']:,.0f} | {f('wps_vs_stock_fp32')} | "
+                     f"{f('wps_vs_own_fp32')} | {f('flops_per_token_ratio')} | {f('wps_per_flop_vs_stock_fp32')} | "
+                     f"{r['updates']} | {r['seconds']} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default=None, help="a data-bin with the side files (umst-preprocess)")
+    p.add_argument("--build-corpus", default=None, metavar="DIR",
+                   help="build the synthetic corpus of Multi30k lengths in DIR first (benchmarks/synthetic_corpus.py)")
+    p.add_argument("--archs", default=",".join(ARCHS))
+    p.add_argument("--precisions", default="fp32,bf16")
+    p.add_argument("--compile-archs", default="", help="also these archs with --compile (comma-separated)")
+    p.add_argument("--updates", type=int, default=60)
+    p.add_argument("--loss-archs", default="", help="these archs' rows train --loss-updates updates (their losses "
+                                                     "are compared: fp32 / bf16 / --compile)")
+    p.add_argument("--loss-updates", type=int, default=200)
+    p.add_argument("--markdown", default=None, help="also write the table here")
+    p.add_argument("--max-tokens", type=int, default=4096)
+    p.add_argument("--no-stock", action="store_true", help="skip the stock process")
+    p.add_argument("--timeout", type=int, default=600, help="seconds for each of the two processes")
+    p.add_argument("--work", default=None, help="scratch folder (plans, per-process logs)")
+    p.add_argument("--json", default=None)
+    p.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
+    p.add_argument("--quick", action="store_true", help="tiny widths (1+1 layers, d 32): a smoke run")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        return child(args.child, 0, args.child_out)
+    archs = [a for a in args.archs.split(",") if a]
+    compile_archs = [a for a in args.compile_archs.split(",") if a]
+    unknown = [a for a in archs + compile_archs if a not in ARCHS]
+    if unknown:
+        p.error(f"unknown arch(s) {unknown}; choices: {', '.join(ARCHS)}")
+    if args.build_corpus:
+        try:
+            from benchmarks import synthetic_corpus
+        except ImportError:
+            import synthetic_corpus
+        args.data = synthetic_corpus.build(args.build_corpus)
+    if not args.data and not args.dry_run:
+        p.error("--data DATA_BIN or --build-corpus DIR is needed")
+    stock, plugin = plan(args.data or "DATA_BIN", archs, args.precisions.split(","), args.updates, args.max_tokens,
+                         compile_archs, quick=args.quick,
+                         loss_archs=[a for a in args.loss_archs.split(",") if a], loss_updates=args.loss_updates)
+    if args.dry_run:
+        for run in stock + plugin:
+            print(f"{run['name']:>22} {run['precision']}: fairseq-train {' '.join(run['argv'])}")
+        return 0
+    import torch
+
+    work = args.work or os.path.join(os.path.dirname(os.path.abspath(args.json or ".")), "bench-train-work")
+    os.makedirs(work, exist_ok=True)
+    start = time.time()
+    rows = [] if args.no_stock else run_process(stock, work, "stock", args.timeout)
+    rows += run_process(plugin, work, "plugin", args.timeout)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    flops = flops_per_token(sorted(set(archs) | {"transformer"}), device, args.quick)
+    try:
+        from benchmarks.bench_archs import device_name
+    except ImportError:
+        from bench_archs import device_name
+    result = dict(device=device_name(device), torch=torch.__version__, data=args.data, updates=args.updates,
+                  max_tokens=args.max_tokens, flops_per_token=flops, rows=ratios(rows, flops),
+                  seconds=round(time.time() - start, 1))
+    print(f"\n{result['device']}, torch {result['torch']}, {args.updates} updates of {args.max_tokens} tokens per "
+          f"row\n\n{markdown(result)}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
