@@ -1,0 +1,705 @@
+"""Decoding speed of every architecture against fairseq's transformer: fairseq-generate at beam 1 and 5, and the
+kernel launches of one incremental decoding step.
+
+What a user's BLEU costs is fairseq-generate. Per architecture, on the test split of a synthetic corpus with
+Multi30k's sentence lengths (``benchmarks/synthetic_corpus.py``: 1,000 sentences, a 10,000-entry joined
+vocabulary, gold dependency side files), under ``--task multiscale_translation``:
+
+* **fairseq-generate** (``fairseq_cli.generate.main``) at each beam of ``--beams``, batches by ``--max-tokens``,
+  ``--quiet``: sentences/s and milliseconds per sentence, against the transformer of the same run (Prime and
+  Prime-simple also against the transformer of Prime's 12+12, d 384 shape). Every call runs in this one process
+  (imports and CUDA set-up paid once). Each ``inference_step`` (one batch: encoder, beam search, decoder steps)
+  is timed by the wall clock (synchronised on CUDA); before the first, one batch of the test split (the one of
+  most sentences) is decoded untimed, so neither clock counts a warm-up. fairseq's own "sentences/s" (its
+  stopwatch around the same calls) is reported too.
+* **Equal work whatever the weights.** The models are random-init checkpoints (built by the task, saved in
+  fairseq's checkpoint format), which would stop at random lengths. ``--max-len-a 0 --max-len-b L --min-len L``
+  forces every hypothesis to exactly L tokens + ``</s>``: fairseq's SequenceGenerator bans ``</s>`` while
+  ``step < min_len`` and allows only ``</s>`` once ``step >= max_len`` (it asserts ``min_len <= max_len``), so
+  with ``min_len == max_len == L`` every beam of every sentence runs L + 1 decoder steps (checked on every
+  hypothesis). L defaults to 12, Multi30k's mean target length (12.2 tokens, ``multi30k_lengths.json``).
+* **Kernel launches per decoding step** (``--launch-sentences`` 8 sentences x ``--launch-beam`` 5, the same
+  models): one later incremental step as fairseq's ``EnsembleModel`` runs it -- ``reorder`` (the beam reorder of
+  the incremental state and the encoder output) and ``decoder`` (the decoder on the last token and the output
+  log-probabilities) -- counted with ``umst_plugin.op_counts.KernelLaunches`` on the CPU (every aten op that
+  launches a kernel, what a GPU would run); and ``generate``: a whole SequenceGenerator call (beam search
+  included) per decoder step, the encoder excluded. With ``--device cuda`` the same step and call are counted on
+  the GPU too, both ways: KernelLaunches there (the ops CUDA dispatches) and the CUDA kernels torch.profiler sees
+  (``benchmarks.common.cuda_profile``), with the step's wall time and GPU busy share.
+* **Prime-simple's claim.** The Prime paper (table 3) reports Prime-simple decoding 173 tokens/s against the
+  transformer's 132 (+31%, GPU, batch size 1, beam 5, 6+6 layers d 512; the authors' speed command: FFN 1024,
+  4 heads, against ``transformer_iwslt_de_en``). ``--claim-sentences`` sentences are decoded that way
+  (``--batch-size 1 --beam 5``) by those two models (``bench_prime.TABLE3_PRIME``) and reported as measured.
+
+Target (issue 57): every arch's time per sentence at most 1.25x the transformer's; Prime's and Prime-simple's
+against the transformer of their own shape.
+
+    python benchmarks/bench_decode.py --quick                     # tiny widths, few sentences: a smoke run
+    python benchmarks/bench_decode.py --device cuda --json out.json
+    python benchmarks/bench_decode.py --sentences 48 --claim-sentences 8 --threads 2   # base width on a CPU
+"""
+import argparse
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+try:  # imported from the installed benchmarks package (tests), or run as a script (its folder on sys.path)
+    from benchmarks import bench_archs, common, synthetic_corpus
+except ImportError:
+    import bench_archs
+    import common
+    import synthetic_corpus
+
+PLUGIN = os.path.join(ROOT, "umst_plugin")
+SRC, TGT = synthetic_corpus.SRC, synthetic_corpus.TGT
+# row -> bench_archs.ARCHS row (its base-width arch and overrides): the same models as the training benchmark
+ROWS = ("transformer", "umst", "transformer_sf", "msc", "msmsa", "prime", "prime_simple", "transformer_prime_shape")
+BASELINE = "transformer"
+SHAPE_BASELINE = dict(bench_archs.SHAPE_BASELINE)  # prime, prime_simple -> transformer_prime_shape
+TARGET = 1.25  # time per sentence against the baseline (issue 57)
+LABELS = {"transformer": "transformer (pre-norm)", "transformer_prime_shape": "transformer, Prime's shape 12+12 d384"}
+PAPER_CLAIM = dict(transformer_tokens_per_s=132, prime_simple_tokens_per_s=173, speedup=173 / 132,
+                   setting="GPU, batch size 1, beam 5, 6+6 layers d 512 (Prime paper, table 3)")
+
+
+def claim_rows():
+    """The paper's table 3 pair as the authors' speed command builds it (``bench_prime``)."""
+    try:
+        from benchmarks.bench_prime import TABLE3_PRIME
+    except ImportError:
+        from bench_prime import TABLE3_PRIME
+    return {"claim_transformer": ("transformer_iwslt_de_en", {}),
+            "claim_prime_simple": ("prime_simple_base", dict(TABLE3_PRIME))}
+
+
+def row_model(name, quick):
+    """(arch, overrides) of a row at base width, or tiny widths with ``quick`` (bench_archs.QUICK)."""
+    if name in ROWS:
+        arch, _, overrides = bench_archs.ARCHS[name][:3]
+    else:
+        arch, overrides = claim_rows()[name]
+    overrides = dict(overrides, share_all_embeddings=True)
+    if quick:
+        overrides.update(bench_archs.QUICK)
+        overrides.update(bench_archs.QUICK_EXTRA.get(name, {}))
+    return arch, overrides
+
+
+def default_length(path=synthetic_corpus.LENGTHS):
+    pairs = synthetic_corpus.read_length_pairs(path)
+    return round(statistics.mean(t for _, t in pairs))
+
+
+# ---- random-init checkpoints ---------------------------------------------------------------------------------
+
+def random_checkpoint(databin, arch, overrides, path, seed=1):
+    """Build ``arch`` with the task on ``databin`` (fresh weights, ``seed``) and save it as fairseq's trainer
+    does (cfg, model, optimizer history): fairseq-generate ``--path`` loads it. Returns (model, task)."""
+    from fairseq import tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from omegaconf import OmegaConf
+
+    from umst_plugin import dev
+
+    cfg = convert_namespace_to_omegaconf(dev.parse_args(arch, dict(overrides, source_lang=SRC, target_lang=TGT),
+                                                        data=databin))
+    task = tasks.setup_task(cfg.task)
+    torch.manual_seed(seed)
+    model = task.build_model(cfg.model)
+    history = dict(criterion_name="LabelSmoothedCrossEntropyCriterion", optimizer_name="FairseqAdam",
+                   lr_scheduler_state={"best": None}, num_updates=0)
+    torch.save(dict(cfg=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), args=None,
+                    model=model.state_dict(), optimizer_history=[history], last_optimizer_state=None,
+                    extra_state={"train_iterator": {"epoch": 1, "iterations_in_epoch": 0, "shuffle": True}},
+                    criterion=None, task_state={}), path)
+    return model, task
+
+
+# ---- fairseq-generate, timed ---------------------------------------------------------------------------------
+
+TRANSLATED = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s, "
+                        r"([\d.]+) tokens/s\)")
+
+
+def generate_argv(databin, checkpoint, beam, length, cuda, max_tokens=None, batch_size=None, fp16=False):
+    argv = [databin, "--user-dir", PLUGIN, "--task", "multiscale_translation", "--source-lang", SRC,
+            "--target-lang", TGT, "--path", checkpoint, "--gen-subset", "test", "--beam", str(beam), "--nbest", "1",
+            "--max-len-a", "0", "--max-len-b", str(length), "--min-len", str(length), "--quiet",
+            "--num-workers", "0", "--seed", "1", "--no-progress-bar", "--log-format", "simple"]
+    argv += ["--batch-size", str(batch_size)] if batch_size else ["--max-tokens", str(max_tokens)]
+    if not cuda:
+        argv.append("--cpu")
+    if fp16:
+        argv.append("--fp16")
+    return argv
+
+
+class _Capture(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def sync(cuda):
+    if cuda:
+        torch.cuda.synchronize()
+
+
+# argparse dest -> where generate's config keeps it: the fields that differ between this benchmark's calls
+_CFG_FIELDS = {"path": ("common_eval", "path"), "beam": ("generation", "beam"), "data": ("task", "data"),
+               "max_tokens": ("dataset", "max_tokens"), "max_tokens_valid": ("dataset", "max_tokens_valid"),
+               "batch_size": ("dataset", "batch_size"), "batch_size_valid": ("dataset", "batch_size_valid"),
+               "max_len_b": ("generation", "max_len_b"), "min_len": ("generation", "min_len")}
+
+
+class GenerateConfigs:
+    """fairseq-generate's (args, config) of a command line. fairseq composes a config with hydra (about a second
+    a call here); after the first, a command line that differs from it only in :data:`_CFG_FIELDS` gets a copy
+    of the first's config with those fields set."""
+
+    def __init__(self):
+        self.base = None
+
+    def __call__(self, argv):
+        import copy
+
+        from fairseq import options
+        from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+        args = options.parse_args_and_arch(options.get_generation_parser(), input_args=argv)
+        if self.base is not None:
+            base_args, base_cfg = self.base
+            keys = set(vars(args)) | set(vars(base_args))
+            diff = {k for k in keys if getattr(args, k, None) != getattr(base_args, k, None)}
+            if diff <= set(_CFG_FIELDS):
+                cfg = copy.deepcopy(base_cfg)
+                for k in diff:
+                    section, field = _CFG_FIELDS[k]
+                    setattr(cfg[section], field, getattr(args, k))
+                return args, cfg
+        cfg = convert_namespace_to_omegaconf(args)
+        self.base = (args, copy.deepcopy(cfg))
+        return args, cfg
+
+
+def clock(cuda):
+    """The wall clock on CUDA; on a CPU this process's CPU time (steadier on a shared machine: with one thread,
+    the work done, whatever else runs there)."""
+    return time.perf_counter() if cuda else time.process_time()
+
+
+def run_generate(argv, length, cuda, warmup=1, configs=None):
+    """fairseq_cli.generate.main on ``argv`` in this process, every ``inference_step`` timed (after ``warmup``
+    untimed batches, the test split's batch of most sentences). Returns the measurements."""
+    from fairseq import tasks, utils
+    from fairseq_cli import generate
+
+    args, cfg = (configs or GenerateConfigs())(argv)
+    batches, hyp_lengths = [], set()
+    original = tasks.setup_task
+
+    def setup_task(cfg, **kwargs):
+        task = original(cfg, **kwargs)
+        build, step = task.build_generator, task.inference_step
+
+        def build_generator(models, gen_cfg, **kw):
+            generator = build(models, gen_cfg, **kw)
+            dataset = task.dataset(args.gen_subset)
+            order = dataset.ordered_indices()
+            groups = dataset.batch_by_size(order, max_tokens=args.max_tokens, max_sentences=args.batch_size)
+            biggest = max(groups, key=len)
+            sample = dataset.collater([dataset[int(i)] for i in biggest])
+            if cuda:
+                sample = utils.move_to_cuda(sample)
+            for _ in range(warmup):
+                step(generator, models, sample)
+            sync(cuda)
+            return generator
+
+        def inference_step(generator, models, sample, **kw):
+            sync(cuda)
+            start = clock(cuda)
+            hypos = step(generator, models, sample, **kw)
+            sync(cuda)
+            batches.append((len(hypos), clock(cuda) - start))
+            hyp_lengths.update(len(h[0]["tokens"]) for h in hypos)
+            return hypos
+
+        task.build_generator, task.inference_step = build_generator, inference_step
+        return task
+
+    log = logging.getLogger("fairseq_cli.generate")
+    capture = _Capture()
+    saved = log.level, log.propagate
+    log.addHandler(capture)
+    log.setLevel(logging.INFO)
+    log.propagate = False  # its INFO lines to the capture alone
+    tasks.setup_task = setup_task
+    start = time.perf_counter()
+    try:
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):  # the BLEU of random output
+            generate.main(cfg)
+    finally:
+        tasks.setup_task = original
+        log.removeHandler(capture)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
+    wall = time.perf_counter() - start
+    if hyp_lengths != {length + 1}:
+        raise RuntimeError(f"hypotheses of {sorted(hyp_lengths)} tokens, expected {length + 1} (L + </s>) each")
+    sentences = sum(n for n, _ in batches)
+    seconds = sum(s for _, s in batches)
+    out = dict(sentences=sentences, batches=len(batches), seconds=seconds, sentences_per_s=sentences / seconds,
+               ms_per_sentence=1000 * seconds / sentences, tokens_per_s=sentences * (length + 1) / seconds,
+               wall_s=wall)
+    for message in capture.messages:
+        m = TRANSLATED.search(message)
+        if m:
+            out["fairseq_sentences_per_s"] = float(m.group(4))
+            out["fairseq_tokens_per_s"] = float(m.group(5))
+    return out
+
+
+# ---- kernel launches per decoding step -----------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _phase(counter, name):
+    """Count what runs inside as ``name`` (KernelLaunches) and mark it for the profiler (``phase:<name>``)."""
+    with (counter.in_phase(name) if counter is not None else contextlib.nullcontext()), \
+            torch.profiler.record_function(common.PHASE_PREFIX + name):
+        yield
+
+
+class IncrementalDecoder:
+    """Drive fairseq's EnsembleModel as SequenceGenerator does: the encoder once (its output repeated per beam),
+    then decoding steps, each a beam reorder of the incremental state and the encoder output, and the decoder on
+    the prefix (its last token) with the output log-probabilities."""
+
+    def __init__(self, model, task, sample, beam):
+        from fairseq.sequence_generator import EnsembleModel
+
+        self.ensemble = EnsembleModel([model]).eval()
+        self.bsz = sample["net_input"]["src_tokens"].size(0)
+        self.beam = beam
+        device = sample["net_input"]["src_tokens"].device
+        net_input = task._strip_side_inputs(sample, [model])["net_input"] if hasattr(task, "_strip_side_inputs") \
+            else sample["net_input"]
+        with torch.no_grad():
+            order = torch.arange(self.bsz, device=device).repeat_interleave(beam)
+            self.encoder_outs = self.ensemble.reorder_encoder_out(self.ensemble.forward_encoder(net_input), order)
+        self.states = [{}]
+        self.tokens = torch.full((self.bsz * beam, 1), model.decoder.dictionary.eos(), dtype=torch.long,
+                                 device=device)
+        # a beam reorder: each sentence's hypotheses in reverse order
+        self.reorder = torch.arange(self.bsz * beam, device=device).view(self.bsz, beam).flip(1).reshape(-1)
+        self.next_token = torch.full((self.bsz * beam, 1), model.decoder.dictionary.nspecial + 1, dtype=torch.long,
+                                     device=device)
+        self.steps = 0
+
+    @torch.no_grad()
+    def step(self, counter=None):
+        """One decoding step (reorder, decoder); then the next token is appended (the search's work, uncounted)."""
+        if self.steps:
+            with _phase(counter, "reorder"):
+                self.ensemble.reorder_incremental_state(self.states, self.reorder)
+                self.encoder_outs = self.ensemble.reorder_encoder_out(self.encoder_outs, self.reorder)
+        with _phase(counter, "decoder"):
+            lprobs, _ = self.ensemble.forward_decoder(self.tokens, self.encoder_outs, self.states, 1.0)
+        with _phase(None, "search"):
+            self.tokens = torch.cat([self.tokens, self.next_token], dim=1)
+        self.steps += 1
+        return lprobs
+
+
+def step_launches(model, task, sample, beam, warm_steps=2):
+    """KernelLaunches of one later decoding step by phase (reorder, decoder), after the first and ``warm_steps``."""
+    from umst_plugin.op_counts import KernelLaunches
+
+    decoder = IncrementalDecoder(model, task, sample, beam)
+    for _ in range(1 + warm_steps):
+        decoder.step()
+    with KernelLaunches() as counter:
+        decoder.step(counter)
+    reorder, decode = counter.by_phase.get("reorder", 0), counter.by_phase.get("decoder", 0)
+    return dict(reorder=reorder, decoder=decode, total=reorder + decode,
+                top_ops={p: counter.top_ops(p, 8) for p in ("reorder", "decoder")})
+
+
+@contextlib.contextmanager
+def encoder_phase(model, counter=None):
+    """Attribute the encoder's work to phase ``encoder`` (KernelLaunches and the profiler): SequenceGenerator runs
+    it through ``encoder.forward_torchscript`` (which calls ``forward`` directly: no module hooks fire)."""
+    encoder = model.encoder
+    inner = encoder.forward_torchscript
+
+    def forward_torchscript(net_input):
+        with _phase(counter, "encoder"):
+            return inner(net_input)
+
+    encoder.forward_torchscript = forward_torchscript
+    try:
+        yield
+    finally:
+        del encoder.forward_torchscript
+
+
+def generator_for(model, task, beam, length):
+    from fairseq.sequence_generator import SequenceGenerator
+
+    return SequenceGenerator([model], task.target_dictionary, beam_size=beam, max_len_a=0, max_len_b=length,
+                             min_len=length)
+
+
+def generate_launches(model, task, sample, beam, length):
+    """KernelLaunches of one SequenceGenerator call (beam search included) over ``sample``: per decoder step
+    (``length`` + 1 steps), the encoder excluded, and the encoder's."""
+    from umst_plugin.op_counts import KernelLaunches
+
+    generator = generator_for(model, task, beam, length)
+    with torch.no_grad():
+        task.inference_step(generator, [model], sample)  # warm
+        counter = KernelLaunches()
+        with encoder_phase(model, counter), counter:
+            task.inference_step(generator, [model], sample)
+    encoder = counter.by_phase.get("encoder", 0)
+    return dict(per_step=(counter.total - encoder) / (length + 1), encoder=encoder, total=counter.total)
+
+
+def cuda_counts(model, task, sample, beam, length):
+    """On CUDA: one later decoding step and one generate call, as KernelLaunches counts them there and as the
+    profiler sees the GPU's kernels; the step's wall time and GPU busy share (``common.cuda_profile``)."""
+    decoder = IncrementalDecoder(model, task, sample, beam)
+    for _ in range(3):
+        decoder.step()
+    counted = step_launches(model, task, sample, beam)
+    profile = common.cuda_profile(decoder.step, repeats=5)
+    by_phase = profile["kernels_by_phase"]
+    generator = generator_for(model, task, beam, length)
+
+    def generate_call():
+        with torch.no_grad(), encoder_phase(model):
+            task.inference_step(generator, [model], sample)
+    generate_call()
+    whole = common.cuda_profile(generate_call, repeats=2)
+    encoder = whole["kernels_by_phase"].get("encoder", 0)
+    return dict(step_dispatch=dict(reorder=counted["reorder"], decoder=counted["decoder"], total=counted["total"]),
+                step_kernels=dict(reorder=by_phase.get("reorder", 0), decoder=by_phase.get("decoder", 0),
+                                  total=by_phase.get("reorder", 0) + by_phase.get("decoder", 0),
+                                  search=by_phase.get("search", 0)),
+                step_wall_ms=profile["wall_ms"], step_busy=profile["busy"],
+                generate_dispatch=generate_launches(model, task, sample, beam, length),
+                generate_kernels=dict(per_step=(whole["kernels"] - encoder) / (length + 1), encoder=encoder,
+                                      total=whole["kernels"]),
+                generate_wall_ms=whole["wall_ms"], generate_busy=whole["busy"])
+
+
+def launch_counts(model, task, beam, sentences, length, device):
+    """The launch counts of one model: on the CPU (a copy there if the model is on CUDA), and on CUDA too."""
+    from umst_plugin import dev
+
+    sample = dev.random_sample(task, sentences, 12, 12, seed=1)  # as bench_op_counts.py: 8 x <= 12 subwords
+    model = model.eval()
+    on_cuda = str(device).startswith("cuda")
+    cpu_model = model if not on_cuda else None
+    if on_cuda:
+        import copy
+
+        cpu_model = copy.deepcopy(model).float().cpu()
+    out = dict(step=step_launches(cpu_model, task, sample, beam),
+               generate=generate_launches(cpu_model, task, sample, beam, length))
+    if on_cuda:
+        out["cuda"] = cuda_counts(model, task, dev.move_sample(sample, device), beam, length)
+    return out
+
+
+# ---- the run -------------------------------------------------------------------------------------------------
+
+def ratios(rows, beams):
+    """Per row and beam: time per sentence against the transformer (and against the transformer of the row's own
+    shape), the target check."""
+    by_name = {r["name"]: r for r in rows}
+    for r in rows:
+        r["vs"] = {}
+        for beam in beams:
+            key = str(beam)
+            if key not in r.get("generate", {}):
+                continue
+            entry = {}
+            for label, base in (("transformer", BASELINE), ("shape", SHAPE_BASELINE.get(r["name"]))):
+                if base and base in by_name and key in by_name[base].get("generate", {}):
+                    entry[label] = r["generate"][key]["ms_per_sentence"] / by_name[base]["generate"][key][
+                        "ms_per_sentence"]
+            compare = entry.get("shape", entry.get("transformer"))
+            if r["name"] not in (BASELINE, "transformer_prime_shape") and compare is not None:
+                entry["target_met"] = compare <= TARGET
+            r["vs"][key] = entry
+        if "launches" in r and BASELINE in by_name and "launches" in by_name[BASELINE]:
+            base = by_name[BASELINE]["launches"]
+            r["launches"]["step_vs_transformer"] = r["launches"]["step"]["total"] / base["step"]["total"]
+    return rows
+
+
+def claim(result):
+    rows = {r["name"]: r for r in result.get("claim_rows", [])}
+    if len(rows) < 2:
+        return None
+    t, p = rows["claim_transformer"]["generate"], rows["claim_prime_simple"]["generate"]
+    return dict(transformer_tokens_per_s=t["tokens_per_s"], prime_simple_tokens_per_s=p["tokens_per_s"],
+                speedup=p["tokens_per_s"] / t["tokens_per_s"], sentences=t["sentences"], paper=PAPER_CLAIM,
+                faster=p["tokens_per_s"] > t["tokens_per_s"])
+
+
+def git_state():
+    """The checkout measured: commit, and the files of the plugin and benchmarks changed since it."""
+    import subprocess
+
+    def git(*argv):
+        proc = subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True)
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    changed = git("status", "--porcelain", "--", "umst_plugin", "benchmarks")
+    return dict(commit=git("rev-parse", "--short", "HEAD"),
+                changed=[line[3:] for line in changed.splitlines()] if changed else [])
+
+
+def build_rows(args, databin, ckpt_dir, log):
+    """Every row's random-init checkpoint (and with ``args.launches`` its launch counts): (rows, checkpoints)."""
+    cuda = args.device.startswith("cuda")
+    rows, checkpoints = [], {}
+    for name in args.archs + (list(claim_rows()) if args.claim_sentences else []):
+        arch, overrides = row_model(name, args.quick)
+        checkpoints[name] = os.path.join(ckpt_dir, f"{name}.pt")
+        model, task = random_checkpoint(databin, arch, overrides, checkpoints[name])
+        row = dict(name=name, arch=arch, label=LABELS.get(name, arch), params=common.n_params(model))
+        if name in args.archs and args.launches:
+            t = time.time()
+            model = model.to(args.device)
+            if cuda and args.fp16:
+                model = model.half()
+            row["launches"] = launch_counts(model, task, args.launch_beam, args.launch_sentences, args.length,
+                                            args.device)
+            step = row["launches"]["step"]
+            log(f"  {name}: {row['params'] / 1e6:.1f}M parameters; launches per decoding step {step['total']} "
+                f"(reorder {step['reorder']}, decoder {step['decoder']}), per generate step "
+                f"{row['launches']['generate']['per_step']:.1f} ({time.time() - t:.1f} s)")
+        rows.append(row)
+    return rows, checkpoints
+
+
+def time_rows(args, rows, checkpoints, databin, claim_data, log):
+    """fairseq-generate of every row at every beam (``args.repeats`` rounds, the archs interleaved; the fastest
+    call kept), then the claim's pair at batch size 1, beam 5."""
+    cuda = args.device.startswith("cuda")
+    configs = GenerateConfigs()
+    by_name = {r["name"]: r for r in rows}
+    for beam in args.beams:
+        for _ in range(args.repeats):
+            for name in args.archs:
+                m = run_generate(generate_argv(databin, checkpoints[name], beam, args.length, cuda,
+                                               max_tokens=args.max_tokens, fp16=args.fp16), args.length, cuda,
+                                 configs=configs)
+                by_name[name].setdefault("generate", {}).setdefault(str(beam), []).append(m)
+                log(f"  beam {beam} {name}: {m['sentences']} sentences in {m['batches']} batches, "
+                    f"{m['ms_per_sentence']:.2f} ms/sentence, {m['sentences_per_s']:.1f} sentences/s (fairseq: "
+                    f"{m.get('fairseq_sentences_per_s', float('nan')):.1f}), wall {m['wall_s']:.1f} s")
+    for name in args.archs:
+        runs = by_name[name]["generate"]
+        for beam, ms in runs.items():
+            runs[beam] = min(ms, key=lambda m: m["seconds"])
+            if args.repeats > 1:
+                runs[beam]["repeats_ms_per_sentence"] = [m["ms_per_sentence"] for m in ms]
+    for name in claim_rows() if args.claim_sentences else ():
+        m = run_generate(generate_argv(claim_data, checkpoints[name], 5, args.length, cuda, batch_size=1,
+                                       fp16=args.fp16), args.length, cuda, configs=configs)
+        by_name[name]["generate"] = m
+        log(f"  claim {name} (batch size 1, beam 5): {m['tokens_per_s']:.1f} tokens/s")
+
+
+def measure(args, log=print):
+    cuda = args.device.startswith("cuda")
+    result = dict(device=bench_archs.device_name(args.device), device_type="cuda" if cuda else "cpu",
+                  torch=torch.__version__, threads=None if cuda else torch.get_num_threads(), quick=args.quick,
+                  beams=args.beams, max_tokens=args.max_tokens, length=args.length, fp16=args.fp16,
+                  launch_sentences=args.launch_sentences, launch_beam=args.launch_beam, git=git_state(),
+                  clock="wall (CUDA-synchronised)" if cuda else "process CPU time")
+    start = time.time()
+    work = args.work or tempfile.mkdtemp(prefix="bench-decode-")
+    try:
+        databin = args.data
+        if not databin:
+            t = time.time()
+            databin = synthetic_corpus.build(os.path.join(work, "corpus"), dict(train=0, valid=0, test=args.sentences),
+                                             workers=args.workers)
+            log(f"synthetic corpus: {args.sentences} test sentences of Multi30k lengths in {time.time() - t:.1f} s")
+        result["data"] = databin
+        os.makedirs(os.path.join(work, "checkpoints"), exist_ok=True)
+        rows, checkpoints = build_rows(args, databin, os.path.join(work, "checkpoints"), log)
+        claim_data = databin
+        if args.timing and args.claim_sentences and (args.claim_sentences < args.sentences or args.data):
+            # the first sentences of the same test split, binarized with the same dictionary
+            claim_data = synthetic_corpus.build(os.path.join(work, "claim-corpus"),
+                                                dict(train=0, valid=0, test=args.claim_sentences),
+                                                dictionary=os.path.join(databin, f"dict.{SRC}.txt"))
+        if args.timing:
+            time_rows(args, rows, checkpoints, databin, claim_data, log)
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    result["rows"] = [r for r in rows if r["name"] in args.archs]
+    result["claim_rows"] = [r for r in rows if r["name"] not in args.archs]
+    ratios(result["rows"], args.beams)
+    result["claim"] = claim(result)
+    result["seconds"] = round(time.time() - start, 1)
+    return result
+
+
+def markdown(result):
+    beams = result["beams"]
+    lines = []
+    timed = [r for r in result["rows"] if "generate" in r]
+    if timed:
+        head = ["arch", "params"]
+        for b in beams:
+            head += [f"beam {b} ms/sent", "sent/s", "fairseq sent/s", "x transformer", "x own shape"]
+        lines += ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+        for r in timed:
+            cells = [r["label"], f"{r['params'] / 1e6:.1f}M"]
+            for b in beams:
+                g, v = r["generate"].get(str(b)), r["vs"].get(str(b), {})
+                if g is None:
+                    cells += ["-"] * 5
+                    continue
+                mark = "" if "target_met" not in v else (" ok" if v["target_met"] else " **over**")
+                shape = f"{v['shape']:.2f}" if "shape" in v else ""
+                cells += [f"{g['ms_per_sentence']:.2f}", f"{g['sentences_per_s']:.1f}",
+                          f"{g.get('fairseq_sentences_per_s', float('nan')):.1f}",
+                          f"{v.get('transformer', float('nan')):.2f}" + ("" if "shape" in v else mark),
+                          shape + (mark if "shape" in v else "")]
+            lines.append("| " + " | ".join(cells) + " |")
+    counted = [r for r in result["rows"] if "launches" in r]
+    if counted:
+        cuda = any("cuda" in r["launches"] for r in counted)
+        head = ["arch", "step: reorder", "decoder", "total", "x transformer", "generate per step", "encoder"]
+        if cuda:
+            head += ["CUDA dispatch step", "CUDA kernels step", "step ms", "GPU busy", "CUDA kernels per generate step"]
+        lines += ["", "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+        for r in counted:
+            s, g = r["launches"]["step"], r["launches"]["generate"]
+            cells = [r["label"], str(s["reorder"]), str(s["decoder"]), str(s["total"]),
+                     f"{r['launches'].get('step_vs_transformer', float('nan')):.2f}", f"{g['per_step']:.1f}",
+                     str(g["encoder"])]
+            if cuda:
+                c = r["launches"].get("cuda")
+                cells += [str(c["step_dispatch"]["total"]), str(c["step_kernels"]["total"]), f"{c['step_wall_ms']:.2f}",
+                          f"{c['step_busy']:.2f}", f"{c['generate_kernels']['per_step']:.1f}"] if c else ["-"] * 5
+            lines.append("| " + " | ".join(cells) + " |")
+    c = result.get("claim")
+    if c:
+        lines += ["", f"Prime-simple's claim (batch size 1, beam 5, 6+6 d512, {c['sentences']} sentences): "
+                  f"{c['prime_simple_tokens_per_s']:.1f} vs the transformer's {c['transformer_tokens_per_s']:.1f} "
+                  f"tokens/s = {c['speedup']:.2f}x (paper: 173 vs 132 = 1.31x on a GPU)"]
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--archs", default=",".join(ROWS), help="comma-separated rows (the transformer and, for Prime "
+                   "rows, the transformer of Prime's shape are always added); choices: " + ", ".join(ROWS))
+    p.add_argument("--beams", default="1,5", help="comma-separated beam sizes (default 1,5)")
+    p.add_argument("--max-tokens", type=int, default=None, help="fairseq-generate batches (default 4096 CUDA, "
+                   "1024 CPU)")
+    p.add_argument("--sentences", type=int, default=None, help="test sentences (default 1000: Multi30k's test "
+                   "lengths; --quick 24)")
+    p.add_argument("--length", type=int, default=None, help="forced hypothesis length L in tokens (default: "
+                   "Multi30k's mean target length, 12)")
+    p.add_argument("--claim-sentences", type=int, default=None, help="sentences for Prime-simple's batch-size-1 "
+                   "claim (default 100; --quick 4; 0 skips)")
+    p.add_argument("--repeats", type=int, default=1, help="fairseq-generate calls per arch and beam (the fastest "
+                   "is kept; default 1)")
+    p.add_argument("--launch-sentences", type=int, default=8)
+    p.add_argument("--launch-beam", type=int, default=5)
+    p.add_argument("--no-launches", dest="launches", action="store_false", help="skip the launch counts")
+    p.add_argument("--no-timing", dest="timing", action="store_false", help="skip fairseq-generate")
+    p.add_argument("--fp16", action="store_true", help="fairseq-generate --fp16 (CUDA)")
+    p.add_argument("--data", default=None, help="a data-bin written by synthetic_corpus.py to decode (its test "
+                   "split) instead of a new one")
+    p.add_argument("--work", default=None, help="keep the corpus and checkpoints here (default: a temporary folder)")
+    p.add_argument("--workers", type=int, default=1, help="fairseq-preprocess workers for the corpus")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 on a CPU: its times are "
+                   "this process's CPU time)")
+    p.add_argument("--quick", action="store_true", help="tiny widths, few sentences: a smoke run")
+    p.add_argument("--json", default=None, help="write the measurements here")
+    p.add_argument("--markdown", default=None, help="write the tables here")
+    p.add_argument("--dry-run", action="store_true", help="check the arguments, measure nothing")
+    args = p.parse_args(argv)
+    cuda = args.device.startswith("cuda")
+    asked = [n for n in args.archs.split(",") if n]
+    unknown = [n for n in asked if n not in ROWS]
+    if unknown:
+        p.error(f"unknown arch(s) {unknown}; choices: {', '.join(ROWS)}")
+    baselines = [BASELINE] + sorted({SHAPE_BASELINE[n] for n in asked if n in SHAPE_BASELINE})
+    args.archs = baselines + [n for n in asked if n not in baselines]
+    try:
+        args.beams = [int(b) for b in args.beams.split(",") if b]
+    except ValueError:
+        p.error(f"--beams {args.beams!r}: expected comma-separated integers")
+    args.max_tokens = args.max_tokens or (4096 if cuda else 1024)
+    args.sentences = args.sentences or (24 if args.quick else 1000)
+    args.length = args.length or default_length()
+    if args.claim_sentences is None:
+        args.claim_sentences = 4 if args.quick else 100
+    if cuda and not torch.cuda.is_available() and not args.dry_run:
+        p.error("--device cuda: no CUDA device")
+    if args.fp16 and not cuda:
+        p.error("--fp16 decodes on CUDA only")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.dry_run:
+        print(f"bench_decode: would decode {args.sentences} sentences with {args.archs} at beams {args.beams}, "
+              f"{args.max_tokens} max tokens, L = {args.length}, on {args.device}"
+              + (f"; claim: {args.claim_sentences} sentences" if args.claim_sentences else ""))
+        return 0
+    if args.threads or not args.device.startswith("cuda"):
+        torch.set_num_threads(args.threads or 1)
+    warnings.filterwarnings("ignore")
+    import umst_plugin  # noqa: F401  (the archs; fairseq's modules import here, their loggers set below)
+    import fairseq_cli.preprocess  # noqa: F401  (configures the root logger at import)
+
+    logging.getLogger().setLevel(logging.WARNING)  # fairseq's INFO chatter
+    result = measure(args)
+    table = markdown(result)
+    print(f"\n{result['device']}, torch {result['torch']}, {'quick widths' if args.quick else 'base width'}, "
+          f"L = {args.length}, {args.max_tokens} max tokens, {result['seconds']} s\n\n{table}")
+    for path, text in ((args.json, json.dumps(result, indent=1)), (args.markdown, table + "\n")):
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
