@@ -1,15 +1,21 @@
-"""Mixed precision on every device: ``--amp --amp-dtype {float16,bfloat16}`` on CUDA and on CPU.
+"""Mixed precision on every device: ``--amp --amp-dtype {float16,bfloat16}`` on CUDA and on CPU, under any task.
 
-The pieces that change fairseq's own code live in ``umst_plugin/patches`` (``amp_optimizer``: the grad scaler per
-device and dtype, gradients unscaled once; ``task_autocast``: every task's ``train_step`` autocasts on the model's
-device; ``bf16_cli_flag``: plain ``--bf16`` off TPUs). This module holds what they and the task share:
+The pieces that change fairseq's own code live in ``umst_plugin/patches`` (``amp_dtype_flag``: ``--amp-dtype`` in
+fairseq's common options, so every task and CLI has it; ``amp_optimizer``: the grad scaler per device and dtype,
+gradients unscaled once; ``task_autocast``: every task's training, validation and decoding steps autocast on the
+model's device; ``bf16_cli_flag`` and ``generate_cli``: the command line's precision recorded, plain ``--bf16``
+off TPUs; ``checkpoint_precision``: the dtype a loaded checkpoint was trained in). This module holds what they
+and the tasks share:
 
 * :func:`autocast`: ``torch.autocast`` on the device the model lives on, in the ``--amp-dtype``;
 * :func:`make_grad_scaler`: what scales the loss for a device and dtype (fp16: a grad scaler; bf16: none is
   needed, but a fixed-scale one finds non-finite gradients so their step is skipped, as with fp16);
 * :func:`amp_train_step`: fairseq's ``FairseqTask.train_step`` with that autocast;
-* the inference-precision rule (:func:`inference_amp`): validation and decoding autocast when the command
-  line of *this* process asks for ``--amp``, not because the checkpoint was trained with it.
+* :func:`configured_amp_dtype`: the ``--amp-dtype`` a config names (``common.amp_dtype``, or the task's own
+  ``amp_dtype`` that ``multiscale_translation`` configs, older checkpoints' included, carry);
+* the inference-precision rules (:func:`inference_amp`, :func:`inference_amp_dtype`): validation and decoding
+  autocast when the command line of *this* process asks for ``--amp``, not because the checkpoint was trained
+  with it; in the dtype this process names, else the one the checkpoint was trained in, else float16.
 """
 import contextlib
 import logging
@@ -84,7 +90,7 @@ def amp_train_step(task, sample, model, criterion, optimizer, update_num, ignore
     model.train()
     model.set_num_updates(update_num)
     with torch.autograd.profiler.record_function("forward"):
-        with autocast(model, task_option(task.cfg, "amp_dtype", "float16")):
+        with autocast(model, training_amp_dtype(optimizer, task), what="training"):
             loss, sample_size, logging_output = criterion(model, sample)
     if ignore_grad:
         loss *= 0
@@ -104,16 +110,61 @@ def task_option(task_cfg, name, default):
     return default if value is None else value
 
 
+def configured_amp_dtype(cfg):
+    """The ``--amp-dtype`` a full fairseq config names, or None where it names none: the task's own ``amp_dtype``
+    (``multiscale_translation``'s, which follows ``common.amp_dtype`` unless set apart: a config stored before
+    the flag was common, or ``+task.amp_dtype=...``), else ``common.amp_dtype`` (any task)."""
+    for group in ("task", "common"):
+        try:
+            node = getattr(cfg, group, None)
+        except Exception:
+            node = None
+        value = task_option(node, "amp_dtype", None)
+        if value is not None:
+            return check_amp_dtype(value)
+    return None
+
+
+def check_amp_dtype(name):
+    """``name`` as a string, or ValueError naming the choices."""
+    name = str(name)
+    if name not in AMP_DTYPES:
+        raise ValueError(f"amp_dtype {name!r}: expected one of {', '.join(AMP_DTYPES)}")
+    return name
+
+
+def training_amp_dtype(optimizer, task=None):
+    """The autocast dtype of a training step: the one the ``AMPOptimizer`` built its grad scaler for (from the
+    run's config, ``patches/amp_optimizer.py``), else the task's, else float16."""
+    name = getattr(optimizer, "amp_dtype", None)
+    if name is None and task is not None:
+        name = task_option(getattr(task, "cfg", None), "amp_dtype", None)
+    return str(name or "float16")
+
+
 # ---- inference precision: the command line of this process, not the checkpoint --------------------------
 
-_process_amp = None  # None: no command line seen (fairseq-generate builds its task from its own command line)
+_process_amp = None  # None: no command line seen
+_process_amp_dtype = None  # None: the command line named no --amp-dtype
 
 
-def set_process_amp(enabled):
-    """Record whether this process's command line asked for ``--amp`` (fairseq-train, -validate, -interactive,
-    -hydra-train: their entry ``call_main`` sees it; ``from_pretrained``: its ``amp`` argument)."""
-    global _process_amp
+def set_process_amp(enabled, dtype_name=None):
+    """Record whether this process's command line asked for ``--amp``, and the ``--amp-dtype`` it named, if any
+    (fairseq-train, -validate, -interactive, -hydra-train: their entry ``call_main`` sees it; fairseq-generate:
+    its ``main``)."""
+    global _process_amp, _process_amp_dtype
     _process_amp = bool(enabled)
+    _process_amp_dtype = None if dtype_name is None else check_amp_dtype(dtype_name)
+
+
+def record_command_line(cfg):
+    """What a CLI entry calls with its full config: :func:`set_process_amp` from it, and a warning where
+    ``--amp-dtype`` is given without ``--amp`` (it does nothing then)."""
+    amp = bool(task_option(getattr(cfg, "common", None), "amp", False))
+    dtype_name = configured_amp_dtype(cfg)
+    if dtype_name is not None and not amp and task_option(getattr(cfg, "common", None), "amp_dtype", None):
+        logger.warning("--amp-dtype %s has no effect without --amp", dtype_name)
+    set_process_amp(amp, dtype_name)
 
 
 def inference_amp(task):
@@ -127,4 +178,24 @@ def inference_amp(task):
         return bool(explicit)
     if _process_amp is not None:
         return _process_amp
-    return bool(task_option(task.cfg, "amp", False))
+    return bool(task_option(getattr(task, "cfg", None), "amp", False))
+
+
+def inference_amp_dtype(task):
+    """The autocast dtype of validation and decoding, the first that names one of: ``from_pretrained(...,
+    amp_dtype=...)``; this process's ``--amp-dtype``; the task config's ``amp_dtype`` (``multiscale_translation``:
+    the checkpoint's, where fairseq-validate rebuilds the task from it); the dtype the loaded checkpoint was
+    trained in (any task: ``patches/checkpoint_precision.py``); else float16 (fairseq's ``--amp``)."""
+    for value in (getattr(task, "inference_amp_dtype", None), _process_amp_dtype,
+                  task_option(getattr(task, "cfg", None), "amp_dtype", None),
+                  getattr(task, "checkpoint_amp_dtype", None)):
+        if value is not None:
+            return check_amp_dtype(value)
+    return "float16"
+
+
+def inference_autocast(task, model, what):
+    """The autocast of a validation or decoding step of ``task`` (a no-op unless :func:`inference_amp`)."""
+    if not inference_amp(task):
+        return contextlib.nullcontext()
+    return autocast(model, inference_amp_dtype(task), what=what)

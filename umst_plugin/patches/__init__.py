@@ -23,12 +23,16 @@ PATCHES = (
     "hydra_legacy_models",
     "prefetch_thread_exit",
     "lightconv_conv_bias",
+    "amp_dtype_flag",
     "bf16_cli_flag",
+    "generate_cli",
+    "checkpoint_precision",
     "amp_optimizer",
     "task_autocast",
     "cudnn_attention",
     "fused_adam",
     "grad_norm",
+    "pair_dataset_sizes",
 )
 
 

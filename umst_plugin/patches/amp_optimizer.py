@@ -15,8 +15,10 @@ fairseq-fixed 0.12.3.1's ``AMPOptimizer``
   moved a weight by 2/128).
 
 ``__init__`` now ends by installing ``mixed_precision.make_grad_scaler(device, dtype)`` (fp16: a grad scaler on
-CUDA or CPU from ``--fp16-init-scale``; bf16: the fixed-scale scaler that finds and skips non-finite steps), and
-``step`` steps through the object ``clip_grad_norm`` unscaled.
+CUDA or CPU from ``--fp16-init-scale``; bf16: the fixed-scale scaler that finds and skips non-finite steps) for
+the run's ``--amp-dtype`` (``common.amp_dtype``, any task; ``patches/amp_dtype_flag.py``), keeps that dtype as
+``amp_dtype`` for the training step's autocast, and ``step`` steps through the object ``clip_grad_norm``
+unscaled.
 """
 import warnings
 
@@ -49,7 +51,8 @@ def install():
         with warnings.catch_warnings():  # the CUDA scaler it builds (and we replace) warns on a CPU
             warnings.simplefilter("ignore")
             original_init(self, cfg, params, fp32_optimizer, **kwargs)
-        dtype_name = str(mixed_precision.task_option(getattr(cfg, "task", None), "amp_dtype", "float16"))
+        dtype_name = mixed_precision.configured_amp_dtype(cfg) or "float16"  # --amp-dtype, any task
+        self.amp_dtype = dtype_name  # what train_step autocasts to (patches/task_autocast.py)
         device_type = amp_device_type(cfg)
         self._grad_scaler = mixed_precision.make_grad_scaler(device_type, dtype_name, cfg.common.fp16_init_scale)
         mixed_precision.logger.info("mixed precision: %s autocast on %s, %s", dtype_name, device_type,

@@ -5,8 +5,9 @@ fairseq's ``options.py`` turns ``--bf16`` into ``--tpu``, so on a GPU or a CPU `
 fairseq-hydra-train, fairseq-validate and fairseq-interactive, called after the plugin is imported): where that
 crash would happen -- torch_xla not installed, ``--tpu`` not asked for -- ``--bf16`` means what
 fairseq-hydra-train's ``common.bf16=true`` already means on those devices: bf16 weights with an fp32 master copy.
-The same entry tells ``umst_plugin.mixed_precision`` whether this command line asked for ``--amp``, the
-precision of validation and decoding (``inference_amp``).
+The same entry tells ``umst_plugin.mixed_precision`` whether this command line asked for ``--amp`` and which
+``--amp-dtype`` it named: the precision of validation and decoding (``inference_amp``, ``inference_amp_dtype``;
+fairseq-generate, which does not pass through ``call_main``, tells it in ``patches/generate_cli.py``).
 """
 import logging
 
@@ -55,7 +56,7 @@ def plain_bf16_means_bf16(cfg, argv=None):
 
 
 def install():
-    """Route fairseq's CLI entry through ``plain_bf16_means_bf16`` and the ``--amp`` record."""
+    """Route fairseq's CLI entry through ``plain_bf16_means_bf16`` and the ``--amp`` / ``--amp-dtype`` record."""
     from fairseq.distributed import utils as distributed_utils
 
     if getattr(distributed_utils.call_main, "_umst_bf16", False):
@@ -65,7 +66,7 @@ def install():
 
     def call_main_with_bf16_on_any_device(cfg, main, **kwargs):
         plain_bf16_means_bf16(cfg)
-        mixed_precision.set_process_amp(getattr(cfg.common, "amp", False))
+        mixed_precision.record_command_line(cfg)
         return call_main(cfg, main, **kwargs)
 
     call_main_with_bf16_on_any_device._umst_bf16 = True

@@ -1,17 +1,24 @@
-"""Patch: every task's ``train_step`` autocasts on the model's device, in ``--amp-dtype``.
+"""Patch: every task's training, validation and decoding steps autocast on the model's device, in ``--amp-dtype``.
 
 fairseq's ``FairseqTask.train_step`` wraps the forward pass in ``torch.cuda.amp.autocast`` when the optimizer is
-an ``AMPOptimizer``: fp16, CUDA only (on a CPU ``--amp`` silently trained in fp32). The plugin's models also
-train under fairseq's plain ``--task translation``, so the fix is installed once, on the base class:
-under ``--amp`` the step runs ``mixed_precision.amp_train_step`` (``torch.autocast(model device, dtype)``, the
-dtype from the task's ``--amp-dtype`` where the task has one -- ``multiscale_translation`` -- else float16).
+an ``AMPOptimizer``: fp16, CUDA only (on a CPU ``--amp`` silently trained in fp32), and fairseq never autocasts
+validation or decoding. The plugin's models also run under fairseq's plain ``--task translation``, and so do
+the transformer rows, so the fix is installed once, on the base class, for every task:
+
+* ``train_step``: under ``--amp``, ``mixed_precision.amp_train_step`` (``torch.autocast(model device, dtype)``,
+  the dtype the ``AMPOptimizer`` built its grad scaler for: ``--amp-dtype``, else float16);
+* ``valid_step`` and ``inference_step`` (fairseq-train's validation, fairseq-validate, fairseq-generate,
+  fairseq-interactive, ``from_pretrained(...).translate``): under the same autocast when this process asks for
+  ``--amp`` (``mixed_precision.inference_amp`` / ``inference_amp_dtype``). fairseq's ``TranslationTask``
+  computes its loss and its BLEU decoding through these two, so they are covered too.
 """
 from umst_plugin import mixed_precision
 from umst_plugin.patches import expect_signature
 
-TARGET = "fairseq.tasks.fairseq_task.FairseqTask.train_step"
-SYMPTOM = "--amp trains in fp32 on a CPU; --amp-dtype bfloat16 cannot take effect inside fairseq's fp16 autocast"
-REMOVE_WHEN = "fairseq autocasts with torch.autocast(device_type, dtype) itself"
+TARGET = ("fairseq.tasks.fairseq_task.FairseqTask.train_step, .valid_step, .inference_step")
+SYMPTOM = ("--amp trains in fp32 on a CPU; --amp-dtype bfloat16 cannot take effect inside fairseq's fp16 autocast; "
+           "validation and decoding never autocast")
+REMOVE_WHEN = "fairseq autocasts every step with torch.autocast(device_type, dtype) itself"
 
 
 def install():
@@ -19,14 +26,30 @@ def install():
 
     if getattr(FairseqTask.train_step, "_umst_autocast", False):
         return
-    original = FairseqTask.train_step
-    expect_signature(original, "(self, sample, model, criterion, optimizer, update_num, ignore_grad=False)", __name__)
+    original_train, original_valid, original_inference = (FairseqTask.train_step, FairseqTask.valid_step,
+                                                          FairseqTask.inference_step)
+    expect_signature(original_train, "(self, sample, model, criterion, optimizer, update_num, ignore_grad=False)",
+                     __name__)
+    expect_signature(original_valid, "(self, sample, model, criterion)", __name__)
+    expect_signature(original_inference, "(self, generator, models, sample, prefix_tokens=None, constraints=None)",
+                     __name__)
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         if mixed_precision.is_amp_optimizer(optimizer) and \
                 mixed_precision.model_device_type(model) in mixed_precision.AUTOCAST_DEVICE_TYPES:
             return mixed_precision.amp_train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad)
-        return original(self, sample, model, criterion, optimizer, update_num, ignore_grad)
+        return original_train(self, sample, model, criterion, optimizer, update_num, ignore_grad)
 
-    train_step._umst_autocast = True
-    FairseqTask.train_step = train_step
+    def valid_step(self, sample, model, criterion):
+        with mixed_precision.inference_autocast(self, model, "validation"):
+            return original_valid(self, sample, model, criterion)
+
+    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
+        with mixed_precision.inference_autocast(self, models[0], "decoding"):
+            return original_inference(self, generator, models, sample, prefix_tokens=prefix_tokens,
+                                      constraints=constraints)
+
+    for name, fn in (("train_step", train_step), ("valid_step", valid_step), ("inference_step", inference_step)):
+        fn._umst_autocast = True
+        fn.__doc__ = getattr(FairseqTask, name).__doc__
+        setattr(FairseqTask, name, fn)

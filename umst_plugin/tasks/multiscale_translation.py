@@ -16,6 +16,7 @@ import itertools
 import logging
 from argparse import Namespace
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 import torch
@@ -58,10 +59,10 @@ class MultiscaleTranslationConfig(TranslationConfig):
                                     "preprocessing.json says (normalisation, lowercasing, Moses options, BPE "
                                     "codes; --tokenizer/--bpe, if given, must agree with it); arguments = only "
                                     "by --tokenizer/--bpe as given, the record ignored"})
-    amp_dtype: ChoiceEnum(list(mixed_precision.AMP_DTYPES)) = field(
-        default="float16", metadata={"help": "with --amp: the autocast dtype of training, validation and decoding, "
-                                     "on CUDA and CPU (float16: a grad scaler; bfloat16: loss scale 1, non-finite "
-                                     "steps skipped)"})
+    # --amp-dtype is one of fairseq's common options (umst_plugin/patches/amp_dtype_flag.py), for every task;
+    # the task keeps the key, following it, so that configs and checkpoints that set task.amp_dtype (before the
+    # flag was common, or +task.amp_dtype=... under fairseq-hydra-train) keep their meaning
+    amp_dtype: Optional[ChoiceEnum(list(mixed_precision.AMP_DTYPES))] = II("common.amp_dtype")
     amp: bool = II("common.amp")
     fp16_init_scale: int = II("common.fp16_init_scale")
 
@@ -178,29 +179,29 @@ class MultiscaleTranslationTask(TranslationTask):
 
     # ---- mixed precision (umst_plugin/mixed_precision.py) --------------------------------------
 
+    # FairseqTask's train_step, valid_step and inference_step autocast under --amp in --amp-dtype on the model's
+    # device, for every task (umst_plugin/patches/task_autocast.py); these two say what they decide here
+
     def _amp(self):
         """Autocast validation and decoding? The command line of this process decides, not the checkpoint
         (``mixed_precision.inference_amp``)."""
         return mixed_precision.inference_amp(self)
 
     def _amp_dtype(self):
-        return mixed_precision.task_option(self.cfg, "amp_dtype", "float16")
+        """In which dtype (``mixed_precision.inference_amp_dtype``)."""
+        return mixed_precision.inference_amp_dtype(self)
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
-        # under --amp, FairseqTask.train_step autocasts in --amp-dtype on the model's device
-        # (umst_plugin/patches/task_autocast.py)
         return super().train_step(self._strip_side_inputs(sample, [model]), model, criterion, optimizer,
                                   update_num, ignore_grad)
 
     def valid_step(self, sample, model, criterion):
-        with mixed_precision.autocast(model, self._amp_dtype(), self._amp(), what="validation"):
-            return super().valid_step(self._strip_side_inputs(sample, [model]), model, criterion)
+        return super().valid_step(self._strip_side_inputs(sample, [model]), model, criterion)
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         sample = self._add_missing_side_inputs(sample, models)
-        with mixed_precision.autocast(models[0], self._amp_dtype(), self._amp(), what="decoding"):
-            return super().inference_step(generator, models, self._strip_side_inputs(sample, models),
-                                          prefix_tokens=prefix_tokens, constraints=constraints)
+        return super().inference_step(generator, models, self._strip_side_inputs(sample, models),
+                                      prefix_tokens=prefix_tokens, constraints=constraints)
 
     # ---- inference without side files (fairseq-interactive) -----------------------------
 
