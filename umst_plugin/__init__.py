@@ -7,6 +7,11 @@ Load with ``fairseq-train --user-dir umst_plugin``. Importing the package
 2. registers the ``multiscale_translation`` task (``umst_plugin/tasks``);
 3. registers every architecture (``umst_plugin/models``; each module imported here, so that registration
    happens exactly once).
+
+``umst_plugin.from_pretrained(model_dir, checkpoint_file=..., data_name_or_path=DATA_BIN)`` loads any
+checkpoint (any arch, fairseq's transformer included, trained under the plugin's task or fairseq's
+``translation``) as fairseq's hub interface, with the data-bin's recorded text preprocessing and the
+checkpoint's precision rules (``umst_plugin/hub.py``, docs/inference.md).
 """
 import importlib
 import os
@@ -28,3 +33,5 @@ def _import_all(subpackage):
 # Registration side effects: tasks first, then models (models may look up tasks).
 _import_all("tasks")
 _import_all("models")
+
+from umst_plugin.hub import from_pretrained  # noqa: E402  (after registration: it loads registered archs)

@@ -1,15 +1,21 @@
-"""``XModel.from_pretrained(...)`` for the plugin's models: raw text prepared as the training text was.
+"""``umst_plugin.from_pretrained(...)``: any checkpoint, raw text prepared as the training text was.
 
-fairseq's ``GeneratorHubInterface`` builds its tokenizer and BPE from the arguments alone
-(``encoders.build_tokenizer(cfg.tokenizer)``), whereas fairseq-interactive asks the task
-(``task.build_tokenizer(cfg.tokenizer)``). :class:`RawTextHubInterface` asks the task too, so
-``from_pretrained(ckpt_dir, checkpoint_file=..., data_name_or_path=DATA_BIN).translate("...")`` applies
-the data-bin's ``preprocessing.json`` (normalisation, lowercasing, Moses options, BPE codes) exactly as
-fairseq-interactive and ``umst-inspect --sentence`` do, and detokenizes the output. A checkpoint trained
-under plain ``--task translation`` gets the same: the record is read from the data directory directly.
+:func:`from_pretrained` loads a checkpoint of any architecture -- the plugin's, fairseq's own transformer --
+trained under ``multiscale_translation`` or fairseq's plain ``translation``, and returns fairseq's hub interface
+(:class:`RawTextHubInterface`, a ``GeneratorHubInterface``) with
 
-Every model class of the plugin inherits :class:`RawTextFromPretrained` first, so its
-``from_pretrained`` returns this interface.
+* the data-bin's recorded text preprocessing: fairseq's ``GeneratorHubInterface`` builds its tokenizer and BPE
+  from the arguments alone (``encoders.build_tokenizer(cfg.tokenizer)``), whereas fairseq-interactive asks the
+  task (``task.build_tokenizer(cfg.tokenizer)``). :class:`RawTextHubInterface` asks the task too (or, under
+  plain ``--task translation``, reads the record from the data directory itself), so
+  ``from_pretrained(ckpt_dir, checkpoint_file=..., data_name_or_path=DATA_BIN).translate("...")`` applies the
+  data-bin's ``preprocessing.json`` (normalisation, lowercasing, Moses options, BPE codes) exactly as
+  fairseq-interactive and ``umst-inspect --sentence`` do, and detokenizes the output;
+* the checkpoint's precision rules: decoding in fp32 unless ``amp=True`` (then under autocast in the
+  checkpoint's ``--amp-dtype``, or ``amp_dtype=...``), whatever precision it was trained in.
+
+Every model class of the plugin inherits :class:`RawTextFromPretrained` first, so ``XModel.from_pretrained``
+is the same function (with the class's ``hub_models()`` names).
 """
 import logging
 
@@ -75,21 +81,46 @@ class RawTextHubInterface(hub_utils.GeneratorHubInterface):
         return super().encode(sentence)
 
 
+def from_pretrained(model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".", archive_map=None,
+                    **kwargs):
+    """fairseq's ``from_pretrained`` for any checkpoint (same arguments: ``model_name_or_path`` a directory, an
+    archive or a URL, ``checkpoint_file`` in it, ``data_name_or_path`` the data-bin; further keyword arguments
+    override the checkpoint's config, e.g. ``beam=5``, ``cpu=True``, ``source_parser='spacy'`` for UMST) that
+    returns a :class:`RawTextHubInterface`: raw input prepared as the data-bin's preprocessing.json says
+    (``text_preprocessing='arguments'``: only ``tokenizer=`` / ``bpe=`` as given, fairseq's own behaviour).
+    Decoding runs in fp32 unless ``amp=True``: then under autocast in ``amp_dtype`` ('float16' or 'bfloat16'),
+    by default the dtype the checkpoint was trained in (its ``--amp-dtype``), else float16. ``archive_map``:
+    short names for ``model_name_or_path`` (a model class's ``hub_models()``)."""
+    from umst_plugin import mixed_precision
+
+    amp = bool(kwargs.get("amp", False))
+    kwargs["amp"] = amp  # the task config's amp: this call's choice, not the training run's
+    amp_dtype = kwargs.pop("amp_dtype", None)
+    if amp_dtype is not None:
+        amp_dtype = mixed_precision.check_amp_dtype(amp_dtype)
+    text_preprocessing = kwargs.get("text_preprocessing")
+    if text_preprocessing is not None:
+        textprep.check_mode(text_preprocessing)
+    x = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, archive_map=archive_map,
+                                  **kwargs)
+    task = x["task"]
+    task.inference_amp = amp
+    # None: the dtype the checkpoint was trained in (patches/checkpoint_precision.py), else float16
+    task.inference_amp_dtype = amp_dtype
+    logger.info(x["args"])
+    return RawTextHubInterface(x["args"], task, x["models"], text_preprocessing=text_preprocessing)
+
+
 class RawTextFromPretrained:
-    """Mixin for the plugin's model classes: ``from_pretrained`` returns a :class:`RawTextHubInterface`."""
+    """Mixin for the plugin's model classes: ``from_pretrained`` is :func:`from_pretrained` (returns a
+    :class:`RawTextHubInterface`), with the class's ``hub_models()`` names."""
 
     @classmethod
     def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".", **kwargs):
-        """fairseq's ``from_pretrained`` (same arguments, e.g. ``source_parser='spacy'`` for UMST), with raw
-        input prepared as the data-bin's preprocessing.json says; ``text_preprocessing='arguments'``
-        ignores the record and uses only ``tokenizer=`` / ``bpe=`` as given. Decoding runs in fp32 unless
-        ``amp=True`` (then under autocast in the checkpoint's ``--amp-dtype``, or ``amp_dtype=...``), whatever
-        precision the checkpoint was trained in."""
-        amp = bool(kwargs.get("amp", False))
-        kwargs["amp"] = amp  # the task config's amp: this call's choice, not the training run's
-        x = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
-                                      archive_map=cls.hub_models(), **kwargs)
-        x["task"].inference_amp = amp
-        logger.info(x["args"])
-        return RawTextHubInterface(x["args"], x["task"], x["models"],
-                                   text_preprocessing=kwargs.get("text_preprocessing"))
+        """:func:`umst_plugin.from_pretrained` (the same for every checkpoint): fairseq's ``from_pretrained``
+        (same arguments, e.g. ``source_parser='spacy'`` for UMST), with raw input prepared as the data-bin's
+        preprocessing.json says; ``text_preprocessing='arguments'`` ignores the record and uses only
+        ``tokenizer=`` / ``bpe=`` as given. Decoding runs in fp32 unless ``amp=True`` (then under autocast in the
+        checkpoint's ``--amp-dtype``, or ``amp_dtype=...``), whatever precision the checkpoint was trained in."""
+        return from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
+                               archive_map=cls.hub_models(), **kwargs)
