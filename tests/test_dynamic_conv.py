@@ -4,7 +4,8 @@ import pytest
 import torch
 from fairseq.modules.dynamic_convolution import DynamicConv1dTBC
 
-from umst_plugin.modules.prime.dynamic_conv import DynamicConv1d
+from umst_plugin.modules.prime.dynamic_conv import (DynamicConv1d, dynamic_convolution, multi_dynamic_convolution,
+                                                    reference_dynamic_convolution)
 
 
 def pair(channels, kernel, heads, padding_l, seed=0):
@@ -82,12 +83,105 @@ def test_backward_keeps_the_input_and_kernels_not_a_band_matrix():
 
 def test_the_lean_function_has_the_gradients_of_its_formula_with_dropconnect():
     """gradcheck (float64) of softmax -> DropConnect mask -> K-tap convolution, causal and centred."""
-    from umst_plugin.modules.prime.dynamic_conv import DynamicConvolution
-
     torch.manual_seed(3)
     for padding_l in (1, 3):
         x = torch.randn(6, 2, 8, dtype=torch.float64, requires_grad=True)
         logits = torch.randn(6, 2, 2, 4, dtype=torch.float64, requires_grad=True)
         keep = torch.rand(6, 2, 2, 4) >= 0.25
-        assert torch.autograd.gradcheck(lambda a, b: DynamicConvolution.apply(a, b, keep, 0.25, padding_l),
-                                        (x, logits))
+        assert torch.autograd.gradcheck(
+            lambda a, b: dynamic_convolution(a, b, padding_l, 0.25, training=True, keep=keep), (x, logits))
+
+
+def test_mixed_cells_have_the_gradients_of_their_formula():
+    """gradcheck (float64) of the mixed convolution (Eq. 7 as one kernel): x, every cell's logits and the gates."""
+    torch.manual_seed(4)
+    x = torch.randn(7, 2, 8, dtype=torch.float64, requires_grad=True)
+    logits = [torch.randn(7, 2, 2, k, dtype=torch.float64, requires_grad=True) for k in (2, 5)]
+    alpha = torch.randn(2, dtype=torch.float64, requires_grad=True)
+    keep = torch.rand(7, 2, 2, 7) >= 0.3
+    for paddings in ((1, 2), (1, 4), (0, 1)):
+        assert torch.autograd.gradcheck(
+            lambda a, g, l0, l1: multi_dynamic_convolution(a, [l0, l1], paddings, torch.softmax(g, 0), 0.3, True,
+                                                           keep=keep),
+            (x, alpha, *logits))
+
+
+# the cells of the cases below: (kernel sizes, their padding_l); the last has no cell spanning the whole window
+CELLS = [((3,), (1,)), ((15,), (14,)), ((4,), (2,)), ((3, 15), (1, 7)), ((3, 15), (2, 14)), ((2, 5, 6), (1, 2, 3)),
+         ((3, 3), (0, 2)), ((2, 4), (0, 3))]
+
+
+@pytest.mark.parametrize("kernels,paddings", CELLS)
+@pytest.mark.parametrize("dropconnect", [0.0, 0.3])
+def test_batched_convolution_equals_the_tap_loop(kernels, paddings, dropconnect):
+    """multi_dynamic_convolution (one mixed kernel, unfold, no loop) equals sum_i g_i of the reference loop over
+    the taps of each cell, each cell with its own DropConnect mask (the same masks), float64: the output and the
+    gradients of x, every cell's logits and the gate logits."""
+    torch.manual_seed(5)
+    T, B, H, C = 9, 3, 2, 8
+    x = torch.randn(T, B, C, dtype=torch.float64)
+    x[:2, 1] = 0.0  # a left-padded and a right-padded sentence: zeroed inputs, as MultiKernelConv passes them
+    x[-3:, 2] = 0.0
+    logits = [torch.randn(T, B, H, k, dtype=torch.float64) for k in kernels]
+    alpha = torch.randn(len(kernels), dtype=torch.float64)
+    keep = torch.rand(T, B, H, sum(kernels)) >= dropconnect if dropconnect else None
+    slices = [None] * len(kernels) if keep is None else list(keep.split(list(kernels), dim=-1))
+    grad = torch.randn(T, B, C, dtype=torch.float64)
+
+    def run(batched):
+        xs = x.clone().requires_grad_()
+        ls = [lg.clone().requires_grad_() for lg in logits]
+        a = alpha.clone().requires_grad_()
+        gates = torch.softmax(a, 0) if len(kernels) > 1 else None
+        if batched:
+            out = multi_dynamic_convolution(xs, ls, paddings, gates, dropconnect, True, keep=keep)
+        else:
+            out = sum((1.0 if gates is None else gates[i]) * reference_dynamic_convolution(xs, lg, p, kp, dropconnect)
+                      for i, (lg, p, kp) in enumerate(zip(ls, paddings, slices)))
+        out.backward(grad)
+        return [out.detach(), xs.grad] + [lg.grad for lg in ls] + ([a.grad] if gates is not None else [])
+
+    for a, b in zip(run(True), run(False)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_launches_do_not_grow_with_the_kernel_size():
+    """The taps are batched: forward + backward of a mixed convolution launch as many kernels for k = 3, 15 as
+    for k = 3, 31 (the loop it replaced launched 1 + 4 per tap)."""
+    from umst_plugin.op_counts import KernelLaunches
+
+    def launches(kernels):
+        torch.manual_seed(0)
+        x = torch.randn(12, 2, 8, requires_grad=True)
+        logits = [torch.randn(12, 2, 2, k, requires_grad=True) for k in kernels]
+        alpha = torch.zeros(len(kernels), requires_grad=True)
+        with KernelLaunches() as k:
+            out = multi_dynamic_convolution(x, logits, [k // 2 for k in kernels], torch.softmax(alpha, 0), 0.1, True)
+            out.sum().backward()
+        return k.total
+
+    assert launches((3, 15)) == launches((3, 31)) == launches((5, 7))
+    assert launches((3, 15)) <= 40
+
+
+@pytest.mark.parametrize("kernels", [(3,), (3, 15)])
+def test_half_precision_inputs_accumulate_in_fp32(kernels):
+    """bf16 inputs (what the projections give it under autocast): the convolution runs in fp32 and returns bf16;
+    the result is the fp32 one to bf16 rounding, gradients too (in the inputs' dtype)."""
+    torch.manual_seed(6)
+    x = torch.randn(10, 2, 8)
+    logits = [torch.randn(10, 2, 2, k) for k in kernels]
+    gates = torch.softmax(torch.randn(len(kernels)), 0) if len(kernels) > 1 else None
+    paddings = [k // 2 for k in kernels]
+
+    def run(dtype):
+        xs = x.to(dtype).requires_grad_()
+        ls = [lg.to(dtype).requires_grad_() for lg in logits]
+        out = multi_dynamic_convolution(xs, ls, paddings, gates)
+        out.float().pow(2).sum().backward()
+        return out, xs.grad, ls[0].grad
+
+    half, full = run(torch.bfloat16), run(torch.float32)
+    assert half[0].dtype == torch.bfloat16 and half[1].dtype == torch.bfloat16
+    for a, b in zip(half, full):
+        torch.testing.assert_close(a.float(), b, rtol=0.05, atol=0.05)

@@ -26,7 +26,7 @@ from fairseq.models.transformer import (
 )
 
 from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
-from umst_plugin.modules.prime.layer import PrimeDecoderLayer, PrimeEncoderLayer
+from umst_plugin.modules.prime.layer import PrimeDecoderLayer, PrimeEncoderLayer, share_mask_memo
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +128,7 @@ class PrimeEncoder(TransformerEncoder):
     def __init__(self, args, dictionary, embed_tokens):
         self._next_layer = 0  # build_encoder_layer is called once per layer, bottom first
         super().__init__(args, dictionary, embed_tokens)
+        share_mask_memo(self.layers)  # the attention masks are built once per forward pass, not once per layer
 
     def build_encoder_layer(self, cfg):
         layer = PrimeEncoderLayer(**prime_layer_kwargs(self.args, self._next_layer, decoder=False))
@@ -161,6 +162,7 @@ class PrimeDecoder(TransformerDecoder):
     def __init__(self, args, dictionary, embed_tokens, no_encoder_attn=False):
         self._next_layer = 0
         super().__init__(args, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+        share_mask_memo(self.layers)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         layer = PrimeDecoderLayer(**prime_layer_kwargs(self.args, self._next_layer, decoder=True))

@@ -1,4 +1,5 @@
-"""Dynamic convolution (Wu et al. 2019; Prime's Eq. 6), one implementation on every device, lean in memory.
+"""Dynamic convolution (Wu et al. 2019; Prime's Eqs. 6-7), one implementation on every device, lean in memory
+and in kernel launches.
 
 ``out[t, c] = sum_k w[t, h(c), k] x[t + k - P, c]``, the kernel ``w[t, h, :] = softmax(x_t W)`` predicted per
 position and head (DropConnect on it in training), x zero-padded (P = ``padding_l`` on the left).
@@ -12,12 +13,22 @@ DropConnect, then the band matrix), with the same parameters under the same name
   a CPU (and back);
 * **memory in proportion to the input.** fairseq's training path keeps, per layer and cell, the softmax output
   (T x B x H x K) and a B x H x T x T band matrix for backward (its unfolded path a K x copy of the input);
-  :class:`DynamicConvolution` keeps the input (which the projection before it keeps anyway), the kernel logits
-  and a 1-byte DropConnect mask, and recomputes the K-tap softmax in backward (docs/performance.md).
+  :class:`DynamicConvolution` keeps the input (which the projection before it keeps anyway), the normalised kernels
+  (the size of their logits; in half precision the logits, and the softmax is recomputed) and a 1-byte
+  DropConnect mask (docs/performance.md);
+* **a fixed number of kernel launches**, whatever the kernel size: the K taps are one multiply of the padded
+  input's ``unfold`` view (T x B x H x R x K) with the kernels and one sum over K, forward; backward the kernel
+  gradient is the same product with the output gradient summed over R, and the input gradient the transposed
+  correlation, read from one zero-padded T x B x H x R x K product through a skewed (``as_strided``) view. No
+  matrix multiply is used (``torch.utils.flop_counter`` would count a bmm), and the K x products are transient;
+* **several kernel sizes in one convolution** (Eq. 7): ``sum_i g_i conv_{k_i}(x)`` is one convolution with the
+  per-position kernel ``sum_i g_i w_i`` (each cell's kernel after its own DropConnect, zero-padded to the widest
+  window with the centres aligned by the cells' ``padding_l``), so :func:`multi_dynamic_convolution` convolves once.
 
-Incremental decoding keeps the last K - 1 inputs, as fairseq's module does.
+The loop over the taps that this replaced is kept as :func:`reference_dynamic_convolution` (the tests compare the
+two, float64, forward and gradients). Incremental decoding keeps the last K - 1 inputs, as fairseq's module does.
 """
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -25,33 +36,181 @@ import torch.nn.functional as F
 from fairseq import utils
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward
 from umst_plugin.modules.common.segment_ops import accumulation_dtype
 
 
-def _shifted(padded: Tensor, k: int, length: int) -> Tensor:
-    return padded[k:k + length]
+def combined_window(kernel_sizes: Sequence[int], paddings: Sequence[int]) -> Tuple[int, int, List[int]]:
+    """(K, padding_l, offsets): the window that covers every cell's taps (cell i: ``paddings[i]`` steps left,
+    ``kernel_sizes[i] - 1 - paddings[i]`` right) and where each cell's taps start in it."""
+    left = max(paddings)
+    right = max(k - 1 - p for k, p in zip(kernel_sizes, paddings))
+    return left + right + 1, left, [left - p for p in paddings]
+
+
+def dropconnect_keep(shape, p: float, device) -> Tensor:
+    """The 1-byte DropConnect mask: True (kept) with probability 1 - p."""
+    return torch.empty(shape, dtype=torch.bool, device=device).bernoulli_(1.0 - p)
+
+
+def _keep_slices(keep: Optional[Tensor], sizes: Sequence[int]) -> List[Optional[Tensor]]:
+    if keep is None:
+        return [None] * len(sizes)
+    out, start = [], 0
+    for k in sizes:
+        out.append(keep[..., start:start + k])
+        start += k
+    return out
 
 
 class DynamicConvolution(torch.autograd.Function):
-    """softmax(logits) -> DropConnect (``keep`` mask, scale 1/(1-p)) -> the K-tap convolution, as one function
-    whose backward keeps the input ``x``, the kernel ``logits`` and the 1-byte ``keep`` mask (x is kept by the
-    projection that made the logits anyway): the kernels are recomputed (a softmax over K), never stored, and no
-    unfolded K x copy of the input nor T x T band matrix exists. Shapes: x T x B x C, logits and keep
-    T x B x H x K; the output T x B x C. Follows autocast (``amp_functions``); half-precision taps accumulate in fp32."""
+    """softmax(logits_i) -> DropConnect (``keep``, scale 1/(1-p)) -> mix by ``gates`` into one kernel -> the
+    K-tap convolution, as one function. Inputs: x T x B x C; ``gates`` (n,) or None for one cell; ``keep``
+    T x B x H x sum(K_i) bool or None; ``offsets``: where each cell's taps start in the K-tap window;
+    ``logits``: n tensors T x B x H x K_i. Backward keeps x, the n softmax outputs (half-precision logits: the
+    logits), ``keep`` and the n scaled gates; the mixed kernel is rebuilt, no K x copy of the input is kept. Follows autocast
+    (``amp_functions``); half-precision inputs are convolved in fp32."""
 
     @staticmethod
     @amp_forward
+    def forward(ctx, x, gates, keep, p, padding_l, offsets, kernel_size, *logits):
+        T, B, C = x.shape
+        H, K = logits[0].shape[2], kernel_size
+        acc = accumulation_dtype(x.dtype)
+        scale = 1.0 / (1.0 - p) if keep is not None else 1.0
+        probs = [torch.softmax(lg.to(acc), dim=-1) for lg in logits]
+        keeps = _keep_slices(keep, [pr.size(-1) for pr in probs])
+        gs = None if gates is None else (gates.to(acc) * scale if keep is not None else gates.to(acc))
+        weight = DynamicConvolution._mixed(probs, keeps, gs, scale, offsets, K)
+        padded = F.pad(x, (0, 0, 0, 0, padding_l, K - 1 - padding_l)).view(T + K - 1, B, H, C // H)
+        out = (padded.unfold(0, K, 1) * weight.unsqueeze(3)).sum(-1)
+        # backward needs the softmax outputs: kept as they are where the logits have the accumulation dtype (the
+        # same bytes), recomputed from the logits where those are half precision (half the bytes)
+        ctx.kept_probs = all(lg.dtype == acc for lg in logits)
+        ctx.save_for_backward(x, keep, gs, *(probs if ctx.kept_probs else logits))
+        ctx.p, ctx.padding_l, ctx.offsets, ctx.kernel_size = p, padding_l, offsets, K
+        ctx.logit_dtypes = [lg.dtype for lg in logits]
+        return out.view(T, B, C).to(x.dtype)
+
+    @staticmethod
+    def _mixed(probs, keeps, gs, scale, offsets, K):
+        """The T x B x H x K kernel sum_i g_i (keep_i * softmax_i / (1 - p)), cell i at its offset."""
+        if len(probs) == 1:
+            if keeps[0] is None:
+                return probs[0]
+            return (probs[0] * keeps[0]).mul_(scale)
+        kept = [pr if kp is None else pr * kp for pr, kp in zip(probs, keeps)]
+        # a cell whose taps span the whole window (the widest, centred or causal) starts the sum, else zeros
+        first = next((i for i, (pr, o) in enumerate(zip(probs, offsets)) if o == 0 and pr.size(-1) == K), None)
+        if first is None:
+            weight = kept[0].new_zeros(*kept[0].shape[:-1], K)
+        else:
+            weight = kept[first] * gs[first]
+        for i, (w, o) in enumerate(zip(kept, offsets)):
+            if i != first:
+                weight[..., o:o + w.size(-1)].addcmul_(w, gs[i])
+        return weight
+
+    @staticmethod
+    @once_differentiable
+    @amp_backward
+    def backward(ctx, grad):
+        x, keep, gs, *probs = ctx.saved_tensors
+        T, B, C = x.shape
+        H, K, n = probs[0].size(2), ctx.kernel_size, len(probs)
+        R = C // H
+        acc = accumulation_dtype(x.dtype)
+        if not ctx.kept_probs:
+            probs = [torch.softmax(lg.to(acc), dim=-1) for lg in probs]
+        scale = 1.0 / (1.0 - ctx.p) if keep is not None else 1.0
+        sizes = [pr.size(-1) for pr in probs]
+        keeps = _keep_slices(keep, sizes)
+        g = grad.reshape(T, B, H, R).to(acc)
+        if n == 1:
+            stacked = None
+            weight = DynamicConvolution._mixed(probs, keeps, None, scale, ctx.offsets, K)
+        else:
+            # every cell's kept kernel in its place of the window, one row per cell: T x B x H x n x K
+            stacked = probs[0].new_zeros(T, B, H, n, K)
+            for i, (pr, kp, o) in enumerate(zip(probs, keeps, ctx.offsets)):
+                if kp is None:
+                    stacked[:, :, :, i, o:o + pr.size(-1)].copy_(pr)
+                else:
+                    torch.mul(pr, kp, out=stacked[:, :, :, i, o:o + pr.size(-1)])
+            weight = (stacked * gs.view(n, 1)).sum(3)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            # grad_x[s] = sum_j g[s + P - j] w[s + P - j, j]: Z[t, j] = g[t] w[t, j] zero-padded in time, read
+            # along the anti-diagonal (t + j constant) through a skewed view
+            left = K - 1 - ctx.padding_l
+            z = g.new_zeros(T + K - 1, B, H, R, K)
+            torch.mul(g.unsqueeze(-1), weight.unsqueeze(3), out=z[left:left + T])
+            st = z.stride()
+            skew = z.as_strided((T, B, H, R, K), (st[0], st[1], st[2], st[3], st[0] - 1), z.storage_offset() + K - 1)
+            grad_x = skew.sum(-1).view(T, B, C).to(x.dtype)
+        grad_gates = None
+        grad_logits = [None] * n
+        if any(ctx.needs_input_grad[7:]) or ctx.needs_input_grad[1]:
+            padded = F.pad(x, (0, 0, 0, 0, ctx.padding_l, K - 1 - ctx.padding_l)).view(T + K - 1, B, H, R)
+            grad_weight = (padded.unfold(0, K, 1) * g.unsqueeze(-1)).sum(3)  # T x B x H x K
+            if n == 1:
+                d = grad_weight if keeps[0] is None else (grad_weight * keeps[0]).mul_(scale)
+                grad_logits = [torch._softmax_backward_data(d, probs[0], -1, acc)]
+            else:
+                if ctx.needs_input_grad[1]:
+                    grad_gates = (stacked * grad_weight.unsqueeze(3)).sum((0, 1, 2, 4))
+                    if keep is not None:
+                        grad_gates = grad_gates.mul_(scale)
+                spread = grad_weight.unsqueeze(3) * gs.view(n, 1)  # T x B x H x n x K
+                for i, (pr, kp, o) in enumerate(zip(probs, keeps, ctx.offsets)):
+                    d = spread[:, :, :, i, o:o + pr.size(-1)]
+                    if kp is not None:
+                        d = d * kp
+                    grad_logits[i] = torch._softmax_backward_data(d, pr, -1, acc)
+            grad_logits = [None if gl is None else gl.to(dt) for gl, dt in zip(grad_logits, ctx.logit_dtypes)]
+        return (grad_x, grad_gates, None, None, None, None, None, *grad_logits)
+
+
+def multi_dynamic_convolution(x: Tensor, logits: Sequence[Tensor], paddings: Sequence[int],
+                              gates: Optional[Tensor] = None, dropout: float = 0.0, training: bool = False,
+                              keep: Optional[Tensor] = None) -> Tensor:
+    """sum_i gates_i DynConv_i(x) (Eq. 7; one cell: gates None) as one convolution. x: T x B x C; logits: one
+    T x B x H x K_i tensor per cell (its predicted kernels before the softmax), cell i zero-padded by
+    ``paddings[i]`` on the left and K_i - 1 - paddings[i] on the right; DropConnect ``dropout`` on each cell's
+    normalised kernels in training (``keep``: the T x B x H x sum(K_i) mask to use instead of a fresh one)."""
+    sizes = [lg.size(-1) for lg in logits]
+    K, padding_l, offsets = combined_window(sizes, paddings)
+    if keep is None and training and dropout > 0:
+        keep = dropconnect_keep((*logits[0].shape[:-1], sum(sizes)), dropout, logits[0].device)
+    if not (training and dropout > 0):
+        keep = None
+    return DynamicConvolution.apply(x, gates, keep, dropout, padding_l, offsets, K, *logits)
+
+
+def dynamic_convolution(x: Tensor, logits: Tensor, padding_l: int, dropout: float = 0.0,
+                        training: bool = False, keep: Optional[Tensor] = None) -> Tensor:
+    """x: T x B x C, logits: T x B x H x K (the predicted kernels before their softmax) -> T x B x C, zero
+    padding ``padding_l`` left and K - 1 - padding_l right; DropConnect ``dropout`` on the normalised kernels in
+    training."""
+    return multi_dynamic_convolution(x, [logits], [padding_l], None, dropout, training, keep)
+
+
+class _LoopDynamicConvolution(torch.autograd.Function):
+    """The reference: the same function as a loop over the K taps (one multiply-add per tap forward, four ops per
+    tap backward), as this module computed it before :class:`DynamicConvolution`."""
+
+    @staticmethod
     def forward(ctx, x, logits, keep, p, padding_l):
         T, B, C = x.shape
         H, K = logits.shape[2], logits.shape[3]
         acc = accumulation_dtype(x.dtype)
-        weight = DynamicConvolution._kernels(logits, keep, p, acc)
+        weight = _LoopDynamicConvolution._kernels(logits, keep, p, acc)
         padded = F.pad(x, (0, 0, 0, 0, padding_l, K - 1 - padding_l)).view(T + K - 1, B, H, C // H)
         out = torch.zeros(T, B, H, C // H, dtype=acc, device=x.device)
         for k in range(K):
-            out.addcmul_(_shifted(padded, k, T), weight[..., k:k + 1])
+            out.addcmul_(padded[k:k + T], weight[..., k:k + 1])
         ctx.save_for_backward(x, logits, keep)
         ctx.p, ctx.padding_l = p, padding_l
         return out.view(T, B, C).to(x.dtype)
@@ -62,7 +221,6 @@ class DynamicConvolution(torch.autograd.Function):
         return weight if keep is None else weight * keep * (1.0 / (1.0 - p))
 
     @staticmethod
-    @amp_backward
     def backward(ctx, grad):
         x, logits, keep = ctx.saved_tensors
         T, B, C = x.shape
@@ -73,30 +231,30 @@ class DynamicConvolution(torch.autograd.Function):
         weight = probs if keep is None else probs * keep * (1.0 / (1.0 - ctx.p))
         g = grad.reshape(T, B, H, R).to(acc)
         padded = F.pad(x, (0, 0, 0, 0, ctx.padding_l, K - 1 - ctx.padding_l)).view(T + K - 1, B, H, R)
-        grad_padded = torch.zeros(T + K - 1, B, H, R, dtype=acc, device=x.device) if ctx.needs_input_grad[0] else None
+        grad_padded = torch.zeros(T + K - 1, B, H, R, dtype=acc, device=x.device)
         grad_weight = torch.empty(T, B, H, K, dtype=acc, device=x.device)
         for k in range(K):
-            grad_weight[..., k] = (g * _shifted(padded, k, T)).sum(-1)
-            if grad_padded is not None:
-                grad_padded[k:k + T].addcmul_(g, weight[..., k:k + 1])
-        grad_x = grad_padded[ctx.padding_l:ctx.padding_l + T].reshape(T, B, C).to(x.dtype) \
-            if grad_padded is not None else None
-        grad_logits = None
-        if ctx.needs_input_grad[1]:
-            grad_probs = grad_weight if keep is None else grad_weight * keep * (1.0 / (1.0 - ctx.p))
-            grad_logits = (probs * (grad_probs - (grad_probs * probs).sum(-1, keepdim=True))).to(logits.dtype)
+            grad_weight[..., k] = (g * padded[k:k + T]).sum(-1)
+            grad_padded[k:k + T].addcmul_(g, weight[..., k:k + 1])
+        grad_x = grad_padded[ctx.padding_l:ctx.padding_l + T].reshape(T, B, C).to(x.dtype)
+        grad_probs = grad_weight if keep is None else grad_weight * keep * (1.0 / (1.0 - ctx.p))
+        grad_logits = (probs * (grad_probs - (grad_probs * probs).sum(-1, keepdim=True))).to(logits.dtype)
         return grad_x, grad_logits, None, None, None
 
 
-def dynamic_convolution(x: Tensor, logits: Tensor, padding_l: int, dropout: float = 0.0,
-                        training: bool = False) -> Tensor:
-    """x: T x B x C, logits: T x B x H x K (the predicted kernels before their softmax) -> T x B x C, zero
-    padding ``padding_l`` left and K - 1 - padding_l right; DropConnect ``dropout`` on the normalised kernels in
-    training."""
-    keep = None
-    if training and dropout > 0:
-        keep = torch.rand(logits.shape, device=logits.device) >= dropout
-    return DynamicConvolution.apply(x, logits, keep, dropout, padding_l)
+def reference_dynamic_convolution(x: Tensor, logits: Tensor, padding_l: int, keep: Optional[Tensor] = None,
+                                  p: float = 0.0) -> Tensor:
+    """The loop-over-taps reference of :func:`dynamic_convolution` (one cell, DropConnect mask ``keep``)."""
+    return _LoopDynamicConvolution.apply(x, logits, keep, p, padding_l)
+
+
+def step_dynamic_convolution(window: Tensor, weight: Tensor) -> Tensor:
+    """One causal decoding step: ``window`` n x B x C (the last n inputs, this one last), ``weight`` B x H x K
+    (the mixed kernel of this step, K >= n; its last n taps meet the n inputs, zeros before) -> 1 x B x C."""
+    n, B, C = window.shape
+    H = weight.size(1)
+    taps = weight[:, :, weight.size(-1) - n:].permute(2, 0, 1).unsqueeze(-1).to(window.dtype)  # n x B x H x 1
+    return (window.view(n, B, H, C // H) * taps).sum(0).view(1, B, C)
 
 
 @with_incremental_state
@@ -145,16 +303,12 @@ class DynamicConv1d(nn.Module):
 
     def _step(self, x: Tensor, weight: Tensor, incremental_state) -> Tensor:
         """One decoding step (T = 1, causal): the last K - 1 inputs from the buffer, then this one."""
-        T, B, C = x.shape
-        H, K = self.num_heads, self.kernel_size
+        K = self.kernel_size
         buffer = utils.get_incremental_state(self, incremental_state, "input_buffer")
         window = x if buffer is None else torch.cat([buffer, x], dim=0)  # n x B x C, n <= K
         if K > 1:
             utils.set_incremental_state(self, incremental_state, "input_buffer", window[-(K - 1):])
-        n = window.size(0)
-        taps = weight[:, :, :, K - n:].reshape(B, H, n)  # the last n taps meet the n inputs (zeros before)
-        out = torch.einsum("nbhr,bhn->bhr", window.view(n, B, H, C // H), taps.to(window.dtype))
-        return out.reshape(1, B, C)
+        return step_dynamic_convolution(window, weight[0])
 
     def reorder_incremental_state(self, incremental_state, new_order):
         buffer = utils.get_incremental_state(self, incremental_state, "input_buffer")

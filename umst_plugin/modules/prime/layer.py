@@ -57,7 +57,7 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
 
 from umst_plugin.modules.common.attention import attention
-from umst_plugin.modules.prime.multi_kernel_conv import MultiKernelConv
+from umst_plugin.modules.prime.multi_kernel_conv import MultiKernelConv, _compiling
 from umst_plugin.modules.common.segment_ops import upcast_half
 
 IncrementalState = Optional[Dict[str, Dict[str, Optional[Tensor]]]]
@@ -188,6 +188,8 @@ class PrimeLayer(nn.Module):
                 weight_dropout=conv_weight_dropout,
             )
         self.layer_norm = nn.LayerNorm(d)
+        # additive attention masks built once per forward pass; PrimeEncoder / PrimeDecoder share one per stack
+        self._mask_memo = _MaskMemo()
         self.beam_size = 1  # set by fairseq's set_beam_size before beam search (cross-attention keys shared)
         self.shared_beams = 1  # set by PrimeDecoder.forward from the encoder output's beam mark
         self.reset_parameters()
@@ -255,8 +257,10 @@ class PrimeLayer(nn.Module):
         if self.training and self.input_dropout > 0:
             proj = self._project_with_input_dropout(x)
         elif self.fused:
-            proj = dict(zip((n for n, _ in self.in_segments),
-                            _linear(x, self.in_proj_weight, self.in_proj_bias).split(self.in_splits, dim=-1)))
+            full = _linear(x, self.in_proj_weight, self.in_proj_bias)
+            proj = dict(zip((n for n, _ in self.in_segments), full.split(self.in_splits, dim=-1)))
+            if incremental_state is not None:  # K and V are neighbouring segments: one view for the cache
+                proj["kv"] = full[..., self.embed_dim:3 * self.embed_dim]
         else:
             # split (not one slice per segment): its backward assembles the full gradient in one concatenation
             weights = self.in_proj_weight.split(self.in_splits, dim=0)
@@ -265,38 +269,48 @@ class PrimeLayer(nn.Module):
 
         # ---- self-attention (Eq. 2)
         q, k, v = proj["q"], proj["k"], proj["v"]
+        conv_reads_cache = (self.has_conv and self.shared_projection and self.conv.conv_type == "dynamic")
+        history = None
         if incremental_state is not None:
+            # keys and values cached as one S x B x 2d tensor (one concatenation and one reorder per step); with
+            # Shared Projection the dynamic convolution reads its window of past inputs from the same cache
+            kv_new = proj["kv"] if "kv" in proj else torch.cat([k, v], dim=-1)
+            if padding_mask is not None and conv_reads_cache:
+                # fairseq's generator never feeds padding step by step; if it came, the convolution must see it
+                # zeroed, as in full decoding (the cached values are the convolution's input)
+                kv_new = torch.cat([k, v.masked_fill(padding_mask.transpose(0, 1).unsqueeze(-1), 0.0)], dim=-1)
             saved = self.get_incremental_state(incremental_state, "self_attn")
-            if saved is not None:
-                k = torch.cat([saved["k"], k], dim=0)
-                v_attn = torch.cat([saved["v"], v], dim=0)
-            else:
-                v_attn = v
-            self.set_incremental_state(incremental_state, "self_attn", {"k": k, "v": v_attn})
+            kv = kv_new if saved is None else torch.cat([saved["kv"], kv_new], dim=0)
+            self.set_incremental_state(incremental_state, "self_attn", {"kv": kv})
+            d = self.embed_dim
+            k, v_attn = kv[..., :d], kv[..., d:]
+            history = v_attn if conv_reads_cache else None
             self_mask = None  # the cache only holds the past
         else:
             v_attn = v
-            self_mask = _causal_mask(q.size(0), k.size(0), x.device) if attn_causal else None
-        self_pad = padding_mask if incremental_state is None else None
-        # only a causal row can be fully blocked (a left-padded decoder position), so only there padded rows are freed
-        branches: List[Tensor] = [self._attend(q, k, v_attn, self_pad, self_mask,
-                                               query_padding_mask=self_pad if self_mask is not None else None)[0]]
+            self_mask = self._self_attention_mask(padding_mask, q.size(0), attn_causal, q.dtype, x.device)
+        branches: List[Tensor] = [self._attend(q, k, v_attn, self_mask)[0]]
 
         # ---- convolution (Eqs. 5-7), on the shared V_A or its own V_C
         conv_input = None
         if self.has_conv:
             conv_input = v if self.shared_projection else proj["v_conv"]
-            branches.append(self.conv(conv_input, padding_mask=padding_mask, incremental_state=incremental_state))
+            if history is None:
+                branches.append(self.conv(conv_input, padding_mask=padding_mask, incremental_state=incremental_state))
+            else:
+                branches.append(self.conv(conv_input, padding_mask=padding_mask, incremental_state=incremental_state,
+                                          history=history))
 
         # ---- cross-attention over the encoder output
         cross_weights = None
         if self.has_cross:
-            ck, cv, cross_mask = self._cross_key_value(encoder_out, encoder_padding_mask, incremental_state)
+            ck, cv, cross_mask = self._cross_key_value(encoder_out, encoder_padding_mask, incremental_state,
+                                                       proj["q_cross"].dtype)
             q_cross = proj["q_cross"]
             beams = q_cross.size(1) // ck.size(1)  # > 1: the keys are shared by the beams of each sentence
             if beams > 1:  # the beams of a sentence become extra query positions of that sentence
                 q_cross = q_cross.unflatten(1, (ck.size(1), beams)).permute(2, 0, 1, 3).flatten(0, 1)  # beams*T x kv_B x d
-            out, cross_weights = self._attend(q_cross, ck, cv, cross_mask, None,
+            out, cross_weights = self._attend(q_cross, ck, cv, cross_mask,
                                               need_weights=need_weights or need_head_weights)
             if beams > 1:
                 out = out.unflatten(0, (beams, -1)).permute(1, 2, 0, 3).flatten(1, 2)  # T x B x d
@@ -315,6 +329,15 @@ class PrimeLayer(nn.Module):
         if self.fused and not (self.training and self.dropout > 0):
             y = F.linear(torch.cat(branches, dim=-1), self.out_proj_weight, self._fused_out_bias())
             x = residual + y
+        elif self.fused:
+            # training with output dropout: each branch's projection (no bias), stacked n x T x B x d, the n biases
+            # added at once, one dropout over the stack (an independent mask per branch, as branch by branch) and
+            # one sum; the bias gradient is then one reduction, the dropout one op forward and backward
+            weights = self.out_proj_weight.split(self.out_splits, dim=1)
+            stacked = torch.stack([F.linear(branch, weight) for branch, weight in zip(branches, weights)])
+            bias = self.out_proj_bias.view(len(branches), 1, 1, -1)
+            stacked = stacked + (bias if bias.dtype == stacked.dtype else bias.to(stacked.dtype))  # autocast: half
+            x = residual + F.dropout(stacked, p=self.dropout, training=True).sum(0)
         else:
             x = residual
             weights = self.out_proj_weight.split(self.out_splits, dim=1)
@@ -352,10 +375,11 @@ class PrimeLayer(nn.Module):
         return self._fused_bias
 
     def _cross_key_value(
-        self, encoder_out: Tensor, encoder_padding_mask: Optional[Tensor], incremental_state: IncrementalState
+        self, encoder_out: Tensor, encoder_padding_mask: Optional[Tensor], incremental_state: IncrementalState,
+        dtype: torch.dtype,
     ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-        """Cross-attention keys, values and key mask; computed once per sentence when decoding step by step
-        (where a mask without any padding is dropped once, instead of being applied at every step)."""
+        """Cross-attention keys, values and additive key mask (see :meth:`_attend`); computed once per sentence when
+        decoding step by step."""
         if incremental_state is not None:
             saved = self.get_incremental_state(incremental_state, "cross_attn")
             if saved is not None:
@@ -367,18 +391,40 @@ class PrimeLayer(nn.Module):
         beams = self.shared_beams if incremental_state is not None and self.beam_size > 1 else 1
         if beams > 1 and encoder_out.size(1) % beams == 0:
             encoder_out = encoder_out[:, ::beams]
-            if encoder_padding_mask is not None:
-                encoder_padding_mask = encoder_padding_mask[::beams]
         else:
             beams = 1
         ck, cv = self.cross_kv_proj(encoder_out).chunk(2, dim=-1)
-        mask = encoder_padding_mask
+        mask = None
+        if encoder_padding_mask is not None:
+            pad = encoder_padding_mask
+            mask = self._mask_memo.get("cross", (pad,), (beams, dtype),
+                                       lambda: _additive_mask(pad[::beams].unsqueeze(1).unsqueeze(1), dtype))
         if incremental_state is not None:
             saved = {"k": ck.contiguous(), "v": cv.contiguous(), "beams": torch.tensor(beams)}
             if mask is not None:
                 saved["mask"] = mask
             self.set_incremental_state(incremental_state, "cross_attn", saved)
         return ck, cv, mask
+
+    def _self_attention_mask(self, padding_mask: Optional[Tensor], T: int, causal: bool, dtype: torch.dtype,
+                             device) -> Optional[Tensor]:
+        """The additive self-attention mask (B or 1) x 1 x T x T: padded keys and (causal) future positions
+        blocked; a padded query row of a causal layer sees every key (only such a row, a left-padded decoder
+        position, can be fully blocked, and a fully blocked row is NaN in some kernels; padded rows' outputs are
+        never read by valid positions: their keys are blocked and the convolution zeroes them). Built once per
+        forward pass and shared by the layers of the stack (``_MaskMemo``)."""
+        if padding_mask is None and not causal:
+            return None
+
+        def build():
+            blocked = _causal_mask(T, T, device).view(1, 1, T, T) if causal else None
+            if padding_mask is not None:
+                B = padding_mask.size(0)
+                keys = padding_mask.view(B, 1, 1, T)
+                blocked = keys if blocked is None else (blocked | keys) & ~padding_mask.view(B, 1, T, 1)
+            return _additive_mask(blocked, dtype)
+        return self._mask_memo.get("self_causal" if causal else "self", (padding_mask,), (T, causal, dtype, device),
+                                   build)
 
     def set_beam_size(self, beam_size: int):
         """Called through fairseq's ``set_beam_size`` before beam search: share cross-attention keys across beams."""
@@ -389,34 +435,32 @@ class PrimeLayer(nn.Module):
         q: Tensor,
         k: Tensor,
         v: Tensor,
-        key_padding_mask: Optional[Tensor],
-        attn_mask: Optional[Tensor],
+        mask: Optional[Tensor],
+        attn_mask: Optional[Tensor] = None,
         need_weights: bool = False,
         query_padding_mask: Optional[Tensor] = None,
     ) -> Tuple[Tensor, Optional[Tensor]]:
-        """Multi-head scaled dot-product attention. q: T x B x d, k/v: S x B x d; masks True = blocked.
-
-        ``query_padding_mask`` (B x T) lets padded query rows see every key: under the causal mask such a row
-        can be fully blocked (a left-padded decoder position) and a fully blocked softmax row is NaN in some
-        kernels. Padded rows' outputs are never read by valid positions (their keys are blocked and
-        the convolution zeroes them), so this only keeps them finite.
-        """
+        """Multi-head scaled dot-product attention. q: T x B x d, k/v: S x B x d; ``mask``: additive, in q's dtype,
+        broadcastable to B x 1 x T x S, -inf where blocked (what ``scaled_dot_product_attention`` makes of a
+        boolean mask on every call; the layer builds it once per stack, see ``_self_attention_mask``). Called with
+        a boolean B x S key padding mask instead (True = padding), with an optional boolean T x S ``attn_mask`` and
+        B x T ``query_padding_mask`` (rows freed), it builds the additive mask itself."""
         T, B, d = q.shape
         S = k.size(0)
         H, Dh = self.num_heads, self.head_dim
-        blocked = None
-        if key_padding_mask is not None:
-            blocked = key_padding_mask.view(B, 1, 1, S)
-        if attn_mask is not None:
-            blocked = attn_mask.view(1, 1, T, S) if blocked is None else (blocked | attn_mask.view(1, 1, T, S))
-        if blocked is not None and query_padding_mask is not None:
-            blocked = blocked & ~query_padding_mask.view(B, 1, T, 1)
+        if attn_mask is not None or (mask is not None and mask.dtype == torch.bool):
+            blocked = None if mask is None else mask.view(B, 1, 1, S)
+            if attn_mask is not None:
+                blocked = attn_mask.view(1, 1, T, S) if blocked is None else blocked | attn_mask.view(1, 1, T, S)
+            if query_padding_mask is not None:
+                blocked = blocked & ~query_padding_mask.view(B, 1, T, 1)
+            mask = _additive_mask(blocked, q.dtype)
         if not need_weights:
             # One fused kernel for scaling, masking, softmax (float32 accumulation in half precision), dropout and
             # the weighted sum; fairseq's own attention takes the same kernel.
             out = attention(
                 q.reshape(T, B, H, Dh).permute(1, 2, 0, 3), k.reshape(S, B, H, Dh).permute(1, 2, 0, 3),
-                v.reshape(S, B, H, Dh).permute(1, 2, 0, 3), None if blocked is None else ~blocked,
+                v.reshape(S, B, H, Dh).permute(1, 2, 0, 3), mask,
                 dropout_p=self.attention_dropout if self.training else 0.0, scale=self.scaling)
             return out.permute(2, 0, 1, 3).reshape(T, B, d), None
         # Explicit path when the probabilities are wanted (alignment): float32 softmax, blocked scores at the
@@ -426,8 +470,8 @@ class PrimeLayer(nn.Module):
         v = v.contiguous().view(S, B * H, Dh).transpose(0, 1)
         scores = torch.bmm(q, k.transpose(1, 2))  # B*H x T x S
         scores = upcast_half(scores)
-        if blocked is not None:
-            scores = scores.view(B, H, T, S).masked_fill(blocked, torch.finfo(scores.dtype).min).view(B * H, T, S)
+        if mask is not None:
+            scores = (scores.view(B, H, T, S) + mask).clamp_(min=torch.finfo(scores.dtype).min).view(B * H, T, S)
         probs = torch.softmax(scores, dim=-1)
         if probs.dtype != v.dtype:
             probs = probs.to(v.dtype)
@@ -436,7 +480,7 @@ class PrimeLayer(nn.Module):
         return out, probs.view(B, H, T, S).transpose(0, 1)
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
-        """Beam search reordering of the attention caches (the convolution cells reorder their own)."""
+        """Beam search reordering of the attention caches (the convolution reorders its own buffer, if any)."""
         for key in ("self_attn", "cross_attn"):
             saved = self.get_incremental_state(incremental_state, key)
             if saved is None:
@@ -447,7 +491,7 @@ class PrimeLayer(nn.Module):
                 if saved["k"].size(1) * beams == new_order.numel():
                     continue
                 order = new_order.view(-1, beams)[:, 0] // beams
-            # caches are S x B x d; the cross-attention mask is B x S
+            # caches are S x B x (2)d; the cross-attention mask is B x 1 x 1 x S
             self.set_incremental_state(incremental_state, key, {
                 name: t if name == "beams" else t.index_select(0 if name == "mask" else 1, order)
                 for name, t in saved.items()})
@@ -470,7 +514,49 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
         # contiguous again (a few KB): attention kernels take their fast path only with unit-stride features
         out = torch.addmm(bias.unsqueeze(1), weight, x.reshape(rows, -1).t()).t().contiguous()
         return out.view(*x.shape[:-1], weight.size(0))
+    if x.dim() == 3 and x.stride(0) < x.stride(1):
+        # fairseq hands the first layer a transposed B x T view: one copy, then addmm (F.linear would copy, multiply
+        # and add the bias as three kernels)
+        x = x.contiguous()
     return F.linear(x, weight, bias)
+
+
+def _additive_mask(blocked: Tensor, dtype: torch.dtype) -> Tensor:
+    """0 where allowed, -inf where ``blocked`` (what scaled_dot_product_attention makes of a boolean mask)."""
+    return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill_(blocked, float("-inf"))
+
+
+class _MaskMemo:
+    """The attention masks of one stack of layers: every layer of a forward pass gets the same padding mask
+    tensor, so the first layer builds each additive mask and the others reuse it. An entry is reused only for the
+    very same input tensors (identity, unchanged version) and the same shape, dtype and device arguments; under
+    ``torch.compile`` nothing is cached (the compiled layer builds its masks, fused by the compiler)."""
+
+    def __init__(self):
+        self._entries: Dict[str, tuple] = {}
+
+    def get(self, name: str, inputs: Tuple[Optional[Tensor], ...], args: tuple, build: Callable[[], Tensor]):
+        if _compiling():
+            return build()
+        versions = tuple(None if t is None else t._version for t in inputs)
+        entry = self._entries.get(name)
+        if (entry is not None and entry[2] == args and entry[1] == versions
+                and all(a is b for a, b in zip(entry[0], inputs))):
+            return entry[3]
+        value = build()
+        self._entries[name] = (inputs, versions, args, value)
+        return value
+
+    def __deepcopy__(self, memo):  # a copied model (EMA, averaging) starts with no cached masks
+        return _MaskMemo()
+
+
+def share_mask_memo(layers) -> None:
+    """Let a stack of Prime layers share one mask memo (each builds its own otherwise)."""
+    memo = _MaskMemo()
+    for layer in layers:
+        if isinstance(layer, PrimeLayer):
+            layer._mask_memo = memo
 
 
 def _causal_mask(T: int, S: int, device) -> Tensor:

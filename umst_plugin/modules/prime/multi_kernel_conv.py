@@ -8,10 +8,16 @@ Unified Transformer paper (Zhao et al.), section 2.1:
 
 Eq. 6 is Wu et al.'s dynamic convolution: per-position kernels predicted from the
 input, softmax-normalised over the window, one kernel per head shared by the
-d/H channels of that head: ``modules.dynamic_conv.DynamicConv1d``, the computation and
-parameters of fairseq's ``DynamicConv1dTBC`` in one implementation on every device (fairseq's
-``DynamicConv`` factory switched to its CUDA extension, with other parameters, where that is built)
-that keeps only its input and kernels for backward, with the causal incremental buffer.
+d/H channels of that head: each cell is a ``modules.prime.dynamic_conv.DynamicConv1d`` (the
+parameters of fairseq's ``DynamicConv1dTBC``, under the same names), and the cells are computed together:
+each cell predicts its kernels with its own ``weight_linear``, and since the convolution is linear in its
+kernel, ``sum_i g_i conv_{k_i}(x)`` is ONE convolution with the per-position kernel ``sum_i g_i w_i`` (each
+cell's kernel after its own DropConnect, zero-padded to the widest window with the centres aligned as the
+cells' ``padding_l`` place them): ``dynamic_conv.multi_dynamic_convolution``, a fixed number of kernel
+launches whatever the kernel sizes, keeping only the input, the normalised kernels and a 1-byte DropConnect
+mask for backward. Incremental decoding keeps one buffer of the last K - 1 inputs for all cells (or reads
+them from the caller's value cache, Shared Projection) and, at inference, predicts every cell's kernel with
+one matrix multiply (``_JointPredictor``).
 fairseq's module does not know about padding, so :class:`MultiKernelConv`
 zeroes padded positions of its input itself: a sentence then sees zeros
 beyond its ends whatever its batch-mates or its padding side, exactly as if it
@@ -23,7 +29,7 @@ mixing before the projection, as done here, equals mixing the projected cells.
 ``conv_type="standard"`` replaces DepthConv_k with an ordinary (not separable)
 1-d convolution, the table 6 ablation "Substitute DepthConv with Convolution".
 """
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -31,7 +37,8 @@ import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
 
-from umst_plugin.modules.prime.dynamic_conv import DynamicConv1d
+from umst_plugin.modules.prime.dynamic_conv import (DynamicConv1d, combined_window, multi_dynamic_convolution,
+                                                    step_dynamic_convolution)
 
 CONV_TYPES = ("dynamic", "standard")
 
@@ -83,6 +90,7 @@ class StandardConv1dTBC(nn.Module):
             self.set_incremental_state(incremental_state, "conv_state", state)
 
 
+@with_incremental_state
 class MultiKernelConv(nn.Module):
     """Eq. 7: softmax(alpha)-weighted sum of convolution cells of different kernel sizes.
 
@@ -124,8 +132,10 @@ class MultiKernelConv(nn.Module):
         self.causal = causal
         self.conv_type = conv_type
         cells = []
+        paddings = []
         for k in kernel_sizes:
             padding_l = k - 1 if causal else same_padding_left(k)
+            paddings.append(padding_l)
             if conv_type == "dynamic":
                 cells.append(
                     DynamicConv1d(
@@ -141,9 +151,13 @@ class MultiKernelConv(nn.Module):
             else:
                 cells.append(StandardConv1dTBC(channels, k, padding_l))
         self.cells = nn.ModuleList(cells)
+        self.paddings: List[int] = paddings
+        # the window that covers every cell: K taps, padding_l to the left; cell i starts at offsets[i]
+        self.window, self.window_padding_l, self.offsets = combined_window(kernel_sizes, paddings)
         # alpha_i of Eq. 7, initialised equal (1/n, as the authors' code); a single cell needs no gate
         n = len(kernel_sizes)
         self.gate_logits = nn.Parameter(torch.full((n,), 1.0 / n)) if n > 1 else None
+        self._joint = None  # inference cache of the joint kernel predictor (_joint_predictor)
 
     def gate_weights(self) -> Optional[Tensor]:
         """softmax(alpha): the share of each kernel size (figure 8 of the paper)."""
@@ -154,13 +168,25 @@ class MultiKernelConv(nn.Module):
         x: Tensor,
         padding_mask: Optional[Tensor] = None,
         incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        history: Optional[Tensor] = None,
     ) -> Tensor:
-        if padding_mask is not None:
-            x = x.masked_fill(padding_mask.transpose(0, 1).unsqueeze(-1), 0.0)
-        else:
-            x = x.contiguous()  # fairseq's DynamicConv views its input (ours may be a slice of a fused projection)
+        """``history`` (incremental decoding only): the last inputs up to and including this step, n x B x C, kept by
+        the caller (Shared Projection: the attention's value cache); without it the module keeps its own buffer."""
         if incremental_state is not None and not self.causal:
             raise ValueError("incremental decoding needs a causal convolution")
+        if padding_mask is not None:
+            x = x.masked_fill(padding_mask.transpose(0, 1).unsqueeze(-1), 0.0)
+        if self.conv_type != "dynamic":
+            return self._standard(x if padding_mask is not None else x.contiguous(), incremental_state)
+        if incremental_state is not None:
+            return self._step(x, incremental_state, history)
+        T, B, _ = x.shape
+        logits = [cell.weight_linear(x).view(T, B, cell.num_heads, cell.kernel_size) for cell in self.cells]
+        gates = None if self.gate_logits is None else torch.softmax(self.gate_logits, dim=0)
+        p = self.cells[0].weight_dropout
+        return multi_dynamic_convolution(x, logits, self.paddings, gates, p, self.training)
+
+    def _standard(self, x: Tensor, incremental_state) -> Tensor:
         if self.gate_logits is None:
             return self.cells[0](x, incremental_state=incremental_state)
         gates = torch.softmax(self.gate_logits, dim=0)
@@ -171,3 +197,73 @@ class MultiKernelConv(nn.Module):
             y = cell(x, incremental_state=incremental_state) * gates[i]
             out = y if out is None else out + y
         return out
+
+    # ------------------------------------------------------------------ incremental decoding (dynamic)
+    def _step(self, x: Tensor, incremental_state, history: Optional[Tensor]) -> Tensor:
+        """One causal step: the mixed kernel of this step (B x H x K) applied to the last K inputs."""
+        K = self.window
+        if history is None:
+            buffer = self.get_incremental_state(incremental_state, "input_buffer")
+            window = x if buffer is None else torch.cat([buffer, x], dim=0)
+            if K > 1:
+                self.set_incremental_state(incremental_state, "input_buffer", window[-(K - 1):])
+        else:
+            window = history[-K:]
+        return step_dynamic_convolution(window, self._step_kernel(x[0]))
+
+    def _step_kernel(self, x: Tensor) -> Tensor:
+        """B x C -> the B x H x K kernel sum_i g_i softmax(x W_i) (cells zero-padded to the causal window)."""
+        B = x.size(0)
+        H, n, K = self.cells[0].num_heads, len(self.cells), self.window
+        if torch.is_grad_enabled() or (self.training and self.cells[0].weight_dropout > 0) or _compiling():
+            gates = None if self.gate_logits is None else torch.softmax(self.gate_logits, dim=0)
+            weight = None
+            for i, (cell, o) in enumerate(zip(self.cells, self.offsets)):
+                w = F.softmax(cell.weight_linear(x).view(B, H, cell.kernel_size), dim=-1)
+                w = F.dropout(w, p=cell.weight_dropout, training=self.training)
+                if gates is not None:
+                    w = w * gates[i]
+                w = F.pad(w, (o, K - o - w.size(-1)))
+                weight = w if weight is None else weight + w
+            return weight
+        # inference: every cell's logits in one multiply, laid out H x n x K with -inf outside each cell's taps, so
+        # that one softmax normalises each cell over its own taps; the gates mix the cells
+        W, b, gates = self._joint_predictor()
+        probs = torch.softmax(F.linear(x, W, b).view(B, H, n, K), dim=-1)
+        return probs[:, :, 0] if gates is None else torch.matmul(gates, probs)
+
+    def _joint_predictor(self) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+        """(weight H*n*K x C, bias (-inf outside each cell's taps) or None, softmax(alpha) or None), built from the
+        cells' parameters and cached while they are unchanged (in-place updates bump their versions)."""
+        params = [cell.weight_linear.weight for cell in self.cells]
+        if self.gate_logits is not None:
+            params.append(self.gate_logits)
+        key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in params)
+        if self._joint is not None and self._joint[0] == key:
+            return self._joint[1]
+        H, n, K = self.cells[0].num_heads, len(self.cells), self.window
+        first = self.cells[0].weight_linear.weight
+        if n == 1:
+            lin = self.cells[0].weight_linear
+            value = (lin.weight.detach(), None if lin.bias is None else lin.bias.detach(), None)
+        else:
+            weight = first.new_zeros(H, n, K, first.size(1))
+            bias = first.new_full((H, n, K), float("-inf"))
+            for i, (cell, o) in enumerate(zip(self.cells, self.offsets)):
+                k = cell.kernel_size
+                weight[:, i, o:o + k] = cell.weight_linear.weight.detach().view(H, k, -1)
+                bias[:, i, o:o + k] = 0.0 if cell.weight_linear.bias is None else \
+                    cell.weight_linear.bias.detach().view(H, k)
+            value = (weight.view(H * n * K, -1), bias.view(-1), torch.softmax(self.gate_logits.detach(), dim=0))
+        self._joint = (key, value)
+        return value
+
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        buffer = self.get_incremental_state(incremental_state, "input_buffer")
+        if buffer is not None:
+            self.set_incremental_state(incremental_state, "input_buffer", buffer.index_select(1, new_order))
+
+
+def _compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and compiler.is_compiling())
