@@ -137,8 +137,8 @@ class DynamicConvolution(torch.autograd.Function):
             for i, (pr, kp, o) in enumerate(zip(probs, keeps, ctx.offsets)):
                 if kp is None:
                     stacked[:, :, :, i, o:o + pr.size(-1)].copy_(pr)
-                else:
-                    torch.mul(pr, kp, out=stacked[:, :, :, i, o:o + pr.size(-1)])
+                else:  # in place on zeros (no out=: torch.compile does not take a strided out)
+                    stacked[:, :, :, i, o:o + pr.size(-1)].addcmul_(pr, kp)
             weight = (stacked * gs.view(n, 1)).sum(3)
         grad_x = None
         if ctx.needs_input_grad[0]:
@@ -146,9 +146,9 @@ class DynamicConvolution(torch.autograd.Function):
             # along the anti-diagonal (t + j constant) through a skewed view
             left = K - 1 - ctx.padding_l
             z = g.new_zeros(T + K - 1, B, H, R, K)
-            torch.mul(g.unsqueeze(-1), weight.unsqueeze(3), out=z[left:left + T])
+            z[left:left + T].addcmul_(g.unsqueeze(-1), weight.unsqueeze(3))
             st = z.stride()
-            skew = z.as_strided((T, B, H, R, K), (st[0], st[1], st[2], st[3], st[0] - 1), z.storage_offset() + K - 1)
+            skew = z.as_strided((T, B, H, R, K), (st[0], st[1], st[2], st[3], st[0] - 1), K - 1)  # z: fresh, offset 0
             grad_x = skew.sum(-1).view(T, B, C).to(x.dtype)
         grad_gates = None
         grad_logits = [None] * n
