@@ -121,7 +121,7 @@ fi
 if [[ "$BF16" -eq 1 ]]; then
     # bf16 autocast on fp32 master weights, loss scale 1 (umst_plugin/mixed_precision.py)
     [[ "$GPUS" -eq 0 ]] || ARGS+=(common.fp16=false)  # (the CPU branch above already turned fp16 off)
-    ARGS+=(common.amp=true +task.amp_dtype=bfloat16)
+    ARGS+=(common.amp=true +common.amp_dtype=bfloat16)
 fi
 
 CMD=("$PY" -m fairseq_cli.hydra_train --config-dir "$ROOT/configs" --config-name "$ROW"

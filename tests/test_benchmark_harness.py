@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from benchmarks import common
@@ -101,3 +102,29 @@ def test_kernels_are_attributed_to_the_phase_that_launched_them():
     counts, times = common.kernels_by_phase(events)
     assert dict(counts) == {"forward": 2, "amp": 1, "optimizer": 3, "backward": 4, "rest": 1}
     assert times["optimizer"] == 15.0
+
+
+@pytest.mark.slow
+def test_bench_train_runs_fairseq_train_for_stock_and_plugin_rows(toy_databin, tmp_path):
+    """bench_train at tiny widths on the toy data-bin: the stock process (fairseq alone) and the plugin process
+    each run real fairseq-train mains; every row has words/s from fairseq's own records, the loss rows their
+    longer runs, the ratios their baselines; a failing row is recorded, not fatal."""
+    import json
+
+    from benchmarks import bench_train
+
+    out = tmp_path / "train.json"
+    assert bench_train.main(["--data", toy_databin, "--quick", "--updates", "6", "--archs", "transformer,umst",
+                             "--precisions", "fp32", "--loss-archs", "umst", "--loss-updates", "10",
+                             "--work", str(tmp_path / "work"), "--json", str(out),
+                             "--markdown", str(tmp_path / "train.md")]) == 0
+    result = json.loads(out.read_text())
+    rows = {(r["name"], r["precision"]): r for r in result["rows"]}
+    assert set(rows) == {("stock", "fp32"), ("stock", "fp16"), ("transformer", "fp32"), ("umst", "fp32")}
+    for key in [("stock", "fp32"), ("transformer", "fp32"), ("umst", "fp32")]:
+        assert rows[key]["wps"] > 0 and not rows[key].get("error"), rows[key]
+    assert rows[("umst", "fp32")]["updates"] == 10 and rows[("transformer", "fp32")]["updates"] == 6
+    assert rows[("stock", "fp32")]["wps_vs_stock_fp32"] == 1.0
+    assert "--user-dir" not in rows[("stock", "fp32")]["argv"]
+    assert rows[("umst", "fp32")]["flops_per_token_ratio"] > 0
+    assert "| umst | fp32 |" in (tmp_path / "train.md").read_text()

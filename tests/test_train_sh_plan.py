@@ -66,7 +66,7 @@ def test_fewer_gpus_than_the_machine_has_keeps_the_first_ones():
 
 def test_bf16_flag_is_named_for_what_it_does():
     command, _ = plan("umst-t2-umst-base", "--gpus", "8", "--amp-bf16")
-    assert "common.amp=true" in command and "+task.amp_dtype=bfloat16" in command and "common.fp16=false" in command
+    assert "common.amp=true" in command and "+common.amp_dtype=bfloat16" in command and "common.fp16=false" in command
     proc = subprocess.run(["bash", TRAIN_SH, "umst-t2-umst-base", "--data", "/d", "--bf16"], env=env(),
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "--amp-bf16" in proc.stderr
@@ -100,7 +100,7 @@ def test_sbatch_scripts_plan_one_train_sh_per_node(tmp_path, script, nodes):
     for command in commands:
         assert field(command, "distributed_training.distributed_world_size") == str(8 * nodes)
         assert field(command, "CUDA_VISIBLE_DEVICES") == "0,1,2,3,4,5,6,7"
-        assert "+task.amp_dtype=bfloat16" in command and "task.data=/data/wmt14" in command
+        assert "+common.amp_dtype=bfloat16" in command and "task.data=/data/wmt14" in command
         # prime-t1 rows assume 4 GPUs x update_freq 32: 128 / (8 x nodes)
         assert field(command, "optimization.update_freq") == f"\\[{128 // (8 * nodes)}\\]"
         if nodes > 1:
