@@ -301,3 +301,16 @@ def test_layer_equals_eq4_with_dropconnect_in_training(monkeypatch):
     ffn_out = F.linear(F.relu(F.linear(x, W[3 * d:], b[3 * d:])), Wo[:, 2 * d:], bo[2])
     ref = F.layer_norm(x + attn + conv + ffn_out, (d,), layer.layer_norm.weight, layer.layer_norm.bias)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+
+
+def test_decoding_under_inference_mode():
+    """Masks of inference tensors (no version counter) are cached by identity; step-by-step decoding under
+    torch.inference_mode equals full decoding."""
+    model, _ = tiny("prime_base")
+    src, lengths, prev = batch(bsz=3, tgt_len=5)
+    with torch.inference_mode():
+        enc = model.encoder(src, lengths)
+        full = model.decoder(prev, enc)[0]
+        state = {}
+        steps = [model.decoder(prev[:, :t + 1], enc, incremental_state=state)[0] for t in range(prev.size(1))]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)

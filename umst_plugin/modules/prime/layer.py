@@ -538,7 +538,8 @@ class _MaskMemo:
     def get(self, name: str, inputs: Tuple[Optional[Tensor], ...], args: tuple, build: Callable[[], Tensor]):
         if _compiling():
             return build()
-        versions = tuple(None if t is None else t._version for t in inputs)
+        # (inference tensors keep no version counter: identity alone)
+        versions = tuple(None if t is None else (-1 if t.is_inference() else t._version) for t in inputs)
         entry = self._entries.get(name)
         if (entry is not None and entry[2] == args and entry[1] == versions
                 and all(a is b for a, b in zip(entry[0], inputs))):
