@@ -39,7 +39,9 @@ against the transformer of their own shape.
     python benchmarks/bench_decode.py --sentences 48 --claim-sentences 8 --threads 2   # base width on a CPU
 """
 import argparse
+import collections
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -206,21 +208,45 @@ def clock(cuda):
     return time.perf_counter() if cuda else time.process_time()
 
 
-def run_generate(argv, length, cuda, warmup=1, configs=None):
+def _reuse_models(task, models):
+    """What the task's ``build_model`` does besides building, for models built by an earlier call: register the
+    host-side batch hints they ask for (``MultiscaleTranslationTask.build_model``, TranSFormer's sizes)."""
+    hints = getattr(task, "batch_hints", None)
+    for model in models:
+        hint = getattr(model, "host_batch_hint", None)
+        if hints is not None and callable(hint):
+            hints.register(type(model).__name__, hint())
+
+
+def run_generate(argv, length, cuda, warmup=1, configs=None, loaded=None):
     """fairseq_cli.generate.main on ``argv`` in this process, every ``inference_step`` timed (after ``warmup``
-    untimed batches, the test split's batch of most sentences). Returns the measurements."""
-    from fairseq import tasks, utils
+    untimed batches, the test split's batch of most sentences). ``loaded``: a dict that keeps the models fairseq
+    loaded, by checkpoint path; a later call with the same ``--path`` gets them instead of building and loading
+    them again (the same weights; about a second a call). Returns the measurements, and the seconds spent in
+    each part of the call (``parts_s``: loading, warm-up, the timed batches, the rest)."""
+    from fairseq import checkpoint_utils, tasks, utils
     from fairseq_cli import generate
 
     args, cfg = (configs or GenerateConfigs())(argv)
-    batches, hyp_lengths = [], set()
-    original = tasks.setup_task
+    batches, hyp_lengths, marks = [], set(), {}
+    original_setup, original_load = tasks.setup_task, checkpoint_utils.load_model_ensemble
+
+    def load_model_ensemble(filenames, arg_overrides=None, task=None, **kwargs):
+        key = tuple(filenames)
+        if loaded is None or key not in loaded:
+            models, saved_cfg = original_load(filenames, arg_overrides=arg_overrides, task=task, **kwargs)
+            if loaded is not None:
+                loaded[key] = models, saved_cfg
+            return models, saved_cfg
+        _reuse_models(task, loaded[key][0])
+        return loaded[key]
 
     def setup_task(cfg, **kwargs):
-        task = original(cfg, **kwargs)
+        task = original_setup(cfg, **kwargs)
         build, step = task.build_generator, task.inference_step
 
         def build_generator(models, gen_cfg, **kw):
+            marks["loaded"] = time.perf_counter()
             generator = build(models, gen_cfg, **kw)
             dataset = task.dataset(args.gen_subset)
             order = dataset.ordered_indices()
@@ -232,14 +258,20 @@ def run_generate(argv, length, cuda, warmup=1, configs=None):
             for _ in range(warmup):
                 step(generator, models, sample)
             sync(cuda)
+            marks["warm"] = time.perf_counter()
             return generator
 
         def inference_step(generator, models, sample, **kw):
-            sync(cuda)
-            start = clock(cuda)
-            hypos = step(generator, models, sample, **kw)
-            sync(cuda)
-            batches.append((len(hypos), clock(cuda) - start))
+            gc.disable()  # no collector pauses inside the timed batch (it collects between batches)
+            try:
+                sync(cuda)
+                start = clock(cuda)
+                hypos = step(generator, models, sample, **kw)
+                sync(cuda)
+                batches.append((len(hypos), clock(cuda) - start))
+            finally:
+                gc.enable()
+            marks["decoded"] = time.perf_counter()
             hyp_lengths.update(len(h[0]["tokens"]) for h in hypos)
             return hypos
 
@@ -252,24 +284,25 @@ def run_generate(argv, length, cuda, warmup=1, configs=None):
     log.addHandler(capture)
     log.setLevel(logging.INFO)
     log.propagate = False  # its INFO lines to the capture alone
-    tasks.setup_task = setup_task
+    tasks.setup_task, checkpoint_utils.load_model_ensemble = setup_task, load_model_ensemble
     start = time.perf_counter()
     try:
         with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):  # the BLEU of random output
             generate.main(cfg)
     finally:
-        tasks.setup_task = original
+        tasks.setup_task, checkpoint_utils.load_model_ensemble = original_setup, original_load
         log.removeHandler(capture)
         log.setLevel(saved[0])
         log.propagate = saved[1]
-    wall = time.perf_counter() - start
+    end = time.perf_counter()
     if hyp_lengths != {length + 1}:
         raise RuntimeError(f"hypotheses of {sorted(hyp_lengths)} tokens, expected {length + 1} (L + </s>) each")
     sentences = sum(n for n, _ in batches)
     seconds = sum(s for _, s in batches)
     out = dict(sentences=sentences, batches=len(batches), seconds=seconds, sentences_per_s=sentences / seconds,
                ms_per_sentence=1000 * seconds / sentences, tokens_per_s=sentences * (length + 1) / seconds,
-               wall_s=wall)
+               wall_s=end - start, parts_s=dict(load=marks["loaded"] - start, warmup=marks["warm"] - marks["loaded"],
+                                                batches=marks["decoded"] - marks["warm"], rest=end - marks["decoded"]))
     for message in capture.messages:
         m = TRANSLATED.search(message)
         if m:
@@ -383,50 +416,55 @@ def generate_launches(model, task, sample, beam, length):
     return dict(per_step=(counter.total - encoder) / (length + 1), encoder=encoder, total=counter.total)
 
 
-def cuda_counts(model, task, sample, beam, length):
-    """On CUDA: one later decoding step and one generate call, as KernelLaunches counts them there and as the
-    profiler sees the GPU's kernels; the step's wall time and GPU busy share (``common.cuda_profile``)."""
+def cuda_counts(model, task, sample, beam, length, profile_generate=False):
+    """On CUDA: one later decoding step as KernelLaunches counts it there (the ops CUDA dispatches) and as the
+    profiler sees the GPU's kernels, with the step's wall time and GPU busy share (``common.cuda_profile``);
+    with ``profile_generate`` also the kernels of a whole generate call per decoder step."""
     decoder = IncrementalDecoder(model, task, sample, beam)
     for _ in range(3):
         decoder.step()
     counted = step_launches(model, task, sample, beam)
     profile = common.cuda_profile(decoder.step, repeats=5)
     by_phase = profile["kernels_by_phase"]
-    generator = generator_for(model, task, beam, length)
+    out = dict(step_dispatch=dict(reorder=counted["reorder"], decoder=counted["decoder"], total=counted["total"]),
+               step_kernels=dict(reorder=by_phase.get("reorder", 0), decoder=by_phase.get("decoder", 0),
+                                 total=by_phase.get("reorder", 0) + by_phase.get("decoder", 0),
+                                 search=by_phase.get("search", 0)),
+               step_wall_ms=profile["wall_ms"], step_busy=profile["busy"])
+    if profile_generate:
+        generator = generator_for(model, task, beam, length)
 
-    def generate_call():
-        with torch.no_grad(), encoder_phase(model):
-            task.inference_step(generator, [model], sample)
-    generate_call()
-    whole = common.cuda_profile(generate_call, repeats=2)
-    encoder = whole["kernels_by_phase"].get("encoder", 0)
-    return dict(step_dispatch=dict(reorder=counted["reorder"], decoder=counted["decoder"], total=counted["total"]),
-                step_kernels=dict(reorder=by_phase.get("reorder", 0), decoder=by_phase.get("decoder", 0),
-                                  total=by_phase.get("reorder", 0) + by_phase.get("decoder", 0),
-                                  search=by_phase.get("search", 0)),
-                step_wall_ms=profile["wall_ms"], step_busy=profile["busy"],
-                generate_dispatch=generate_launches(model, task, sample, beam, length),
-                generate_kernels=dict(per_step=(whole["kernels"] - encoder) / (length + 1), encoder=encoder,
-                                      total=whole["kernels"]),
-                generate_wall_ms=whole["wall_ms"], generate_busy=whole["busy"])
+        def generate_call():
+            with torch.no_grad(), encoder_phase(model):
+                task.inference_step(generator, [model], sample)
+        generate_call()
+        whole = common.cuda_profile(generate_call, repeats=2)
+        encoder = whole["kernels_by_phase"].get("encoder", 0)
+        out.update(generate_kernels=dict(per_step=(whole["kernels"] - encoder) / (length + 1), encoder=encoder,
+                                         total=whole["kernels"]),
+                   generate_wall_ms=whole["wall_ms"], generate_busy=whole["busy"])
+    return out
 
 
-def launch_counts(model, task, beam, sentences, length, device):
-    """The launch counts of one model: on the CPU (a copy there if the model is on CUDA), and on CUDA too."""
+def launch_counts(model, task, beam, sentences, length, device, profile_generate=False):
+    """The launch counts of one model: a decoding step on the CPU (a copy there if the model is on CUDA), a whole
+    generate call on the model's device; on CUDA the step there too (:func:`cuda_counts`)."""
     from umst_plugin import dev
 
     sample = dev.random_sample(task, sentences, 12, 12, seed=1)  # as bench_op_counts.py: 8 x <= 12 subwords
     model = model.eval()
     on_cuda = str(device).startswith("cuda")
-    cpu_model = model if not on_cuda else None
+    cpu_model = model
     if on_cuda:
         import copy
 
         cpu_model = copy.deepcopy(model).float().cpu()
-    out = dict(step=step_launches(cpu_model, task, sample, beam),
-               generate=generate_launches(cpu_model, task, sample, beam, length))
+    out = dict(step=step_launches(cpu_model, task, sample, beam))
+    del cpu_model
+    device_sample = dev.move_sample(sample, device)
+    out["generate"] = dict(generate_launches(model, task, device_sample, beam, length), device=str(device))
     if on_cuda:
-        out["cuda"] = cuda_counts(model, task, dev.move_sample(sample, device), beam, length)
+        out["cuda"] = cuda_counts(model, task, device_sample, beam, length, profile_generate)
     return out
 
 
@@ -473,11 +511,11 @@ def git_state():
 
     def git(*argv):
         proc = subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True)
-        return proc.stdout.strip() if proc.returncode == 0 else None
+        return proc.stdout if proc.returncode == 0 else ""
 
     changed = git("status", "--porcelain", "--", "umst_plugin", "benchmarks")
-    return dict(commit=git("rev-parse", "--short", "HEAD"),
-                changed=[line[3:] for line in changed.splitlines()] if changed else [])
+    return dict(commit=git("rev-parse", "--short", "HEAD").strip() or None,
+                changed=[line[3:] for line in changed.splitlines() if line.strip()])
 
 
 def build_rows(args, databin, ckpt_dir, log):
@@ -495,7 +533,7 @@ def build_rows(args, databin, ckpt_dir, log):
             if cuda and args.fp16:
                 model = model.half()
             row["launches"] = launch_counts(model, task, args.launch_beam, args.launch_sentences, args.length,
-                                            args.device)
+                                            args.device, args.profile_generate)
             step = row["launches"]["step"]
             log(f"  {name}: {row['params'] / 1e6:.1f}M parameters; launches per decoding step {step['total']} "
                 f"(reorder {step['reorder']}, decoder {step['decoder']}), per generate step "
@@ -505,32 +543,35 @@ def build_rows(args, databin, ckpt_dir, log):
 
 
 def time_rows(args, rows, checkpoints, databin, claim_data, log):
-    """fairseq-generate of every row at every beam (``args.repeats`` rounds, the archs interleaved; the fastest
-    call kept), then the claim's pair at batch size 1, beam 5."""
+    """fairseq-generate of every row at every beam, then the claim's pair at batch size 1, beam 5: ``args.repeats``
+    rounds, the archs interleaved within each beam (and the pair within the claim), the fastest call kept."""
     cuda = args.device.startswith("cuda")
-    configs = GenerateConfigs()
+    configs, loaded = GenerateConfigs(), {}
     by_name = {r["name"]: r for r in rows}
-    for beam in args.beams:
+    groups = [[(name, str(beam), generate_argv(databin, checkpoints[name], beam, args.length, cuda,
+                                               max_tokens=args.max_tokens, fp16=args.fp16)) for name in args.archs]
+              for beam in args.beams]
+    if args.claim_sentences:
+        groups.append([(name, "claim", generate_argv(claim_data, checkpoints[name], 5, args.length, cuda,
+                                                     batch_size=1, fp16=args.fp16)) for name in claim_rows()])
+    for group in groups:
+        runs = collections.defaultdict(list)
         for _ in range(args.repeats):
-            for name in args.archs:
-                m = run_generate(generate_argv(databin, checkpoints[name], beam, args.length, cuda,
-                                               max_tokens=args.max_tokens, fp16=args.fp16), args.length, cuda,
-                                 configs=configs)
-                by_name[name].setdefault("generate", {}).setdefault(str(beam), []).append(m)
-                log(f"  beam {beam} {name}: {m['sentences']} sentences in {m['batches']} batches, "
-                    f"{m['ms_per_sentence']:.2f} ms/sentence, {m['sentences_per_s']:.1f} sentences/s (fairseq: "
-                    f"{m.get('fairseq_sentences_per_s', float('nan')):.1f}), wall {m['wall_s']:.1f} s")
-    for name in args.archs:
-        runs = by_name[name]["generate"]
-        for beam, ms in runs.items():
-            runs[beam] = min(ms, key=lambda m: m["seconds"])
-            if args.repeats > 1:
-                runs[beam]["repeats_ms_per_sentence"] = [m["ms_per_sentence"] for m in ms]
-    for name in claim_rows() if args.claim_sentences else ():
-        m = run_generate(generate_argv(claim_data, checkpoints[name], 5, args.length, cuda, batch_size=1,
-                                       fp16=args.fp16), args.length, cuda, configs=configs)
-        by_name[name]["generate"] = m
-        log(f"  claim {name} (batch size 1, beam 5): {m['tokens_per_s']:.1f} tokens/s")
+            for name, key, argv in group:
+                m = run_generate(argv, args.length, cuda, configs=configs, loaded=loaded)
+                runs[name, key].append(m)
+                fairseq_rate = m.get("fairseq_sentences_per_s", float("nan"))
+                log(f"  {'beam ' + key if key != 'claim' else 'claim (batch size 1, beam 5)'} {name}: "
+                    f"{m['sentences']} sentences in {m['batches']} batches, {m['ms_per_sentence']:.2f} ms/sentence, "
+                    f"{m['sentences_per_s']:.1f} sentences/s (fairseq: {fairseq_rate:.1f}), wall {m['wall_s']:.1f} s")
+        for (name, key), ms in runs.items():
+            best = dict(min(ms, key=lambda m: m["seconds"]))
+            if len(ms) > 1:
+                best["repeats_ms_per_sentence"] = [m["ms_per_sentence"] for m in ms]
+            if key == "claim":
+                by_name[name]["generate"] = best
+            else:
+                by_name[name].setdefault("generate", {})[key] = best
 
 
 def measure(args, log=print):
@@ -559,6 +600,8 @@ def measure(args, log=print):
                                                 dict(train=0, valid=0, test=args.claim_sentences),
                                                 dictionary=os.path.join(databin, f"dict.{SRC}.txt"))
         if args.timing:
+            gc.collect()
+            gc.freeze()  # what exists now (fairseq, hydra, the models) is never scanned by the collector again
             time_rows(args, rows, checkpoints, databin, claim_data, log)
     finally:
         if not args.work:
@@ -599,7 +642,7 @@ def markdown(result):
         cuda = any("cuda" in r["launches"] for r in counted)
         head = ["arch", "step: reorder", "decoder", "total", "x transformer", "generate per step", "encoder"]
         if cuda:
-            head += ["CUDA dispatch step", "CUDA kernels step", "step ms", "GPU busy", "CUDA kernels per generate step"]
+            head += ["CUDA: step dispatch", "step kernels", "step ms", "GPU busy"]
         lines += ["", "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
         for r in counted:
             s, g = r["launches"]["step"], r["launches"]["generate"]
@@ -609,7 +652,7 @@ def markdown(result):
             if cuda:
                 c = r["launches"].get("cuda")
                 cells += [str(c["step_dispatch"]["total"]), str(c["step_kernels"]["total"]), f"{c['step_wall_ms']:.2f}",
-                          f"{c['step_busy']:.2f}", f"{c['generate_kernels']['per_step']:.1f}"] if c else ["-"] * 5
+                          f"{c['step_busy']:.2f}"] if c else ["-"] * 4
             lines.append("| " + " | ".join(cells) + " |")
     c = result.get("claim")
     if c:
@@ -633,12 +676,14 @@ def parse_args(argv=None):
     p.add_argument("--length", type=int, default=None, help="forced hypothesis length L in tokens (default: "
                    "Multi30k's mean target length, 12)")
     p.add_argument("--claim-sentences", type=int, default=None, help="sentences for Prime-simple's batch-size-1 "
-                   "claim (default 100; --quick 4; 0 skips)")
+                   "claim (default 50; --quick 4; 0 skips)")
     p.add_argument("--repeats", type=int, default=1, help="fairseq-generate calls per arch and beam (the fastest "
                    "is kept; default 1)")
     p.add_argument("--launch-sentences", type=int, default=8)
     p.add_argument("--launch-beam", type=int, default=5)
     p.add_argument("--no-launches", dest="launches", action="store_false", help="skip the launch counts")
+    p.add_argument("--profile-generate", action="store_true", help="on CUDA also profile a whole generate call "
+                   "of the launch sample (kernels per decoder step; a few seconds an arch)")
     p.add_argument("--no-timing", dest="timing", action="store_false", help="skip fairseq-generate")
     p.add_argument("--fp16", action="store_true", help="fairseq-generate --fp16 (CUDA)")
     p.add_argument("--data", default=None, help="a data-bin written by synthetic_corpus.py to decode (its test "
@@ -667,7 +712,7 @@ def parse_args(argv=None):
     args.sentences = args.sentences or (24 if args.quick else 1000)
     args.length = args.length or default_length()
     if args.claim_sentences is None:
-        args.claim_sentences = 4 if args.quick else 100
+        args.claim_sentences = 4 if args.quick else 50
     if cuda and not torch.cuda.is_available() and not args.dry_run:
         p.error("--device cuda: no CUDA device")
     if args.fp16 and not cuda:
