@@ -123,6 +123,43 @@ def op_counts_markdown(before, after, cuda=None):
     return "\n".join(lines)
 
 
+TABLE_KINDS = {"archs": "bench_archs", "launches": "bench_launches", "train": "bench_train", "decode": "bench_decode"}
+
+
+def _bench_module(name):
+    import importlib
+
+    try:
+        return importlib.import_module(f"benchmarks.{name}")
+    except ImportError:  # run as a script from a checkout that pip has not installed: its folder is on sys.path
+        return importlib.import_module(name)
+
+
+def launches_markdown(before, after):
+    """Kernel launches of one update per arch (bench_launches.py), before → after: the total and forward +
+    backward, and both per FLOP against stock fairseq's transformer."""
+    old = {r["name"]: r for r in before["rows"]}
+    head = ["arch", "launches", "forward + backward", "optimizer + grad norm + amp", "per FLOP vs stock",
+            "fwd+bwd per FLOP vs stock"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    labels = _bench_module("bench_launches").LABELS
+    for r in after["rows"]:
+        if r["name"] not in old:
+            continue
+        o = old[r["name"]]
+
+        def fb(x):
+            return x["by_phase"]["forward"] + x["by_phase"]["backward"]
+
+        def upd(x):
+            return sum(x["by_phase"][k] for k in ("optimizer", "grad norm", "amp"))
+        lines.append(f"| {labels.get(r['name'], r['arch'])} | {_arrow(o['launches'], r['launches'], '{:,}')} | "
+                     f"{_arrow(fb(o), fb(r), '{:,}')} | {_arrow(upd(o), upd(r), '{:,}')} | "
+                     f"{_arrow(o['launches_per_flop_ratio'], r['launches_per_flop_ratio'])} | "
+                     f"{_arrow(o['fwd_bwd_per_flop_ratio'], r['fwd_bwd_per_flop_ratio'])} |")
+    return "\n".join(lines)
+
+
 MARK = re.compile(r"^<!-- compare_runs (.+?) -->$")
 
 
@@ -138,12 +175,11 @@ def render(args, base_dir="."):
     if args.what == "shape":
         return shape_markdown(_load(path(args.result)))
     if args.what == "table":
-        try:
-            from benchmarks import bench_archs
-        except ImportError:  # run as a script from a checkout that pip has not installed: its folder is on sys.path
-            import bench_archs
+        module = _bench_module(TABLE_KINDS[args.kind])
         result = _load(path(args.result))
-        return bench_archs.markdown(result[args.key] if args.key else result)
+        return module.markdown(result[args.key] if args.key else result)
+    if args.what == "launches":
+        return launches_markdown(_load(path(args.before)), _load(path(args.after)))
     if args.what == "op-counts":
         return op_counts_markdown(_load(path(args.before)), _load(path(args.after)),
                                   _load(path(args.cuda)) if args.cuda else None)
@@ -190,9 +226,14 @@ def _parser():
     s = sub.add_parser("steps", help="two bench_archs.py JSON files")
     s.add_argument("before")
     s.add_argument("after")
-    t = sub.add_parser("table", help="one bench_archs.py JSON file: its whole table")
+    t = sub.add_parser("table", help="one benchmark's JSON file: its whole table (bench_archs.py unless --kind)")
     t.add_argument("result")
     t.add_argument("--key", default=None, help="the step of a GPU check's JSON that holds the run (bench-base)")
+    t.add_argument("--kind", choices=sorted(TABLE_KINDS), default="archs",
+                   help="which benchmark wrote it: archs, launches, train or decode")
+    la = sub.add_parser("launches", help="two bench_launches.py JSON files: launches per update, before -> after")
+    la.add_argument("before")
+    la.add_argument("after")
     h = sub.add_parser("shape", help="one bench_archs.py JSON file: the rows with a transformer of their shape")
     h.add_argument("result")
     o = sub.add_parser("op-counts", help="two bench_op_counts.py JSON files")
