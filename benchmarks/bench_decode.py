@@ -8,10 +8,14 @@ vocabulary, gold dependency side files), under ``--task multiscale_translation``
 * **fairseq-generate** (``fairseq_cli.generate.main``) at each beam of ``--beams``, batches by ``--max-tokens``,
   ``--quiet``: sentences/s and milliseconds per sentence, against the transformer of the same run (Prime and
   Prime-simple also against the transformer of Prime's 12+12, d 384 shape). Every call runs in this one process
-  (imports and CUDA set-up paid once). Each ``inference_step`` (one batch: encoder, beam search, decoder steps)
-  is timed by the wall clock (synchronised on CUDA); before the first, one batch of the test split (the one of
-  most sentences) is decoded untimed, so neither clock counts a warm-up. fairseq's own "sentences/s" (its
-  stopwatch around the same calls) is reported too.
+  (imports and CUDA set-up paid once; fairseq loads each checkpoint once, and a later call of the same checkpoint
+  gets the loaded model). Each ``inference_step`` (one batch: encoder, beam search, decoder steps) is timed:
+  on CUDA by the wall clock, synchronised; on a CPU by this process's CPU time, one thread by default (steadier
+  on a shared machine). Before the first, one batch of the test split (the one of most sentences) is decoded
+  untimed, so no clock counts a warm-up; the garbage collector does not run inside a timed batch.
+  ``--repeats`` rounds interleave the archs and keep each one's fastest call. fairseq's own "sentences/s" (its
+  wall-clock stopwatch around the same calls) is reported too, and each call's parts (loading, warm-up, the
+  batches with fairseq's per-sentence output work between them, the rest).
 * **Equal work whatever the weights.** The models are random-init checkpoints (built by the task, saved in
   fairseq's checkpoint format), which would stop at random lengths. ``--max-len-a 0 --max-len-b L --min-len L``
   forces every hypothesis to exactly L tokens + ``</s>``: fairseq's SequenceGenerator bans ``</s>`` while
@@ -23,20 +27,21 @@ vocabulary, gold dependency side files), under ``--task multiscale_translation``
   the incremental state and the encoder output) and ``decoder`` (the decoder on the last token and the output
   log-probabilities) -- counted with ``umst_plugin.op_counts.KernelLaunches`` on the CPU (every aten op that
   launches a kernel, what a GPU would run); and ``generate``: a whole SequenceGenerator call (beam search
-  included) per decoder step, the encoder excluded. With ``--device cuda`` the same step and call are counted on
-  the GPU too, both ways: KernelLaunches there (the ops CUDA dispatches) and the CUDA kernels torch.profiler sees
-  (``benchmarks.common.cuda_profile``), with the step's wall time and GPU busy share.
+  included) per decoder step, the encoder excluded, counted on the run's device. With ``--device cuda`` the
+  step is also counted there both ways: KernelLaunches (the ops CUDA dispatches) and the CUDA kernels
+  torch.profiler sees (``benchmarks.common.cuda_profile``), with the step's wall time and GPU busy share
+  (``--profile-generate``: the kernels of a whole generate call too).
 * **Prime-simple's claim.** The Prime paper (table 3) reports Prime-simple decoding 173 tokens/s against the
   transformer's 132 (+31%, GPU, batch size 1, beam 5, 6+6 layers d 512; the authors' speed command: FFN 1024,
-  4 heads, against ``transformer_iwslt_de_en``). ``--claim-sentences`` sentences are decoded that way
-  (``--batch-size 1 --beam 5``) by those two models (``bench_prime.TABLE3_PRIME``) and reported as measured.
+  4 heads, against ``transformer_iwslt_de_en``). The first ``--claim-sentences`` test sentences are decoded that
+  way (``--batch-size 1 --beam 5``) by those two models (``bench_prime.TABLE3_PRIME``), reported as measured.
 
 Target (issue 57): every arch's time per sentence at most 1.25x the transformer's; Prime's and Prime-simple's
 against the transformer of their own shape.
 
     python benchmarks/bench_decode.py --quick                     # tiny widths, few sentences: a smoke run
     python benchmarks/bench_decode.py --device cuda --json out.json
-    python benchmarks/bench_decode.py --sentences 48 --claim-sentences 8 --threads 2   # base width on a CPU
+    python benchmarks/bench_decode.py --sentences 64 --claim-sentences 8 --repeats 2   # base width on a CPU
 """
 import argparse
 import collections

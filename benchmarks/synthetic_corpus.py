@@ -4,10 +4,10 @@ Random sentences whose (source, target) lengths in subword tokens are Multi30k's
 the 1,000 test_2016_flickr pairs), over a vocabulary of ~10,000 subword types in subword-nmt style (words of
 1-3 pieces, ``@@`` on every piece but a word's last, so word boundaries exist), with a gold dependency tree
 of every source sentence as CoNLL-U; then fairseq-preprocess (``--joined-dictionary``) and ``umst-preprocess
---parser conllu`` in this process write one data-bin that every arch loads under ``--task
-multiscale_translation`` and stock fairseq loads under ``--task translation``. The words mean nothing: the
-corpus is for measuring speed with realistic batches (fairseq-train's words/s, fairseq-generate's
-sentences/s), not for learning anything.
+--parser conllu``, in this process (with ``--workers`` > 1 umst-preprocess runs at the same time in a forked one),
+write one data-bin that every arch loads under ``--task multiscale_translation`` and stock fairseq loads under
+``--task translation``. The words mean nothing: the corpus is for measuring speed with realistic batches
+(fairseq-train's words/s, fairseq-generate's sentences/s), not for learning anything.
 
 * Lengths: each split draws its pairs from successive seeded permutations of the file's pairs, so a split of
   1,000 sentences has exactly Multi30k's test length pairs and 29,000 (the size of Multi30k's train) has each
