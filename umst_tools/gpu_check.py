@@ -66,8 +66,8 @@ STEPS = [
                   "per step against the transformer"),
     ("train-speed", 125, f"bench_train.py: fairseq-train words/s, every arch in fp32 and bf16 --amp, stock fairseq's "
                          f"transformer in fp32 and fp16 --amp; umst_base {LOSS_UPDATES} updates (fp32 vs bf16 loss)"),
-    ("decode", 90, "bench_decode.py: fairseq-generate at beam 1 and 5 per arch (300 sentences, best of 2), sentences/s; "
-                   "kernels per decoding step; Prime-simple's batch-size-1 claim (30 sentences)"),
+    ("decode", 90, "bench_decode.py: fairseq-generate at beam 1 and 5 per arch (300 sentences, best of 2), "
+                   "sentences/s; kernels per decoding step; Prime-simple's batch-size-1 claim (30 sentences)"),
     ("launches", 40, "bench_launches.py --device cuda: kernels of one whole fairseq update by phase, stock and plugin"),
     ("compile", 110, f"--compile for {COMPILE_ARCHS}: bench_archs.py at 4,096 tokens, fairseq-train words/s and "
                      f"umst_base's loss over {LOSS_UPDATES} updates against eager"),
