@@ -142,14 +142,16 @@ class DynamicConvolution(torch.autograd.Function):
             weight = (stacked * gs.view(n, 1)).sum(3)
         grad_x = None
         if ctx.needs_input_grad[0]:
-            # grad_x[s] = sum_j g[s + P - j] w[s + P - j, j]: Z[t, j] = g[t] w[t, j] zero-padded in time, read
-            # along the anti-diagonal (t + j constant) through a skewed view
+            # grad_x[s] = sum_j g[s + P - j] w[s + P - j, j]: Z[t, j] = w[t, j] g[t] (T x B x H x K x R) zero-padded
+            # in time, summed along the anti-diagonals (t + j constant) through a skewed view whose rows of R stay
+            # contiguous
             left = K - 1 - ctx.padding_l
-            z = g.new_zeros(T + K - 1, B, H, R, K)
-            z[left:left + T].addcmul_(g.unsqueeze(-1), weight.unsqueeze(3))
+            z = g.new_zeros(T + K - 1, B, H, K, R)
+            z[left:left + T].addcmul_(weight.unsqueeze(-1), g.unsqueeze(3))
             st = z.stride()
-            skew = z.as_strided((T, B, H, R, K), (st[0], st[1], st[2], st[3], st[0] - 1), K - 1)  # z: fresh, offset 0
-            grad_x = skew.sum(-1).view(T, B, C).to(x.dtype)
+            # element [s, b, h, m, r] = z[s + m, K - 1 - m] = Z[s + P - j, j] for j = K - 1 - m (z is fresh: offset 0)
+            skew = z.as_strided((T, B, H, K, R), (st[0], st[1], st[2], st[0] - st[3], 1), (K - 1) * st[3])
+            grad_x = skew.sum(3).view(T, B, C).to(x.dtype)
         grad_gates = None
         grad_logits = [None] * n
         if any(ctx.needs_input_grad[7:]) or ctx.needs_input_grad[1]:
