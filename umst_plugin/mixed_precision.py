@@ -22,6 +22,8 @@ import logging
 
 import torch
 
+from umst_plugin import amp_weights
+
 logger = logging.getLogger(__name__)
 
 AMP_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -89,14 +91,35 @@ def amp_train_step(task, sample, model, criterion, optimizer, update_num, ignore
     back to fp16) and does nothing on a CPU."""
     model.train()
     model.set_num_updates(update_num)
+    dtype_name = training_amp_dtype(optimizer, task)
+    cache = weight_cache(model, optimizer, dtype_name)
+    recording = cache is not None and cache.names is None  # the first update runs autocast's way, recorded
     with torch.autograd.profiler.record_function("forward"):
-        with autocast(model, training_amp_dtype(optimizer, task), what="training"):
-            loss, sample_size, logging_output = criterion(model, sample)
+        with cache.record(amp_dtype(dtype_name)) if recording else contextlib.nullcontext():
+            with autocast(model, dtype_name, what="training"):
+                with amp_weights.cast_weights_once(model, amp_dtype(dtype_name), cache):
+                    loss, sample_size, logging_output = criterion(model, sample)
     if ignore_grad:
         loss *= 0
     with torch.autograd.profiler.record_function("backward"):
         optimizer.backward(loss)
+    if recording:
+        cache.settle()
     return loss, sample_size, logging_output
+
+
+def weight_cache(model, optimizer, dtype_name):
+    """The model's :class:`amp_weights.WeightCache` (autocast's parameter casts in one kernel), or None where it
+    is off: ``--no-amp-weight-cache``, a device autocast does not cover, LayerDrop."""
+    if not getattr(optimizer, "amp_weight_cache", True) or model_device_type(model) not in AUTOCAST_DEVICE_TYPES:
+        return None
+    cache = model.__dict__.get("_umst_amp_weight_cache")
+    if cache is None:
+        cache = False if amp_weights.layerdrop(model) else amp_weights.WeightCache(model)
+        if cache is False:
+            logger.info("autocast casts: LayerDrop leaves parameters unused in some updates; one cast each")
+        model.__dict__["_umst_amp_weight_cache"] = cache
+    return cache or None
 
 
 def task_option(task_cfg, name, default):

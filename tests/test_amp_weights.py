@@ -1,0 +1,124 @@
+"""Autocast's parameter casts in one kernel (umst_plugin/amp_weights.py): the same loss and gradients, bit for
+bit, as plain autocast, for every arch, in far fewer launches; and inside fairseq's Trainer."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from benchmarks import bench_launches
+from umst_plugin import amp_weights, dev
+from umst_plugin.op_counts import KernelLaunches
+
+TINY = dict(encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_embed_dim=32, encoder_ffn_embed_dim=64,
+            decoder_ffn_embed_dim=64, encoder_attention_heads=4, decoder_attention_heads=4, share_all_embeddings=True)
+EXTRA = {"transformer": dict(encoder_normalize_before=True, decoder_normalize_before=True),
+         "transformer_sf_base": dict(fast_embed_dim=8, fast_ffn_embed_dim=16, fast_attention_heads=2),
+         "msc_base": dict(encoder_blocks=2, encoder_layers_per_block=1)}
+ARCHS = ["transformer", "umst_base", "umst_base_rpr", "transformer_sf_base", "msc_base", "msmsa_base", "prime_base",
+         "prime_simple_base"]
+
+
+def _step(model, sample, net_input, cache, seed=3):
+    """Forward and backward under bf16 autocast (dropout on: the same seed, the same masks)."""
+    torch.manual_seed(seed)
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with amp_weights.cast_weights_once(model, torch.bfloat16, cache):
+            logits = model(**net_input)[0]
+    loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), sample["target"].view(-1),
+                           ignore_index=model.decoder.dictionary.pad())
+    loss.backward()
+    return loss.detach(), {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_same_loss_and_gradients_as_autocast_bit_for_bit(arch):
+    model, task = dev.build_model(arch, dict(TINY, **EXTRA.get(arch, {})), vocab=60)
+    model.train()
+    sample = dev.random_sample(task, 4, 9, 7, seed=1)  # left-padded sources of different lengths
+    net_input = dev.model_inputs(model, sample)
+    reference_loss, reference_grads = _step(model, sample, net_input, None)
+    cache = amp_weights.WeightCache(model)
+    torch.manual_seed(3)
+    model.zero_grad(set_to_none=True)
+    with cache.record(torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(**net_input)[0]
+    logits.float().sum().backward()
+    cache.settle()
+    assert cache.names, "no parameter found to cast at once"
+    with KernelLaunches() as plain:
+        _step(model, sample, net_input, None)
+    with KernelLaunches() as cached:
+        loss, grads = _step(model, sample, net_input, cache)
+    assert torch.equal(loss, reference_loss)
+    for name, g in reference_grads.items():
+        assert (g is None) == (grads[name] is None), name
+        if g is not None:
+            assert torch.equal(grads[name], g), name
+    # two casts per cached parameter (forward, gradient) become four launches in all
+    assert cached.total <= plain.total - 2 * len({id(p) for n, p in model.named_parameters() if n in cache.names}) + 4
+
+
+def test_what_is_left_to_autocast():
+    """A tied embedding (also read by the lookup in fp32), a parameter handed to a custom autograd function,
+    one cast in slices and an unused one are not cast at once; the linear maps' weights and biases are."""
+    class Halves(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(x, w)
+            return x @ w.t()
+
+        @staticmethod
+        def backward(ctx, g):
+            x, w = ctx.saved_tensors
+            return g @ w.to(g.dtype), (g.t() @ x.to(g.dtype)).float()
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 8)
+            self.proj = torch.nn.Linear(8, 8)
+            self.out = torch.nn.Linear(8, 10, bias=False)
+            self.out.weight = self.embed.weight  # tied
+            self.custom = torch.nn.Parameter(torch.randn(8, 8))
+            self.sliced = torch.nn.Parameter(torch.randn(16, 8))
+            self.unused = torch.nn.Linear(8, 8)
+
+        def forward(self, tokens):
+            x = self.embed(tokens)
+            x = self.proj(x).reshape(-1, 8)
+            x = Halves.apply(x, self.custom)
+            x = F.linear(x, self.sliced[:8]) + F.linear(x, self.sliced[8:])
+            return self.out(x)
+
+    model = Model()
+    cache = amp_weights.WeightCache(model)
+    tokens = torch.randint(0, 10, (3, 5))
+    with cache.record(torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(tokens)
+    out.float().sum().backward()
+    cache.settle()
+    assert sorted(cache.names) == ["proj.bias", "proj.weight"]
+
+
+def test_fairseq_trainer_updates_are_the_same_with_and_without():
+    """Four bf16 --amp updates in fairseq's Trainer (the plugin's amp_train_step): the weights with the cache equal
+    those with autocast's own casts, bit for bit, and the second update launches fewer kernels."""
+    states, launches = {}, {}
+    for on in (True, False):
+        trainer, sample = bench_launches.build_trainer("transformer", dict(bench_launches.PRENORM), "bf16",
+                                                       plugin=True, quick=True)
+        trainer.optimizer.amp_weight_cache = on
+        trainer.train_step([sample])
+        with KernelLaunches() as counter:
+            trainer.train_step([sample])
+        launches[on] = counter.total
+        for _ in range(2):
+            trainer.train_step([sample])
+        states[on] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        cache = trainer.model.__dict__.get("_umst_amp_weight_cache")
+        assert (cache is not None and bool(cache.names)) == on
+    for key, value in states[False].items():
+        assert torch.equal(states[True][key], value), key
+    assert launches[True] < launches[False] - 50
