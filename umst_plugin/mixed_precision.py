@@ -110,14 +110,22 @@ def amp_train_step(task, sample, model, criterion, optimizer, update_num, ignore
 
 def weight_cache(model, optimizer, dtype_name):
     """The model's :class:`amp_weights.WeightCache` (autocast's parameter casts in one kernel), or None where it
-    is off: ``--no-amp-weight-cache``, a device autocast does not cover, LayerDrop."""
+    is off: ``--no-amp-weight-cache``, a device autocast does not cover, LayerDrop, ``--compile``."""
     if not getattr(optimizer, "amp_weight_cache", True) or model_device_type(model) not in AUTOCAST_DEVICE_TYPES:
         return None
     cache = model.__dict__.get("_umst_amp_weight_cache")
     if cache is None:
-        cache = False if amp_weights.layerdrop(model) else amp_weights.WeightCache(model)
-        if cache is False:
+        from umst_plugin import compile as compiling
+
+        if amp_weights.layerdrop(model):
+            cache = False
             logger.info("autocast casts: LayerDrop leaves parameters unused in some updates; one cast each")
+        elif any(compiling.is_compiled(m) for m in model.modules()):
+            # compiled layers cast inside their graphs; views in place of parameters would cost them a second
+            # graph (another dtype) for nothing the compiler does not already see
+            cache = False
+        else:
+            cache = amp_weights.WeightCache(model)
         model.__dict__["_umst_amp_weight_cache"] = cache
     return cache or None
 
