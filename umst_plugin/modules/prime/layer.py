@@ -508,12 +508,13 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     equal, and for a wide weight the gain is small or negative at 8 rows (``benchmarks/bench_prime.py --gemm``).
     The result is the same product up to float rounding order.
     """
-    rows = x.numel() // x.size(-1) if x.size(-1) else 0
-    if (2 <= rows <= 8 and weight.size(0) > weight.size(1) and x.device.type == "cpu"
-            and not torch.is_grad_enabled()):
-        # contiguous again (a few KB): attention kernels take their fast path only with unit-stride features
-        out = torch.addmm(bias.unsqueeze(1), weight, x.reshape(rows, -1).t()).t().contiguous()
-        return out.view(*x.shape[:-1], weight.size(0))
+    # the static conditions first: under torch.compile a comparison of the row count is a guard on the shapes
+    if x.device.type == "cpu" and not torch.is_grad_enabled() and weight.size(0) > weight.size(1):
+        rows = x.numel() // x.size(-1) if x.size(-1) else 0
+        if 2 <= rows <= 8:
+            # contiguous again (a few KB): attention kernels take their fast path only with unit-stride features
+            out = torch.addmm(bias.unsqueeze(1), weight, x.reshape(rows, -1).t()).t().contiguous()
+            return out.view(*x.shape[:-1], weight.size(0))
     if x.dim() == 3 and x.stride(0) < x.stride(1):
         # fairseq hands the first layer a transposed B x T view: one copy, then addmm (F.linear would copy, multiply
         # and add the bias as three kernels)
