@@ -2,7 +2,7 @@
 # Train one table row: fairseq-hydra-train with configs/ROW.yaml and the plugin as common.user_dir
 # (plain fairseq-hydra-train works too; this script adds the GPU-count scaling below).
 #
-#   bash scripts/train.sh ROW --data DATA_BIN [--save-dir DIR] [--gpus G] [--amp-bf16] [--dry-run]
+#   bash scripts/train.sh ROW --data DATA_BIN [--save-dir DIR] [--gpus G] [--amp-bf16] [--compile] [--tf32] [--dry-run]
 #        [--nnodes N --node-rank R --master-addr HOST [--master-port PORT]] [-- HYDRA_OVERRIDES...]
 #   bash scripts/train.sh umst-t2-umst-base --data data/wmt14_en_de/data-bin/wmt14_en_de_bpe32000
 #
@@ -15,7 +15,8 @@
 # default port 29500); each machine uses exactly --gpus devices (CUDA_VISIBLE_DEVICES: its first G), so the
 # ranks of machine R are R*G .. R*G+G-1 and never overlap another machine's. --amp-bf16: bf16 autocast on fp32
 # master weights (--amp --amp-dtype bfloat16) instead of the configs' fp16 (fairseq's own --bf16, pure bf16
-# weights, is another thing: train.sh does not offer it). --dry-run: print the command and its environment.
+# weights, is another thing: train.sh does not offer it). --compile: torch.compile every encoder and decoder layer
+# (docs/compile.md); --tf32: fp32 matmuls on TF32 tensor cores. --dry-run: print the command and its environment.
 # Anything after "--" is passed to hydra, e.g. "-- optimization.max_update=10
 # dataset.max_tokens=500"; an optimization.update_freq or distributed_world_size there
 # replaces the config's before the scaling. Checkpoints and the hydra log go to
@@ -24,10 +25,10 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
 
-usage() { sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 [[ $# -ge 1 && "$1" != -h && "$1" != --help ]] || { usage; exit 0; }
 ROW="$1"; shift
-DATA=""; SAVE="checkpoints/$ROW"; GPUS=""; OVERRIDES=(); BF16=0; DRY=0
+DATA=""; SAVE="checkpoints/$ROW"; GPUS=""; OVERRIDES=(); BF16=0; DRY=0; COMPILE=0; TF32=0
 NNODES=1; NODE_RANK=0; MASTER_ADDR=""; MASTER_PORT=29500
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -38,6 +39,8 @@ while [[ $# -gt 0 ]]; do
         --bf16) echo "train.sh: --bf16 is now --amp-bf16 (bf16 autocast, fp32 master weights, --amp --amp-dtype bfloat16);" \
                      "fairseq's --bf16 means pure bf16 weights, which train.sh does not offer" >&2; exit 2 ;;
         --dry-run) DRY=1; shift ;;
+        --compile) COMPILE=1; shift ;;
+        --tf32) TF32=1; shift ;;
         --nnodes) NNODES="$2"; shift 2 ;;
         --node-rank) NODE_RANK="$2"; shift 2 ;;
         --master-addr) MASTER_ADDR="$2"; shift 2 ;;
@@ -123,6 +126,10 @@ if [[ "$BF16" -eq 1 ]]; then
     [[ "$GPUS" -eq 0 ]] || ARGS+=(common.fp16=false)  # (the CPU branch above already turned fp16 off)
     ARGS+=(common.amp=true +common.amp_dtype=bfloat16)
 fi
+
+# common options the plugin adds: "+" because fairseq-hydra-train composes the config before it imports the plugin
+[[ "$COMPILE" -eq 0 ]] || ARGS+=(+common.compile=true)
+[[ "$TF32" -eq 0 ]] || ARGS+=(+common.tf32=true)
 
 CMD=("$PY" -m fairseq_cli.hydra_train --config-dir "$ROOT/configs" --config-name "$ROW"
      task.data="$DATA" common.user_dir="$ROOT/umst_plugin" checkpoint.save_dir="$SAVE" hydra.run.dir="$SAVE"

@@ -1,0 +1,303 @@
+"""``--compile`` (regional torch.compile of the encoder and decoder layers) and ``--tf32``
+(umst_plugin/compile.py, umst_plugin/patches/compile_flags.py).
+
+On the CPU, with inductor (it compiles C++ here), for every family and fairseq's transformer, at tiny widths with
+two encoder layers and one decoder layer, one compiled model per arch for all of:
+
+* the compiled layers give the eager model's outputs and parameter gradients: float32, training mode, one padded
+  batch, the loss of all target positions backpropagated (tolerances in ``ATOL``/``RTOL``: inductor fuses and
+  reorders float32 reductions). Dropout is 0 here: in compiled code torch draws dropout masks with its own
+  generator, so masks differ from eager ones by design;
+* the two encoder layers of one class share one compiled graph (dynamo's cache entries on the class's
+  ``forward`` code object), where the two layers are built alike;
+* 20 batches of different shapes (2-7 sentences, 2-18 tokens, padded on both sides) compile nothing after the
+  first 3 (dynamo's graph count and each layer class's cache entries);
+* no graph break inside a layer (``fullgraph=True`` would stop the forward; dynamo's ``graph_break`` counter
+  stays empty as well).
+
+Then: incremental decoding runs the eager forward of a compiled decoder layer, the flags exist in every CLI and
+reach fairseq's Trainer and the inference CLIs' models, a missing C++ compiler stops at start-up with the cause,
+``--tf32`` warns on a CPU and switches TF32 on for an Ampere GPU (its capability faked), and fairseq-train
+``--compile`` on the toy corpus logs its compile time and trains to the eager run's losses.
+"""
+import copy
+import logging
+import random
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import e2e
+import umst_plugin  # noqa: F401  (installs the patches)
+from umst_plugin import compile as compiling
+from umst_plugin import dev
+
+TINY = dict(encoder_layers=2, decoder_layers=1, encoder_embed_dim=16, decoder_embed_dim=16, encoder_ffn_embed_dim=32,
+            decoder_ffn_embed_dim=32, encoder_attention_heads=2, decoder_attention_heads=2, dropout=0.0,
+            attention_dropout=0.0, activation_dropout=0.0)
+FAST = dict(fast_embed_dim=8, fast_ffn_embed_dim=16, fast_attention_heads=2)
+ARCHS = [
+    pytest.param("transformer", dict(encoder_normalize_before=True, decoder_normalize_before=True), id="transformer"),
+    pytest.param("umst_base", {}, id="umst_base"),
+    pytest.param("transformer_sf_base", FAST, id="transformer_sf_base"),
+    pytest.param("msc_base", dict(encoder_blocks=1, encoder_layers_per_block=2), id="msc_base"),
+    pytest.param("msmsa_base", dict(msmsa_scales="1,3,N/4,N/2", msmsa_min_block=2), id="msmsa_base"),
+    pytest.param("prime_base", dict(prime_kernels="3,7", prime_conv_weight_dropout=0.0, input_dropout=0.0),
+                 id="prime_base"),
+    pytest.param("prime_simple_base", {}, id="prime_simple_base"),
+]
+# Whose two encoder layers differ in structure (so they compile separately): TranSFormer's interaction layers
+# (layer 1 has no cross-granularity fusion, layer 2 has) -- the same code, different submodules.
+DISTINCT_ENCODER_LAYERS = {"transformer_sf_base"}
+ATOL, RTOL = 2e-5, 1e-4
+WARMUP, BATCHES = 3, 20
+
+
+def _batch(task, rng, seed, longest=18):
+    """2-7 sentences of 2-``longest`` tokens, padded on both sides."""
+    bsz = rng.randint(2, 7)
+    src = [rng.randint(2, longest - 1) for _ in range(bsz)]
+    tgt = [rng.randint(2, longest - 2) for _ in range(bsz)]
+    src[0], tgt[0] = src[1] + 1, tgt[1] + 2
+    return dev.collate(dev.dataset_of_lengths(task, src, tgt, seed=seed), range(bsz))
+
+
+def _batches(task, n, seed=0):
+    """The warm-up meets long and short batches (Prime's convolution compiles one graph for sources shorter than
+    its widest kernel and one for the others: docs/compile.md), then random shapes."""
+    rng = random.Random(seed)
+    for i in range(n):
+        yield _batch(task, rng, seed=i, longest=6 if i == 1 else 18)
+
+
+def _loss(model, sample):
+    logits = model(**dev.model_inputs(model, sample))[0]
+    pad = model.decoder.dictionary.pad()
+    return logits, F.cross_entropy(logits.float().view(-1, logits.size(-1)), sample["target"].view(-1),
+                                   ignore_index=pad, reduction="sum")
+
+
+def _graph_state(forwards):
+    return compiling.compiled_graphs(), [compiling.cache_entries(f) for f in forwards]
+
+
+@pytest.mark.parametrize("arch,overrides", ARCHS)
+def test_compiled_layers_match_eager_share_graphs_and_do_not_recompile(arch, overrides):
+    from torch._dynamo.utils import counters
+
+    model, task = dev.build_model(arch, {**TINY, **overrides})
+    model.train()
+    eager = copy.deepcopy(model)
+    names = compiling.compile_layers(model)
+    assert len(names) == 3, names  # two encoder layers, one decoder layer
+    forwards = compiling.compiled_forwards(model)
+    entries_before = [compiling.cache_entries(f) for f in forwards]  # (a class's code is shared across models)
+    breaks_before = sum(counters["graph_break"].values())
+    batches = _batches(task, BATCHES)
+
+    # outputs and gradients
+    sample = next(batches)
+    out, loss = _loss(model, sample)
+    loss.backward()
+    ref_out, ref_loss = _loss(eager, sample)
+    ref_loss.backward()
+    torch.testing.assert_close(out, ref_out, atol=ATOL, rtol=RTOL, msg=lambda m: f"{arch}: outputs differ: {m}")
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    for name, p in eager.named_parameters():
+        if p.grad is None:
+            assert grads[name] is None, name
+            continue
+        torch.testing.assert_close(grads[name], p.grad, atol=ATOL, rtol=RTOL,
+                                   msg=lambda m: f"{arch}: gradient of {name} differs: {m}")
+
+    # the two encoder layers: one compiled graph between them
+    encoder_layer = model.encoder.stack.layers[0] if arch.startswith("transformer_sf") else model.encoder.layers[0]
+    new_entries = compiling.cache_entries(encoder_layer._umst_compiled[1]) - entries_before[
+        forwards.index(encoder_layer._umst_compiled[1])]
+    assert new_entries == (2 if arch in DISTINCT_ENCODER_LAYERS else 1), (arch, new_entries)
+
+    # 20 batches of different shapes: nothing compiled after the first few
+    for i, sample in enumerate(batches, start=1):
+        if i == WARMUP:
+            after_warmup = _graph_state(forwards)
+        model.zero_grad(set_to_none=True)
+        _loss(model, sample)[1].backward()
+    assert _graph_state(forwards) == after_warmup, (arch, after_warmup, _graph_state(forwards))
+    assert sum(counters["graph_break"].values()) == breaks_before, dict(counters["graph_break"])
+
+
+def test_incremental_decoding_runs_eager_and_matches():
+    """A compiled decoder layer called with an incremental state runs its eager forward (nothing compiled for it),
+    and step-by-step decoding equals the full-sequence pass of the compiled model (eval mode, no autograd)."""
+    model, task = dev.build_model("transformer", {**TINY, "decoder_normalize_before": True})
+    model.eval()
+    compiling.compile_layers(model)
+    sample = dev.random_sample(task, 4, 7, 6, seed=1)
+    pad = task.target_dictionary.pad()
+    with torch.no_grad():
+        encoder_out = model.encoder(**dev.encoder_inputs(model, sample))
+        prev = sample["net_input"]["prev_output_tokens"]
+        full = model.decoder(prev, encoder_out=encoder_out)[0]
+        graphs = compiling.compiled_graphs()
+        state = {}
+        for t in range(prev.size(1)):
+            step = model.decoder(prev[:, :t + 1], encoder_out=encoder_out, incremental_state=state)[0][:, -1]
+            real = prev[:, :t + 1].ne(pad).all(dim=1)  # rows whose prefix has no padding
+            torch.testing.assert_close(step[real], full[real, t], atol=1e-5, rtol=1e-4)
+        assert compiling.compiled_graphs() == graphs
+
+
+# ---- the flags --------------------------------------------------------------------------------------------------
+
+CLI_PARSERS = ("get_training_parser", "get_validation_parser", "get_generation_parser",
+               "get_interactive_generation_parser")
+
+
+@pytest.mark.parametrize("make", CLI_PARSERS)
+def test_every_cli_parser_takes_compile_and_tf32(make):
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    argv = ["data-bin", "--user-dir", e2e.PLUGIN, "--task", "translation", "--cpu"]
+    argv += ["--arch", "transformer"] if make == "get_training_parser" else ["--path", "checkpoint.pt"]
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(getattr(options, make)(),
+                                                                     input_args=argv + ["--compile", "--tf32"]))
+    assert cfg.common.compile is True and cfg.common.tf32 is True
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(getattr(options, make)(), input_args=argv))
+    assert cfg.common.compile is False and cfg.common.tf32 is False  # off by default
+
+
+def test_a_parser_built_before_the_plugin_gets_the_flags_from_the_task():
+    import argparse
+
+    from fairseq.tasks import TASK_REGISTRY
+
+    for name in ("translation", "multiscale_translation"):
+        parser = argparse.ArgumentParser(allow_abbrev=False)
+        TASK_REGISTRY[name].add_args(parser)
+        args, _ = parser.parse_known_args(["data-bin", "--compile", "--tf32", "--amp-dtype", "bfloat16"])
+        assert args.compile and args.tf32 and args.amp_dtype == "bfloat16", name
+        TASK_REGISTRY[name].add_args(parser)  # twice: still one flag each
+        for flag in ("--compile", "--tf32", "--amp-dtype"):
+            assert sum(flag in a.option_strings for a in parser._actions) == 1, (name, flag)
+
+
+def test_the_patch_is_idempotent():
+    from fairseq.dataclass.configs import CommonConfig
+    from fairseq.tasks.fairseq_task import FairseqTask
+    from fairseq.trainer import Trainer
+
+    from umst_plugin.patches import amp_dtype_flag, compile_flags
+
+    before = (dict(CommonConfig.__dataclass_fields__), CommonConfig.__init__, Trainer.__init__,
+              FairseqTask.build_model, FairseqTask.__dict__["add_args"])
+    compile_flags.install()
+    amp_dtype_flag.install()
+    assert before == (dict(CommonConfig.__dataclass_fields__), CommonConfig.__init__, Trainer.__init__,
+                      FairseqTask.build_model, FairseqTask.__dict__["add_args"])
+    assert CommonConfig(compile=True).compile and not CommonConfig().tf32
+
+
+def test_trainer_compiles_its_model_and_inference_clis_compile_what_they_load():
+    """fairseq's Trainer with --compile compiles the layers of its model (on its device); inside a CLI main with
+    --compile, every model a task builds is compiled; outside, nothing is."""
+    from fairseq import tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.trainer import Trainer
+
+    import fairseq_cli.generate
+    import fairseq_cli.interactive
+    import fairseq_cli.validate
+    from umst_plugin.patches import compile_flags
+
+    assert fairseq_cli.validate.main is compile_flags.validate_main
+    assert fairseq_cli.interactive.main is compile_flags.interactive_main
+    assert fairseq_cli.generate._main is compile_flags.generate_main
+
+    def cfg_of(*flags):
+        args = dev.parse_args("transformer", dict(TINY, cpu=True, optimizer="adam", lr="1e-3", max_tokens=100,
+                                                  **{f: True for f in flags}))
+        return convert_namespace_to_omegaconf(args)
+
+    d = dev.make_dictionary()
+    for flags, compiled in (((), False), (("compile",), True)):
+        cfg = cfg_of(*flags)
+        task = tasks.TASK_REGISTRY["multiscale_translation"](cfg.task, d, d)
+        model = task.build_model(cfg.model)
+        assert not any(compiling.is_compiled(m) for _, m in compiling.find_layers(model))  # not by building
+        trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+        layers = [m for _, m in compiling.find_layers(trainer.model)]
+        assert layers and all(compiling.is_compiled(m) == compiled for m in layers), flags
+
+    cfg = cfg_of("compile")
+    task = tasks.TASK_REGISTRY["multiscale_translation"](cfg.task, d, d)
+    with compile_flags._CommandLine(cfg):
+        model = task.build_model(cfg.model)
+    assert all(compiling.is_compiled(m) for _, m in compiling.find_layers(model))
+    assert not any(compiling.is_compiled(m) for _, m in compiling.find_layers(task.build_model(cfg.model)))
+
+
+def test_compile_stops_at_start_up_where_inductor_has_no_cpp_compiler(monkeypatch):
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(compiling, "_available", {})
+    monkeypatch.setattr(inductor_config.cpp, "cxx", ("/nonexistent/c++",))
+    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
+    monkeypatch.setattr(compiling, "_smoke", lambda x: torch.tanh(x * 3.0 - 0.5))  # not in any cache
+    with pytest.raises(compiling.CompileUnavailable, match="install a C\\+\\+ compiler"):
+        compiling.check_available("cpu")
+
+
+def test_tf32_warns_without_tf32_and_switches_it_on_with_it(monkeypatch, caplog):
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        with caplog.at_level(logging.INFO, logger="umst_plugin.compile"):
+            assert compiling.set_tf32(False) is False
+            assert not caplog.records  # off: nothing said, nothing changed
+            assert compiling.set_tf32(True, "cpu") is False
+        assert "--tf32: TF32 needs an NVIDIA GPU" in caplog.text and caplog.records[-1].levelname == "WARNING"
+        assert torch.backends.cuda.matmul.allow_tf32 is False
+        caplog.clear()
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100 (faked)")
+        with caplog.at_level(logging.INFO, logger="umst_plugin.compile"):
+            assert compiling.set_tf32(True, "cuda") is True
+        assert "TensorFloat-32" in caplog.text and caplog.records[-1].levelname == "INFO"
+        assert torch.backends.cuda.matmul.allow_tf32 is True and torch.backends.cudnn.allow_tf32 is True
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
+        assert compiling.set_tf32(True, "cuda") is False  # a V100: no TF32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
+# ---- fairseq-train --compile on the toy corpus --------------------------------------------------------------
+
+NO_DROPOUT = ("--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0")
+
+
+@pytest.mark.slow
+def test_fairseq_train_compile_logs_its_compile_time_and_trains_like_eager(toy_databin, tmp_path):
+    """umst_base, 2+2 layers at width 32, 8 updates with the same seed and dropout 0: --compile logs what it
+    compiled and how long it took, and its losses (logged every update) equal the eager run's within 1e-3
+    relative (float32; inductor's fused kernels round differently, and Adam carries that on)."""
+    def run(*extra):
+        log = e2e.train(toy_databin, str(tmp_path / ("compiled" if extra else "eager")), "umst_base", *e2e.TINY,
+                        "--share-all-embeddings", *NO_DROPOUT, "--log-interval", "1", "--no-save", *extra,
+                        max_update=8)
+        assert re.search(r"\| num_updates 8 \|", log), log[-3000:]
+        return log
+    compiled = run("--compile")
+    eager = run()
+    assert re.search(r"--compile: \d+ layers compiled on cpu \(encoder: 2 x UMSTEncoderLayer, decoder: 2 x "
+                     r"TransformerDecoderLayerBase\)", compiled), compiled[-3000:]
+    assert re.search(r"--compile: UMSTEncoderLayer\.forward compiled in [0-9.]+ s \(training, autograd", compiled), \
+        compiled[-3000:]
+    assert "compiled in" not in eager
+    losses, reference = e2e.train_losses(compiled), e2e.train_losses(eager)
+    assert len(losses) == len(reference) >= 8, (losses, reference)
+    for got, want in zip(losses, reference):
+        assert abs(got - want) <= 1e-3 * want, (losses, reference)

@@ -1,0 +1,336 @@
+"""Regional compilation (``--compile``) and TF32 matmuls (``--tf32``).
+
+``--compile`` compiles every encoder and decoder layer of a model with ``torch.compile`` (PyTorch's "regional
+compilation": the layers, not the whole model). Layers of one class run the same compiled code: the class's
+``forward`` is compiled once, and dynamo keeps its graphs on that function's code object, reused by every
+instance whose attributes pass the same guards -- a 6-layer encoder compiles one graph, not six.
+
+* **Dynamic shapes.** Batch size and sequence lengths are symbolic from the first call (``dynamic=True``): the
+  batches of an epoch, whatever their shapes, run the graphs compiled at warm-up. A few variants are compiled
+  once each when first met: training (train mode, autograd) and evaluation (eval mode, no autograd); a batch
+  without padding where fairseq then passes no padding mask; fairseq's decoder's causal mask sliced from a
+  larger buffer; sizes 0 and 1, which torch specialises (a batch of one sentence).
+* **Incremental decoding stays eager.** A decoder layer called with an ``incremental_state`` (beam search, one
+  step at a time) runs its ordinary ``forward``; full-sequence calls (training, validation, scoring, the encoder
+  in decoding) run the compiled one.
+* **No graph breaks inside a layer** (``fullgraph=True``): a layer whose Python cannot be captured whole stops
+  the run at its first forward with torch's explanation, instead of silently running part of it eager.
+* **Loud, never silent.** :func:`check_available` compiles and runs a tiny function on the device at start-up, so
+  a missing C++ compiler (inductor on a CPU) or an unsupported GPU (Triton) stops the run before training, with
+  the cause. Where a layer would need more compiled variants than :data:`RECOMPILE_LIMIT`, torch raises instead of
+  falling back to eager (``fail_on_recompile_limit_hit``).
+* **The compile time is logged**: each compiled call that compiled something logs the layer class, the mode and
+  the seconds it took (the backward graph is compiled with the forward); ``compile_seconds()`` is dynamo's total.
+
+dynamo settings while ``--compile`` is on (process-wide): Python floats are constants (``specialize_float``: a
+dropout rate or a scale fraction is not a graph input, which torch 2.13 would otherwise make symbolic and then
+fail to pass through ``torch.utils.checkpoint``), at least :data:`RECOMPILE_LIMIT` variants per layer class, and
+an error when a limit is hit.
+
+``--tf32`` (:func:`set_tf32`): fp32 matmuls and convolutions on TensorFloat-32 tensor cores (Ampere and newer
+GPUs). Off by default, as in PyTorch.
+
+Outside fairseq: ``compile_layers(model)`` compiles a built model the same way (``benchmarks/bench_archs.py
+--compile``); :func:`uncompile_layers` undoes it.
+"""
+import logging
+import time
+import types
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# dynamo keeps at most this many compiled variants per code object (torch's default: 8). A layer class's variants:
+# train and eval, padding mask or none, sizes 1 specialised, layers whose Python attributes differ (the last
+# decoder layer returns its attention for alignment; Prime's kernel sizes per layer); fairseq's base layers share
+# one forward between the transformer's, UMST's and TranSFormer's decoders.
+RECOMPILE_LIMIT = 64
+
+
+class CompileUnavailable(RuntimeError):
+    """torch.compile cannot run here (no C++ compiler for inductor on a CPU, no Triton, an unsupported torch)."""
+
+
+def layer_classes():
+    """The encoder and decoder layer classes ``--compile`` compiles: every family's, and fairseq's transformer
+    layers (the transformer's, UMST's, TranSFormer's and MSMSA's decoders, MSMSA's encoder)."""
+    from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+
+    from umst_plugin.modules.msc.layers import _PreNormMSCLayer
+    from umst_plugin.modules.prime.layer import PrimeLayer
+    from umst_plugin.modules.transformer_sf.encoder import SlowFastLayer
+    from umst_plugin.modules.umst.encoder_layer import UMSTEncoderLayer
+
+    return (TransformerEncoderLayerBase, TransformerDecoderLayerBase, UMSTEncoderLayer, SlowFastLayer,
+            _PreNormMSCLayer, PrimeLayer)
+
+
+def find_layers(model):
+    """(name, module) of every encoder / decoder layer of ``model`` (outermost only), in module order."""
+    classes = layer_classes()
+    found, inside = [], []
+    for name, module in model.named_modules():
+        if any(name.startswith(prefix + ".") for prefix in inside):
+            continue
+        if isinstance(module, classes):
+            found.append((name, module))
+            inside.append(name)
+    return found
+
+
+def describe(model):
+    """'encoder: 6 x UMSTEncoderLayer, decoder: 6 x TransformerDecoderLayerBase' (compiled layers by part)."""
+    import collections
+
+    counts = collections.Counter()
+    for name, layer in find_layers(model):
+        counts[(name.split(".")[0], type(layer).__name__)] += 1
+    return ", ".join(f"{part}: {n} x {cls}" for (part, cls), n in counts.items())
+
+
+# ---- can torch.compile run here? ---------------------------------------------------------------------------
+
+_available = {}
+
+
+def _smoke(x):
+    return torch.nn.functional.gelu(x * 2.0 + 1.0)
+
+
+def check_available(device="cpu", backend="inductor"):
+    """Compile and run a tiny function on ``device`` with ``backend`` (once per device type and backend); raise
+    :class:`CompileUnavailable` with the cause and what to do if that fails. Returns the seconds it took."""
+    device = torch.device(device)
+    key = (device.type, backend)
+    if key in _available:
+        return _available[key]
+    if not hasattr(torch, "compile"):
+        raise CompileUnavailable(f"--compile needs torch >= 2.0 with torch.compile; this is torch {torch.__version__}")
+    import torch._dynamo as dynamo
+
+    if not dynamo.is_dynamo_supported():
+        import sys
+
+        raise CompileUnavailable(f"--compile: torch {torch.__version__} cannot compile on Python "
+                                 f"{sys.version.split()[0]} (torch._dynamo does not support it); drop --compile or "
+                                 "use a Python this torch supports")
+    start = time.perf_counter()
+    try:
+        x = torch.randn(3, 5, device=device)
+        fn = torch.compile(_smoke, backend=backend, fullgraph=True)
+        torch.testing.assert_close(fn(x), _smoke(x))
+    except Exception as e:  # noqa: BLE001 -- re-raised with the cause
+        hint = ("inductor compiles C++ on a CPU: install a C++ compiler (g++ or clang; $CXX picks one)"
+                if device.type == "cpu" else
+                "inductor compiles Triton kernels on a GPU: install the triton that matches this torch; Triton "
+                "needs an NVIDIA GPU of compute capability 7.0 or newer")
+        message = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CompileUnavailable(f"--compile: torch.compile (backend {backend}) cannot run on {device.type} here: "
+                                 f"{type(e).__name__}: {message}\n{hint}; or drop --compile") from e
+    _available[key] = time.perf_counter() - start
+    return _available[key]
+
+
+# ---- compiling the layers ----------------------------------------------------------------------------------
+
+_compiled_functions = {}  # (forward function, options) -> its torch.compile wrapper
+
+
+def _incremental_index(function):
+    """Position of ``incremental_state`` among ``function``'s positional parameters after ``self`` (None if it
+    has none)."""
+    import inspect
+
+    params = list(inspect.signature(function).parameters)
+    if "incremental_state" not in params:
+        return None
+    return params.index("incremental_state") - 1
+
+
+def _unique_graphs():
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def compiled_graphs():
+    """Graphs dynamo has compiled in this process so far."""
+    return int(_unique_graphs())
+
+
+_last_plain = [None, None, None]  # (a tensor argument that was a view, its version, its plain copy)
+
+
+def _plain(t):
+    """``t`` as a contiguous tensor of its own (not a view). dynamo guards on strides and on whether an input is a
+    view of another tensor: the first encoder layer gets a transposed view and the others a plain tensor, and
+    fairseq's decoder passes its causal mask sliced from a buffer that is sometimes exactly its size -- as they
+    come, each of those would compile a graph of its own. A copy costs one small kernel; a mask passed to every
+    layer of a stack is copied once (the last one is kept while the same tensor, unchanged, comes again)."""
+    if t._base is None and t.is_contiguous():
+        return t
+    if t.requires_grad:
+        return t.clone(memory_format=torch.contiguous_format)
+    source, version, copy = _last_plain
+    current = None if t.is_inference() else t._version
+    if source is t and version == current and current is not None:
+        return copy
+    copy = t.clone(memory_format=torch.contiguous_format)
+    _last_plain[:] = (t, current, copy)
+    return copy
+
+
+def _dispatch(self, *args, **kwargs):
+    """A compiled layer's ``forward``: its class's compiled forward, except for incremental decoding steps."""
+    compiled, eager, index = self._umst_compiled
+    if index is not None:
+        state = kwargs.get("incremental_state") if "incremental_state" in kwargs else (
+            args[index] if len(args) > index else None)
+        if state is not None:
+            return eager(self, *args, **kwargs)
+    args = tuple(_plain(a) if isinstance(a, torch.Tensor) else a for a in args)
+    kwargs = {k: _plain(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    graphs, start = _unique_graphs(), time.perf_counter()
+    out = compiled(self, *args, **kwargs)
+    if _unique_graphs() != graphs:
+        _log_compiled(self, eager, time.perf_counter() - start, _unique_graphs() - graphs)
+    return out
+
+
+def _log_compiled(layer, forward, seconds, graphs):
+    mode = ("training" if layer.training else "evaluation") + (
+        ", autograd" if torch.is_grad_enabled() else ", no autograd")
+    logger.info("--compile: %s compiled in %.1f s (%s; %d new graph(s), %d in this process, %.1f s of compiling)",
+                forward.__qualname__, seconds, mode, graphs, _unique_graphs(), compile_seconds())
+
+
+def _configure_dynamo():
+    import torch._dynamo.config as config
+
+    if config.recompile_limit < RECOMPILE_LIMIT:
+        config.recompile_limit = RECOMPILE_LIMIT
+    config.specialize_float = True  # Python floats (dropout rates, scale fractions) are constants, not inputs
+    if hasattr(config, "fail_on_recompile_limit_hit"):
+        config.fail_on_recompile_limit_hit = True  # an error, not a silent fall back to eager
+
+
+def compile_layers(model, *, device=None, backend="inductor", mode=None, dynamic=True, fullgraph=True, check=True):
+    """Compile every encoder and decoder layer of ``model`` in place (see the module docstring); returns the
+    layers' names. ``check``: first :func:`check_available` on ``device`` (default: the model's). Compiling is
+    lazy: each layer class compiles at its first call. Raises ValueError for a model without layers this knows,
+    :class:`CompileUnavailable` where torch.compile cannot run."""
+    layers = find_layers(model)
+    if not layers:
+        raise ValueError(f"--compile: {type(model).__name__} has no encoder or decoder layer of a class "
+                         f"--compile knows ({', '.join(c.__name__ for c in layer_classes())})")
+    if check:
+        if device is None:
+            param = next(model.parameters(), None)
+            device = param.device if param is not None else "cpu"
+        check_available(device, backend)
+    _configure_dynamo()
+    options = (backend, mode, dynamic, fullgraph)
+    for _, layer in layers:
+        if "_umst_compiled" in layer.__dict__:
+            continue
+        eager = type(layer).forward
+        key = (eager, options)
+        if key not in _compiled_functions:
+            _compiled_functions[key] = torch.compile(eager, backend=backend, mode=mode, dynamic=dynamic,
+                                                     fullgraph=fullgraph)
+        layer._umst_compiled = (_compiled_functions[key], eager, _incremental_index(eager))
+        layer.forward = types.MethodType(_dispatch, layer)
+    return [name for name, _ in layers]
+
+
+def uncompile_layers(model):
+    """Undo :func:`compile_layers` on ``model`` (its layers run their eager ``forward`` again)."""
+    for _, layer in find_layers(model):
+        layer.__dict__.pop("_umst_compiled", None)
+        layer.__dict__.pop("forward", None)
+
+
+def is_compiled(module):
+    return "_umst_compiled" in module.__dict__
+
+
+def compiled_forwards(model):
+    """The eager ``forward`` functions of ``model``'s compiled layers (one per class), whose code objects hold
+    dynamo's compiled variants (``cache_entries``)."""
+    seen = []
+    for _, layer in find_layers(model):
+        if is_compiled(layer) and layer._umst_compiled[1] not in seen:
+            seen.append(layer._umst_compiled[1])
+    return seen
+
+
+def cache_entries(function):
+    """How many compiled variants dynamo holds for ``function`` (all instances of its class together)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return len(_debug_get_cache_entry_list(function.__code__))
+
+
+# ---- how long compiling took ---------------------------------------------------------------------------------
+
+def compile_seconds():
+    """Seconds dynamo and inductor have spent compiling in this process so far (forward and backward graphs)."""
+    from torch._dynamo import utils
+
+    spent = utils.calculate_time_spent()
+    if "total_wall_time" in spent:
+        return float(spent["total_wall_time"])
+    return float(spent.get("entire_frame_compile", 0.0)) + float(spent.get("entire_backward_compile", 0.0))
+
+
+class CompileTimeLog:
+    """Compile seconds and graphs since it was made: ``log.summary(what)`` logs them (once)."""
+
+    def __init__(self):
+        self.graphs, self.seconds = _unique_graphs(), compile_seconds()
+
+    def since(self):
+        return _unique_graphs() - self.graphs, compile_seconds() - self.seconds
+
+    def summary(self, what):
+        graphs, seconds = self.since()
+        logger.info("--compile: %s compiled %d graph(s) in %.1f s", what, graphs, seconds)
+        return graphs, seconds
+
+
+# ---- TF32 ------------------------------------------------------------------------------------------------------
+
+def tf32_supported(device=None):
+    """Whether ``device`` (default: the current CUDA device) has TF32 tensor cores (compute capability >= 8.0)."""
+    if not torch.cuda.is_available():
+        return False
+    device = torch.device("cuda") if device is None else torch.device(device)
+    if device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def set_tf32(enabled, device=None):
+    """``--tf32``: fp32 matmuls and cuDNN convolutions in TensorFloat-32 on a GPU that has it (an info line); a
+    warning where asked for without one. ``enabled=False`` changes nothing (PyTorch's defaults: fp32 matmuls in
+    full fp32). Returns whether TF32 is on."""
+    if not enabled:
+        return False
+    device = torch.device("cuda" if device is None else device)
+    if not tf32_supported(device):
+        if device.type != "cuda":
+            where = f"this run computes on the {device.type}"
+        elif not torch.cuda.is_available():
+            where = "this process sees no CUDA device"
+        else:
+            major, minor = torch.cuda.get_device_capability(device)
+            where = f"{torch.cuda.get_device_name(device)} has compute capability {major}.{minor}"
+        logger.warning("--tf32: TF32 needs an NVIDIA GPU of compute capability 8.0 or newer (Ampere, Hopper, ...); "
+                       "%s, so fp32 matmuls stay in full fp32", where)
+        return False
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    logger.info("--tf32: fp32 matmuls and convolutions on %s run on TensorFloat-32 tensor cores (inputs rounded to "
+                "a 10-bit mantissa, fp32 accumulation)", torch.cuda.get_device_name(device))
+    return True
