@@ -254,7 +254,7 @@ def test_rectified_attention_matches_dense_reference(norm, share_qk, left_pad):
     torch.manual_seed(0)
     sents = random_sentences(7, seed=21)
     src, wid, heads = collate(sents, left_pad=left_pad, extra_pad=1)
-    g = build_graphs(src, wid, heads, PAD)
+    g = build_graphs(src, wid, heads, PAD, dtype=torch.float64, upsample_norm=norm)
     attn = RectifiedSelfAttention(16, 4, upsample_norm=norm, share_qk=share_qk).double().eval()
     x = torch.randn(src.size(0), src.size(1), 16, dtype=torch.float64)
     xw = torch.randn(src.size(0), heads.size(1), 16, dtype=torch.float64)
@@ -281,7 +281,7 @@ def test_fused_map_path_equals_factorised_path_without_dropout(norm, upsample, l
     torch.manual_seed(0)
     sents = random_sentences(6, seed=31)
     src, wid, heads = collate(sents, left_pad=left_pad, extra_pad=2)
-    g = build_graphs(src, wid, heads, PAD, upsample=upsample)
+    g = build_graphs(src, wid, heads, PAD, upsample=upsample, dtype=torch.float64, upsample_norm=norm)
     for rpr, share_qk in ((0, False), (3, True)):
         per_map = RectifiedSelfAttention(16, 4, upsample_norm=norm, share_qk=share_qk,
                                          max_relative_positions=rpr).double().train()
@@ -306,7 +306,7 @@ def test_fused_map_path_drops_entries_of_the_averaged_map(norm):
     torch.manual_seed(0)
     sents = random_sentences(5, seed=8)
     src, wid, heads = collate(sents, left_pad=True, extra_pad=1)
-    g = build_graphs(src, wid, heads, PAD)
+    g = build_graphs(src, wid, heads, PAD, dtype=torch.float64, upsample_norm=norm)
     attn = RectifiedSelfAttention(16, 4, attention_dropout=0.3, upsample_norm=norm,
                                   attention_dropout_mode="fused").double().train()
     x = torch.randn(src.size(0), src.size(1), 16, dtype=torch.float64)
@@ -326,7 +326,7 @@ def test_rpr_attention_reduces_to_plain_without_relative_embeddings_and_is_shift
     torch.manual_seed(0)
     sents = random_sentences(4, seed=2)
     src, wid, heads = collate(sents, left_pad=True, extra_pad=2)
-    g = build_graphs(src, wid, heads, PAD)
+    g = build_graphs(src, wid, heads, PAD, dtype=torch.float64)
     plain = RectifiedSelfAttention(16, 4).double().eval()
     rpr = RectifiedSelfAttention(16, 4, max_relative_positions=3).double().eval()
     rpr.load_state_dict(plain.state_dict(), strict=False)
@@ -342,7 +342,7 @@ def test_rpr_attention_reduces_to_plain_without_relative_embeddings_and_is_shift
     assert not torch.allclose(rpr(x, xw, g), plain(x, xw, g))
     # padding on the left (positions shifted) does not change relative positions
     src2, wid2, heads2 = collate(sents, left_pad=False, extra_pad=2)
-    g2 = build_graphs(src2, wid2, heads2, PAD)
+    g2 = build_graphs(src2, wid2, heads2, PAD, dtype=torch.float64)
     x2 = torch.zeros_like(x)
     for b, s in enumerate(sents):
         x2[b, token_slice(s, src.size(1), False)] = x[b, token_slice(s, src.size(1), True)]
@@ -612,7 +612,7 @@ def _lean_case(left_pad, dtype=torch.float64, form="eq3"):
 
     sents = random_sentences(4, seed=17)
     src, wid, heads = collate(sents, left_pad=left_pad, extra_pad=2)
-    g = build_graphs(src, wid, heads, PAD)
+    g = build_graphs(src, wid, heads, PAD, dtype=dtype)
     torch.manual_seed(3)
     word = GroupGCN(6, dropout=0.3, activation_dropout=0.2).to(dtype)
     phrase = PhraseGCN(6, dropout=0.3, form=form, activation_dropout=0.2).to(dtype)
@@ -630,15 +630,16 @@ def test_lean_gcn_backward_passes_gradcheck_with_dropout_on(left_pad, form):
     from umst_plugin.modules.umst.lean_gcn import LeanPhraseGCN, LeanPhraseGCNAuthors, LeanWordGCN
 
     g, word, phrase, x, xw = _lean_case(left_pad, form=form)
-    flat = x.reshape(-1, 6).clone().requires_grad_()
+    tokens = x.clone().requires_grad_()
     params = [p.detach().clone().requires_grad_() for p in
               (word.layer_norm.weight, word.layer_norm.bias, word.linear.weight, word.linear.bias)]
 
     def word_fn(inp, ln_w, ln_b, w, b):
         torch.manual_seed(11)  # the same dropout masks on every evaluation
-        return LeanWordGCN.apply(inp, ln_w, ln_b, w, b, g.group_slot, g.group_size, 1e-5, 0.2, 0.3, True)
+        return LeanWordGCN.apply(inp, ln_w, ln_b, w, b, g.group_onehot, g.group_mean, g.group_adj, 1e-5, 0.2, 0.3,
+                                 True)
 
-    assert torch.autograd.gradcheck(word_fn, (flat, *params))
+    assert torch.autograd.gradcheck(word_fn, (tokens, *params))
     words = xw.clone().requires_grad_()
     params = [p.detach().clone().requires_grad_() for p in
               (phrase.layer_norm.weight, phrase.layer_norm.bias, phrase.linear.weight, phrase.linear.bias)]
@@ -660,7 +661,7 @@ def test_lean_gcn_equals_the_reference_modules_and_leaves_padding_alone(left_pad
 
     g, word, phrase, x, xw = _lean_case(left_pad, form=form)
     word.train(), phrase.train()
-    for fn_lean, fn_ref, inp in ((lambda t: lean_word_gcn(word, t, g.group_slot, g.group_size, True),
+    for fn_lean, fn_ref, inp in ((lambda t: lean_word_gcn(word, t, g, True),
                                   lambda t: word(t, g.word_groups), x),
                                  (lambda t: lean_phrase_gcn(phrase, t, g.phrase_adj, True),
                                   lambda t: phrase(t, g.phrase_adj), xw)):
@@ -674,7 +675,7 @@ def test_lean_gcn_equals_the_reference_modules_and_leaves_padding_alone(left_pad
             grads.append(inp_.grad)
         torch.testing.assert_close(outs[0], outs[1], atol=1e-12, rtol=1e-12)
         torch.testing.assert_close(grads[0], grads[1], atol=1e-12, rtol=1e-12)
-    out = lean_word_gcn(word, x, g.group_slot, g.group_size, True)
+    out = lean_word_gcn(word, x, g, True)
     torch.testing.assert_close(out[g.token_pad], x[g.token_pad], atol=0, rtol=0)  # padding: x + 0
 
 

@@ -53,6 +53,8 @@ class UMSTEncoder(TransformerEncoderBase):
         self.word_boundary_noise = getattr(cfg, "word_boundary_noise", "none")
         self.phrase_noise = getattr(cfg, "phrase_adjacency_noise", "none")
         self.inter_group = not getattr(cfg, "no_inter_group", False)
+        self.downsample = getattr(cfg, "word_downsample", None) or "mean"
+        self.upsample_norm = getattr(cfg, "rsan_upsample_norm", None) or "row"
 
     def build_encoder_layer(self, cfg):
         # Called by the base __init__ once per layer; shared projections are created on first call.
@@ -99,6 +101,7 @@ class UMSTEncoder(TransformerEncoderBase):
         token_embeddings=None,
         **unused,
     ):
+        device = src_tokens.device.type
         graphs = build_graphs(
             src_tokens,
             src_word_ids,
@@ -108,6 +111,11 @@ class UMSTEncoder(TransformerEncoderBase):
             word_boundary_noise=self.word_boundary_noise,
             phrase_noise=self.phrase_noise,
             need_phrase=self.inter_group,
+            # the dense per-batch operators every block shares, in the dtype the blocks compute in
+            dtype=(torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device)
+                   else self.embed_tokens.weight.dtype),
+            downsample=self.downsample,
+            upsample_norm=self.upsample_norm,
         )
         encoder_padding_mask = src_tokens.eq(self.padding_idx)
 

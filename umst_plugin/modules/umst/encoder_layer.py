@@ -29,7 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 from umst_plugin.modules.umst.group_gcn import GroupGCN, group_mean
 from umst_plugin.modules.umst.graphs import UMSTGraphs, downsample_words
-from umst_plugin.modules.umst.lean_gcn import lean_phrase_gcn, lean_word_gcn
+from umst_plugin.modules.umst.lean_gcn import _operator, lean_phrase_gcn, lean_word_gcn
 from umst_plugin.modules.umst.rectified_attention import RectifiedSelfAttention
 
 INTRA_GROUP_OPS = ("gcn", "pool", "gat")
@@ -130,6 +130,8 @@ class WordPool(nn.Module):
 
 
 class UMSTEncoderLayer(nn.Module):
+    reference = False  # True: the plain reference form of the block (see use_reference_path)
+
     def __init__(
         self,
         embed_dim,
@@ -209,22 +211,30 @@ class UMSTEncoderLayer(nn.Module):
         # Also in evaluation: the same math, with the word GCN's d x d map once per word.
         return self.gcn_activations == "lean"
 
+    def _dense(self, graphs: UMSTGraphs):
+        return not self.reference and graphs.down is not None
+
     def _intra_group(self, x, graphs: UMSTGraphs):
         if graphs.word_adj is not None:
             if self.intra_group != "gcn":
                 raise ValueError("word-boundary noise 'random' is defined for the GCN intra-group operator only")
             return self._word_gcn_dense(x, graphs.word_adj)
-        if self.intra_group == "gcn" and self._lean():
-            return lean_word_gcn(self.word_gcn, x, graphs.group_slot, graphs.group_size, self.training)
-        return self.word_gcn(x, graphs.word_groups)
+        if self.intra_group == "gcn" and self._lean() and self._dense(graphs) and graphs.group_adj is not None:
+            return lean_word_gcn(self.word_gcn, x, graphs, self.training)
+        return self.word_gcn(x, graphs.word_groups)  # the module's plain autograd: store, or the reference
 
     def _word_stream(self, x, graphs: UMSTGraphs):
-        x_word = downsample_words(x, graphs, self.downsample)
+        dense = self._dense(graphs)
+        if dense and graphs.down_mode == self.downsample:
+            x_word = torch.bmm(_operator(graphs.down, x), x)  # one product: per-word mean (or sum / sqrt(n))
+        else:
+            x_word = downsample_words(x, graphs, self.downsample)
         if self.phrase_gcn is not None:
-            if self._lean():
-                x_word = lean_phrase_gcn(self.phrase_gcn, x_word, graphs.phrase_adj, self.training)
+            adj = graphs.phrase if dense and graphs.phrase is not None else graphs.phrase_adj
+            if self._lean() and dense:
+                x_word = lean_phrase_gcn(self.phrase_gcn, x_word, adj, self.training)
             else:
-                x_word = self.phrase_gcn(x_word, graphs.phrase_adj)
+                x_word = self.phrase_gcn(x_word, adj)  # the module's plain autograd: store, or the reference
         return self.word_attn_layer_norm(x_word)  # the word branch's pre-norm, recomputed with it
 
     def _maybe_recompute(self, fn, x, graphs):
@@ -239,10 +249,29 @@ class UMSTEncoderLayer(nn.Module):
             x = self._maybe_recompute(self._intra_group, x, graphs)
         x_word = self._maybe_recompute(self._word_stream, x, graphs)
 
-        h = self.self_attn(self.self_attn_layer_norm(x), x_word, graphs)
-        x = x + F.dropout(h, p=self.dropout, training=self.training)
+        if not self._dense(graphs):  # the reference form: F.dropout (three kernels on a CPU)
+            h = self.self_attn(self.self_attn_layer_norm(x), x_word, graphs)
+            x = x + F.dropout(h, p=self.dropout, training=self.training)
+            h = F.relu(self.fc1(self.final_layer_norm(x)))
+            h = F.dropout(h, p=self.activation_dropout, training=self.training)
+            return x + F.dropout(self.fc2(h), p=self.dropout, training=self.training)
 
-        h = F.relu(self.fc1(self.final_layer_norm(x)))
-        h = F.dropout(h, p=self.activation_dropout, training=self.training)
-        x = x + F.dropout(self.fc2(h), p=self.dropout, training=self.training)
-        return x
+        # torch.native_dropout: the masks F.dropout draws, one kernel on any device
+        h = self.self_attn(self.self_attn_layer_norm(x), x_word, graphs)
+        x = x + _dropout(h, self.dropout, self.training)
+        h = _dropout(F.relu(self.fc1(self.final_layer_norm(x))), self.activation_dropout, self.training)
+        return x + _dropout(self.fc2(h), self.dropout, self.training)
+
+
+def _dropout(x, p, training):
+    return torch.native_dropout(x, p, True)[0] if training and p > 0 else x
+
+
+def use_reference_path(module: nn.Module, on: bool = True) -> nn.Module:
+    """Run every UMST block under ``module`` in its plain reference form (separate Q/K/V projections, index-based
+    pooling, gather and segment means, ``F.dropout``), or back in the default dense form (``on=False``). The two
+    are the same math with the same dropout masks (tested in float64); the reference launches more kernels."""
+    for m in module.modules():
+        if isinstance(m, (UMSTEncoderLayer, RectifiedSelfAttention)):
+            m.reference = on
+    return module

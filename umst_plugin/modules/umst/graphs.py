@@ -59,8 +59,19 @@ class UMSTGraphs(NamedTuple):
     up_index: Tensor  # B x T x K long: word slots each token reads from when up-sampling ATTN2 (W = none)
     up_weight: Tensor  # B x T x K float: their weights (gather: one slot, weight 1; linear: two slots)
     up_mass: Tensor  # B x W float: column sums of the up-sampling matrix R (= pieces for gather)
-    group_slot: Tensor  # (B*T) long: flat row b*(W+1) + group of the word GCN's A_w (padding -> b*(W+1) + W)
-    group_size: Tensor  # (B*(W+1)) float: tokens of each group row (>= 1); inf on the rows holding padding
+    # Dense per-batch operators (``dense_operators``), in the model's compute dtype, shared by every layer: the
+    # fast paths apply each segment mean, gather and up-sampling as one bmm (forward and backward).
+    token_attn_mask: Optional[Tensor] = None  # B x 1 x 1 x T additive attention mask: 0 at real tokens, -inf at padding
+    word_attn_mask: Optional[Tensor] = None  # B x 1 x 1 x W: 0 at real words, -inf at padding words
+    down: Optional[Tensor] = None  # B x W x T: subwords -> words pooling (mean or sum/sqrt(n), ``down_mode``)
+    down_mode: Optional[str] = None
+    up: Optional[Tensor] = None  # B x T x W: the up-sampling map R (G for gather); padding rows 0
+    proj: Optional[Tensor] = None  # B x W x T: R^T (``literal``) or R^T with columns divided by R's mass (``row``)
+    proj_norm: Optional[str] = None
+    group_onehot: Optional[Tensor] = None  # B x T x W: token -> its word GCN group (0/1); padding rows 0
+    group_mean: Optional[Tensor] = None  # B x W x T: mean over each group's tokens
+    group_adj: Optional[Tensor] = None  # B x T x T: D^-1/2 (A_w + I) D^-1/2 = group_onehot @ group_mean
+    phrase: Optional[Tensor] = None  # phrase_adj in the compute dtype
 
 
 def debug_checks() -> bool:
@@ -80,22 +91,23 @@ def dependency_adjacency(word_heads: Tensor) -> Tensor:
     """Binary symmetric A_p + I over words, B x W x W (bool), from per-word heads.
 
     A_p[i, j] = 1 iff word i's head is j or word j's head is i (root edges dropped);
-    self loops on every real word; padding words have empty rows and columns.
-    """
-    bsz, n_slots = word_heads.shape
+    self loops on every real word; padding words have empty rows and columns. Built by comparing each
+    word's head with the slot numbers (a dense boolean matrix, so duplicate and self edges collapse to the
+    binary entries of the paper's definition)."""
+    n_slots = word_heads.size(1)
     valid = word_heads.ge(0)
-    # An extra slot W absorbs root edges (head 0) and padding, then is sliced away.
-    adj = torch.zeros(bsz, n_slots + 1, n_slots + 1, dtype=torch.bool, device=word_heads.device)
-    batch = torch.arange(bsz, device=word_heads.device).unsqueeze(1).expand(bsz, n_slots)
-    child = torch.arange(n_slots, device=word_heads.device).unsqueeze(0).expand(bsz, n_slots)
-    child = torch.where(valid, child, torch.full_like(child, n_slots))
-    head = torch.where(word_heads.gt(0), word_heads - 1, torch.full_like(word_heads, n_slots))
-    ones = torch.ones(bsz, n_slots, dtype=torch.bool, device=word_heads.device)
-    adj.index_put_((batch, child, head), ones)
-    adj.index_put_((batch, head, child), ones)
-    adj = adj[:, :n_slots, :n_slots]
-    adj = adj | torch.diag_embed(valid)
-    return adj & valid.unsqueeze(2) & valid.unsqueeze(1)
+    # [b, i, j] = head(i) == j; roots (head 0 -> -1) and padding (-1 -> -2) match no slot
+    child_head = (word_heads - 1).unsqueeze(2) == torch.arange(n_slots, device=word_heads.device)
+    adj = child_head | child_head.transpose(1, 2) | torch.diag_embed(valid)
+    return adj & (valid.unsqueeze(2) & valid.unsqueeze(1))
+
+
+def normalize_binary(adj: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """D^-1/2 A D^-1/2 of a binary symmetric B x N x N matrix (bool) in ``dtype``; zero-degree (padding)
+    rows and columns are 0 (their degree is clamped to 1 and they hold no entry), never NaN. The same
+    values as ``symmetric_normalize(adj.to(dtype))``."""
+    inv_sqrt = adj.sum(-1, dtype=dtype).clamp(min=1).rsqrt()
+    return inv_sqrt.unsqueeze(2) * adj * inv_sqrt.unsqueeze(1)
 
 
 def random_symmetric_adjacency(valid: Tensor, p: float = 0.5) -> Tensor:
@@ -127,7 +139,7 @@ def shuffled_word_groups(word_ids: Tensor, pieces: Tensor, token_pad: Tensor) ->
     return group.masked_fill(token_pad, 0)
 
 
-def upsampling_map(token_word: Tensor, token_pad: Tensor, word_pad: Tensor, mode: str):
+def upsampling_map(token_word: Tensor, token_pad: Tensor, word_pad: Tensor, mode: str, pieces=None, real=None):
     """The L x L' map R that turns ATTN2 into ATTN2' = R ATTN2 R^T, as per-token (slot, weight) pairs.
 
     * ``gather`` (the paper's G_{b->w}, Eq. 4): token i reads its own word; one pair, weight 1.
@@ -135,12 +147,15 @@ def upsampling_map(token_word: Tensor, token_pad: Tensor, word_pad: Tensor, mode
       W_b x W_b map to T_b x T_b, ignoring word boundaries (PyTorch ``align_corners=False``
       conventions, per sentence so padding does not change the result).
     Returns ``(index B x T x K, weight B x T x K, mass B x W)``; padding tokens point at the extra
-    slot W with weight 0; ``mass`` are R's column sums.
+    slot W with weight 0; ``mass`` are R's column sums. With ``gather``, ``pieces`` (B x W) and ``real``
+    (B x T float, 1 at real tokens) are R's column sums and weights when given.
     """
     bsz, n_slots = word_pad.shape
     if mode == "gather":
         index = token_word.unsqueeze(-1)
-        weight = (~token_pad).to(torch.float32).unsqueeze(-1)
+        weight = ((~token_pad).to(torch.float32) if real is None else real).unsqueeze(-1)
+        if pieces is not None:
+            return index, weight, pieces
     elif mode in ("nearest", "linear"):
         n_tok = (~token_pad).sum(dim=1, keepdim=True)  # B x 1
         n_wrd = (~word_pad).sum(dim=1, keepdim=True)
@@ -175,10 +190,16 @@ def build_graphs(
     need_phrase: bool = True,
     check: bool = True,
     check_values: Optional[bool] = None,
+    dtype: Optional[torch.dtype] = None,
+    downsample: str = "mean",
+    upsample_norm: str = "row",
+    dense: bool = True,
 ) -> UMSTGraphs:
     """Build every graph of one batch (see the module docstring). ``check``: shapes (free); ``check_values``:
     also the values (a host sync on a GPU; default: only under ``UMST_DEBUG_CHECKS=1``, since the task's
-    collater validates every batch on the host)."""
+    collater validates every batch on the host). ``dense``: also the dense operators (``dense_operators``) in
+    ``dtype`` (the model's compute dtype: the autocast dtype under autocast; default float32), for the
+    pooling ``downsample`` and the up-sampling normalisation ``upsample_norm`` the layers use."""
     if check:
         check_side_input_shapes(src_tokens, word_ids, word_heads)
         if check_values or (check_values is None and debug_checks()):
@@ -187,22 +208,23 @@ def build_graphs(
         raise ValueError(f"unknown word-boundary noise {word_boundary_noise!r}; choose from {WORD_BOUNDARY_NOISE}")
     if phrase_noise not in PHRASE_NOISE:
         raise ValueError(f"unknown phrase-adjacency noise {phrase_noise!r}; choose from {PHRASE_NOISE}")
+    work = torch.float64 if dtype == torch.float64 else torch.float32  # graphs are built in fp32 (or fp64)
     word_ids = word_ids.long()
     word_heads = word_heads.long()
     bsz, n_slots = word_heads.shape
     token_pad = word_ids.eq(0)
     word_pad = word_heads.lt(0)
-    token_word = torch.where(token_pad, torch.full_like(word_ids, n_slots), word_ids - 1)
-    counts = torch.zeros(bsz, n_slots + 1, device=word_ids.device, dtype=torch.float32)
-    counts.scatter_add_(1, token_word, (~token_pad).to(torch.float32))
-    pieces = counts[:, :n_slots]
-    class_ids = (counts.gather(1, token_word) > 1).long().masked_fill(token_pad, 0)
+    token_word = (word_ids - 1).remainder(n_slots + 1)  # padding (0 - 1) -> the extra slot W
+    onehot = _one_hot(token_word, n_slots, work)  # G, B x T x W (padding tokens: zero rows)
+    pieces = onehot.sum(1)  # B x W
+    real = onehot.sum(2)  # B x T: 1 at real tokens
+    class_ids = (torch.bmm(onehot, pieces.unsqueeze(-1)).squeeze(-1) > 1).long()  # pieces of the token's word > 1
 
     word_groups, word_adj = word_ids, None
     if word_boundary_noise == "shuffle":
         word_groups = shuffled_word_groups(word_ids, pieces, token_pad)
     elif word_boundary_noise == "random":
-        word_adj = symmetric_normalize(random_symmetric_adjacency(~token_pad).to(torch.float32))
+        word_adj = normalize_binary(random_symmetric_adjacency(~token_pad), work)
 
     phrase_adj = None
     if need_phrase:
@@ -210,18 +232,10 @@ def build_graphs(
             adj = random_symmetric_adjacency(~word_pad)
         else:
             adj = dependency_adjacency(word_heads)
-        phrase_adj = symmetric_normalize(adj.to(torch.float32))
+        phrase_adj = normalize_binary(adj, work)
 
-    up_index, up_weight, up_mass = upsampling_map(token_word, token_pad, word_pad, upsample)
-    # The word GCN's groups as flat per-token rows (the true words, or the shuffled groups, which number
-    # the same): the lean word GCN averages into these rows and runs its d x d map once per group.
-    group = torch.where(token_pad, torch.full_like(word_groups, n_slots), word_groups - 1)
-    group_slot = _flat_slots(group, n_slots).reshape(-1)
-    group_size = torch.zeros(bsz * (n_slots + 1), device=word_ids.device, dtype=torch.float32)
-    group_size.index_add_(0, group_slot, torch.ones_like(group_slot, dtype=torch.float32))
-    padding_row = torch.arange(bsz * (n_slots + 1), device=word_ids.device) % (n_slots + 1) == n_slots
-    group_size = group_size.clamp(min=1).masked_fill(padding_row, float("inf"))  # mean of padding := 0
-    return UMSTGraphs(
+    up_index, up_weight, up_mass = upsampling_map(token_word, token_pad, word_pad, upsample, pieces, real)
+    graphs = UMSTGraphs(
         token_word=token_word,
         token_pad=token_pad,
         word_pad=word_pad,
@@ -233,9 +247,78 @@ def build_graphs(
         up_index=up_index,
         up_weight=up_weight,
         up_mass=up_mass,
-        group_slot=group_slot,
-        group_size=group_size,
     )
+    if dense:
+        graphs = graphs._replace(**dense_operators(graphs, torch.float32 if dtype is None else dtype, downsample,
+                                                   upsample_norm, group_noise=word_boundary_noise,
+                                                   upsample=upsample, onehot=onehot))
+    return graphs
+
+
+def _one_hot(index: Tensor, n_slots: int, dtype: torch.dtype) -> Tensor:
+    """B x T (x K) slots in [0, n_slots] -> B x T (x K) x n_slots one-hot (slot n_slots: an all-zero row)."""
+    return (index.unsqueeze(-1) == torch.arange(n_slots, device=index.device)).to(dtype)
+
+
+def dense_operators(graphs: UMSTGraphs, dtype: torch.dtype, downsample: str = "mean", upsample_norm: str = "row",
+                    group_noise: str = "none", upsample: str = "gather", onehot: Optional[Tensor] = None) -> dict:
+    """The dense B x W x T / B x T x W / B x T x T operators of one batch, in ``dtype`` (the fields of
+    :class:`UMSTGraphs` from ``token_keep`` on). Built once per batch in float32 (float64 for a float64 model),
+    rounded once to ``dtype``.
+
+    Per-word means, gathers to subwords and the up-sampling are then one ``bmm`` each, forward and backward
+    (a segment mean by ``index_add_`` is three kernels forward and two backward, a gather with a zero slot three,
+    and ``index_add_`` is not deterministic on a GPU). Cost: O(B.T.W.d) multiply-adds per product and B.T^2
+    values for A_w, below one attention map (B.H.T^2) and its product. Under bf16 the entries 1/n are rounded
+    to bf16 (1/3 -> 0.3340, +0.2%); 0/1 entries are exact in every dtype."""
+    if downsample not in ("mean", "scaled-sum"):
+        raise ValueError(f"unknown down-sampling {downsample!r}; choose mean or scaled-sum")
+    if upsample_norm not in ("row", "literal"):
+        raise ValueError(f"unknown up-sampling normalisation {upsample_norm!r}; choose row or literal")
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    bsz, n_slots = graphs.word_pad.shape
+    if onehot is None or onehot.dtype != work:
+        onehot = _one_hot(graphs.token_word, n_slots, work)  # B x T x W = G (padding tokens: zero rows)
+    inv = graphs.pieces.to(work).clamp(min=1).reciprocal().unsqueeze(1)  # B x 1 x W (padding words: G's column is 0)
+    mean = onehot * inv  # B x T x W; its transpose is the per-word mean
+    down = mean if downsample == "mean" else onehot * inv.sqrt()
+    if upsample == "gather":  # R = G
+        up, proj = onehot, (mean if upsample_norm == "row" else onehot)
+    else:
+        up = (_one_hot(graphs.up_index, n_slots, work) * graphs.up_weight.to(work).unsqueeze(-1)).sum(2)
+        proj = up / graphs.up_mass.to(work).clamp(min=1e-6).unsqueeze(1) if upsample_norm == "row" else up
+    # additive key masks, built once (a boolean mask is turned into one by every attention call)
+    out = dict(
+        token_attn_mask=torch.zeros(graphs.token_pad.shape, dtype=dtype, device=onehot.device).masked_fill_(
+            graphs.token_pad, float("-inf")).view(bsz, 1, 1, -1),
+        word_attn_mask=torch.zeros(graphs.word_pad.shape, dtype=dtype, device=onehot.device).masked_fill_(
+            graphs.word_pad, float("-inf")).view(bsz, 1, 1, -1),
+        down_mode=downsample,
+        proj_norm=upsample_norm,
+        phrase=None if graphs.phrase_adj is None else graphs.phrase_adj.to(dtype),
+    )
+    if group_noise == "random":  # the word GCN uses the dense random A_w (word_adj) instead
+        group_onehot = group_mean = None
+    elif group_noise == "shuffle":
+        group = torch.where(graphs.token_pad, torch.full_like(graphs.word_groups, n_slots), graphs.word_groups - 1)
+        group_onehot = _one_hot(group, n_slots, work)
+        group_mean = group_onehot / group_onehot.sum(1, keepdim=True).clamp(min=1)
+    else:
+        group_onehot, group_mean = onehot, mean
+    group_adj = None if group_onehot is None else torch.bmm(group_onehot, group_mean.transpose(1, 2))
+    cast = {}  # each distinct tensor rounded once
+
+    def to(t):
+        if t is None:
+            return None
+        if id(t) not in cast:
+            cast[id(t)] = t.to(dtype)
+        return cast[id(t)]
+
+    out.update(down=to(down).transpose(1, 2), up=to(up), proj=to(proj).transpose(1, 2),
+               group_onehot=to(group_onehot), group_mean=None if group_mean is None else to(group_mean).transpose(1, 2),
+               group_adj=to(group_adj))
+    return out
 
 
 class _SegmentSum(torch.autograd.Function):

@@ -98,8 +98,22 @@ def relative_value_term(probs, rel_values, buckets):
 ATTENTION_DROPOUT_MODES = ("per-map", "fused")
 
 
+def _operator(t, like):
+    """A dense graph operator in ``like``'s dtype: as is under autocast (the products cast it), else cast."""
+    if t.dtype == like.dtype or torch.is_autocast_enabled(like.device.type):
+        return t
+    return t.to(like.dtype)
+
+
 class RectifiedSelfAttention(nn.Module):
-    """Multi-head RSAN. Batch-first: ``forward(x B x T x C, x_word B x W x C, graphs) -> B x T x C``."""
+    """Multi-head RSAN. Batch-first: ``forward(x B x T x C, x_word B x W x C, graphs) -> B x T x C``.
+
+    With the graphs' dense operators (``umst_graphs.dense_operators``) the default path projects Q, K, V in one
+    product, the word Q, K in another, pools the values to words with one bmm and up-samples and adds the word
+    branch with one ``baddbmm``; ``reference = True`` (or graphs without dense operators) runs the plain form
+    (separate projections, index-based pooling and gather), which it equals (tested in float64)."""
+
+    reference = False  # set True (e.g. umst_encoder_layer.use_reference_path) for the plain reference form
 
     def __init__(
         self,
@@ -165,11 +179,13 @@ class RectifiedSelfAttention(nn.Module):
     def _merge(self, t):  # B x H x N x d_k -> B x N x C
         return t.transpose(1, 2).reshape(t.size(0), t.size(2), self.embed_dim)
 
-    def _subword_attention(self, q, k, v, key_pad):
+    def _subword_attention(self, q, k, v, key_pad, mask=None):
+        """``mask``: the key mask as given to ``attention`` (default: True at the real keys of ``key_pad``)."""
         dropout = self.attention_dropout if self.training else 0.0
         if self.rel_keys is None:
-            keep = (~key_pad).view(key_pad.size(0), 1, 1, key_pad.size(1))
-            return attention(q, k, v, keep, dropout)
+            if mask is None:
+                mask = (~key_pad).view(key_pad.size(0), 1, 1, key_pad.size(1))
+            return attention(q, k, v, mask, dropout)
         # Shaw et al., banded (module docstring): the map is explicit; in training its core is recomputed in
         # backward (same dropout mask) rather than keeping the B x H x L x L logits and probabilities.
         if self.training and torch.is_grad_enabled():
@@ -188,6 +204,41 @@ class RectifiedSelfAttention(nn.Module):
         """x: B x T x C (normalised subword stream), x_word: B x W x C (normalised word stream)."""
         if self.attention_dropout_mode == "fused" and self.training:
             return self._fused_map_forward(x, x_word, graphs)
+        if self.reference or graphs.up is None or graphs.proj_norm != self.upsample_norm:
+            return self._reference_forward(x, x_word, graphs)
+        # One product for Q, K and V (their weights concatenated; the gradient of the split is one concat).
+        channels = self.embed_dim
+        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+        q, k, v_tokens = F.linear(x, weight, bias).split(channels, dim=-1)
+        out_subword = self._subword_attention(self._heads(q), self._heads(k), self._heads(v_tokens),
+                                              graphs.token_pad, _operator(graphs.token_attn_mask, q))
+        if self.share_qk:
+            word_weight, word_bias = weight[: 2 * channels], bias[: 2 * channels]
+        else:
+            word_weight = torch.cat([self.word_q_proj.weight, self.word_k_proj.weight])
+            word_bias = torch.cat([self.word_q_proj.bias, self.word_k_proj.bias])
+        if self.recompute_word_branch and self.training and torch.is_grad_enabled():
+            out_word = checkpoint(self._word_branch_dense, x_word, v_tokens, word_weight, word_bias, graphs,
+                                  use_reentrant=False)
+        else:
+            out_word = self._word_branch_dense(x_word, v_tokens, word_weight, word_bias, graphs)
+        # ½(ATTN1 V + R (ATTN2 (R~^T V))): the up-sampling and the sum in one product.
+        fused = torch.baddbmm(self._merge(out_subword), _operator(graphs.up, out_word), out_word)
+        return self.out_proj(0.5 * fused)
+
+    def _word_branch_dense(self, x_word, v_tokens, word_weight, word_bias, graphs: UMSTGraphs):
+        """ATTN2 (R~^T V) at word level, B x W x C (merged heads); R~^T = ``graphs.proj`` (a bmm)."""
+        q_word, k_word = F.linear(x_word, word_weight, word_bias).split(self.embed_dim, dim=-1)
+        v_word = torch.bmm(_operator(graphs.proj, v_tokens), v_tokens)
+        dropout = self.attention_dropout if self.training else 0.0
+        out = attention(self._heads(q_word), self._heads(k_word), self._heads(v_word),
+                        _operator(graphs.word_attn_mask, q_word), dropout)
+        return self._merge(out)
+
+    def _reference_forward(self, x, x_word, graphs: UMSTGraphs):
+        """The plain form (separate projections, index-based down- and up-sampling): the reference the
+        dense path is tested against, and the path for graphs built without dense operators."""
         q = self._heads(self.q_proj(x))
         k = self._heads(self.k_proj(x))
         v_tokens = self.v_proj(x)

@@ -1,0 +1,212 @@
+"""UMST's default (dense) path equals its plain reference form, and launches few kernels.
+
+The default path applies every per-word mean, gather to subwords and up-sampling as one ``bmm`` with a dense
+operator built once per batch (``umst_graphs.dense_operators``), projects Q/K/V (and the word Q/K) in one product
+each, adds the up-sampled word branch with one ``baddbmm``, takes additive attention masks built once per batch,
+drops out with ``torch.native_dropout`` and runs the GCN blocks through the lean autograd functions
+(``umst_lean_gcn``). ``use_reference_path`` runs the same blocks in their plain form: separate projections,
+index-based pooling, gather and segment means (``downsample_words``, ``project_to_words``, ``upsample_tokens``,
+``group_mean``), boolean masks, ``F.dropout`` and the GCN modules' own autograd. Checked here:
+
+* whole models (encoder and decoder) in float64, left- and right-padded batches with extra padding, training with
+  every dropout on and the same seed (the same masks): outputs and every parameter's gradient equal, for every
+  ablation flag; evaluation too;
+* the dense operators against the paper's definitions (numpy), the one-hot dependency adjacency against the
+  ``index_put`` construction it replaced;
+* bf16 autocast: the dense path follows the reference within bf16 rounding;
+* the launches of one block (forward + backward, training) and of the per-batch graphs (guards).
+"""
+import numpy as np
+import pytest
+import torch
+
+from test_umst import PAD, TINY, build, collate, random_sentences, ref_G, ref_phrase_adj, ref_word_adj, token_slice
+from umst_plugin.modules.umst.encoder_layer import use_reference_path
+from umst_plugin.modules.umst.graphs import (
+    build_graphs,
+    dependency_adjacency,
+    normalize_binary,
+    symmetric_normalize,
+    upsampling_map,
+)
+from umst_plugin.op_counts import KernelLaunches
+
+CASES = [
+    ("umst_base", []),
+    ("umst_base_rpr", []),
+    ("umst_base", ["--rsan-upsample-norm", "literal", "--word-downsample", "scaled-sum"]),
+    ("umst_base", ["--phrase-gcn-form", "authors"]),
+    ("umst_base", ["--phrase-gcn-form", "authors", "--gcn-activations", "store"]),
+    ("umst_base", ["--rsan-upsample", "linear"]),
+    ("umst_base", ["--rsan-upsample", "nearest", "--rsan-upsample-norm", "literal", "--share-rsan-qk"]),
+    ("umst_base", ["--share-gcn-proj", "within-layer"]),
+    ("umst_base", ["--share-gcn-proj", "across-layers"]),
+    ("umst_base", ["--word-boundary-noise", "shuffle", "--no-inter-group"]),
+    ("umst_base", ["--word-boundary-noise", "shuffle"]),
+    ("umst_base", ["--word-boundary-noise", "random", "--no-inter-group"]),
+    ("umst_base", ["--phrase-adjacency-noise", "random"]),
+    ("umst_base", ["--no-inter-group"]),
+    ("umst_base", ["--no-intra-group", "--no-class-embedding"]),
+    ("umst_base", ["--intra-group-op", "pool"]),
+    ("umst_base", ["--intra-group-op", "gat"]),
+    ("umst_base", ["--gcn-activations", "store"]),
+    ("umst_base", ["--gcn-activations", "recompute"]),
+    ("umst_base_rpr", ["--gcn-activations", "recompute", "--share-rsan-qk"]),
+    ("umst_base", ["--rsan-attention-dropout", "fused"]),
+]
+
+
+def _run(arch, extra, reference, src, wid, heads, prev, train=True):
+    torch.manual_seed(0)
+    model = use_reference_path(build(arch, TINY + extra + ["--dropout", "0.2"]).double(), reference)
+    model.train(train)
+    torch.manual_seed(123)  # the same dropout masks (and noise graphs) in both forms
+    out, _ = model(src, src.ne(PAD).sum(1), prev, src_word_ids=wid, src_word_heads=heads)
+    if not train:
+        return out.detach(), {}
+    out.pow(2).mean().backward()
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("left_pad", [True, False])
+@pytest.mark.parametrize("arch,extra", CASES, ids=lambda c: " ".join(c) if isinstance(c, list) else c)
+def test_dense_path_equals_the_reference_path(arch, extra, left_pad):
+    sents = random_sentences(5, seed=6)
+    src, wid, heads = collate(sents, left_pad=left_pad, extra_pad=2)
+    prev = torch.randint(4, 60, (src.size(0), 5))
+    dense, grads = _run(arch, extra, False, src, wid, heads, prev)
+    ref, ref_grads = _run(arch, extra, True, src, wid, heads, prev)
+    torch.testing.assert_close(dense, ref, atol=1e-12, rtol=1e-10)
+    assert grads.keys() == ref_grads.keys() and len(grads) > 0
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, ref_grads[name], atol=1e-12, rtol=1e-10, msg=name)
+    dense_eval = _run(arch, extra, False, src, wid, heads, prev, train=False)[0]
+    torch.testing.assert_close(dense_eval, _run(arch, extra, True, src, wid, heads, prev, train=False)[0],
+                               atol=1e-12, rtol=1e-10)
+    assert not torch.allclose(dense, dense_eval)  # dropout was on in training
+
+
+def _old_dependency_adjacency(word_heads):
+    """The index_put construction dependency_adjacency used before (an extra slot absorbs roots and padding)."""
+    bsz, n = word_heads.shape
+    valid = word_heads.ge(0)
+    adj = torch.zeros(bsz, n + 1, n + 1, dtype=torch.bool)
+    batch = torch.arange(bsz).unsqueeze(1).expand(bsz, n)
+    child = torch.where(valid, torch.arange(n).unsqueeze(0).expand(bsz, n), torch.full((bsz, n), n))
+    head = torch.where(word_heads.gt(0), word_heads - 1, torch.full_like(word_heads, n))
+    ones = torch.ones(bsz, n, dtype=torch.bool)
+    adj.index_put_((batch, child, head), ones)
+    adj.index_put_((batch, head, child), ones)
+    adj = adj[:, :n, :n] | torch.diag_embed(valid)
+    return adj & valid.unsqueeze(2) & valid.unsqueeze(1)
+
+
+@pytest.mark.parametrize("tree", [True, False])
+def test_one_hot_dependency_adjacency_equals_the_index_put_one(tree):
+    src, wid, heads = collate(random_sentences(12, seed=4, tree=tree), extra_pad=1)
+    adj = dependency_adjacency(heads)
+    assert torch.equal(adj, _old_dependency_adjacency(heads))
+    torch.testing.assert_close(normalize_binary(adj, torch.float64), symmetric_normalize(adj.double()),
+                               atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("left_pad", [True, False])
+@pytest.mark.parametrize("upsample", ["gather", "nearest", "linear"])
+def test_dense_operators_match_the_definitions(upsample, left_pad):
+    sents = random_sentences(9, seed=12, tree=False)
+    src, wid, heads = collate(sents, left_pad=left_pad, extra_pad=2)
+    for downsample, norm in (("mean", "row"), ("scaled-sum", "literal")):
+        g = build_graphs(src, wid, heads, PAD, upsample=upsample, dtype=torch.float64, downsample=downsample,
+                         upsample_norm=norm)
+        # the up-sampling map R from its compact (slot, weight) form
+        r_all = torch.zeros(src.size(0), src.size(1), heads.size(1) + 1, dtype=torch.float64)
+        r_all.scatter_add_(2, g.up_index, g.up_weight.double())
+        for b, s in enumerate(sents):
+            sl, n_words = token_slice(s, src.size(1), left_pad), len(s[2])
+            G = ref_G(s[1])
+            n = G.sum(0)
+            down = (G / n).T if downsample == "mean" else (G / np.sqrt(n)).T
+            np.testing.assert_allclose(g.down[b, :n_words, sl].numpy(), down, atol=1e-15)
+            np.testing.assert_allclose(g.group_adj[b, sl, sl].numpy(), ref_word_adj(s[1]), atol=1e-15)
+            np.testing.assert_allclose(g.group_onehot[b, sl, :n_words].numpy(), G, atol=0)
+            np.testing.assert_allclose(g.group_mean[b, :n_words, sl].numpy(), (G / n).T, atol=1e-15)
+            np.testing.assert_allclose(g.phrase[b, :n_words, :n_words].numpy(), ref_phrase_adj(s[2]), atol=1e-15)
+            r = r_all[b, sl, :n_words].numpy()
+            if upsample == "gather":
+                np.testing.assert_array_equal(r, G)
+            np.testing.assert_allclose(g.up[b, sl, :n_words].numpy(), r, atol=1e-15)
+            proj = (r / r.sum(0)).T if norm == "row" else r.T
+            np.testing.assert_allclose(g.proj[b, :n_words, sl].numpy(), proj, atol=1e-15)
+            # padding: zero rows and columns, -inf in the additive masks
+            real = np.zeros(src.size(1), dtype=bool)
+            real[sl] = True
+            for t in (g.down[b][:, ~real], g.down[b][n_words:], g.up[b][~real], g.proj[b][:, ~real],
+                      g.group_adj[b][~real], g.group_adj[b][:, ~real], g.phrase[b][n_words:]):
+                assert t.abs().sum() == 0
+            assert torch.equal(g.token_attn_mask[b, 0, 0].isinf(), torch.from_numpy(~real))
+            assert g.word_attn_mask[b, 0, 0, :n_words].eq(0).all() and g.word_attn_mask[b, 0, 0, n_words:].isinf().all()
+
+
+def test_dense_operators_in_the_compute_dtype_and_shuffled_groups():
+    sents = random_sentences(6, seed=2)
+    src, wid, heads = collate(sents, extra_pad=1)
+    g = build_graphs(src, wid, heads, PAD, dtype=torch.bfloat16)
+    for name in ("down", "up", "proj", "group_onehot", "group_mean", "group_adj", "phrase", "token_attn_mask"):
+        assert getattr(g, name).dtype == torch.bfloat16, name
+    assert g.phrase_adj.dtype == torch.float32  # the graph itself stays float32
+    torch.manual_seed(1)
+    g = build_graphs(src, wid, heads, PAD, word_boundary_noise="shuffle", dtype=torch.float64)
+    from umst_plugin.modules.umst.group_gcn import normalized_group_adjacency
+    torch.testing.assert_close(g.group_adj, normalized_group_adjacency(g.word_groups, torch.float64), atol=1e-15,
+                               rtol=0)
+    g = build_graphs(src, wid, heads, PAD, word_boundary_noise="random")
+    assert g.group_adj is None and g.word_adj is not None
+    index, weight, mass = upsampling_map(g.token_word, g.token_pad, g.word_pad, "gather")
+    torch.testing.assert_close(mass, g.pieces)  # the shortcut through the piece counts
+
+
+@pytest.mark.parametrize("extra", [[], ["--phrase-gcn-form", "authors"], ["--max-relative-positions", "4"]],
+                         ids=lambda e: " ".join(e) or "default")
+def test_dense_path_follows_the_reference_under_bf16_autocast(extra):
+    src, wid, heads = collate(random_sentences(5, seed=9), left_pad=True, extra_pad=3)
+    prev = torch.randint(4, 60, (src.size(0), 5))
+    outs = []
+    for reference in (False, True):
+        torch.manual_seed(0)
+        model = use_reference_path(build("umst_base", TINY + extra), reference).eval()
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            outs.append(model(src, src.ne(PAD).sum(1), prev, src_word_ids=wid, src_word_heads=heads)[0].float())
+    assert torch.isfinite(outs[0]).all()
+    torch.testing.assert_close(outs[0], outs[1], atol=0.1, rtol=0.05)
+
+
+def _block_launches(reference, extra=()):
+    model = use_reference_path(build("umst_base", TINY + list(extra)), reference).train()
+    layer = model.encoder.layers[0]
+    src, wid, heads = collate(random_sentences(6, seed=3), left_pad=True, extra_pad=1)
+    g = build_graphs(src, wid, heads, PAD)
+    x = torch.randn(src.size(0), src.size(1), 32, requires_grad=True)
+    with KernelLaunches() as k:
+        with k.in_phase("forward"):
+            out = layer(x, g)
+        grad = torch.randn_like(out)
+        with k.in_phase("backward"):
+            out.backward(grad)
+    with KernelLaunches() as graphs:
+        build_graphs(src, wid, heads, PAD)
+    return k.by_phase["forward"], k.by_phase["backward"], graphs.total
+
+
+def test_launches_of_one_block_and_of_the_graphs():
+    """Kernel launches of one UMST block in training (fp32, every dropout on), counted below autograd (on a CPU
+    attention with dropout runs torch's math path: ~16 launches forward and ~25 backward per attention call, one
+    fused kernel each on a GPU). Measured: dense 64 / 96, reference 124 / 125; with attention dropout 0 (fused
+    attention on the CPU too) dense 40 / 54. The per-batch graphs with their dense operators: 34."""
+    fwd, bwd, graphs = _block_launches(False)
+    ref_fwd, ref_bwd, _ = _block_launches(True)
+    print(f"\none block, forward / backward launches: dense {fwd} / {bwd}, reference {ref_fwd} / {ref_bwd}; "
+          f"graphs {graphs}")
+    assert fwd <= 66 and bwd <= 98 and graphs <= 36
+    assert ref_fwd + ref_bwd - (fwd + bwd) >= 80
+    fwd0, bwd0, _ = _block_launches(False, ["--attention-dropout", "0"])
+    assert fwd0 <= 42 and bwd0 <= 56
