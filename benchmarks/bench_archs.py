@@ -14,7 +14,13 @@ defaults (dropout on, train mode):
 * ``time``: median seconds of the step (forward, label-smoothed loss, backward) per precision: fp32, and
   ``bf16`` / ``fp16`` autocast; on CUDA timed with CUDA events, on CPU with this process's CPU time; the
   candidates are interleaved round by round so load hits them alike;
-* ``tok/s``: target tokens per second.
+* ``tok/s``: target tokens per second;
+* with ``--compile``: every row's encoder and decoder layers compiled (``umst_plugin.compile.compile_layers``, what
+  fairseq-train ``--compile`` does) after the model is built and moved to its device; ``compile_s``: the seconds
+  of compiling (dynamo's and inductor's timers) during the row's first step of each precision, which is left out
+  of ``time`` (the timed steps run what was compiled). ``flops`` and ``saved`` are then measured before compiling
+  (the eager model: the same math, and autograd's saved tensors of the eager layers); ``peak`` and ``time`` are
+  the compiled step's.
 
 Ratios are per FLOP against the transformer of the same run: ``saved/FLOP = (saved / flops) / (saved_tf /
 flops_tf)`` and ``time/FLOP`` likewise: an arch that does 1.3x the work may take 1.3x the memory and time.
@@ -28,6 +34,7 @@ Usage::
     python benchmarks/bench_archs.py --width big --archs transformer_sf,prime
     python benchmarks/bench_archs.py --device cuda --precisions fp16,bf16 --max-tokens 4096
     python benchmarks/bench_archs.py --quick                        # tiny widths: a smoke run
+    python benchmarks/bench_archs.py --device cuda --compile --archs umst   # compiled layers (compile time apart)
 """
 import argparse
 import json
@@ -253,7 +260,7 @@ def device_name(device):
 
 
 def measure(names, width, precisions, device, max_tokens, repeats, warmup, quick, log=print, memory=True,
-            profile=False):
+            profile=False, compile=False):
     device_type = "cuda" if str(device).startswith("cuda") else "cpu"
     src_lengths, tgt_lengths = lengths_batch(max_tokens)
     log(f"batch: {len(src_lengths)} sentences, source {min(src_lengths)}-{max(src_lengths)}, "
@@ -268,16 +275,26 @@ def measure(names, width, precisions, device, max_tokens, repeats, warmup, quick
         if memory:
             row["saved"] = {p: saved_bytes(model, sample, PRECISIONS[p], device_type) for p in precisions}
             row["peak"] = {}
+        if compile:  # after FLOPs and saved bytes (eager), before the steps
+            from umst_plugin import compile as compiling
+
+            compiling.compile_layers(model, device=device)
+            row["compile_s"] = {}
         for p in precisions:
             step = step_fn(model, sample, PRECISIONS[p], device_type)
-            step()  # allocator warm, lazy state built
+            if compile:
+                before = compiling.compile_seconds()
+            step()  # allocator warm, lazy state built (with --compile: compiled)
+            if compile:
+                row["compile_s"][p] = round(compiling.compile_seconds() - before, 2)
             if memory:
                 row["peak"][p] = common.peak_memory(step, device)
             steps[(name, p)] = step
         row["target_tokens"] = int(sample["ntokens"])
         rows[name] = row
         log(f"  {name} ({arch}): {row['params'] / 1e6:.1f}M parameters, {row['flops'] / 1e9:.1f} GFLOP"
-            + "".join(f", saved {p} {row['saved'][p] / 2**20:.0f} MiB" for p in precisions if memory))
+            + "".join(f", saved {p} {row['saved'][p] / 2**20:.0f} MiB" for p in precisions if memory)
+            + "".join(f", compiled {p} in {row['compile_s'][p]:.1f} s" for p in precisions if compile))
         rows[name]["_model"] = model
     for p in precisions:
         fns = {name: steps[(name, p)] for name in names}
@@ -299,7 +316,7 @@ def measure(names, width, precisions, device, max_tokens, repeats, warmup, quick
     return dict(device=device_name(device), device_type=device_type, torch=torch.__version__,
                 threads=torch.get_num_threads() if device_type == "cpu" else None, width=width,
                 max_tokens=max_tokens, sentences=len(src_lengths), repeats=repeats, quick=quick,
-                precisions=list(precisions), memory=memory, rows=[rows[n] for n in names])
+                precisions=list(precisions), memory=memory, compiled=bool(compile), rows=[rows[n] for n in names])
 
 
 def baseline_of(name):
@@ -346,10 +363,13 @@ def markdown(result):
     precisions = result["precisions"]
     memory = result.get("memory", True)
     profiled = any("profile" in r for r in result["rows"])
+    compiled = any("compile_s" in r for r in result["rows"])
     head = ["arch", "baseline", "params", "GFLOP", "FLOPs"]
     for p in precisions:
         if memory:
             head += [f"saved {p} MiB", f"saved/FLOP {p}", f"peak {p} MiB"]
+        if compiled:
+            head += [f"compile {p} s"]
         head += [f"{p} ms", f"tok/s {p}", f"time/FLOP {p}"]
         if profiled:
             head += [f"kernels {p}", f"kernels/FLOP {p}", f"GPU busy {p}"]
@@ -364,6 +384,8 @@ def markdown(result):
             if memory:
                 cells += [f"{r['saved'][p] / 2**20:.0f}", f"{ratio[p]['saved_per_flop']:.2f}",
                           f"{r['peak'][p] / 2**20:.0f}"]
+            if compiled:
+                cells += [f"{r['compile_s'][p]:.1f}" if "compile_s" in r else "-"]
             cells += [f"{r['time'][p] * 1000:.1f}", f"{r['tokens_per_s'][p]:.0f}", f"{ratio[p]['time_per_flop']:.2f}"]
             if profiled:
                 prof = r.get("profile", {}).get(p)
@@ -394,6 +416,9 @@ def main(argv=None):
     p.add_argument("--profile", action="store_true",
                    help="on CUDA: also profile one step per arch and precision (kernels launched, GPU busy)")
     p.add_argument("--no-memory", action="store_true", help="skip the saved-bytes and peak-memory passes")
+    p.add_argument("--compile", action="store_true",
+                   help="compile every row's encoder and decoder layers as fairseq-train --compile does; the compile "
+                        "time is reported apart (compile_s) and left out of the step times")
     p.add_argument("--by-module", action="store_true",
                    help="only print, per arch, the saved activation bytes by module (where the memory goes)")
     args = p.parse_args(argv)
@@ -410,7 +435,7 @@ def main(argv=None):
     max_tokens = args.max_tokens or (4096 if cuda else 1024)
     if args.dry_run:
         print(f"bench_archs: would measure {names} at {args.width} width, {precisions}, {max_tokens} tokens "
-              f"on {args.device}")
+              f"on {args.device}{' with --compile' if args.compile else ''}")
         return 0
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -430,12 +455,13 @@ def main(argv=None):
         return 0
     start = time.time()
     result = measure(names, args.width, precisions, args.device, max_tokens, 1 if args.quick else args.repeats,
-                     0 if args.quick else args.warmup, args.quick, memory=not args.no_memory, profile=args.profile)
+                     0 if args.quick else args.warmup, args.quick, memory=not args.no_memory, profile=args.profile,
+                     compile=args.compile)
     result["ratios"] = ratios(result)
     result["seconds"] = round(time.time() - start, 1)
     table = markdown(result)
     print(f"\n{result['device']}, torch {result['torch']}, {args.width} width, {result['sentences']} sentences "
-          f"({max_tokens} max tokens)\n\n{table}")
+          f"({max_tokens} max tokens){', layers compiled' if args.compile else ''}\n\n{table}")
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
