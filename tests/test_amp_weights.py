@@ -104,12 +104,12 @@ def test_what_is_left_to_autocast():
 
 def test_fairseq_trainer_updates_are_the_same_with_and_without():
     """Four bf16 --amp updates in fairseq's Trainer (the plugin's amp_train_step): the weights with the cache equal
-    those with autocast's own casts, bit for bit, and the second update launches fewer kernels."""
+    those with autocast's own casts (--no-amp-weight-cache), bit for bit, and the second update launches fewer
+    kernels."""
     states, launches = {}, {}
     for on in (True, False):
-        trainer, sample = bench_launches.build_trainer("transformer", dict(bench_launches.PRENORM), "bf16",
-                                                       plugin=True, quick=True)
-        trainer.optimizer.amp_weight_cache = on
+        trainer, sample = bench_launches.build_trainer(
+            "transformer", dict(bench_launches.PRENORM, no_amp_weight_cache=not on), "bf16", plugin=True, quick=True)
         trainer.train_step([sample])
         with KernelLaunches() as counter:
             trainer.train_step([sample])

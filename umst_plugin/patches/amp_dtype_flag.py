@@ -1,4 +1,5 @@
-"""Patch: ``--amp-dtype`` is a flag of fairseq's common options, so every task and every CLI has it.
+"""Patch: ``--amp-dtype`` is a flag of fairseq's common options, so every task and every CLI has it (and, beside it,
+``--no-amp-weight-cache``: autocast's own per-parameter casts instead of ``umst_plugin/amp_weights.py``'s one).
 
 fairseq's ``--amp`` always autocasts to float16. The plugin's ``--amp-dtype {float16,bfloat16}`` used to be an
 option of the ``multiscale_translation`` task alone: under fairseq's ``--task translation`` (a baseline row)
@@ -44,6 +45,9 @@ FIELD = "amp_dtype"
 HELP = ("with --amp: the autocast dtype, on CUDA and CPU, under any task (float16: a grad scaler; bfloat16: loss "
         "scale 1, non-finite steps skipped). Unset: float16 for training; for validation and decoding the dtype "
         "the checkpoint was trained in, else float16")
+WEIGHT_CACHE_HELP = ("with --amp: let autocast cast each parameter where it is read (two kernels per parameter an "
+                     "update) instead of the plugin casting them all in one (umst_plugin/amp_weights.py: the same "
+                     "values, four kernels in all)")
 AmpDtypeChoices = ChoiceEnum(list(mixed_precision.AMP_DTYPES))
 
 
@@ -51,6 +55,7 @@ AmpDtypeChoices = ChoiceEnum(list(mixed_precision.AMP_DTYPES))
 class _AmpDtypeField(FairseqDataclass):
     """Only here to have dataclasses build the field (name, type, kind) that CommonConfig receives."""
     amp_dtype: Optional[AmpDtypeChoices] = dataclasses.field(default=None, metadata={"help": HELP})
+    no_amp_weight_cache: bool = dataclasses.field(default=False, metadata={"help": WEIGHT_CACHE_HELP})
 
 
 def install():

@@ -53,6 +53,8 @@ def install():
             original_init(self, cfg, params, fp32_optimizer, **kwargs)
         dtype_name = mixed_precision.configured_amp_dtype(cfg) or "float16"  # --amp-dtype, any task
         self.amp_dtype = dtype_name  # what train_step autocasts to (patches/task_autocast.py)
+        # whether train_step casts the parameters autocast would cast in one kernel (umst_plugin/amp_weights.py)
+        self.amp_weight_cache = not getattr(cfg.common, "no_amp_weight_cache", False)
         device_type = amp_device_type(cfg)
         self._grad_scaler = mixed_precision.make_grad_scaler(device_type, dtype_name, cfg.common.fp16_init_scale)
         mixed_precision.logger.info("mixed precision: %s autocast on %s, %s", dtype_name, device_type,
