@@ -111,12 +111,13 @@ def padded_batch(lengths, total, left):
     return pad
 
 
+@pytest.mark.parametrize("dense_max_len", [256, 0], ids=["all-heads", "grouped"])
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 @pytest.mark.parametrize("left", [True, False], ids=["left-pad", "right-pad"])
-def test_each_head_attends_exactly_its_window(left, causal):
+def test_each_head_attends_exactly_its_window(left, causal, dense_max_len):
     torch.manual_seed(0)
     lengths, total = [70, 45, 9], 76
-    attn = MultiScaleSelfAttention(24, 6, HEAD_SCALES, causal=causal, min_block=4).eval()
+    attn = MultiScaleSelfAttention(24, 6, HEAD_SCALES, causal=causal, min_block=4, dense_max_len=dense_max_len).eval()
     x = torch.randn(total, 3, 24)
     pad = padded_batch(lengths, total, left)
     out, weights = attn(x, key_padding_mask=pad, need_weights=True)
@@ -158,9 +159,10 @@ def test_banded_and_dense_paths_match_naive_attention(spec, causal):
             torch.testing.assert_close(out[b][:, real], expected[b][:, real])
 
 
-def test_padding_side_and_batch_do_not_change_a_sentence():
+@pytest.mark.parametrize("dense_max_len", [256, 0], ids=["all-heads", "grouped"])
+def test_padding_side_and_batch_do_not_change_a_sentence(dense_max_len):
     torch.manual_seed(2)
-    attn = MultiScaleSelfAttention(24, 6, HEAD_SCALES, min_block=4).eval()
+    attn = MultiScaleSelfAttention(24, 6, HEAD_SCALES, min_block=4, dense_max_len=dense_max_len).eval()
     sentence = torch.randn(40, 1, 24)
     alone, _ = attn(sentence)
     for left in (True, False):
@@ -268,8 +270,9 @@ def test_no_ffn_layer_is_eq_10():
     assert n_params(model) == n_params(transformer) - ffn
 
 
-@pytest.mark.parametrize("overrides", [TINY_WINDOWS, dict(TINY_WINDOWS, msmsa_decoder=True)],
-                         ids=["encoder", "encoder+decoder"])
+@pytest.mark.parametrize("overrides", [TINY_WINDOWS, dict(TINY_WINDOWS, msmsa_decoder=True),
+                                       dict(TINY_WINDOWS, msmsa_decoder=True, msmsa_dense_max_len=0)],
+                         ids=["encoder", "encoder+decoder", "encoder+decoder-grouped"])
 def test_model_invariance_and_incremental(overrides):
     for left in (True, False):
         checks.check_padding_invariance("msmsa_base", overrides, left_pad_source=left)

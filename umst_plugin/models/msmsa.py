@@ -29,12 +29,15 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
 from umst_plugin.modules.msmsa.layers import FairseqMultiScaleSelfAttention, MSMSADecoderLayer, MSMSAEncoderLayer  # noqa: F401
 from umst_plugin.modules.msmsa.windowed_attention import (
+    DEFAULT_DENSE_MAX_LEN,
     DEFAULT_SCALES,
+    MultiScaleSelfAttention,
     Scale,
     alpha_head_allocation,
     heads_from_counts,
     parse_head_allocation,
     parse_scales,
+    share_window_masks,
 )
 
 
@@ -65,17 +68,28 @@ def layer_head_scales(args, decoder: bool = False) -> List[List[Scale]]:
     return [heads_from_counts(scales, layer_counts) for layer_counts in counts]
 
 
+def _share_window_masks(stack):
+    """One WindowMasks for the multi-scale attention of every layer of ``stack`` (built once per forward)."""
+    return share_window_masks([m for m in stack.layers.modules() if isinstance(m, MultiScaleSelfAttention)])
+
+
 class MSMSAEncoder(TransformerEncoder):
     def __init__(self, args, dictionary, embed_tokens):
         self.layer_scales = layer_head_scales(args)
         super().__init__(args, dictionary, embed_tokens)
+        self.window_masks = _share_window_masks(self)
+
+    def forward_scriptable(self, *args, **kwargs):
+        # every layer's window bias is built by the first layer and dropped when the stack is done
+        with self.window_masks.scope():
+            return super().forward_scriptable(*args, **kwargs)
 
     def build_encoder_layer(self, cfg):
         # fairseq passes its TransformerConfig here; the msmsa options live on the Namespace (self.args)
         index = len(getattr(self, "_built_layers", []))
         cfg = _config(cfg)
         layer = MSMSAEncoderLayer(cfg, self.layer_scales[index], no_ffn=self.args.msmsa_no_ffn,
-                                  min_block=self.args.msmsa_min_block)
+                                  min_block=self.args.msmsa_min_block, dense_max_len=self.args.msmsa_dense_max_len)
         self._built_layers = getattr(self, "_built_layers", []) + [index]
         return _wrap(layer, cfg)
 
@@ -84,12 +98,17 @@ class MSMSADecoder(TransformerDecoder):
     def __init__(self, args, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
         self.layer_scales = layer_head_scales(args, decoder=True)
         super().__init__(args, dictionary, embed_tokens, no_encoder_attn, output_projection)
+        self.window_masks = _share_window_masks(self)
+
+    def extract_features_scriptable(self, *args, **kwargs):
+        with self.window_masks.scope():
+            return super().extract_features_scriptable(*args, **kwargs)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         index = len(getattr(self, "_built_layers", []))
         cfg = _config(cfg)
         layer = MSMSADecoderLayer(cfg, self.layer_scales[index], no_encoder_attn,
-                                  min_block=self.args.msmsa_min_block)
+                                  min_block=self.args.msmsa_min_block, dense_max_len=self.args.msmsa_dense_max_len)
         self._built_layers = getattr(self, "_built_layers", []) + [index]
         return _wrap(layer, cfg)
 
@@ -122,6 +141,11 @@ class MSMSAModel(RawTextFromPretrained, TransformerModel):
                             help="explicit decoder heads per scale per layer (default: from --msmsa-alpha)")
         parser.add_argument("--msmsa-min-block", type=int, metavar="N",
                             help="smallest query block of the banded attention (default 16); efficiency only")
+        parser.add_argument("--msmsa-dense-max-len", type=int, metavar="T",
+                            help=f"batches padded to at most T tokens run every head of a layer in one fused "
+                                 f"attention call with a dense window mask (built once per forward, B x heads x "
+                                 f"T x T per layer); longer ones run one banded call per scale, O(T x window) "
+                                 f"memory (default {DEFAULT_DENSE_MAX_LEN}; 0: always banded); same results")
 
     @classmethod
     def build_model(cls, args, task):
@@ -161,6 +185,8 @@ def _msmsa_defaults(args):
     args.msmsa_decoder_scales = getattr(args, "msmsa_decoder_scales", None)
     args.msmsa_decoder_head_allocation = getattr(args, "msmsa_decoder_head_allocation", None)
     args.msmsa_min_block = getattr(args, "msmsa_min_block", None) or 16
+    if getattr(args, "msmsa_dense_max_len", None) is None:
+        args.msmsa_dense_max_len = DEFAULT_DENSE_MAX_LEN
 
 
 @register_model_architecture("msmsa", "msmsa_base")

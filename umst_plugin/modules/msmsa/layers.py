@@ -8,7 +8,7 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 from torch import Tensor
 
-from umst_plugin.modules.msmsa.windowed_attention import MultiScaleSelfAttention, Scale
+from umst_plugin.modules.msmsa.windowed_attention import DEFAULT_DENSE_MAX_LEN, MultiScaleSelfAttention, Scale
 
 
 @with_incremental_state
@@ -58,9 +58,11 @@ class FairseqMultiScaleSelfAttention(MultiScaleSelfAttention):
 class MSMSAEncoderLayer(TransformerEncoderLayerBase):
     """Transformer encoder layer with multi-scale self-attention; without FFN if ``no_ffn`` (Eq. 10)."""
 
-    def __init__(self, cfg, head_scales: List[Scale], no_ffn: bool = False, min_block: int = 16):
+    def __init__(self, cfg, head_scales: List[Scale], no_ffn: bool = False, min_block: int = 16,
+                 dense_max_len: int = DEFAULT_DENSE_MAX_LEN):
         self.head_scales = head_scales  # read by build_self_attention inside super().__init__
         self.min_block = min_block
+        self.dense_max_len = dense_max_len
         super().__init__(cfg)
         self.no_ffn = no_ffn
         if no_ffn:
@@ -68,7 +70,8 @@ class MSMSAEncoderLayer(TransformerEncoderLayerBase):
 
     def build_self_attention(self, embed_dim, cfg):
         return FairseqMultiScaleSelfAttention(embed_dim, cfg.encoder.attention_heads, self.head_scales,
-                                              dropout=cfg.attention_dropout, causal=False, min_block=self.min_block)
+                                              dropout=cfg.attention_dropout, causal=False, min_block=self.min_block,
+                                              dense_max_len=self.dense_max_len)
 
     def forward(self, x, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None):
         if not self.no_ffn:
@@ -88,13 +91,16 @@ class MSMSAEncoderLayer(TransformerEncoderLayerBase):
 class MSMSADecoderLayer(TransformerDecoderLayerBase):
     """Transformer decoder layer whose self-attention has causal multi-scale heads."""
 
-    def __init__(self, cfg, head_scales: List[Scale], no_encoder_attn=False, min_block: int = 16):
+    def __init__(self, cfg, head_scales: List[Scale], no_encoder_attn=False, min_block: int = 16,
+                 dense_max_len: int = DEFAULT_DENSE_MAX_LEN):
         self.head_scales = head_scales
         self.min_block = min_block
+        self.dense_max_len = dense_max_len
         super().__init__(cfg, no_encoder_attn)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
             raise ValueError("--msmsa-decoder does not combine with bias_kv, zero_attn or --cross-self-attention")
         return FairseqMultiScaleSelfAttention(embed_dim, cfg.decoder.attention_heads, self.head_scales,
-                                              dropout=cfg.attention_dropout, causal=True, min_block=self.min_block)
+                                              dropout=cfg.attention_dropout, causal=True, min_block=self.min_block,
+                                              dense_max_len=self.dense_max_len)

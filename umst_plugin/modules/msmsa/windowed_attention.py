@@ -19,18 +19,23 @@ Causal (decoder) heads see the left half of the same window, ``j - h .. j``;
 for relative scales ``n`` is then the prefix length ``j + 1`` (the only length
 known while decoding), so incremental decoding equals full decoding.
 
-Cost. Heads are grouped by scale; each group is one call of torch's fused
-``scaled_dot_product_attention`` (no score matrix is kept for backward). A
-group whose window is small against the sequence is computed *banded*: queries
-are cut into blocks of ``b = max(h, min_block)`` positions and each block
-attends only to the ``b + 2h`` keys around it, read as overlapping windows of
-one padded key buffer (an ``unfold`` view, no per-window copies), so time and
-memory are O(N x (b + 2h)) = O(N x 3h) instead of O(N^2). In training the
-window bias and the group's attention output are rebuilt in backward
-(checkpointed) rather than kept. Fixed scale-1 heads skip attention (softmax
-over one key is 1: the output is the value). A group whose window reaches
-across the sequence (b + 2h >= N) and incremental decoding use the dense path:
-scores against all (resp. the last h + 1) keys restricted by a window bias.
+Cost. A batch padded to at most ``dense_max_len`` tokens (default 256, ``--msmsa-dense-max-len``) runs every
+head of a layer in *one* call of torch's fused ``scaled_dot_product_attention``, each head restricted to its
+window by one additive ``B x H x T x T`` bias. The biases of all layers of an encoder (decoder) stack depend only
+on the padding mask, the length and the scales: the first layer builds them all at once (``window_bias.py``,
+about ten kernels for the whole stack, no host sync) and the others take their heads as views. A layer then
+launches what fairseq's attention launches; the bias costs ``B x H x T x T`` elements per layer, kept for
+backward by the fused kernel.
+
+Longer batches (and incremental decoding) go one call per group of heads sharing a scale, as
+:func:`windowed_attention`: a group whose window is small against the sequence is computed *banded*: queries
+are cut into blocks of ``b = max(h, min_block)`` positions and each block attends only to the ``b + 2h`` keys
+around it, read as overlapping windows of one padded key buffer (an ``unfold`` view, no per-window copies), so
+time and memory are O(N x (b + 2h)) = O(N x 3h) instead of O(N^2). In training the window bias and the
+group's attention output are rebuilt in backward (checkpointed) rather than kept. Fixed scale-1 heads skip
+attention (softmax over one key is 1: the output is the value). A group whose window reaches across the
+sequence (b + 2h >= N) and incremental decoding use the dense path: scores against all (resp. the last h + 1)
+keys restricted by a window bias. Both ways give the same values at every real position (tested).
 
 Masking. A query sees a key iff it lies in its window and is not padding. Pads
 are contiguous at one end of a row (fairseq pads left or right), so position
@@ -53,8 +58,11 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from umst_plugin.modules.common.attention import attention
+from umst_plugin.modules.msmsa.window_bias import WindowMasks, compiling, half_width_constants, window_bias
 
 DEFAULT_SCALES = "1,3,N/16,N/8,N/4"
+# longest (padded) sequence computed in one fused call with a dense window bias; longer ones go banded
+DEFAULT_DENSE_MAX_LEN = 256
 
 
 @dataclass(frozen=True)
@@ -372,7 +380,7 @@ class MultiScaleSelfAttention(nn.Module):
 
     def __init__(self, embed_dim: int, num_heads: int, head_scales: Sequence[Scale], dropout: float = 0.0,
                  bias: bool = True, causal: bool = False, min_block: int = 16, block_factor: float = 1.0,
-                 recompute: bool = True):
+                 recompute: bool = True, dense_max_len: int = DEFAULT_DENSE_MAX_LEN):
         super().__init__()
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
@@ -388,6 +396,14 @@ class MultiScaleSelfAttention(nn.Module):
         self.min_block = min_block
         self.block_factor = block_factor
         self.recompute = recompute
+        self.dense_max_len = dense_max_len
+        # window biases of all heads (shared with the other layers of a stack: share_window_masks)
+        self.window_masks = WindowMasks()
+        self.window_slot = self.window_masks.register(self.head_scales, causal)
+        # the heads' half-width rule as a tensor (not in the state dict): under torch.compile the layers of a
+        # stack differ only in this input and share one compiled graph
+        self.register_buffer("window_constants", torch.tensor(half_width_constants(self.head_scales),
+                                                               dtype=torch.long), persistent=False)
         self.groups: List[Tuple[Scale, int, int]] = []  # (scale, first head, end head) of runs of equal scales
         for index, scale in enumerate(self.head_scales):
             if self.groups and self.groups[-1][0] == scale:
@@ -412,7 +428,7 @@ class MultiScaleSelfAttention(nn.Module):
 
     def extra_repr(self):
         scales = ", ".join(f"{scale}x{end - start}" for scale, start, end in self.groups)
-        return f"embed_dim={self.embed_dim}, heads=[{scales}], causal={self.causal}"
+        return f"embed_dim={self.embed_dim}, heads=[{scales}], causal={self.causal}, dense_max_len={self.dense_max_len}"
 
     def _heads(self, x: Tensor) -> Tensor:  # T x B x C -> B x H x T x D
         return x.view(x.size(0), x.size(1), self.num_heads, self.head_dim).permute(1, 2, 0, 3)
@@ -424,9 +440,7 @@ class MultiScaleSelfAttention(nn.Module):
         updated in place with the keys/values of all steps so far, for incremental decoding.
         Returns T x B x C and, if need_weights, per-head weights B x H x T x S."""
         tgt_len, batch, _ = x.shape
-        q = self.q_proj(x)
-        q *= self.scaling  # in place: the projection's output is not needed by autograd
-        q = self._heads(q)
+        q = self._heads(self.q_proj(x))  # scaled by the fused call (all heads) or before the groups
         k = self._heads(self.k_proj(x))
         v = self._heads(self.v_proj(x))
         if key_padding_mask is not None:
@@ -445,6 +459,31 @@ class MultiScaleSelfAttention(nn.Module):
                     key_padding_mask = torch.cat([old, new], dim=1)
             cache["prev_key"], cache["prev_value"] = k, v
             cache["prev_key_padding_mask"] = key_padding_mask
+        if cache is None and tgt_len <= self.dense_max_len:
+            out, weights = self._all_heads(q, k, v, key_padding_mask, need_weights)
+            return self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt_len, batch, self.embed_dim)), weights
+        return self._grouped(q, k, v, key_padding_mask, need_weights)
+
+    def _all_heads(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
+                   need_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
+        """Every head in one fused attention call, each restricted to its window by one B x H x T x T bias
+        (built once per stack forward, see window_bias.py). Returns B x H x T x D and the weights if asked."""
+        if compiling():  # this layer's heads only, fused by the compiler; nothing kept
+            bias = window_bias(None, key_padding_mask, q.size(2), self.causal, q.dtype, q.device,
+                               self.window_constants)
+        else:
+            bias = self.window_masks.get(self.window_slot, key_padding_mask, q.size(2), q.dtype, q.device,
+                                         self.window_constants)
+        if need_weights:
+            return _attend(q * self.scaling, k, v, bias, self.dropout, self.training, need_weights)
+        return attention(q, k, v, bias, self.dropout if self.training else 0.0, scale=self.scaling), None
+
+    def _grouped(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
+                 need_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
+        """One ``windowed_attention`` call per group of equal scales (banded where the window is small
+        against the sequence): long sequences and incremental decoding, and the reference of ``_all_heads``."""
+        batch, _, tgt_len, _ = q.shape
+        q = q * self.scaling
         outputs, weights = [], []
         # split (not slicing) so that backward concatenates the groups' gradients once
         sizes = [end - start for _, start, end in self.groups]
@@ -459,3 +498,13 @@ class MultiScaleSelfAttention(nn.Module):
         # T x B x G x D per group -> T x B x C (one copy)
         out = (torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]).reshape(tgt_len, batch, self.embed_dim)
         return self.out_proj(out), (torch.cat(weights, dim=1) if need_weights else None)
+
+
+def share_window_masks(modules: Sequence[MultiScaleSelfAttention]) -> WindowMasks:
+    """Let the multi-scale attention modules of one stack (all causal or all bidirectional) share one
+    WindowMasks: inside its ``scope()`` the first module builds every module's window bias at once."""
+    masks = WindowMasks()
+    for module in modules:
+        module.window_masks = masks
+        module.window_slot = masks.register(module.head_scales, module.causal)
+    return masks
