@@ -86,9 +86,13 @@ class TransformerSlowFastModel(RawTextFromPretrained, TransformerModel):
                             help="drop the boundary-wise relative positional encoding (table 5 #5: 28.13)")
         parser.add_argument("--boundary-pe-distance", type=int, metavar="K",
                             help="window k of the boundary-wise relative PE (paper: 3)")
+        parser.add_argument("--sf-recompute-fast", action="store_true",
+                            help="recompute the character branch's attention and fusion sub-layers in backward "
+                                 "instead of keeping their activations (less memory, more kernel launches: "
+                                 "docs/transformer_sf.md#speed-and-memory)")
         parser.add_argument("--sf-keep-fast-activations", action="store_true",
-                            help="keep the character branch's activations for backward instead of recomputing "
-                                 "its sub-layers there (faster by a few percent, more memory: docs/performance.md)")
+                            help="keep the character branch's activations for backward: the default (the flag "
+                                 "stays for older command lines; --sf-recompute-fast recomputes them)")
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
@@ -129,8 +133,15 @@ def slowfast_config_from_args(args):
         slow_gcn=args.sf_slow_gcn,
         char_gcn=not args.no_char_boundary,
         boundary_pe_distance=0 if args.no_boundary_pe else args.boundary_pe_distance,
-        recompute_fast=not getattr(args, "sf_keep_fast_activations", False),
+        recompute_fast=_recompute_fast(args),
     )
+
+
+def _recompute_fast(args):
+    recompute = bool(getattr(args, "sf_recompute_fast", False))
+    if recompute and getattr(args, "sf_keep_fast_activations", False):
+        raise ValueError("--sf-recompute-fast and --sf-keep-fast-activations contradict each other")
+    return recompute
 
 
 class SlowFastEncoder(FairseqEncoder):

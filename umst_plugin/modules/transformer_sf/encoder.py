@@ -37,8 +37,9 @@ from torch.utils.checkpoint import checkpoint
 from fairseq.modules import MultiheadAttention
 
 from umst_plugin.modules.umst.group_gcn import GroupGCN
-from umst_plugin.modules.transformer_sf.fast_attention import BoundaryRelativeSelfAttention
+from umst_plugin.modules.transformer_sf.fast_attention import BoundaryRelativeSelfAttention, boundary_band
 from umst_plugin.modules.transformer_sf.fusion import FUSIONS, CrossGranularityFusion
+from umst_plugin.modules.transformer_sf import lean
 
 ENCODER_OUTPUTS = ("slow", "fast", "both")
 SLOW_GCN = ("input", "every-layer", "none")
@@ -92,10 +93,13 @@ class SlowFastConfig:
     slow_gcn: str = "input"
     char_gcn: bool = True  # False: --no-char-boundary (table 5 #3)
     boundary_pe_distance: int = 3  # k; 0 = --no-boundary-pe (table 5 #5)
-    # training: recompute the fast (character) branch's sub-layers in backward instead of keeping their
-    # activations (same values, same dropout masks): its sequence is 5-6x the subwords', its FLOPs ~5% of the
-    # model's; --sf-keep-fast-activations keeps them (docs/performance.md)
-    recompute_fast: bool = True
+    # training: recompute the fast (character) branch's attention and fusion sub-layers in backward instead of
+    # keeping their activations (same values, same dropout masks): less memory, more kernel launches
+    # (--sf-recompute-fast; docs/transformer_sf.md). Its GCN and FFN keep little either way (lean.py).
+    recompute_fast: bool = False
+    # the launch-lean implementation (modules/transformer_sf/lean.py); False runs the reference modules
+    # (the same function, more and smaller ops: tests compare the two)
+    lean: bool = True
 
     def validate(self):
         if self.fusion not in FUSIONS:
@@ -162,6 +166,7 @@ class SlowFastLayer(nn.Module):
         self.fast_gcn = self.fast_attn = self.fast_attn_norm = self.fast_fusion = self.fast_ffn = None
         self.dropout = cfg.dropout
         self.recompute_fast = cfg.recompute_fast
+        self.lean = cfg.lean
         if level["slow"] is not None:
             if cfg.slow_gcn == "every-layer":
                 self.slow_gcn = GroupGCN(cfg.slow_dim, cfg.dropout, cfg.activation_dropout)
@@ -207,6 +212,53 @@ class SlowFastLayer(nn.Module):
                                                     side["char_token_index"]))
 
     def forward(self, x_slow, x_fast, side):
+        if self.lean:
+            return self._forward_lean(x_slow, x_fast, side)
+        return self.forward_reference(x_slow, x_fast, side)
+
+    # ------------------------------------------------------------------ lean path
+    def _ldrop(self, x):
+        return lean.dropout(x, self.dropout, self.training)
+
+    def _fast_attention_lean(self, x_fast, side):
+        h = self.fast_attn.forward_lean(x_fast, self.fast_attn_norm, side)
+        return x_fast + self._ldrop(h)
+
+    def _fast_fused_lean(self, x_fast, fast_mid, slow_mid, side):
+        return x_fast + self._ldrop(self.fast_fusion(fast_mid, slow_mid, side["slow_padding_mask"],
+                                                     side["char_token_index"], side["slow_mask"]))
+
+    def _forward_lean(self, x_slow, x_fast, side):
+        if self.slow_attn is not None:
+            if self.slow_gcn is not None:
+                x_slow = lean.lean_gcn(self.slow_gcn, x_slow, side["slow_gcn_rows"], self.training)
+            h = self.slow_attn_norm(x_slow)
+            if lean.unhooked(self.slow_attn):
+                h = lean.multihead_self_attention(self.slow_attn, h, side["slow_mask"], self.training)
+            else:
+                h, _ = self.slow_attn(query=h, key=h, value=h, key_padding_mask=side["slow_padding_mask"],
+                                      need_weights=False)
+            x_slow = x_slow + self._ldrop(h)
+        if self.fast_attn is not None:
+            if self.fast_gcn is not None:  # memory-lean by itself (lean.py): never recomputed
+                x_fast = lean.lean_gcn(self.fast_gcn, x_fast, side["fast_gcn_rows"], self.training)
+            x_fast = self._fast(self._fast_attention_lean, x_fast, side)
+        slow_mid, fast_mid = x_slow, x_fast
+        if self.slow_fusion is not None:
+            x_slow = x_slow + self._ldrop(self.slow_fusion(slow_mid, fast_mid, side["fast_padding_mask"],
+                                                           side["char_token_index"], side["fast_mask"]))
+        if self.fast_fusion is not None:
+            x_fast = self._fast(self._fast_fused_lean, x_fast, fast_mid, slow_mid, side)
+        if self.slow_ffn is not None:
+            ffn = self.slow_ffn
+            h = lean.dropout(F.relu(ffn.fc1(ffn.layer_norm(x_slow))), ffn.activation_dropout, self.training)
+            x_slow = x_slow + lean.dropout(ffn.fc2(h), ffn.dropout, self.training)
+        if self.fast_ffn is not None:
+            x_fast = lean.lean_ffn(self.fast_ffn, x_fast, self.training)  # memory-lean: never recomputed
+        return x_slow, x_fast
+
+    # ------------------------------------------------------------------ reference path
+    def forward_reference(self, x_slow, x_fast, side):
         if self.slow_attn is not None:
             if self.slow_gcn is not None:
                 x_slow = self.slow_gcn(x_slow, side["slow_groups"], time_first=True,
@@ -228,6 +280,13 @@ class SlowFastLayer(nn.Module):
         if self.fast_ffn is not None:
             x_fast = self._fast(self.fast_ffn, x_fast)
         return x_slow, x_fast
+
+
+def _num_groups(side, groups, bound):
+    """The static bound on the group ids the encoder passes, else (a direct caller) read off the ids."""
+    if side.get(bound) is not None:
+        return int(side[bound])
+    return int(side[groups].max()) + 1 if side[groups].numel() else 1
 
 
 class SlowFastEncoderStack(nn.Module):
@@ -255,10 +314,42 @@ class SlowFastEncoderStack(nn.Module):
         self.slow_layer_norm = nn.LayerNorm(cfg.slow_dim) if outputs in ("slow", "both") else None
         self.fast_layer_norm = nn.LayerNorm(cfg.fast_dim) if outputs in ("fast", "both") else None
 
+    def plan(self, side, x_slow, x_fast):
+        """``side`` plus what every block reads, computed once (``lean.py``): the GCNs' group rows, the
+        character self-attention's boundary band, the additive key masks of both branches."""
+        side = dict(side)
+        cfg = self.cfg
+        dtype = lean.compute_dtype(x_slow if x_slow is not None else x_fast)
+        side["slow_mask"] = lean.additive_mask(side["slow_padding_mask"], dtype)
+        side["fast_mask"] = lean.additive_mask(side["fast_padding_mask"], dtype)
+        if self.slow_input_gcn is not None or cfg.slow_gcn == "every-layer":
+            side["slow_gcn_rows"] = lean.gcn_rows(side["slow_groups"], _num_groups(side, "slow_groups",
+                                                                                   "slow_num_groups"))
+        if self.uses_fast_input:
+            if cfg.char_gcn:
+                side["fast_gcn_rows"] = lean.gcn_rows(side["fast_gcn_groups"], _num_groups(side, "fast_gcn_groups",
+                                                                                        "fast_num_groups"))
+            if cfg.boundary_pe_distance > 0:
+                side["fast_band"] = boundary_band(side["fast_pe_groups"], cfg.boundary_pe_distance,
+                                                  side["fast_pe_boundary"])
+        return side
+
     def forward(self, x_slow, x_fast, side):
+        if self.cfg.lean:
+            return self._forward_lean(x_slow, x_fast, side)
         if self.slow_input_gcn is not None:
             x_slow = self.slow_input_gcn(x_slow, side["slow_groups"], time_first=True,
                                          num_groups=side.get("slow_num_groups"))
+        for layer in self.layers:
+            x_slow, x_fast = layer(x_slow, x_fast, side)
+        slow_out = self.slow_layer_norm(x_slow) if self.slow_layer_norm is not None else None
+        fast_out = self.fast_layer_norm(x_fast) if self.fast_layer_norm is not None else None
+        return slow_out, fast_out
+
+    def _forward_lean(self, x_slow, x_fast, side):
+        side = self.plan(side, x_slow, x_fast)
+        if self.slow_input_gcn is not None:
+            x_slow = lean.lean_gcn(self.slow_input_gcn, x_slow, side["slow_gcn_rows"], self.training)
         for layer in self.layers:
             x_slow, x_fast = layer(x_slow, x_fast, side)
         slow_out = self.slow_layer_norm(x_slow) if self.slow_layer_norm is not None else None

@@ -30,8 +30,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward
 from umst_plugin.modules.common.attention import attention
-from umst_plugin.modules.common.segment_ops import upcast_half
+from umst_plugin.modules.common.segment_ops import accumulation_dtype, upcast_half
+from umst_plugin.modules.umst.lean_gcn import _layer_norm_backward
+from umst_plugin.modules.transformer_sf import lean
 
 
 def boundary_band(groups, max_distance, use_boundary=True):
@@ -116,6 +119,29 @@ class BoundaryRelativeSelfAttention(nn.Module):
         out = out.permute(2, 0, 1, 3).reshape(length, batch, self.embed_dim)
         return self.out_proj(out)
 
+    def forward_lean(self, x, layer_norm, side):
+        """``forward(layer_norm(x), ...)`` with the encoder's plan (``lean.py``): the boundary band computed once
+        per forward (``side["fast_band"]``), the three input maps as one product, the additive key mask; with
+        relative positions the layer norm, the input maps and the core are one autograd function
+        (:class:`BoundaryRelativeAttention`) that keeps x, not the normalised x nor q, k, v."""
+        length, batch, _ = x.shape
+        heads, head_dim = self.num_heads, self.head_dim
+        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+        dropout = self.dropout if self.training else 0.0
+        if self.rel_keys is None:
+            qkv = lean.layer_norm_linear(layer_norm, x, weight, bias).view(length, batch, 3, heads, head_dim)
+            q, k, v = qkv.permute(2, 1, 3, 0, 4).unbind(0)
+            out = attention(q, k, v, side["fast_mask"], dropout, scale=self.scaling)
+        else:
+            cols, valid = side["fast_band"]
+            out = BoundaryRelativeAttention.apply(x.reshape(-1, x.size(-1)), layer_norm.weight, layer_norm.bias,
+                                                  layer_norm.eps, weight, bias, self.rel_keys, self.rel_values,
+                                                  cols, valid, side["fast_padding_mask"], heads, self.scaling,
+                                                  dropout)
+        out = out.permute(2, 0, 1, 3).reshape(length, batch, self.embed_dim)
+        return self.out_proj(out)
+
     def _relative_core(self, q, k, v, key_padding_mask, cols, valid, dropout):
         """softmax(q (k + a^K)^T) (v + a^V) over the boundary band (module docstring); q is scaled."""
         batch, heads, length, _ = q.shape
@@ -130,3 +156,109 @@ class BoundaryRelativeSelfAttention(nn.Module):
         out = torch.matmul(weights.to(v.dtype), v)
         band_weights = torch.gather(weights, -1, band_cols) * valid.unsqueeze(1)
         return out + torch.matmul(band_weights.to(v.dtype), self.rel_values)
+
+
+class BoundaryRelativeAttention(torch.autograd.Function):
+    """The layer norm, the input maps and ``_relative_core`` as one autograd function: for time-first rows
+    ``x`` (L*B x C) and q, k, v = split(LN(x) W^T + b) (unscaled, B x H x L x d),
+
+        w = Drop(softmax(s q k^T + band(s q a^K^T) + mask)),   out = w v + band^T(w) a^V   (B x H x L x d)
+
+    where band() scatters the B x H x L x (2k+1) relative terms into the logits' diagonals (``valid`` ones only)
+    and band^T() gathers them back. Keeps x, the layer norm's statistics and the 1-byte dropout mask: backward
+    recomputes the layer norm, the input maps and the softmax (three products and a few elementwise ops; no
+    B x H x L x L float tensor is kept, as with the reference's checkpoint, nor the normalised x or q, k, v) and
+    runs only the products the gradients need. Matrix products follow autocast (``amp_functions``); the
+    softmax and the relative terms run in fp32 for fp16/bf16 inputs, as in the reference."""
+
+    @staticmethod
+    def _inputs(x, ln_weight, ln_bias, eps, weight, bias, heads, length):
+        channels = x.size(-1)
+        normed, mean, rstd = torch.native_layer_norm(x, (channels,), ln_weight, ln_bias, eps)
+        batch = x.size(0) // length
+        qkv = F.linear(normed, weight, bias).view(length, batch, 3, heads, channels // heads)
+        return normed, mean, rstd, qkv.permute(2, 1, 3, 0, 4).contiguous()  # 3 x B x H x L x d
+
+    @staticmethod
+    def _probs(q3, k3, q_flat, rel_keys, band_cols, valid, key_padding_mask, scale):
+        batch, heads, length, _ = band_cols.shape
+        logits = upcast_half(torch.baddbmm(q3.new_empty(()), q3, k3.transpose(1, 2), beta=0.0, alpha=scale))
+        rel = upcast_half(torch.addmm(q_flat.new_empty(()), q_flat, rel_keys.t(), beta=0.0, alpha=scale))
+        rel = rel.view(batch, heads, length, -1).mul_(valid.unsqueeze(1))
+        logits = logits.view(batch, heads, length, length).scatter_add_(-1, band_cols, rel)
+        logits.masked_fill_(key_padding_mask.view(batch, 1, 1, length), float("-inf"))
+        return torch.softmax(logits, dim=-1)
+
+    @staticmethod
+    @amp_forward
+    def forward(ctx, x, ln_weight, ln_bias, eps, weight, bias, rel_keys, rel_values, cols, valid,
+                key_padding_mask, heads, scale, dropout):
+        batch, length = key_padding_mask.shape
+        _, mean, rstd, qkv = BoundaryRelativeAttention._inputs(x, ln_weight, ln_bias, eps, weight, bias, heads,
+                                                                length)
+        head_dim = qkv.size(-1)
+        q3, k3, v3 = qkv.view(3, batch * heads, length, head_dim).unbind(0)
+        band_cols = cols.unsqueeze(1).expand(-1, heads, -1, -1)
+        probs = BoundaryRelativeAttention._probs(q3, k3, q3.reshape(-1, head_dim), rel_keys, band_cols, valid,
+                                                 key_padding_mask, scale)
+        mask = None
+        if dropout > 0:
+            probs, mask = torch.native_dropout(probs, dropout, True)
+        out = torch.bmm(probs.view(batch * heads, length, length).to(v3.dtype), v3)
+        band = torch.gather(probs, -1, band_cols).mul_(valid.unsqueeze(1))
+        out = torch.addmm(out.view(-1, head_dim), band.view(-1, band.size(-1)).to(v3.dtype), rel_values)
+        ctx.save_for_backward(x, ln_weight, ln_bias, weight, bias, mean, rstd, rel_keys, rel_values, cols, valid,
+                              key_padding_mask, mask)
+        ctx.eps, ctx.heads, ctx.scale, ctx.dropout = eps, heads, scale, dropout
+        return out.view(batch, heads, length, head_dim)
+
+    @staticmethod
+    @amp_backward
+    def backward(ctx, grad):
+        (x, ln_weight, ln_bias, weight, bias, mean, rstd, rel_keys, rel_values, cols, valid, key_padding_mask,
+         mask) = ctx.saved_tensors
+        scale, heads, need = ctx.scale, ctx.heads, ctx.needs_input_grad
+        batch, length = key_padding_mask.shape
+        normed, _, _, qkv = BoundaryRelativeAttention._inputs(x, ln_weight, ln_bias, ctx.eps, weight, bias, heads,
+                                                               length)  # recomputed
+        head_dim = qkv.size(-1)
+        bh = batch * heads
+        q3, k3, v3 = qkv.view(3, bh, length, head_dim).unbind(0)
+        q_flat = q3.reshape(-1, head_dim)
+        band_cols = cols.unsqueeze(1).expand(-1, heads, -1, -1)
+        valid_h = valid.unsqueeze(1)
+        probs = BoundaryRelativeAttention._probs(q3, k3, q_flat, rel_keys, band_cols, valid, key_padding_mask,
+                                                 scale)  # recomputed
+        keep_scale = 1.0 / (1.0 - ctx.dropout) if mask is not None else 1.0
+        dropped = probs if mask is None else torch.ops.aten.native_dropout_backward(probs, mask, keep_scale)
+        grad3 = grad.contiguous().view(bh, length, head_dim)
+        grad_flat = grad3.view(-1, head_dim)
+        # out = w v + band^T(w) a^V
+        grad_v = torch.bmm(dropped.view(bh, length, length).transpose(1, 2).to(grad.dtype), grad3)
+        grad_rel_values = None
+        if need[7]:
+            band = torch.gather(dropped, -1, band_cols).mul_(valid_h)
+            grad_rel_values = torch.mm(band.view(-1, band.size(-1)).t().to(grad.dtype), grad_flat)
+        grad_w = upcast_half(torch.bmm(grad3, v3.transpose(1, 2))).view(batch, heads, length, length)
+        grad_band = upcast_half(torch.mm(grad_flat, rel_values.t())).view(batch, heads, length, -1).mul_(valid_h)
+        grad_w.scatter_add_(-1, band_cols, grad_band)
+        if mask is not None:
+            grad_w = torch.ops.aten.native_dropout_backward(grad_w, mask, keep_scale)
+        grad_logits = torch._softmax_backward_data(grad_w, probs, -1, probs.dtype)
+        # logits = s q k^T + band(s q a^K^T)
+        grad_rel = torch.gather(grad_logits, -1, band_cols).mul_(valid_h).view(-1, band_cols.size(-1))
+        grad_logits3 = grad_logits.view(bh, length, length).to(q3.dtype)
+        grad_q = torch.baddbmm(q3.new_empty(()), grad_logits3, k3, beta=0.0, alpha=scale)
+        grad_q = grad_q.view(-1, head_dim).addmm_(grad_rel.to(grad_q.dtype), rel_keys.to(grad_q.dtype), alpha=scale)
+        grad_k = torch.baddbmm(k3.new_empty(()), grad_logits3.transpose(1, 2), q3, beta=0.0, alpha=scale)
+        grad_rel_keys = torch.mm(grad_rel.t().to(q_flat.dtype), q_flat) * scale if need[6] else None
+        # the input maps and the layer norm
+        grad_qkv = torch.stack([grad_q.view(bh, length, head_dim), grad_k, grad_v.to(grad_k.dtype)])
+        grad_qkv = grad_qkv.view(3, batch, heads, length, head_dim).permute(3, 1, 0, 2, 4).reshape(
+            length * batch, -1)
+        grad_weight = grad_qkv.t().mm(normed) if need[4] else None
+        grad_bias = grad_qkv.sum(0, dtype=accumulation_dtype(grad_qkv.dtype)) if need[5] else None
+        grad_x, grad_ln_weight, grad_ln_bias = _layer_norm_backward(
+            grad_qkv.mm(weight), x, mean, rstd, ln_weight, ln_bias, [need[0], need[1], need[2]])
+        return (grad_x, grad_ln_weight, grad_ln_bias, None, grad_weight, grad_bias, grad_rel_keys, grad_rel_values,
+                None, None, None, None, None, None)

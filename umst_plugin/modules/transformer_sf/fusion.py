@@ -39,6 +39,7 @@ from fairseq.modules import MultiheadAttention
 
 from umst_plugin.modules.common.attention import attention
 from umst_plugin.modules.common.segment_ops import segment_mean, upcast_half
+from umst_plugin.modules.transformer_sf import lean
 
 FUSIONS = ("cga", "linear-attention", "ds-concat", "ds-sum")
 
@@ -89,6 +90,15 @@ class WidthChangingAttention(nn.Module):
         self.out_proj = nn.Linear(embed_dim, embed_dim)
         # Contract through the thin side when it is cheaper (see module docstring).
         self.reassociate = num_heads * kv_dim <= embed_dim
+        # the lean reassociated path's constant columns (not parameters, not saved): per head the key input
+        # space is widened to ``width`` columns, [kv, 1, 0...] on the key side (see ``_lean``)
+        self.width = -(-(kv_dim + 1) // 8) * 8
+        if self.reassociate:
+            ones_col = torch.zeros(self.width - kv_dim)
+            ones_col[0] = 1.0
+            self.register_buffer("_ones_col", ones_col, persistent=False)
+            self.register_buffer("_zero_cols", torch.zeros(num_heads, self.head_dim, self.width - kv_dim - 1),
+                                 persistent=False)
         for proj in (self.q_proj, self.k_proj, self.v_proj):
             nn.init.xavier_uniform_(proj.weight, gain=1 / math.sqrt(2))
         nn.init.xavier_uniform_(self.out_proj.weight)
@@ -98,6 +108,54 @@ class WidthChangingAttention(nn.Module):
         if self.record is None:
             return self._fused(query, kv, key_padding_mask)
         return self._explicit(query, kv, key_padding_mask)
+
+    def forward_lean(self, x_query, query_norm, x_kv, kv_norm, mask):
+        """``forward(query_norm(x_query), kv_norm(x_kv), ...)`` with fewer, larger ops and the encoder plan's
+        additive key mask (B x 1 x 1 x Lk, -inf at padding). The layer norms feed the products directly
+        (``lean.layer_norm_linear``: their outputs are recomputed in backward, not kept).
+
+        Not reassociated: one product for the keys and values. Reassociated (the slow branch reading the
+        characters): the query map and every head's W^k (and b^k, as a column) multiply into one
+        Cq x H*width map, W^v and W^o into one H*width x Cq map, so the sub-layer is two products of the inputs
+        around one attention whose keys and values, [kv, 1, 0...], the heads share:
+
+            q_ext = LN(x) W^q_h^T [W^k_h | b^k_h] + b^q_h [W^k_h | b^k_h]   (per head h)
+            out   = sum_h softmax(s q_ext_h [kv | 1]^T) [kv | 1] [W^v_h^T; b^v_h] W^o_h^T + b^o
+
+        the same function as ``_fused`` (sums regrouped; tests compare them)."""
+        len_q, batch, embed_dim = x_query.shape
+        len_k = x_kv.size(0)
+        heads, head_dim = self.num_heads, self.head_dim
+        dropout = self.dropout if self.training else 0.0
+        if not self.reassociate:
+            q = lean.layer_norm_linear(query_norm, x_query, self.q_proj.weight, self.q_proj.bias)
+            q = q.view(len_q, batch, heads, head_dim).permute(1, 2, 0, 3)
+            kv = lean.layer_norm_linear(kv_norm, x_kv, torch.cat([self.k_proj.weight, self.v_proj.weight]),
+                                        torch.cat([self.k_proj.bias, self.v_proj.bias]))
+            k, v = kv.view(len_k, batch, 2, heads, head_dim).permute(2, 1, 3, 0, 4).unbind(0)
+            out = attention(q, k, v, mask, dropout, scale=self.scaling)
+            return self.out_proj(out.permute(2, 0, 1, 3).reshape(len_q, batch, embed_dim))
+        c, width = self.kv_dim, self.width
+        # key side of every head widened to [W^k_h | b^k_h | 0] (H x d x width); the query map through it:
+        # m_h = [W^k_h | b^k_h | 0]^T W^q_h (width x Cq) and its bias [W^k_h | b^k_h | 0]^T b^q_h
+        w_k = torch.cat([self.k_proj.weight.view(heads, head_dim, c), self.k_proj.bias.view(heads, head_dim, 1),
+                         self._zero_cols], dim=-1)
+        m = torch.bmm(w_k.transpose(1, 2), self.q_proj.weight.view(heads, head_dim, embed_dim))
+        m_bias = torch.bmm(w_k.transpose(1, 2), self.q_proj.bias.view(heads, head_dim, 1))
+        q_ext = lean.layer_norm_linear(query_norm, x_query, m.view(heads * width, embed_dim),
+                                       m_bias.view(heads * width))  # Lq x B x H*width
+        # the heads share their keys and values: they fold into the queries (B x 1 x H*Lq x width)
+        q_ext = q_ext.view(len_q, batch, heads, width).permute(1, 2, 0, 3).reshape(batch, 1, heads * len_q, width)
+        kv_ext = torch.cat([kv_norm(x_kv).transpose(0, 1), self._ones_col.expand(batch, len_k, width - c)], dim=-1)
+        kv_ext = kv_ext.unsqueeze(1).to(q_ext.dtype)
+        context = attention(q_ext, kv_ext, kv_ext, mask, dropout, scale=self.scaling)
+        # value side and output map: n_h = [W^v_h | b^v_h | 0]^T W^o_h^T (width x Cq)
+        w_v = torch.cat([self.v_proj.weight.view(heads, head_dim, c), self.v_proj.bias.view(heads, head_dim, 1),
+                         self._zero_cols], dim=-1)
+        n = torch.bmm(w_v.transpose(1, 2), self.out_proj.weight.view(embed_dim, heads, head_dim).permute(1, 2, 0))
+        context = context.view(batch, heads, len_q, width).permute(2, 0, 1, 3).reshape(len_q * batch, heads * width)
+        return torch.addmm(self.out_proj.bias, context, n.view(heads * width, embed_dim)).view(len_q, batch,
+                                                                                                 embed_dim)
 
     def _fused(self, query, kv, key_padding_mask):
         """The same function through ``modules.attention.attention`` (no weights kept for backward)."""
@@ -193,12 +251,19 @@ class CrossGranularityFusion(nn.Module):
         else:
             self.proj = nn.Linear(other_dim, self_dim)
 
-    def forward(self, x_self, x_other, other_padding_mask, char_token_index):
+    def forward(self, x_self, x_other, other_padding_mask, char_token_index, mask=None):
+        """``mask``: the encoder plan's additive mask of the other branch's padding (B x 1 x 1 x L_other): the
+        lean path (``lean.py``)."""
+        if self.kind == "cga" and mask is not None and self.attn.record is None:
+            return self.attn.forward_lean(x_self, self.self_layer_norm, x_other, self.other_layer_norm, mask)
         other = self.other_layer_norm(x_other)
         if self.kind == "cga":
             return self.attn(self.self_layer_norm(x_self), other, other_padding_mask)
         if self.kind == "linear-attention":
             other = self.other_proj(other)
+            if mask is not None and lean.unhooked(self.attn):
+                return lean.multihead_cross_attention(self.attn, self.self_layer_norm(x_self), other, mask,
+                                                      self.training)
             out, _ = self.attn(query=self.self_layer_norm(x_self), key=other, value=other,
                                key_padding_mask=other_padding_mask, need_weights=False)
             return out
