@@ -33,8 +33,8 @@ from torch.utils.checkpoint import checkpoint
 from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward
 from umst_plugin.modules.common.attention import attention
 from umst_plugin.modules.common.segment_ops import accumulation_dtype, upcast_half
-from umst_plugin.modules.umst.lean_gcn import _layer_norm_backward
 from umst_plugin.modules.transformer_sf import lean
+from umst_plugin.modules.transformer_sf.lean import _layer_norm_backward
 
 
 def boundary_band(groups, max_distance, use_boundary=True):
