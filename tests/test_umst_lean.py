@@ -200,13 +200,13 @@ def _block_launches(reference, extra=()):
 def test_launches_of_one_block_and_of_the_graphs():
     """Kernel launches of one UMST block in training (fp32, every dropout on), counted below autograd (on a CPU
     attention with dropout runs torch's math path: ~16 launches forward and ~25 backward per attention call, one
-    fused kernel each on a GPU). Measured: dense 64 / 96, reference 124 / 125; with attention dropout 0 (fused
-    attention on the CPU too) dense 40 / 54. The per-batch graphs with their dense operators: 34."""
+    fused kernel each on a GPU). Measured: dense 63 / 96, reference 124 / 125; with attention dropout 0 (fused
+    attention on the CPU too) dense 39 / 54. The per-batch graphs with their dense operators: 34."""
     fwd, bwd, graphs = _block_launches(False)
     ref_fwd, ref_bwd, _ = _block_launches(True)
     print(f"\none block, forward / backward launches: dense {fwd} / {bwd}, reference {ref_fwd} / {ref_bwd}; "
           f"graphs {graphs}")
-    assert fwd <= 66 and bwd <= 98 and graphs <= 36
+    assert fwd <= 65 and bwd <= 98 and graphs <= 36
     assert ref_fwd + ref_bwd - (fwd + bwd) >= 80
     fwd0, bwd0, _ = _block_launches(False, ["--attention-dropout", "0"])
     assert fwd0 <= 42 and bwd0 <= 56

@@ -195,11 +195,22 @@ def _operator(t: Tensor, like: Tensor) -> Tensor:
     return t.to(like.dtype)
 
 
+def _weight(weight: Tensor, like: Tensor) -> Tensor:
+    """The d x d weight as the functions' products read it: under autocast cast whole before the function, as
+    autocast would cast it inside (the same values, and the gradient it returns is the autocast-dtype product
+    either way); so autocast's parameter cache (``umst_plugin.amp_weights``) can make the cast once per update
+    and the backward pass does not cast it again. Biases stay float32 (their gradient is an fp32 sum)."""
+    device = like.device.type
+    if torch.is_autocast_enabled(device):
+        return weight.to(torch.get_autocast_dtype(device))
+    return weight
+
+
 def lean_word_gcn(gcn, x: Tensor, graphs, training: bool) -> Tensor:
     """Apply a ``GroupGCN`` module's parameters through :class:`LeanWordGCN`; x is B x T x C, ``graphs`` a
     ``UMSTGraphs`` with its dense operators."""
     ln = gcn.layer_norm
-    return LeanWordGCN.apply(x, ln.weight, ln.bias, gcn.linear.weight, gcn.linear.bias,
+    return LeanWordGCN.apply(x, ln.weight, ln.bias, _weight(gcn.linear.weight, x), gcn.linear.bias,
                              _operator(graphs.group_onehot, x), _operator(graphs.group_mean, x),
                              _operator(graphs.group_adj, x), ln.eps, gcn.activation_dropout, gcn.dropout, training)
 
@@ -208,9 +219,8 @@ def lean_phrase_gcn(gcn, xw: Tensor, adj: Tensor, training: bool) -> Tensor:
     """Apply a ``PhraseGCN`` module's parameters through :class:`LeanPhraseGCN` (form eq3) or
     :class:`LeanPhraseGCNAuthors` (form authors); xw is B x W x C."""
     ln = gcn.layer_norm
-    adj = _operator(adj, xw)
+    adj, weight = _operator(adj, xw), _weight(gcn.linear.weight, xw)
     if gcn.form == "authors":
-        return LeanPhraseGCNAuthors.apply(xw, ln.weight, ln.bias, gcn.linear.weight, gcn.linear.bias, adj, ln.eps,
+        return LeanPhraseGCNAuthors.apply(xw, ln.weight, ln.bias, weight, gcn.linear.bias, adj, ln.eps,
                                           gcn.activation_dropout, gcn.dropout, training)
-    return LeanPhraseGCN.apply(xw, ln.weight, ln.bias, gcn.linear.weight, gcn.linear.bias, adj, ln.eps,
-                               gcn.dropout, training)
+    return LeanPhraseGCN.apply(xw, ln.weight, ln.bias, weight, gcn.linear.bias, adj, ln.eps, gcn.dropout, training)

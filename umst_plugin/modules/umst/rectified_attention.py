@@ -70,6 +70,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward
 from umst_plugin.modules.common.attention import attention
 from umst_plugin.modules.common.segment_ops import upcast_half
 from umst_plugin.modules.umst.graphs import UMSTGraphs, project_to_words, upsample_attention_map, upsample_tokens
@@ -103,6 +104,36 @@ def _operator(t, like):
     if t.dtype == like.dtype or torch.is_autocast_enabled(like.device.type):
         return t
     return t.to(like.dtype)
+
+
+class _HalfSum(torch.autograd.Function):
+    """``½(a + up @ w)`` (B x T x C) in one ``baddbmm``; backward: ``½ g`` for ``a`` and ``up^T (½ g)`` for ``w``
+    (``up`` takes no gradient). Scaling by ½ is exact, so this is ``0.5 * (a + up @ w)`` to the bit."""
+
+    @staticmethod
+    @amp_forward
+    def forward(ctx, a, up, w):
+        ctx.save_for_backward(up)
+        return torch.baddbmm(a, up, w, beta=0.5, alpha=0.5)
+
+    @staticmethod
+    @amp_backward
+    def backward(ctx, grad):
+        (up,) = ctx.saved_tensors
+        half = grad * 0.5
+        return half, None, torch.bmm(up.transpose(1, 2), half) if ctx.needs_input_grad[2] else None
+
+
+def _packed(linears, x):
+    """The weights and biases of ``linears`` concatenated (one product for all of them). Under autocast each
+    parameter is cast whole first, as autocast would cast it for its own product (the same values; the cast
+    autocast's parameter cache, ``umst_plugin.amp_weights``, makes once per update for all parameters)."""
+    weights, biases = [m.weight for m in linears], [m.bias for m in linears]
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+        weights, biases = [w.to(dtype) for w in weights], [b.to(dtype) for b in biases]
+    return torch.cat(weights), torch.cat(biases)
 
 
 class RectifiedSelfAttention(nn.Module):
@@ -208,24 +239,21 @@ class RectifiedSelfAttention(nn.Module):
             return self._reference_forward(x, x_word, graphs)
         # One product for Q, K and V (their weights concatenated; the gradient of the split is one concat).
         channels = self.embed_dim
-        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
-        bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+        weight, bias = _packed((self.q_proj, self.k_proj, self.v_proj), x)
         q, k, v_tokens = F.linear(x, weight, bias).split(channels, dim=-1)
         out_subword = self._subword_attention(self._heads(q), self._heads(k), self._heads(v_tokens),
                                               graphs.token_pad, _operator(graphs.token_attn_mask, q))
         if self.share_qk:
             word_weight, word_bias = weight[: 2 * channels], bias[: 2 * channels]
         else:
-            word_weight = torch.cat([self.word_q_proj.weight, self.word_k_proj.weight])
-            word_bias = torch.cat([self.word_q_proj.bias, self.word_k_proj.bias])
+            word_weight, word_bias = _packed((self.word_q_proj, self.word_k_proj), x_word)
         if self.recompute_word_branch and self.training and torch.is_grad_enabled():
             out_word = checkpoint(self._word_branch_dense, x_word, v_tokens, word_weight, word_bias, graphs,
                                   use_reentrant=False)
         else:
             out_word = self._word_branch_dense(x_word, v_tokens, word_weight, word_bias, graphs)
-        # ½(ATTN1 V + R (ATTN2 (R~^T V))): the up-sampling and the sum in one product.
-        fused = torch.baddbmm(self._merge(out_subword), _operator(graphs.up, out_word), out_word)
-        return self.out_proj(0.5 * fused)
+        # ½(ATTN1 V + R (ATTN2 (R~^T V))): the up-sampling, the sum and the ½ in one product.
+        return self.out_proj(_HalfSum.apply(self._merge(out_subword), _operator(graphs.up, out_word), out_word))
 
     def _word_branch_dense(self, x_word, v_tokens, word_weight, word_bias, graphs: UMSTGraphs):
         """ATTN2 (R~^T V) at word level, B x W x C (merged heads); R~^T = ``graphs.proj`` (a bmm)."""
