@@ -125,3 +125,247 @@ def test_lean_encoder_equals_reference_in_eval(overrides):
         with torch.no_grad():
             outs.append(model.encoder(tokens, src_lengths=tokens.ne(d.pad()).sum(1))["encoder_out"][0])
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-10, atol=1e-10)
+
+
+# ----------------------------------------------------------------------------- pieces
+F64 = dict(dtype=torch.float64)
+
+
+def padding_mask(batch, length, seed):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(length // 2, length + 1, (batch,), generator=g)
+    lengths[0] = length
+    return torch.arange(length)[None, :] >= lengths[:, None]
+
+
+def grads_of(fn, inputs, module):
+    """(output, grads of the inputs, grads of the module's parameters), backpropagating a fixed weighting."""
+    inputs = [t.detach().clone().requires_grad_() for t in inputs]
+    module.zero_grad(set_to_none=True)
+    out = fn(*inputs)
+    weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    (out * weights).sum().backward()
+    params = {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
+    return out.detach(), [t.grad for t in inputs], params
+
+
+def assert_same(a, b, rtol=1e-10, atol=1e-11):
+    torch.testing.assert_close(a[0], b[0], rtol=rtol, atol=atol)
+    for x, y in zip(a[1], b[1]):
+        torch.testing.assert_close(x, y, rtol=rtol, atol=atol)
+    assert a[2].keys() == b[2].keys()
+    for name in a[2]:
+        torch.testing.assert_close(a[2][name], b[2][name], rtol=rtol, atol=atol, msg=name)
+
+
+@pytest.mark.parametrize("use_boundary", [True, False])
+@pytest.mark.parametrize("recompute", [True, False], ids=["recompute", "keep"])
+def test_boundary_relative_attention_function_equals_reference(recompute, use_boundary):
+    torch.manual_seed(4)
+    att = BoundaryRelativeSelfAttention(8, 2, dropout=0.3, max_distance=3, recompute=recompute).double().train()
+    norm = torch.nn.LayerNorm(8).double()
+    with torch.no_grad():
+        norm.weight.normal_(1, 0.1)
+        norm.bias.normal_(0, 0.1)
+    module = torch.nn.ModuleDict(dict(att=att, norm=norm))
+    x = torch.randn(13, 3, 8, **F64)
+    pad = padding_mask(3, 13, seed=8)
+    groups = (torch.arange(13)[None, :] // 3 + 1).expand(3, -1).masked_fill(pad, 0)
+    side = dict(fast_band=boundary_band(groups, 3, use_boundary), fast_padding_mask=pad)
+    results = []
+    for fn in (lambda a: att(norm(a), pad, groups, use_boundary=use_boundary),
+               lambda a: att.forward_lean(a, norm, side)):
+        torch.manual_seed(9)
+        with logical_dropout():
+            results.append(grads_of(fn, [x], module))
+    assert_same(*results)
+
+
+def test_boundary_relative_attention_gradcheck():
+    torch.manual_seed(5)
+    batch, length, dim, heads = 2, 7, 4, 2
+    pad = padding_mask(batch, length, seed=3)
+    groups = (torch.arange(length)[None, :] // 2 + 1).expand(batch, -1).masked_fill(pad, 0)
+    cols, valid = boundary_band(groups, 2)
+    args = [torch.randn(length * batch, dim, **F64), 1 + 0.1 * torch.randn(dim, **F64), 0.1 * torch.randn(dim, **F64),
+            torch.randn(3 * dim, dim, **F64) / 2, torch.randn(3 * dim, **F64) / 4, torch.randn(5, dim // heads, **F64),
+            torch.randn(5, dim // heads, **F64)]
+    args = [a.requires_grad_() for a in args]
+
+    def fn(x, ln_w, ln_b, w, b, rel_k, rel_v):
+        return BoundaryRelativeAttention.apply(x, ln_w, ln_b, 1e-5, w, b, rel_k, rel_v, cols, valid, pad, heads,
+                                               0.7, 0.0)
+    assert torch.autograd.gradcheck(fn, args)
+
+
+@pytest.mark.parametrize("embed,kv_dim,heads", [(32, 4, 4), (8, 32, 2), (16, 8, 2)],
+                         ids=["reassociated", "plain", "plain-equal-cost"])
+def test_cross_granularity_fusion_lean_equals_reference(embed, kv_dim, heads):
+    from umst_plugin.modules.transformer_sf.fusion import CrossGranularityFusion
+    from umst_plugin.modules.transformer_sf import lean
+
+    torch.manual_seed(2)
+    fusion = CrossGranularityFusion("cga", embed, kv_dim, heads, "slow", attention_dropout=0.2).double().train()
+    with torch.no_grad():
+        for p in fusion.parameters():
+            p.add_(0.1 * torch.randn_like(p))  # biases and layer norms away from their initial values
+    assert fusion.attn.reassociate == (heads * kv_dim <= embed)
+    x_self, x_other = torch.randn(5, 3, embed, **F64), torch.randn(11, 3, kv_dim, **F64)
+    pad = padding_mask(3, 11, seed=6)
+    results = []
+    for mask in (None, lean.additive_mask(pad, torch.float64)):
+        torch.manual_seed(7)
+        results.append(grads_of(lambda a, b: fusion(a, b, pad, None, mask), [x_self, x_other], fusion))
+    assert_same(*results)
+
+
+def test_linear_attention_fusion_lean_equals_reference():
+    from umst_plugin.modules.transformer_sf.fusion import CrossGranularityFusion
+    from umst_plugin.modules.transformer_sf import lean
+
+    torch.manual_seed(3)
+    fusion = CrossGranularityFusion("linear-attention", 8, 16, 2, "fast", attention_dropout=0.2).double().train()
+    x_self, x_other = torch.randn(9, 2, 8, **F64), torch.randn(4, 2, 16, **F64)
+    pad = padding_mask(2, 4, seed=1)
+    results = []
+    for mask in (None, lean.additive_mask(pad, torch.float64)):
+        torch.manual_seed(7)
+        results.append(grads_of(lambda a, b: fusion(a, b, pad, None, mask), [x_self, x_other], fusion))
+    assert_same(*results)
+
+
+def test_self_attention_lean_equals_fairseq():
+    from fairseq.modules import MultiheadAttention
+    from umst_plugin.modules.transformer_sf import lean
+
+    torch.manual_seed(3)
+    mha = MultiheadAttention(16, 4, dropout=0.2, self_attention=True).double().train()
+    x = torch.randn(7, 3, 16, **F64)
+    pad = padding_mask(3, 7, seed=2)
+    results = []
+    torch.manual_seed(5)
+    results.append(grads_of(lambda a: mha(query=a, key=a, value=a, key_padding_mask=pad, need_weights=False)[0],
+                            [x], mha))
+    torch.manual_seed(5)
+    results.append(grads_of(lambda a: lean.multihead_self_attention(mha, a, lean.additive_mask(pad, torch.float64),
+                                                                    True), [x], mha))
+    assert_same(*results)
+
+
+def test_lean_group_gcn_equals_group_gcn():
+    from umst_plugin.modules.transformer_sf import lean
+    from umst_plugin.modules.umst.group_gcn import GroupGCN
+
+    torch.manual_seed(6)
+    gcn = GroupGCN(8, dropout=0.3, activation_dropout=0.2).double().train()
+    with torch.no_grad():
+        gcn.layer_norm.weight.normal_(1, 0.1)
+        gcn.layer_norm.bias.normal_(0, 0.1)
+    x = torch.randn(10, 3, 8, **F64)
+    pad = padding_mask(3, 10, seed=4)
+    groups = (torch.arange(10)[None, :] // 3 + 1).expand(3, -1).masked_fill(pad, 0)
+    rows = lean.gcn_rows(groups, 10 // 3 + 2)
+    results = []
+    for fn in (lambda a: gcn(a, groups, time_first=True, num_groups=10 // 3 + 2),
+               lambda a: lean.lean_gcn(gcn, a, rows, True)):
+        torch.manual_seed(2)
+        with logical_dropout():
+            results.append(grads_of(fn, [x], gcn))
+    assert_same(*results)
+    assert torch.isfinite(results[1][0]).all()
+    torch.testing.assert_close(results[1][0][pad.t()], x[pad.t()])  # padding rows: the input back
+
+
+def test_lean_ffn_and_layer_norm_linear_equal_their_modules():
+    from umst_plugin.modules.transformer_sf import lean
+    from umst_plugin.modules.transformer_sf.encoder import PreNormFFN
+
+    torch.manual_seed(8)
+    ffn = PreNormFFN(8, 24, dropout=0.3, activation_dropout=0.2).double().train()
+    x = torch.randn(6, 2, 8, **F64)
+    results = []
+    for fn in (lambda a: ffn(a), lambda a: lean.lean_ffn(ffn, a, True)):
+        torch.manual_seed(1)
+        with logical_dropout():
+            results.append(grads_of(fn, [x], ffn))
+    assert_same(*results)
+    ln, linear = ffn.layer_norm, ffn.fc1
+    module = torch.nn.ModuleList([ln, linear])
+    a = grads_of(lambda t: linear(ln(t)), [x], module)
+    b = grads_of(lambda t: lean.layer_norm_linear(ln, t, linear.weight, linear.bias), [x], module)
+    assert_same(a, b)
+
+
+# ----------------------------------------------------------------------------- bf16, flags, launches, memory
+def test_lean_encoder_close_to_reference_under_bf16_autocast():
+    # attention dropout off: on a CPU in bf16 fairseq's attention (the reference) draws its mask inside torch's
+    # kernel, the lean path in the plugin's explicit attention (``modules.common.attention``), so they differ
+    model, d = build(overrides={**DROPOUTS, "attention_dropout": 0.0})
+    model.train()
+    steps = []
+    for lean_path in (False, True):
+        set_lean(model, lean_path)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            steps.append(train_step(model, d, seed=3))
+    (enc_a, out_a, grads_a), (enc_b, out_b, grads_b) = steps
+    torch.testing.assert_close(enc_a.float(), enc_b.float(), rtol=0.05, atol=0.05)
+    # bf16 rounding differs between the paths (products regrouped, ReLUs flip near 0): relative norms within 10%;
+    # gradients that are 0 in exact arithmetic (k_proj.bias: softmax ignores it) are bf16 noise in both
+    floor = 0.01 * max(g.norm() for g in grads_a.values())
+    for name in grads_a:
+        assert torch.isfinite(grads_b[name]).all(), name
+        assert (grads_a[name] - grads_b[name]).norm() / grads_a[name].norm().clamp(min=floor) < 0.1, name
+
+
+def test_recompute_flag_and_default():
+    model, _ = build()
+    assert not any(layer.recompute_fast for layer in model.encoder.stack.layers)  # kept by default
+    model, _ = build(overrides={"sf_recompute_fast": True})
+    assert all(layer.recompute_fast for layer in model.encoder.stack.layers)
+    model, _ = build(overrides={"sf_keep_fast_activations": True})
+    assert not any(layer.recompute_fast for layer in model.encoder.stack.layers)
+    with pytest.raises(ValueError, match="contradict"):
+        build(overrides={"sf_recompute_fast": True, "sf_keep_fast_activations": True})
+
+
+def launches_and_saved(model, d):
+    """Kernel launches and saved bytes of the encoder's forward and backward (training mode)."""
+    tokens = batch_of(d, SENTENCES)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    model.zero_grad(set_to_none=True)
+    counter = KernelLaunches()
+    torch.manual_seed(0)
+    with counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model.encoder(tokens, src_lengths=tokens.ne(d.pad()).sum(1))["encoder_out"][0]
+        loss = (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum()
+    with counter:
+        loss.backward()
+    return counter.total, sum(seen.values())
+
+
+def test_lean_encoder_launches_fewer_kernels_and_keeps_less():
+    model, d = build(overrides=DROPOUTS)
+    model.train()
+    set_lean(model, False)
+    ref_launches, ref_saved = launches_and_saved(model, d)
+    set_recompute(model, True)
+    ref_recompute_launches, _ = launches_and_saved(model, d)
+    set_lean(model, True)
+    recompute_launches, recompute_saved = launches_and_saved(model, d)
+    set_recompute(model, False)
+    keep_launches, keep_saved = launches_and_saved(model, d)
+    print(f"\nlaunches of the encoder's training step (tiny model): reference {ref_launches} kept / {ref_recompute_launches} "
+          f"recomputed, lean {keep_launches} kept / {recompute_launches} recomputed; saved bytes: reference "
+          f"{ref_saved}, lean {keep_saved} kept / {recompute_saved} recomputed")
+    assert keep_launches < 0.85 * ref_launches
+    assert recompute_launches < 0.75 * ref_recompute_launches
+    assert keep_launches < recompute_launches
+    assert keep_saved < ref_saved and recompute_saved < keep_saved
