@@ -369,3 +369,69 @@ def test_lean_encoder_launches_fewer_kernels_and_keeps_less():
     assert recompute_launches < 0.75 * ref_recompute_launches
     assert keep_launches < recompute_launches
     assert keep_saved < ref_saved and recompute_saved < keep_saved
+
+
+# ----------------------------------------------------------------------------- character table
+def reference_char_batch(table, src_tokens, char_len):
+    """``CharTable.forward`` as it was before its ops were merged (three placements, one per output)."""
+    word_ids = table.word_ids(src_tokens)
+    valid = word_ids > 0
+    starts_word = valid.clone()
+    starts_word[:, 1:] &= word_ids[:, 1:] != word_ids[:, :-1]
+    sep_before = (starts_word & (word_ids > 1)).long()
+    n_chars = table.token_num_chars[src_tokens].long() * valid.long()
+    ends = torch.cumsum(n_chars + sep_before, dim=1)
+    batch, seq_len = src_tokens.shape
+    starts = ends - (n_chars + sep_before)
+    width = char_len + 1
+    max_chars = table.token_chars.size(1)
+    k = torch.arange(max_chars)
+    char_valid = k.view(1, 1, -1) < n_chars.unsqueeze(-1)
+    dest = (starts + sep_before).unsqueeze(-1) + k.view(1, 1, -1)
+    dest = torch.where(char_valid, dest, torch.full_like(dest, char_len))
+    row = torch.arange(batch).view(-1, 1, 1) * width
+    flat_dest = (row + dest).view(-1)
+    sep_dest = torch.where(sep_before.bool(), starts, torch.full_like(starts, char_len))
+    flat_sep = (row.view(-1, 1) + sep_dest).view(-1)
+    token_char_ids = table.token_chars[src_tokens].long()
+    token_col = torch.arange(1, seq_len + 1).view(1, -1).expand(batch, -1)
+
+    def place(per_char, per_sep):
+        out = torch.zeros(batch * width, dtype=torch.long)
+        out.index_put_((flat_dest,), per_char.reshape(-1))
+        out.index_put_((flat_sep,), per_sep.reshape(-1))
+        return out.view(batch, width)[:, :char_len]
+
+    from umst_plugin.modules.transformer_sf.char_table import CHAR_SEP
+    return (place(token_char_ids, torch.full_like(sep_before, CHAR_SEP)),
+            place((2 * word_ids).unsqueeze(-1).expand(-1, -1, max_chars), 2 * word_ids - 1),
+            place(token_col.unsqueeze(-1).expand(-1, -1, max_chars), token_col), word_ids)
+
+
+@pytest.mark.parametrize("symbols", ["bpe", "spm"])
+def test_char_table_equals_its_reference_on_random_batches(symbols):
+    from test_transformer_sf import BPE_SYMBOLS, SPM_SYMBOLS, make_dict
+    from umst_plugin.modules.transformer_sf.char_table import CharTable
+
+    d = make_dict(BPE_SYMBOLS if symbols == "bpe" else SPM_SYMBOLS)
+    table = CharTable.from_dictionary(d)
+    g = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        batch, width = 1 + trial % 4, 1 + trial % 9
+        tokens = torch.randint(0, len(d), (batch, width), generator=g)  # specials and fillers included
+        lengths = torch.randint(1, width + 1, (batch,), generator=g)
+        for left_pad in (True, False):
+            padded = torch.full_like(tokens, d.pad())
+            for b in range(batch):
+                row = tokens[b, : lengths[b]].clone()
+                row = row.masked_fill(row.eq(d.pad()), d.eos())
+                row[-1] = d.eos()
+                if left_pad:
+                    padded[b, width - lengths[b]:] = row
+                else:
+                    padded[b, : lengths[b]] = row
+            char_len = table.max_char_length(padded)
+            got = table(padded, char_len=char_len)
+            want = reference_char_batch(table, padded, char_len)
+            for a, b in zip((got.chars, got.char_groups, got.char_token_index, got.token_word_ids), want):
+                assert torch.equal(a, b)

@@ -31,6 +31,7 @@ from typing import List, Optional, Sequence
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from umst_plugin.data.word_boundaries import SENTENCEPIECE, SUBWORD_NMT, word_ids_from_tokens
 
@@ -166,28 +167,28 @@ class CharTable(nn.Module):
                                     ~self.token_joins_prev, scheme)
 
     def _layout(self, src_tokens):
-        """(word ids, separator-before flags, characters per token, end slot of each token) of a batch."""
+        """(word ids, separator-before flags (bool and long), characters per token, end slot of each token) of a
+        batch."""
         word_ids = self.word_ids(src_tokens)
-        valid = word_ids > 0
-        starts_word = valid.clone()
-        starts_word[:, 1:] &= word_ids[:, 1:] != word_ids[:, :-1]
-        sep_before = (starts_word & (word_ids > 1)).long()  # separator before every word but the first
-        n_chars = self.token_num_chars[src_tokens].long() * valid.long()
+        previous = F.pad(word_ids, (1, 0))[:, :-1]  # the id before each token (0 before the first)
+        sep_flag = (word_ids > 1) & (word_ids != previous)  # a separator before every word but the first
+        sep_before = sep_flag.long()
+        n_chars = torch.where(word_ids > 0, self.token_num_chars[src_tokens], 0)
         ends = torch.cumsum(n_chars + sep_before, dim=1)
-        return word_ids, sep_before, n_chars, ends
+        return word_ids, sep_flag, sep_before, n_chars, ends
 
     def max_char_length(self, src_tokens) -> int:
         """The longest character sequence of the batch (what ``forward`` sizes its output by)."""
         if src_tokens.size(1) == 0:
             return 0
-        return int(self._layout(src_tokens)[3][:, -1].max())
+        return int(self._layout(src_tokens)[-1][:, -1].max())
 
     def forward(self, src_tokens, char_len: Optional[int] = None) -> CharBatch:
         """``char_len``: the batch's ``max_char_length``, when the host already knows it (the task's collater
         computes it on the host: ``src_char_len``); without it, it is read off the device (one host sync)."""
         batch, seq_len = src_tokens.shape
         device = src_tokens.device
-        word_ids, sep_before, n_chars, ends = self._layout(src_tokens)
+        word_ids, sep_flag, sep_before, n_chars, ends = self._layout(src_tokens)
         starts = ends - (n_chars + sep_before)  # exclusive cumsum: first output slot of each token
         if char_len is None:
             char_len = int(ends[:, -1].max().item()) if seq_len > 0 else 0
@@ -195,27 +196,24 @@ class CharTable(nn.Module):
         max_chars = self.token_chars.size(1)
 
         k = torch.arange(max_chars, device=device)
-        char_valid = k.view(1, 1, -1) < n_chars.unsqueeze(-1)  # B x T x M
-        dest = (starts + sep_before).unsqueeze(-1) + k.view(1, 1, -1)
-        dest = torch.where(char_valid, dest, torch.full_like(dest, char_len))
-        row = torch.arange(batch, device=device).view(-1, 1, 1) * width
-        flat_dest = (row + dest).view(-1)
-        sep_dest = torch.where(sep_before.bool(), starts, torch.full_like(starts, char_len))
-        flat_sep = (row.view(-1, 1) + sep_dest).view(-1)
+        dest = torch.where(k < n_chars.unsqueeze(-1), (starts + sep_before).unsqueeze(-1) + k, char_len)  # B x T x M
+        row = torch.arange(batch, device=device).view(-1, 1) * width
+        flat_dest = (row.unsqueeze(-1) + dest).view(-1)
+        flat_sep = (row + torch.where(sep_flag, starts, char_len)).view(-1)
 
-        token_char_ids = self.token_chars[src_tokens].long()  # B x T x M
+        # the three outputs in one buffer: characters, A_f groups (2w for word w's characters, 2w - 1 for the
+        # separator before it), 1-based token column
+        twice_word = 2 * word_ids
         token_col = torch.arange(1, seq_len + 1, device=device).view(1, -1).expand(batch, -1)
-
-        def place(per_char, per_sep):
-            out = torch.zeros(batch * width, dtype=torch.long, device=device)
-            out.index_put_((flat_dest,), per_char.reshape(-1))
-            out.index_put_((flat_sep,), per_sep.reshape(-1))
-            return out.view(batch, width)[:, :char_len]
-
+        per_char = torch.stack([self.token_chars[src_tokens].long(),
+                                twice_word.unsqueeze(-1).expand(-1, -1, max_chars),
+                                token_col.unsqueeze(-1).expand(-1, -1, max_chars)])
+        per_sep = torch.stack([word_ids.new_full((), CHAR_SEP).expand(batch, seq_len), twice_word - 1, token_col])
+        out = torch.zeros(3, batch * width, dtype=torch.long, device=device)
         # The dump column collects masked writes (order undefined) and is cut off.
-        chars = place(token_char_ids, torch.full_like(sep_before, CHAR_SEP))
-        groups = place((2 * word_ids).unsqueeze(-1).expand(-1, -1, max_chars), 2 * word_ids - 1)
-        token_index = place(token_col.unsqueeze(-1).expand(-1, -1, max_chars), token_col)
+        out[:, flat_dest] = per_char.view(3, -1)
+        out[:, flat_sep] = per_sep.view(3, -1)
+        chars, groups, token_index = out.view(3, batch, width)[:, :, :char_len].unbind(0)
         return CharBatch(chars=chars, char_groups=groups, char_token_index=token_index, token_word_ids=word_ids)
 
     # ------------------------------------------------------------------ host-side inspection

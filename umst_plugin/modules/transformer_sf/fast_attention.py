@@ -251,7 +251,8 @@ class BoundaryRelativeAttention(torch.autograd.Function):
         grad_q = torch.baddbmm(q3.new_empty(()), grad_logits3, k3, beta=0.0, alpha=scale)
         grad_q = grad_q.view(-1, head_dim).addmm_(grad_rel.to(grad_q.dtype), rel_keys.to(grad_q.dtype), alpha=scale)
         grad_k = torch.baddbmm(k3.new_empty(()), grad_logits3.transpose(1, 2), q3, beta=0.0, alpha=scale)
-        grad_rel_keys = torch.mm(grad_rel.t().to(q_flat.dtype), q_flat) * scale if need[6] else None
+        grad_rel_keys = (torch.addmm(q_flat.new_empty(()), grad_rel.t().to(q_flat.dtype), q_flat, beta=0.0, alpha=scale)
+                         if need[6] else None)
         # the input maps and the layer norm
         grad_qkv = torch.stack([grad_q.view(bh, length, head_dim), grad_k, grad_v.to(grad_k.dtype)])
         grad_qkv = grad_qkv.view(3, batch, heads, length, head_dim).permute(3, 1, 0, 2, 4).reshape(
