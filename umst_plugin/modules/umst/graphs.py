@@ -208,7 +208,15 @@ def build_graphs(
         raise ValueError(f"unknown word-boundary noise {word_boundary_noise!r}; choose from {WORD_BOUNDARY_NOISE}")
     if phrase_noise not in PHRASE_NOISE:
         raise ValueError(f"unknown phrase-adjacency noise {phrase_noise!r}; choose from {PHRASE_NOISE}")
-    work = torch.float64 if dtype == torch.float64 else torch.float32  # graphs are built in fp32 (or fp64)
+    # graphs are built in fp32 (or fp64), also inside an autocast region (no product cast to bf16 there)
+    with torch.autocast(word_ids.device.type, enabled=False):
+        return _build_graphs(word_ids, word_heads, upsample, word_boundary_noise, phrase_noise, need_phrase, dtype,
+                             downsample, upsample_norm, dense)
+
+
+def _build_graphs(word_ids, word_heads, upsample, word_boundary_noise, phrase_noise, need_phrase, dtype, downsample,
+                  upsample_norm, dense) -> UMSTGraphs:
+    work = torch.float64 if dtype == torch.float64 else torch.float32
     word_ids = word_ids.long()
     word_heads = word_heads.long()
     bsz, n_slots = word_heads.shape
