@@ -271,7 +271,7 @@ def _one_hot(index: Tensor, n_slots: int, dtype: torch.dtype) -> Tensor:
 def dense_operators(graphs: UMSTGraphs, dtype: torch.dtype, downsample: str = "mean", upsample_norm: str = "row",
                     group_noise: str = "none", upsample: str = "gather", onehot: Optional[Tensor] = None) -> dict:
     """The dense B x W x T / B x T x W / B x T x T operators of one batch, in ``dtype`` (the fields of
-    :class:`UMSTGraphs` from ``token_keep`` on). Built once per batch in float32 (float64 for a float64 model),
+    :class:`UMSTGraphs` from ``token_attn_mask`` on). Built once per batch in float32 (float64 for a float64 model),
     rounded once to ``dtype``.
 
     Per-word means, gathers to subwords and the up-sampling are then one ``bmm`` each, forward and backward
