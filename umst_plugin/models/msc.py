@@ -58,10 +58,12 @@ from fairseq.modules import FairseqDropout, LayerNorm, PositionalEmbedding
 from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
 from umst_plugin.models._sizes import transformer_big_sizes
 from umst_plugin.modules.msc.grad_norms import EncoderGradNormLogger, PerTokenLossTerm
+from umst_plugin.modules.msc import lean
 from umst_plugin.modules.msc.layers import (
     CONTEXT_CELLS,
     FUSIONS,
     ContextCell,
+    DecoderStep,
     MSCDecoderLayer,
     MSCEncoderLayer,
 )
@@ -85,8 +87,15 @@ class MSCEncoder(FairseqEncoder):
     the top one with ``--no-block-collaboration``) and ``msc_context``:
     C^1..C^N (T x B x C; empty with ``--no-contextual-collaboration``).
     All of them share ``encoder_padding_mask`` (B x T), which is the padding
-    mask of every position-wise state.
+    mask of every position-wise state. ``msc_states`` holds them stacked
+    (``[B^1..B^N, C^1..C^N]``, (N_b + N_c) x T x B x C; the lists are views of
+    it): the decoder computes every cross-attention's keys and values from it
+    in one product, and a beam reorder is one ``index_select`` for all of them.
+    (The reference form, ``reference = True``, returns the lists alone.)
     """
+
+    msc_reference_switch = True  # layers.use_reference_path switches it
+    reference = False
 
     def __init__(self, args, dictionary, embed_tokens):
         super().__init__(dictionary)
@@ -149,9 +158,11 @@ class MSCEncoder(FairseqEncoder):
         x = embedding = self.embed_scale * token_embeddings
         if self.embed_positions is not None:
             x = x + self.embed_positions(src_tokens)
-        x = self.dropout_module(x)
+        x = self.dropout_module(x) if self.reference else lean.dropout(x, self.dropout_module)
         x = x.masked_fill(padding_mask.unsqueeze(-1), 0.0)
         x = x.transpose(0, 1)  # T x B x C
+        # the additive key mask every layer's attention reads, built once
+        attn_mask = None if self.reference else lean.key_mask(padding_mask, lean.compute_dtype(x))
 
         context = x  # C^0 (Eq. 9)
         block_outs: List[Tensor] = []
@@ -159,7 +170,7 @@ class MSCEncoder(FairseqEncoder):
         encoder_states: List[Tensor] = []
         for n in range(self.num_blocks):
             for layer in self.layers[n * self.layers_per_block:(n + 1) * self.layers_per_block]:
-                x = layer(x, padding_mask, context if layer.context_attn is not None else None)
+                x = layer(x, padding_mask, context if layer.context_attn is not None else None, attn_mask)
                 if return_all_hiddens:
                     encoder_states.append(x)
             key = str(n)
@@ -172,6 +183,12 @@ class MSCEncoder(FairseqEncoder):
                 context = self.context_cell(context, block_out)  # C^{n+1} (1-based n+1)
                 contexts.append(context)
 
+        states: List[Tensor] = []
+        if not self.reference:
+            stacked = torch.stack(block_outs + contexts)
+            states = [stacked]
+            block_outs = list(stacked[:len(block_outs)].unbind(0))
+            contexts = list(stacked[len(block_outs):].unbind(0))
         return {
             "encoder_out": [block_outs[-1]],  # T x B x C, top block, normalised
             "encoder_padding_mask": [padding_mask],  # B x T
@@ -181,14 +198,26 @@ class MSCEncoder(FairseqEncoder):
             "src_lengths": [src_lengths] if src_lengths is not None else [],
             "msc_block_out": block_outs,  # N (or 1) x [T x B x C]
             "msc_context": contexts,  # N (or 0) x [T x B x C]
+            "msc_states": states,  # [the two lists stacked] (empty in the reference form)
         }
 
     @torch.jit.export
     def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order):
-        """Reorder every batch-indexed tensor, block outputs and contexts included."""
+        """Reorder every batch-indexed tensor, block outputs and contexts included (with ``msc_states``: one
+        ``index_select`` for all of them and the top block, the lists views of it)."""
         time_major = ("encoder_out", "encoder_states", "msc_block_out", "msc_context")
         reordered: Dict[str, List[Tensor]] = {}
+        stacked = stacked_states(encoder_out)
+        if stacked is not None:
+            states = stacked.index_select(2, new_order)
+            n_blocks = len(encoder_out["msc_block_out"])
+            reordered["msc_states"] = [states]
+            reordered["msc_block_out"] = list(states[:n_blocks].unbind(0))
+            reordered["msc_context"] = list(states[n_blocks:].unbind(0))
+            reordered["encoder_out"] = [states[n_blocks - 1]]
         for key, tensors in encoder_out.items():
+            if key in reordered:
+                continue
             dim = 1 if key in time_major else 0
             reordered[key] = [t.index_select(dim, new_order) for t in tensors]
         return reordered
@@ -199,13 +228,46 @@ class MSCEncoder(FairseqEncoder):
         return min(self.max_source_positions, self.embed_positions.max_positions)
 
 
+def stacked_states(encoder_out) -> Optional[Tensor]:
+    """``msc_states``'s tensor if ``msc_block_out`` and ``msc_context`` are still its views, in order (else None:
+    someone replaced an entry of the lists, which then hold the truth)."""
+    stacked = encoder_out.get("msc_states", [])
+    if len(stacked) == 0:
+        return None
+    states = stacked[0]
+    entries = list(encoder_out["msc_block_out"]) + list(encoder_out["msc_context"])
+    if len(entries) != states.size(0):
+        return None
+    step = states.stride(0) * states.element_size()
+    for i, t in enumerate(entries):
+        if (t.data_ptr() != states.data_ptr() + i * step or t.shape != states.shape[1:]
+                or t.stride() != states.stride()[1:]):
+            return None
+    return states
+
+
 # ----------------------------------------------------------------------------
 # Decoder
 # ----------------------------------------------------------------------------
 
 
 class MSCDecoder(TransformerDecoder):
-    """fairseq's pre-norm Transformer decoder whose layer n reads encoder block n and C^n."""
+    """fairseq's pre-norm Transformer decoder whose layer n reads encoder block n and C^n.
+
+    Lean path (the default): the self-attention mask (causal + target padding) and the source key mask are
+    built once per forward for all layers, and the keys and values of every layer's two cross-attentions (over
+    B^n and C^n) come from one ``baddbmm`` over the encoder's stacked states. Incremental decoding keeps one
+    preallocated cache for all layers' self-attention keys/values and the target padding mask (one
+    ``index_select`` per beam reorder) and one for the cross-attention keys/values and source mask, built at
+    the first step (once per sentence under a beam, as fairseq's beamable attention; reordered only when the
+    batch shrinks, fairseq's rule), and the layers' packed weights, cast and concatenated once per decoding.
+    ``reference = True`` (``layers.use_reference_path``) runs the decoder as first written (fairseq's
+    attention modules and their incremental state, per layer).
+    """
+
+    msc_reference_switch = True
+    reference = False
+    INITIAL_CAPACITY = 16  # target positions the self-attention cache holds at first; doubled when full
 
     def __init__(self, args, dictionary, embed_tokens):
         self.args = args
@@ -220,6 +282,104 @@ class MSCDecoder(TransformerDecoder):
             context_attention=not args.no_contextual_collaboration, fusion=args.msc_fusion,
         )
 
+    # ---- the layers' inputs ------------------------------------------------------------------------------
+
+    def _streams(self, encoder_out):
+        """(memory of layer n, context of layer n or None) for every layer."""
+        block_outs, contexts = encoder_out["msc_block_out"], encoder_out["msc_context"]
+        out = []
+        for idx in range(self.num_layers):
+            # Block-scale collaboration: layer n reads block n (Eq. 7); without
+            # it every layer reads the top block (plain encoder-decoder).
+            memory = block_outs[idx] if len(block_outs) == self.num_layers else block_outs[-1]
+            context = contexts[idx] if len(contexts) > 0 else None
+            out.append((memory, context))
+        return out
+
+    def _cross_kv_all(self, encoder_out, beam: int = 1) -> Tensor:
+        """Every layer's cross-attention keys and values from one product: K*N x (S * B') x 2C, streams
+        ``[B^1..B^N, C^1..C^N]`` (K = 2; K = 1 without contextual collaboration); B' = B / ``beam`` (the first
+        row of every sentence's beam)."""
+        kinds = 2 if len(encoder_out["msc_context"]) > 0 else 1
+        n = self.num_layers
+        stacked = stacked_states(encoder_out)
+        if stacked is not None and len(encoder_out["msc_block_out"]) == n and stacked.size(0) == kinds * n:
+            inputs = stacked
+        else:
+            streams = self._streams(encoder_out)
+            inputs = torch.stack([m for m, _ in streams] + ([c for _, c in streams] if kinds == 2 else []))
+        if beam > 1:
+            inputs = inputs[:, :, ::beam]
+        attns = [layer.encoder_attn for layer in self.layers]
+        if kinds == 2:
+            attns += [layer.context_attn for layer in self.layers]
+        return lean.cross_kv_streams(inputs, attns, inputs.device.type)
+
+    def _layout(self, kinds: int):
+        dim = self.layers[0].embed_dim
+        heads = self.layers[0].num_heads
+        return self.num_layers, kinds, heads, dim // heads
+
+    # ---- the incremental cache ---------------------------------------------------------------------------
+
+    def _new_cache(self, encoder_out, bsz: int):
+        """The lean incremental cache (first step): cross keys/values of every layer, the source mask, an
+        empty self-attention cache, the layers' packed weights."""
+        padding_mask = encoder_out["encoder_padding_mask"][0]
+        kinds = 2 if len(encoder_out["msc_context"]) > 0 else 1
+        n, _, heads, head_dim = self._layout(kinds)
+        src_len, enc_bsz = encoder_out["msc_block_out"][0].shape[:2]
+        beam = getattr(self, "_beam_size", 1)
+        if not (beam > 1 and enc_bsz == bsz and bsz % beam == 0):  # fairseq's beamable attention condition
+            beam = 1
+        kv = self._cross_kv_all(encoder_out, beam)  # K*N x (S * B') x 2C
+        kv_bsz = enc_bsz // beam
+        dtype, device = kv.dtype, kv.device
+        kv_size = lean.aligned(n * 2 * kinds * heads * src_len * head_dim)
+        cross = torch.empty(kv_bsz, kv_size + lean.aligned(src_len), dtype=dtype, device=device)
+        cross[:, :n * 2 * kinds * heads * src_len * head_dim].view(
+            kv_bsz, n, 2, kinds, heads, src_len, head_dim).copy_(
+            kv.view(kinds, n, src_len, kv_bsz, 2, heads, head_dim).permute(3, 1, 4, 0, 5, 2, 6))
+        mask = cross[:, kv_size:kv_size + src_len]
+        mask.fill_(0).masked_fill_(padding_mask[::beam], lean.lowest(dtype))
+        meta = _CacheLayout(n, kinds, heads, head_dim, src_len, beam, self.INITIAL_CAPACITY, kv_size,
+                            [layer.step_weights(device.type) for layer in self.layers])
+        return {"self": self._empty_self_cache(meta, bsz, dtype, device), "cross": cross, "meta": meta}
+
+    @staticmethod
+    def _empty_self_cache(meta, bsz, dtype, device):
+        return torch.zeros(bsz, meta.self_size(), dtype=dtype, device=device)
+
+    def _grow(self, cache):
+        """Double the self-attention cache's capacity (its keys, values and mask copied over)."""
+        meta = cache["meta"]
+        old, old_meta = cache["self"], meta.copy()
+        meta.capacity *= 2
+        new = self._empty_self_cache(meta, old.size(0), old.dtype, old.device)
+        meta.self_kv(new)[..., :old_meta.capacity, :].copy_(old_meta.self_kv(old))
+        meta.self_mask(new)[..., :old_meta.capacity].copy_(old_meta.self_mask(old))
+        cache["self"] = new
+
+    def reorder_incremental_state(self, incremental_state, new_order):
+        """The lean cache: the self-attention part (keys, values, target mask of every layer) in one
+        ``index_select``; the cross-attention part only when the batch changes size (fairseq's rule for its
+        static keys/values: a beam reorder keeps each sentence's hypotheses together, whose cross keys and values
+        are equal). The reference form's states are reordered by fairseq's attention modules."""
+        cache = self.get_incremental_state(incremental_state, "msc_lean")
+        if cache is None:
+            return
+        cache["self"] = cache["self"].index_select(0, new_order)
+        cross, beam = cache["cross"], cache["meta"].beam
+        if cross.size(0) * beam != new_order.size(0):
+            index = new_order.view(-1, beam)[:, 0] // beam if beam > 1 else new_order
+            cache["cross"] = cross.index_select(0, index)
+
+    def _has_reference_state(self, incremental_state) -> bool:
+        attn = self.layers[0].self_attn
+        return len(attn._get_input_buffer(incremental_state)) > 0
+
+    # ---- forward -----------------------------------------------------------------------------------------
+
     def extract_features_scriptable(
         self,
         prev_output_tokens,
@@ -231,12 +391,75 @@ class MSCDecoder(TransformerDecoder):
     ):
         if encoder_out is None or "msc_block_out" not in encoder_out:
             raise ValueError("MSCDecoder needs the encoder-out dict of MSCEncoder")
+        cache = None
+        if incremental_state is not None and not self.reference:
+            cache = self.get_incremental_state(incremental_state, "msc_lean")
+            if cache is None and not torch.is_grad_enabled() and not self._has_reference_state(incremental_state):
+                cache = self._new_cache(encoder_out, prev_output_tokens.size(0))
+                self.set_incremental_state(incremental_state, "msc_lean", cache)
+            # (with autograd on, incremental decoding keeps the reference form's state: the lean cache is
+            # written in place)
+        if self.reference or (incremental_state is not None and cache is None):
+            return self.reference_extract_features(prev_output_tokens, encoder_out, incremental_state,
+                                                   full_context_alignment, alignment_layer, alignment_heads)
         if alignment_layer is None:
             alignment_layer = self.num_layers - 1
-        block_outs = encoder_out["msc_block_out"]
-        contexts = encoder_out["msc_context"]
         padding_mask = encoder_out["encoder_padding_mask"][0]
+        x, prev_output_tokens = self._embed(prev_output_tokens, incremental_state, lean_dropout=True)
+        tgt_len, bsz, _ = x.shape
+        self_attn_padding_mask = prev_output_tokens.eq(self.padding_idx)
 
+        attn: Optional[Tensor] = None
+        inner_states: List[Optional[Tensor]] = [x]
+        if cache is None:
+            dtype = lean.compute_dtype(x)
+            future = None if full_context_alignment else self.buffered_future_mask(x)
+            self_mask = lean.causal_key_mask(self_attn_padding_mask, future, bsz, tgt_len, dtype, x.device)
+            cross_mask = lean.key_mask(padding_mask, dtype)
+            kinds = 2 if len(encoder_out["msc_context"]) > 0 else 1
+            n, _, heads, head_dim = self._layout(kinds)
+            src_len = padding_mask.size(1)
+            cross_kv = self._cross_kv_all(encoder_out).view(kinds, n, src_len, bsz, 2, heads, head_dim).permute(
+                1, 4, 3, 0, 5, 2, 6).reshape(n, 2, bsz, kinds * heads, src_len, head_dim).unbind(0)
+            for idx, (layer, (memory, context)) in enumerate(zip(self.layers, self._streams(encoder_out))):
+                x, layer_attn = layer(
+                    x, memory, padding_mask, context,
+                    self_attn_mask=future if layer.reference else None,
+                    self_attn_padding_mask=self_attn_padding_mask if layer.reference else None,
+                    need_attn=bool(idx == alignment_layer),
+                    need_head_weights=bool(idx == alignment_layer),
+                    self_mask=self_mask, cross_mask=cross_mask, cross_kv=cross_kv[idx],
+                )
+                inner_states.append(x)
+                if layer_attn is not None and idx == alignment_layer:
+                    attn = layer_attn.float().to(x)
+        else:
+            meta = cache["meta"]
+            index = meta.length
+            if index == meta.capacity:
+                self._grow(cache)
+            self_kv = meta.self_kv(cache["self"])
+            self_mask = meta.self_mask(cache["self"])
+            self_mask[:, 0, 0, index].masked_fill_(self_attn_padding_mask[:, -1], lean.lowest(self_mask.dtype))
+            self_mask = self_mask[..., :index + 1]
+            cross_kv, cross_mask = meta.cross_kv(cache["cross"]), meta.cross_mask(cache["cross"])
+            for idx, layer in enumerate(self.layers):
+                step = DecoderStep(self_kv[:, idx], index, self_mask, cross_kv[:, idx, 0], cross_kv[:, idx, 1],
+                                   cross_mask, meta.weights[idx])
+                x, layer_attn = layer(
+                    x, None, None, None, incremental_state=incremental_state,
+                    need_attn=bool(idx == alignment_layer), need_head_weights=bool(idx == alignment_layer),
+                    step=step,
+                )
+                inner_states.append(x)
+                if layer_attn is not None and idx == alignment_layer:
+                    attn = layer_attn.float().to(x)
+            meta.length = index + 1
+        return self._finish(x, attn, alignment_heads, inner_states)
+
+    def _embed(self, prev_output_tokens, incremental_state, lean_dropout: bool):
+        """Token + position embeddings of the target (its last token when incremental), T x B x C, and the
+        tokens embedded."""
         positions = None
         if self.embed_positions is not None:
             positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
@@ -252,35 +475,10 @@ class MSCDecoder(TransformerDecoder):
             x += positions
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
-        x = self.dropout_module(x)
-        x = x.transpose(0, 1)
+        x = lean.dropout(x, self.dropout_module) if lean_dropout else self.dropout_module(x)
+        return x.transpose(0, 1), prev_output_tokens
 
-        # Always the mask: fairseq's decoder tests prev_output_tokens for padding with a Python ``if`` on a
-        # device tensor (a host-device sync on every call, every beam step); a mask without padding is exact.
-        self_attn_padding_mask = prev_output_tokens.eq(self.padding_idx)
-
-        attn: Optional[Tensor] = None
-        inner_states: List[Optional[Tensor]] = [x]
-        for idx, layer in enumerate(self.layers):
-            self_attn_mask = (
-                self.buffered_future_mask(x)
-                if incremental_state is None and not full_context_alignment else None
-            )
-            # Block-scale collaboration: layer n reads block n (Eq. 7); without
-            # it every layer reads the top block (plain encoder-decoder).
-            memory = block_outs[idx] if len(block_outs) == self.num_layers else block_outs[-1]
-            context = contexts[idx] if len(contexts) > 0 else None
-            x, layer_attn = layer(
-                x, memory, padding_mask, context,
-                incremental_state=incremental_state,
-                self_attn_mask=self_attn_mask,
-                self_attn_padding_mask=self_attn_padding_mask,
-                need_attn=bool(idx == alignment_layer),
-                need_head_weights=bool(idx == alignment_layer),
-            )
-            inner_states.append(x)
-            if layer_attn is not None and idx == alignment_layer:
-                attn = layer_attn.float().to(x)
+    def _finish(self, x, attn, alignment_heads, inner_states):
         if attn is not None:
             if alignment_heads is not None:
                 attn = attn[:alignment_heads]
@@ -291,6 +489,83 @@ class MSCDecoder(TransformerDecoder):
         if self.project_out_dim is not None:
             x = self.project_out_dim(x)
         return x, {"attn": [attn], "inner_states": inner_states}
+
+    def reference_extract_features(
+        self,
+        prev_output_tokens,
+        encoder_out: Dict[str, List[Tensor]],
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        full_context_alignment: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+    ):
+        """The reference form: per layer masks and fairseq's attention modules with their incremental state."""
+        if alignment_layer is None:
+            alignment_layer = self.num_layers - 1
+        padding_mask = encoder_out["encoder_padding_mask"][0]
+        x, prev_output_tokens = self._embed(prev_output_tokens, incremental_state, lean_dropout=False)
+
+        # Always the mask: fairseq's decoder tests prev_output_tokens for padding with a Python ``if`` on a
+        # device tensor (a host-device sync on every call, every beam step); a mask without padding is exact.
+        self_attn_padding_mask = prev_output_tokens.eq(self.padding_idx)
+
+        attn: Optional[Tensor] = None
+        inner_states: List[Optional[Tensor]] = [x]
+        for idx, (layer, (memory, context)) in enumerate(zip(self.layers, self._streams(encoder_out))):
+            self_attn_mask = (
+                self.buffered_future_mask(x)
+                if incremental_state is None and not full_context_alignment else None
+            )
+            x, layer_attn = layer.reference_forward(
+                x, memory, padding_mask, context,
+                incremental_state=incremental_state,
+                self_attn_mask=self_attn_mask,
+                self_attn_padding_mask=self_attn_padding_mask,
+                need_attn=bool(idx == alignment_layer),
+                need_head_weights=bool(idx == alignment_layer),
+            )
+            inner_states.append(x)
+            if layer_attn is not None and idx == alignment_layer:
+                attn = layer_attn.float().to(x)
+        return self._finish(x, attn, alignment_heads, inner_states)
+
+
+class _CacheLayout:
+    """Where the lean incremental cache keeps what (per row: the self part, B rows; the cross part, B' rows)."""
+
+    def __init__(self, n_layers, kinds, heads, head_dim, src_len, beam, capacity, cross_kv_size, weights,
+                 length=0):
+        self.n_layers, self.kinds, self.heads, self.head_dim = n_layers, kinds, heads, head_dim
+        self.src_len, self.beam, self.capacity, self.cross_kv_size = src_len, beam, capacity, cross_kv_size
+        self.weights, self.length = weights, length
+
+    def copy(self):
+        return _CacheLayout(self.n_layers, self.kinds, self.heads, self.head_dim, self.src_len, self.beam,
+                            self.capacity, self.cross_kv_size, self.weights, self.length)
+
+    def _self_kv_size(self):
+        return self.n_layers * 2 * self.heads * self.capacity * self.head_dim
+
+    def self_size(self):
+        return lean.aligned(self._self_kv_size()) + lean.aligned(self.capacity)
+
+    def self_kv(self, buf):
+        """B x N x 2 x H x capacity x d."""
+        return buf[:, :self._self_kv_size()].view(buf.size(0), self.n_layers, 2, self.heads, self.capacity,
+                                                  self.head_dim)
+
+    def self_mask(self, buf):
+        """B x 1 x 1 x capacity additive mask of the target tokens so far (0 / lowest at padding)."""
+        start = lean.aligned(self._self_kv_size())
+        return buf[:, start:start + self.capacity].view(buf.size(0), 1, 1, self.capacity)
+
+    def cross_kv(self, buf):
+        """B' x N x 2 x KH x S x d."""
+        return buf[:, :self.n_layers * 2 * self.kinds * self.heads * self.src_len * self.head_dim].view(
+            buf.size(0), self.n_layers, 2, self.kinds * self.heads, self.src_len, self.head_dim)
+
+    def cross_mask(self, buf):
+        return buf[:, self.cross_kv_size:self.cross_kv_size + self.src_len].view(buf.size(0), 1, 1, self.src_len)
 
 
 @register_model("msc")

@@ -16,6 +16,12 @@ dropout, but know nothing of dictionaries, arguments or encoder-out dicts.
 * :class:`MSCDecoderLayer` -- Eq. 11 / 13: pre-norm decoder layer whose
                               cross-attention over block B^n is fused with
                               attention over the context C^n.
+
+Every layer has two forms of the same math: the lean default (``lean.py``: the two attentions of Eq. 12 / 13
+as one attention call, packed projections, one-kernel gate and dropout, masks and cross-attention keys/values
+built once per stack by the caller; a preallocated incremental cache) and the reference form (``reference =
+True``, :func:`use_reference_path`): fairseq's attention modules one by one, as first written. Tests check they
+agree (tests/test_msc_lean.py).
 """
 
 from typing import Dict, Optional
@@ -26,6 +32,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq.modules import FairseqDropout, LayerNorm, MultiheadAttention
+
+from umst_plugin.modules.msc import lean
 
 FUSIONS = ("gate", "add")
 CONTEXT_CELLS = ("gru", "ffn")
@@ -100,6 +108,8 @@ class _PreNormMSCLayer(nn.Module):
     optional context attention fused with the layer's main attention (Eqs. 12 / 13),
     and the pre-norm FFN sub-layer."""
 
+    reference = False  # True: the reference form (fairseq's attention modules one by one); use_reference_path
+
     def __init__(
         self,
         embed_dim: int,
@@ -158,6 +168,15 @@ class _PreNormMSCLayer(nn.Module):
         h = self.activation_dropout_module(F.relu(self.fc1(self.final_layer_norm(x))))
         return x + self.dropout_module(self.fc2(h))
 
+    def lean_ffn_sublayer(self, x: Tensor) -> Tensor:
+        """``FFN(LN(x)) + x`` with one-kernel dropouts (the same masks as :meth:`ffn_sublayer`)."""
+        h = lean.dropout(F.relu(self.fc1(self.final_layer_norm(x))), self.activation_dropout_module)
+        return x + lean.dropout(self.fc2(h), self.dropout_module)
+
+    def attention_dropout_p(self, attn: MultiheadAttention) -> float:
+        module = attn.dropout_module
+        return module.p if module.p > 0 and (self.training or module.apply_during_inference) else 0.0
+
 
 class MSCEncoderLayer(_PreNormMSCLayer):
     """One pre-norm encoder layer of block n (Eqs. 1, 10, 12).
@@ -175,8 +194,44 @@ class MSCEncoderLayer(_PreNormMSCLayer):
         x: Tensor,
         padding_mask: Optional[Tensor],
         context: Optional[Tensor] = None,
+        attn_mask: Optional[Tensor] = None,
     ) -> Tensor:
-        """x: T x B x C; padding_mask: B x T (True at pads); context: T x B x C."""
+        """x: T x B x C; padding_mask: B x T (True at pads); context: T x B x C; attn_mask: the additive key
+        mask of ``padding_mask`` (``lean.key_mask``; built here when not given)."""
+        if self.reference:
+            return self.reference_forward(x, padding_mask, context)
+        if self.context_attn is not None and context is None:
+            raise ValueError(f"this {self.__class__.__name__} has context attention: pass `context`")
+        tgt_len, bsz, dim = x.shape
+        n_heads, device_type = self.num_heads, x.device.type
+        if attn_mask is None and padding_mask is not None:
+            attn_mask = lean.key_mask(padding_mask, lean.compute_dtype(x))
+        sa, ca = self.self_attn, self.context_attn
+        p = self.attention_dropout_p(sa)
+        h = self.self_attn_layer_norm(x)
+        if ca is None:
+            weight, bias = lean.packed((sa.q_proj, sa.k_proj, sa.v_proj), device_type)
+            q, k, v = F.linear(h, weight, bias).view(tgt_len, bsz, 3, n_heads, dim // n_heads).permute(
+                2, 1, 3, 0, 4).unbind(0)
+            attn_h = sa.out_proj(lean.merge_heads(lean.attend(q, k, v, attn_mask, p, sa.scaling)))
+        else:
+            # ATTN_h and ATTN_c (Eq. 12) as one attention of 2H heads: queries [q_h; q_c] from LN(H), keys and
+            # values [k_h; k_c], [v_h; v_c] from LN(H) and C
+            weight, bias = lean.packed((sa.q_proj, ca.q_proj, sa.k_proj, sa.v_proj), device_type)
+            q, kv_h = F.linear(h, weight, bias).split([2 * dim, 2 * dim], dim=-1)
+            weight, bias = lean.packed((ca.k_proj, ca.v_proj), device_type)
+            kv_c = F.linear(context, weight, bias)
+            kv = torch.cat([kv_h.view(tgt_len, bsz, 2, 1, dim), kv_c.view(tgt_len, bsz, 2, 1, dim)], dim=3)
+            k, v = kv.view(tgt_len, bsz, 2, 2 * n_heads, dim // n_heads).permute(2, 1, 3, 0, 4).unbind(0)
+            o = lean.attend(lean.heads(q, 2 * n_heads), k, v, attn_mask, p, sa.scaling)
+            attn_h = lean.pair_out_and_fuse(lean.merge_heads(o, 2), sa.out_proj, ca.out_proj, self.fusion,
+                                            shape=x.shape).view(x.shape)
+        x = x + lean.dropout(attn_h, self.dropout_module)
+        return self.lean_ffn_sublayer(x)
+
+    def reference_forward(self, x: Tensor, padding_mask: Optional[Tensor], context: Optional[Tensor] = None
+                          ) -> Tensor:
+        """The reference form: fairseq's attention modules one by one."""
         residual = x
         h = self.self_attn_layer_norm(x)
         attn_h, _ = self.self_attn(query=h, key=h, value=h, key_padding_mask=padding_mask,
@@ -208,6 +263,145 @@ class MSCDecoderLayer(_PreNormMSCLayer):
     def forward(
         self,
         x: Tensor,
+        memory: Optional[Tensor],
+        memory_padding_mask: Optional[Tensor],
+        context: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        self_attn_mask: Optional[Tensor] = None,
+        self_attn_padding_mask: Optional[Tensor] = None,
+        need_attn: bool = False,
+        need_head_weights: bool = False,
+        self_mask: Optional[Tensor] = None,
+        cross_mask: Optional[Tensor] = None,
+        cross_kv: Optional[Tensor] = None,
+        step: Optional["DecoderStep"] = None,
+    ):
+        """x: T_tgt x B x C; memory/context: T_src x B x C; masks B x T (True at pads).
+
+        Lean inputs the decoder builds once for all layers (each built here when not given): ``self_mask``
+        (B x 1 x T x T additive: ``self_attn_mask`` and ``self_attn_padding_mask`` together), ``cross_mask``
+        (B x 1 x 1 x S additive, of ``memory_padding_mask``), ``cross_kv`` (2 x B x KH x S x d: the keys and
+        values of ``memory`` and, K = 2, ``context``); ``step``: the incremental cache (the lean incremental
+        path; without it an ``incremental_state`` runs the reference form).
+
+        Returns (x, attention over ``memory`` or None).
+        """
+        if need_head_weights:
+            need_attn = True
+        need_weights = need_attn or (not self.training and self.need_attn)
+        if self.reference or (incremental_state is not None and step is None):
+            return self.reference_forward(x, memory, memory_padding_mask, context, incremental_state,
+                                          self_attn_mask, self_attn_padding_mask, need_attn, need_head_weights)
+        if step is not None:
+            return self.lean_step(x, step, need_weights, need_head_weights)
+        tgt_len, bsz, dim = x.shape
+        n_heads, device_type = self.num_heads, x.device.type
+        head_dim = dim // n_heads
+        dtype = lean.compute_dtype(x)
+        if self_mask is None and (self_attn_mask is not None or self_attn_padding_mask is not None):
+            self_mask = lean.causal_key_mask(self_attn_padding_mask, self_attn_mask, bsz, tgt_len, dtype,
+                                             x.device)
+        if cross_mask is None and memory_padding_mask is not None:
+            cross_mask = lean.key_mask(memory_padding_mask, dtype)
+        if cross_kv is None:
+            cross_kv = self.cross_kv(memory, context)
+        sa, ea, ca = self.self_attn, self.encoder_attn, self.context_attn
+
+        residual = x
+        h = self.self_attn_layer_norm(x)
+        weight, bias = lean.packed((sa.q_proj, sa.k_proj, sa.v_proj), device_type)
+        q, k, v = F.linear(h, weight, bias).view(tgt_len, bsz, 3, n_heads, head_dim).permute(
+            2, 1, 3, 0, 4).unbind(0)
+        o = lean.attend(q, k, v, self_mask, self.attention_dropout_p(sa), sa.scaling)
+        x = residual + lean.dropout(sa.out_proj(lean.merge_heads(o)), self.dropout_module)
+
+        # ATTN_h(LN(O), B^n, B^n) and ATTN_c(LN(O), C^n, C^n) (Eq. 13) as one attention of 2H heads
+        residual = x
+        h = self.encoder_attn_layer_norm(x)
+        if ca is None:
+            q = lean.heads(ea.q_proj(h), n_heads)
+        else:
+            weight, bias = lean.packed((ea.q_proj, ca.q_proj), device_type)
+            q = lean.heads(F.linear(h, weight, bias), 2 * n_heads)
+        k, v = cross_kv.unbind(0)
+        o = lean.attend(q, k, v, cross_mask, self.attention_dropout_p(ea), ea.scaling)
+        attn: Optional[Tensor] = None
+        if need_weights:  # over B^n, before dropout, as fairseq's attention returns them: H x B x T x S
+            attn = lean.attention_probs(q[:, :n_heads], k[:, :n_heads], cross_mask, ea.scaling).transpose(0, 1)
+            if not need_head_weights:
+                attn = attn.mean(dim=0)
+        if ca is None:
+            attn_h = ea.out_proj(lean.merge_heads(o))
+        else:
+            attn_h = lean.pair_out_and_fuse(lean.merge_heads(o, 2), ea.out_proj, ca.out_proj, self.fusion,
+                                            shape=x.shape).view(x.shape)
+        x = residual + lean.dropout(attn_h, self.dropout_module)
+        return self.lean_ffn_sublayer(x), attn
+
+    def cross_kv(self, memory: Tensor, context: Optional[Tensor]) -> Tensor:
+        """The keys and values of both cross-attentions, 2 x B x KH x S x d (heads: ``encoder_attn``'s, then
+        ``context_attn``'s), from one product."""
+        attns = [self.encoder_attn] + ([self.context_attn] if self.context_attn is not None else [])
+        if len(attns) == 2 and context is None:
+            raise ValueError(f"this {self.__class__.__name__} has context attention: pass `context`")
+        streams = torch.stack([memory, context]) if len(attns) == 2 else memory.unsqueeze(0)
+        n_kinds, src_len, bsz, dim = streams.shape
+        kv = lean.cross_kv_streams(streams, attns, memory.device.type)
+        return kv.view(n_kinds, src_len, bsz, 2, self.num_heads, dim // self.num_heads).permute(
+            3, 2, 0, 4, 1, 5).reshape(2, bsz, n_kinds * self.num_heads, src_len, dim // self.num_heads)
+
+    def step_weights(self, device_type: str):
+        """The packed weights of :meth:`lean_step` (built once per decoding by the decoder)."""
+        sa, ea, ca = self.self_attn, self.encoder_attn, self.context_attn
+        qkv = lean.packed((sa.q_proj, sa.k_proj, sa.v_proj), device_type)
+        if ca is None:
+            return qkv, (lean.cast(ea.q_proj.weight, device_type), lean.cast(ea.q_proj.bias, device_type)), None
+        return (qkv, lean.packed((ea.q_proj, ca.q_proj), device_type),
+                lean.pair_weights(ea.out_proj, ca.out_proj, self.fusion, device_type))
+
+    def lean_step(self, x: Tensor, step: "DecoderStep", need_weights: bool, need_head_weights: bool):
+        """One incremental decoding step (x: 1 x B x C) on the decoder's preallocated cache ``step``."""
+        _, bsz, dim = x.shape
+        n_heads = self.num_heads
+        head_dim = dim // n_heads
+        sa, ea, ca = self.self_attn, self.encoder_attn, self.context_attn
+        (w_qkv, b_qkv), (w_q, b_q), pair = step.weights
+
+        residual = x
+        qkv = F.linear(self.self_attn_layer_norm(x), w_qkv, b_qkv).view(bsz, 3, n_heads, head_dim)
+        step.self_kv[:, :, :, step.index].copy_(qkv[:, 1:])  # this token's key and value into the cache
+        k = step.self_kv[:, 0, :, :step.index + 1]
+        v = step.self_kv[:, 1, :, :step.index + 1]
+        o = lean.attend(qkv[:, 0].unsqueeze(2), k, v, step.self_mask, self.attention_dropout_p(sa), sa.scaling)
+        x = residual + lean.dropout(sa.out_proj(o.reshape(1, bsz, dim)), self.dropout_module)
+
+        residual = x
+        kinds = 1 if ca is None else 2
+        q = F.linear(self.encoder_attn_layer_norm(x), w_q, b_q)
+        # the cross keys/values are stored once per sentence when the decoder runs a beam (fairseq's beamable
+        # cross-attention): a sentence's hypotheses are its queries
+        kv_bsz = step.cross_k.size(0)
+        beam = bsz // kv_bsz
+        q = q.view(kv_bsz, beam, kinds * n_heads, head_dim).transpose(1, 2)
+        o = lean.attend(q, step.cross_k, step.cross_v, step.cross_mask, self.attention_dropout_p(ea), ea.scaling)
+        o = o.transpose(1, 2).reshape(bsz, kinds, dim)
+        attn: Optional[Tensor] = None
+        if need_weights:
+            probs = lean.attention_probs(q[:, :n_heads], step.cross_k[:, :n_heads], step.cross_mask, ea.scaling)
+            attn = probs.permute(1, 0, 2, 3).reshape(n_heads, bsz, 1, -1)
+            if not need_head_weights:
+                attn = attn.mean(dim=0)
+        if ca is None:
+            attn_h = ea.out_proj(o.view(1, bsz, dim))
+        else:
+            attn_h = lean.pair_out_and_fuse(o.transpose(0, 1), ea.out_proj, ca.out_proj, self.fusion,
+                                            weights=pair, shape=x.shape).view(x.shape)
+        x = residual + lean.dropout(attn_h, self.dropout_module)
+        return self.lean_ffn_sublayer(x), attn
+
+    def reference_forward(
+        self,
+        x: Tensor,
         memory: Tensor,
         memory_padding_mask: Optional[Tensor],
         context: Optional[Tensor] = None,
@@ -217,10 +411,7 @@ class MSCDecoderLayer(_PreNormMSCLayer):
         need_attn: bool = False,
         need_head_weights: bool = False,
     ):
-        """x: T_tgt x B x C; memory/context: T_src x B x C; masks B x T (True at pads).
-
-        Returns (x, attention over ``memory`` or None).
-        """
+        """The reference form: fairseq's attention modules one by one (their own incremental state)."""
         if need_head_weights:
             need_attn = True
         residual = x
@@ -244,3 +435,26 @@ class MSCDecoderLayer(_PreNormMSCLayer):
 
     def make_generation_fast_(self, need_attn: bool = False, **kwargs):
         self.need_attn = need_attn
+
+
+class DecoderStep:
+    """What one lean incremental step of a decoder layer reads and writes (views of the decoder's cache):
+    ``self_kv`` B x 2 x H x capacity x d (keys and values of the tokens so far; this step writes position
+    ``index``), ``self_mask`` B x 1 x 1 x (index + 1) additive (or None), ``cross_k``/``cross_v`` B' x KH x S x d
+    and ``cross_mask`` B' x 1 x 1 x S (B' = B, or the sentences of a beam), ``weights`` (``step_weights``)."""
+
+    __slots__ = ("self_kv", "index", "self_mask", "cross_k", "cross_v", "cross_mask", "weights")
+
+    def __init__(self, self_kv, index, self_mask, cross_k, cross_v, cross_mask, weights):
+        self.self_kv, self.index, self.self_mask = self_kv, index, self_mask
+        self.cross_k, self.cross_v, self.cross_mask, self.weights = cross_k, cross_v, cross_mask, weights
+
+
+def use_reference_path(module: nn.Module, on: bool = True) -> nn.Module:
+    """Run every MSC layer (and MSC encoder / decoder) under ``module`` in its reference form: fairseq's attention
+    modules one by one, masks and cross-attention keys/values per layer, fairseq's incremental state. The lean
+    default computes the same (tested in float64 with the same dropout masks) in fewer kernels."""
+    for m in module.modules():
+        if isinstance(m, _PreNormMSCLayer) or getattr(type(m), "msc_reference_switch", False):
+            m.reference = on
+    return module
