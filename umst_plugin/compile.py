@@ -208,8 +208,9 @@ def _log_compiled(layer, forward, seconds, graphs):
 def _configure_dynamo():
     import torch._dynamo.config as config
 
-    if config.recompile_limit < RECOMPILE_LIMIT:
-        config.recompile_limit = RECOMPILE_LIMIT
+    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # (torch < 2.7)
+    if getattr(config, limit) < RECOMPILE_LIMIT:
+        setattr(config, limit, RECOMPILE_LIMIT)
     config.specialize_float = True  # Python floats (dropout rates, scale fractions) are constants, not inputs
     if hasattr(config, "fail_on_recompile_limit_hit"):
         config.fail_on_recompile_limit_hit = True  # an error, not a silent fall back to eager
@@ -224,6 +225,10 @@ def compile_layers(model, *, device=None, backend="inductor", mode=None, dynamic
     if not layers:
         raise ValueError(f"--compile: {type(model).__name__} has no encoder or decoder layer of a class "
                          f"--compile knows ({', '.join(c.__name__ for c in layer_classes())})")
+    wrapped = [name for name, layer in layers if "forward" in layer.__dict__ and not is_compiled(layer)]
+    if wrapped:  # fairseq's --checkpoint-activations replaces a layer's forward: compiling would drop it
+        raise ValueError(f"--compile: the forward of {wrapped[0]} is replaced already (fairseq's "
+                         "--checkpoint-activations?); compiling it would undo that: drop one of the two")
     if check:
         if device is None:
             param = next(model.parameters(), None)
