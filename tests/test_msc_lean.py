@@ -356,8 +356,9 @@ def _step_launches(model, sample, beam=2):
 
 
 def test_decoding_step_launches():
-    """One later beam step (bench_decode's count): the lean cache's reorder is one index_select on top of the
-    encoder output's four, and the decoder step about 27 launches a layer (the reference: 34 and 49)."""
+    """One later beam step (bench_decode's count; 3 layers): the lean cache's reorder is one index_select on top
+    of the encoder output's four, the decoder step 23 launches a layer + 7 (measured 5 + 76; the reference form
+    19 + 153)."""
     from benchmarks import bench_decode
 
     model, task = build(dict(encoder_blocks=3, encoder_layers_per_block=1), dtype=torch.float32)
@@ -366,13 +367,14 @@ def test_decoding_step_launches():
     counts = {name: bench_decode.step_launches(m.eval(), task, sample, 3) for name, m in
               (("lean", model), ("reference", ref))}
     assert counts["lean"]["reorder"] == 5, counts
-    assert counts["lean"]["decoder"] <= 30 * 3 + 20, counts
-    assert counts["lean"]["total"] < 0.6 * counts["reference"]["total"], counts
+    assert counts["lean"]["decoder"] <= 80, counts
+    assert counts["lean"]["total"] < 0.5 * counts["reference"]["total"], counts
 
 
 def test_training_launches():
-    """One forward + backward (fp32, training, dropout on): the lean path launches at most 3/4 of the
-    reference's kernels."""
+    """One forward + backward (fp32, training, dropout on; 3 x 2 encoder layers, 3 decoder layers): the lean
+    path launches fewer kernels than the reference (measured 1,171 against 1,570; on a CPU each attention with
+    dropout is ~30 launches of torch's math path, recomputed in backward, which a GPU runs as 2-3 kernels)."""
     model, task = build(DROPOUT, dtype=torch.float32)
     ref = use_reference_path(copy.deepcopy(model))
     sample = batch(task)
@@ -382,4 +384,4 @@ def test_training_launches():
         with KernelLaunches() as k:
             m(**net_input(sample))[0].sum().backward()
         totals[name] = k.total
-    assert totals["lean"] < 0.75 * totals["reference"], totals
+    assert totals["lean"] < 0.8 * totals["reference"], totals

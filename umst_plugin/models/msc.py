@@ -429,6 +429,7 @@ class MSCDecoder(TransformerDecoder):
                     need_attn=bool(idx == alignment_layer),
                     need_head_weights=bool(idx == alignment_layer),
                     self_mask=self_mask, cross_mask=cross_mask, cross_kv=cross_kv[idx],
+                    need_weights=bool(idx == alignment_layer),
                 )
                 inner_states.append(x)
                 if layer_attn is not None and idx == alignment_layer:
@@ -449,7 +450,7 @@ class MSCDecoder(TransformerDecoder):
                 x, layer_attn = layer(
                     x, None, None, None, incremental_state=incremental_state,
                     need_attn=bool(idx == alignment_layer), need_head_weights=bool(idx == alignment_layer),
-                    step=step,
+                    step=step, need_weights=bool(idx == alignment_layer),
                 )
                 inner_states.append(x)
                 if layer_attn is not None and idx == alignment_layer:

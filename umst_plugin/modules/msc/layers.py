@@ -275,6 +275,7 @@ class MSCDecoderLayer(_PreNormMSCLayer):
         cross_mask: Optional[Tensor] = None,
         cross_kv: Optional[Tensor] = None,
         step: Optional["DecoderStep"] = None,
+        need_weights: Optional[bool] = None,
     ):
         """x: T_tgt x B x C; memory/context: T_src x B x C; masks B x T (True at pads).
 
@@ -282,13 +283,16 @@ class MSCDecoderLayer(_PreNormMSCLayer):
         (B x 1 x T x T additive: ``self_attn_mask`` and ``self_attn_padding_mask`` together), ``cross_mask``
         (B x 1 x 1 x S additive, of ``memory_padding_mask``), ``cross_kv`` (2 x B x KH x S x d: the keys and
         values of ``memory`` and, K = 2, ``context``); ``step``: the incremental cache (the lean incremental
-        path; without it an ``incremental_state`` runs the reference form).
+        path; without it an ``incremental_state`` runs the reference form). ``need_weights``: whether to return
+        the attention over ``memory`` (default: ``need_attn``, or in eval fairseq's ``self.need_attn``; the
+        decoder asks only the layer whose attention it returns).
 
         Returns (x, attention over ``memory`` or None).
         """
         if need_head_weights:
             need_attn = True
-        need_weights = need_attn or (not self.training and self.need_attn)
+        if need_weights is None:
+            need_weights = need_attn or (not self.training and self.need_attn)
         if self.reference or (incremental_state is not None and step is None):
             return self.reference_forward(x, memory, memory_padding_mask, context, incremental_state,
                                           self_attn_mask, self_attn_padding_mask, need_attn, need_head_weights)
