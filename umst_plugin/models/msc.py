@@ -169,8 +169,11 @@ class MSCEncoder(FairseqEncoder):
         contexts: List[Tensor] = []
         encoder_states: List[Tensor] = []
         for n in range(self.num_blocks):
-            for layer in self.layers[n * self.layers_per_block:(n + 1) * self.layers_per_block]:
-                x = layer(x, padding_mask, context if layer.context_attn is not None else None, attn_mask)
+            block = self.layers[n * self.layers_per_block:(n + 1) * self.layers_per_block]
+            context_kvs = self._context_kvs(block, context)
+            for i, layer in enumerate(block):
+                x = layer(x, padding_mask, context if layer.context_attn is not None else None, attn_mask,
+                          context_kvs[i] if context_kvs is not None else None)
                 if return_all_hiddens:
                     encoder_states.append(x)
             key = str(n)
@@ -200,6 +203,15 @@ class MSCEncoder(FairseqEncoder):
             "msc_context": contexts,  # N (or 0) x [T x B x C]
             "msc_states": states,  # [the two lists stacked] (empty in the reference form)
         }
+
+    def _context_kvs(self, block, context):
+        """The keys and values of every context attention of a block (they all read C^{n-1}) from one
+        product: per layer T x B x 2C (None in the reference form, or without context attention)."""
+        if self.reference or len(block) < 2 or any(l.context_attn is None or l.reference for l in block):
+            return None
+        weight, bias = lean.packed([p for l in block for p in (l.context_attn.k_proj, l.context_attn.v_proj)],
+                                   context.device.type)
+        return torch.nn.functional.linear(context, weight, bias).split(2 * context.size(-1), dim=-1)
 
     @torch.jit.export
     def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order):

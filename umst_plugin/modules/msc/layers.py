@@ -195,9 +195,12 @@ class MSCEncoderLayer(_PreNormMSCLayer):
         padding_mask: Optional[Tensor],
         context: Optional[Tensor] = None,
         attn_mask: Optional[Tensor] = None,
+        context_kv: Optional[Tensor] = None,
     ) -> Tensor:
         """x: T x B x C; padding_mask: B x T (True at pads); context: T x B x C; attn_mask: the additive key
-        mask of ``padding_mask`` (``lean.key_mask``; built here when not given)."""
+        mask of ``padding_mask`` (``lean.key_mask``); context_kv: T x B x 2C, ``[k; v]`` of the context attention
+        over ``context`` (the encoder computes those of a block's layers in one product). Both built here when
+        not given."""
         if self.reference:
             return self.reference_forward(x, padding_mask, context)
         if self.context_attn is not None and context is None:
@@ -219,8 +222,8 @@ class MSCEncoderLayer(_PreNormMSCLayer):
             # values [k_h; k_c], [v_h; v_c] from LN(H) and C
             weight, bias = lean.packed((sa.q_proj, ca.q_proj, sa.k_proj, sa.v_proj), device_type)
             q, kv_h = F.linear(h, weight, bias).split([2 * dim, 2 * dim], dim=-1)
-            weight, bias = lean.packed((ca.k_proj, ca.v_proj), device_type)
-            kv_c = F.linear(context, weight, bias)
+            kv_c = context_kv if context_kv is not None else F.linear(
+                context, *lean.packed((ca.k_proj, ca.v_proj), device_type))
             kv = torch.cat([kv_h.view(tgt_len, bsz, 2, 1, dim), kv_c.view(tgt_len, bsz, 2, 1, dim)], dim=3)
             k, v = kv.view(tgt_len, bsz, 2, 2 * n_heads, dim // n_heads).permute(2, 1, 3, 0, 4).unbind(0)
             o = lean.attend(lean.heads(q, 2 * n_heads), k, v, attn_mask, p, sa.scaling)
