@@ -198,8 +198,8 @@ def test_boundary_relative_attention_gradcheck():
     assert torch.autograd.gradcheck(fn, args)
 
 
-@pytest.mark.parametrize("embed,kv_dim,heads", [(32, 4, 4), (8, 32, 2), (16, 8, 2)],
-                         ids=["reassociated", "plain", "plain-equal-cost"])
+@pytest.mark.parametrize("embed,kv_dim,heads", [(64, 4, 4), (32, 4, 4), (8, 32, 2), (16, 8, 2)],
+                         ids=["reassociated-premultiplied", "reassociated", "plain", "reassociated-equal-cost"])
 def test_cross_granularity_fusion_lean_equals_reference(embed, kv_dim, heads):
     from umst_plugin.modules.transformer_sf.fusion import CrossGranularityFusion
     from umst_plugin.modules.transformer_sf import lean
@@ -210,13 +210,16 @@ def test_cross_granularity_fusion_lean_equals_reference(embed, kv_dim, heads):
         for p in fusion.parameters():
             p.add_(0.1 * torch.randn_like(p))  # biases and layer norms away from their initial values
     assert fusion.attn.reassociate == (heads * kv_dim <= embed)
+    assert (heads * fusion.attn.width < embed) == (embed == 64)  # the training path pre-multiplies its weights
     x_self, x_other = torch.randn(5, 3, embed, **F64), torch.randn(11, 3, kv_dim, **F64)
     pad = padding_mask(3, 11, seed=6)
-    results = []
-    for mask in (None, lean.additive_mask(pad, torch.float64)):
-        torch.manual_seed(7)
-        results.append(grads_of(lambda a, b: fusion(a, b, pad, None, mask), [x_self, x_other], fusion))
-    assert_same(*results)
+    for training in (True, False):
+        fusion.train(training)
+        results = []
+        for mask in (None, lean.additive_mask(pad, torch.float64)):
+            torch.manual_seed(7)
+            results.append(grads_of(lambda a, b: fusion(a, b, pad, None, mask), [x_self, x_other], fusion))
+        assert_same(*results)
 
 
 def test_linear_attention_fusion_lean_equals_reference():

@@ -115,14 +115,18 @@ class WidthChangingAttention(nn.Module):
         (``lean.layer_norm_linear``: their outputs are recomputed in backward, not kept).
 
         Not reassociated: one product for the keys and values. Reassociated (the slow branch reading the
-        characters): the query map and every head's W^k (and b^k, as a column) multiply into one
-        Cq x H*width map, W^v and W^o into one H*width x Cq map, so the sub-layer is two products of the inputs
-        around one attention whose keys and values, [kv, 1, 0...], the heads share:
+        characters): as ``_fused``, one attention whose keys and values, [kv, 1, 0...], the heads share, with
+        the heads' [W^k_h | b^k_h] and [W^v_h | b^v_h] applied by one batched product each. In training, where
+        the heads' widened key space is narrower than the query (H * width < Cq: 320 < 512 at base width),
+        the query map is multiplied into the key maps and the value maps into the output map first (products
+        of the weights, once per step), so the sub-layer is two products of its inputs around the attention:
 
             q_ext = LN(x) W^q_h^T [W^k_h | b^k_h] + b^q_h [W^k_h | b^k_h]   (per head h)
-            out   = sum_h softmax(s q_ext_h [kv | 1]^T) [kv | 1] [W^v_h^T; b^v_h] W^o_h^T + b^o
+            out   = sum_h softmax(s q_ext_h [kv | 1]^T) [kv | 1] [W^v_h | b^v_h]^T W^o_h^T + b^o
 
-        the same function as ``_fused`` (sums regrouped; tests compare them)."""
+        (fewer FLOPs per token and nothing Lq x Cq kept but the layer norm's input; in evaluation, where a
+        batch can be one sentence, the weight products would cost more than they save). The same function as
+        ``_fused`` either way (tests compare them)."""
         len_q, batch, embed_dim = x_query.shape
         len_k = x_kv.size(0)
         heads, head_dim = self.num_heads, self.head_dim
@@ -136,26 +140,39 @@ class WidthChangingAttention(nn.Module):
             out = attention(q, k, v, mask, dropout, scale=self.scaling)
             return self.out_proj(out.permute(2, 0, 1, 3).reshape(len_q, batch, embed_dim))
         c, width = self.kv_dim, self.width
-        # key side of every head widened to [W^k_h | b^k_h | 0] (H x d x width); the query map through it:
-        # m_h = [W^k_h | b^k_h | 0]^T W^q_h (width x Cq) and its bias [W^k_h | b^k_h | 0]^T b^q_h
         w_k = torch.cat([self.k_proj.weight.view(heads, head_dim, c), self.k_proj.bias.view(heads, head_dim, 1),
-                         self._zero_cols], dim=-1)
-        m = torch.bmm(w_k.transpose(1, 2), self.q_proj.weight.view(heads, head_dim, embed_dim))
-        m_bias = torch.bmm(w_k.transpose(1, 2), self.q_proj.bias.view(heads, head_dim, 1))
-        q_ext = lean.layer_norm_linear(query_norm, x_query, m.view(heads * width, embed_dim),
-                                       m_bias.view(heads * width))  # Lq x B x H*width
+                         self._zero_cols], dim=-1)  # H x d x width: [W^k_h | b^k_h | 0]
+        w_v = torch.cat([self.v_proj.weight.view(heads, head_dim, c), self.v_proj.bias.view(heads, head_dim, 1),
+                         self._zero_cols], dim=-1)  # H x d x width: [W^v_h | b^v_h | 0]
+        premultiply = self.training and heads * width < embed_dim
+        if premultiply:
+            # the query map through every head's [W^k_h | b^k_h | 0]: one Cq -> H*width map (and its bias)
+            m = torch.bmm(w_k.transpose(1, 2), self.q_proj.weight.view(heads, head_dim, embed_dim))
+            m_bias = torch.bmm(w_k.transpose(1, 2), self.q_proj.bias.view(heads, head_dim, 1))
+            q_ext = lean.layer_norm_linear(query_norm, x_query, m.view(heads * width, embed_dim),
+                                           m_bias.view(heads * width)).view(len_q, batch, heads, width)
+            q_ext = q_ext.permute(1, 2, 0, 3)
+        else:
+            # every head's query mapped into the key input space, [q_h W^k_h | q_h . b^k_h | 0...]
+            q = lean.layer_norm_linear(query_norm, x_query, self.q_proj.weight, self.q_proj.bias)
+            q_ext = torch.bmm(q.view(len_q * batch, heads, head_dim).transpose(0, 1), w_k)
+            q_ext = q_ext.view(heads, len_q, batch, width).permute(2, 0, 1, 3)
         # the heads share their keys and values: they fold into the queries (B x 1 x H*Lq x width)
-        q_ext = q_ext.view(len_q, batch, heads, width).permute(1, 2, 0, 3).reshape(batch, 1, heads * len_q, width)
+        q_ext = q_ext.reshape(batch, 1, heads * len_q, width)
         kv_ext = torch.cat([kv_norm(x_kv).transpose(0, 1), self._ones_col.expand(batch, len_k, width - c)], dim=-1)
         kv_ext = kv_ext.unsqueeze(1).to(q_ext.dtype)
-        context = attention(q_ext, kv_ext, kv_ext, mask, dropout, scale=self.scaling)
-        # value side and output map: n_h = [W^v_h | b^v_h | 0]^T W^o_h^T (width x Cq)
-        w_v = torch.cat([self.v_proj.weight.view(heads, head_dim, c), self.v_proj.bias.view(heads, head_dim, 1),
-                         self._zero_cols], dim=-1)
-        n = torch.bmm(w_v.transpose(1, 2), self.out_proj.weight.view(embed_dim, heads, head_dim).permute(1, 2, 0))
-        context = context.view(batch, heads, len_q, width).permute(2, 0, 1, 3).reshape(len_q * batch, heads * width)
-        return torch.addmm(self.out_proj.bias, context, n.view(heads * width, embed_dim)).view(len_q, batch,
-                                                                                                 embed_dim)
+        context = attention(q_ext, kv_ext, kv_ext, mask, dropout, scale=self.scaling).view(batch, heads, len_q,
+                                                                                          width)
+        if premultiply:
+            # [A x̂ | A 1 | 0...] through every head's [W^v_h | b^v_h | 0]^T and W^o_h^T: one H*width -> Cq map
+            n = torch.bmm(w_v.transpose(1, 2), self.out_proj.weight.view(embed_dim, heads, head_dim).permute(1, 2, 0))
+            context = context.permute(2, 0, 1, 3).reshape(len_q * batch, heads * width)
+            return torch.addmm(self.out_proj.bias, context, n.view(heads * width, embed_dim)).view(
+                len_q, batch, embed_dim)
+        # back to each head's value space, then the output map
+        context = context.permute(1, 2, 0, 3).reshape(heads, len_q * batch, width)
+        out = torch.bmm(context, w_v.transpose(1, 2)).transpose(0, 1).reshape(len_q, batch, embed_dim)
+        return self.out_proj(out)
 
     def _fused(self, query, kv, key_padding_mask):
         """The same function through ``modules.attention.attention`` (no weights kept for backward)."""
