@@ -128,3 +128,15 @@ def test_bench_train_runs_fairseq_train_for_stock_and_plugin_rows(toy_databin, t
     assert "--user-dir" not in rows[("stock", "fp32")]["argv"]
     assert rows[("umst", "fp32")]["flops_per_token_ratio"] > 0
     assert "| umst | fp32 |" in (tmp_path / "train.md").read_text()
+
+
+def test_addbmm_counts_its_flops():
+    """torch's FLOP counter has no addbmm formula; op_counts registers one (MSC's lean path uses addbmm)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from umst_plugin import op_counts  # noqa: F401
+
+    a, b = torch.randn(3, 4, 5), torch.randn(3, 5, 6)
+    with FlopCounterMode(display=False) as counter:
+        torch.addbmm(torch.zeros(4, 6), a, b)
+    assert counter.get_total_flops() == 2 * 3 * 4 * 5 * 6

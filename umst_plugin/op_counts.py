@@ -256,3 +256,22 @@ class KernelLaunches(TorchDispatchMode):
             if phase is None or p == phase:
                 counts[op] += k
         return counts.most_common(n)
+
+
+# ---- matmul FLOPs that torch's counter misses ---------------------------------------------------------------
+
+def _register_missing_flop_formulas():
+    """``torch.utils.flop_counter`` has no formula for ``addbmm`` (a batched product summed over the batch: the
+    same multiply-adds as ``bmm``); without one the benchmarks' FLOPs, the denominator of every per-FLOP ratio,
+    left those products out (MSC's lean path uses it)."""
+    from torch.utils import flop_counter
+
+    if _aten.addbmm.default in flop_counter.flop_registry or _aten.addbmm in flop_counter.flop_registry:
+        return
+
+    @flop_counter.register_flop_formula(_aten.addbmm)
+    def addbmm_flop(self_shape, a_shape, b_shape, out_shape=None, **kwargs) -> int:
+        return flop_counter.bmm_flop(a_shape, b_shape)
+
+
+_register_missing_flop_formulas()
