@@ -718,6 +718,8 @@ def parse_args(argv=None):
     args.length = args.length or default_length()
     if args.claim_sentences is None:
         args.claim_sentences = 4 if args.quick else 50
+    if not args.timing:  # the claim is a timing: nothing to measure without fairseq-generate
+        args.claim_sentences = 0
     if cuda and not torch.cuda.is_available() and not args.dry_run:
         p.error("--device cuda: no CUDA device")
     if args.fp16 and not cuda:
