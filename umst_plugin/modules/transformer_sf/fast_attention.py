@@ -126,19 +126,21 @@ class BoundaryRelativeSelfAttention(nn.Module):
         (:class:`BoundaryRelativeAttention`) that keeps x, not the normalised x nor q, k, v."""
         length, batch, _ = x.shape
         heads, head_dim = self.num_heads, self.head_dim
-        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
-        bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
         dropout = self.dropout if self.training else 0.0
         if self.rel_keys is None:
+            weight, bias = lean.fused_weights(self.q_proj, self.k_proj, self.v_proj)
             qkv = lean.layer_norm_linear(layer_norm, x, weight, bias).view(length, batch, 3, heads, head_dim)
             q, k, v = qkv.permute(2, 1, 3, 0, 4).unbind(0)
             out = attention(q, k, v, side["fast_mask"], dropout, scale=self.scaling)
         else:
             cols, valid = side["fast_band"]
+            # weights cast whole before the function (lean.amp_cast); the biases stay float32 (fp32 gradients)
+            weight = torch.cat([lean.amp_cast(p.weight) for p in (self.q_proj, self.k_proj, self.v_proj)])
+            bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
             out = BoundaryRelativeAttention.apply(x.reshape(-1, x.size(-1)), layer_norm.weight, layer_norm.bias,
-                                                  layer_norm.eps, weight, bias, self.rel_keys, self.rel_values,
-                                                  cols, valid, side["fast_padding_mask"], heads, self.scaling,
-                                                  dropout)
+                                                  layer_norm.eps, weight, bias, lean.amp_cast(self.rel_keys),
+                                                  lean.amp_cast(self.rel_values), cols, valid,
+                                                  side["fast_padding_mask"], heads, self.scaling, dropout)
         out = out.permute(2, 0, 1, 3).reshape(length, batch, self.embed_dim)
         return self.out_proj(out)
 

@@ -131,30 +131,29 @@ class WidthChangingAttention(nn.Module):
         len_k = x_kv.size(0)
         heads, head_dim = self.num_heads, self.head_dim
         dropout = self.dropout if self.training else 0.0
+        cast = lean.amp_cast  # weights cast whole before use; the custom functions' biases stay float32
         if not self.reassociate:
-            q = lean.layer_norm_linear(query_norm, x_query, self.q_proj.weight, self.q_proj.bias)
+            q = lean.layer_norm_linear(query_norm, x_query, cast(self.q_proj.weight), self.q_proj.bias)
             q = q.view(len_q, batch, heads, head_dim).permute(1, 2, 0, 3)
-            kv = lean.layer_norm_linear(kv_norm, x_kv, torch.cat([self.k_proj.weight, self.v_proj.weight]),
+            kv = lean.layer_norm_linear(kv_norm, x_kv,
+                                        torch.cat([cast(self.k_proj.weight), cast(self.v_proj.weight)]),
                                         torch.cat([self.k_proj.bias, self.v_proj.bias]))
             k, v = kv.view(len_k, batch, 2, heads, head_dim).permute(2, 1, 3, 0, 4).unbind(0)
             out = attention(q, k, v, mask, dropout, scale=self.scaling)
             return self.out_proj(out.permute(2, 0, 1, 3).reshape(len_q, batch, embed_dim))
         c, width = self.kv_dim, self.width
-        w_k = torch.cat([self.k_proj.weight.view(heads, head_dim, c), self.k_proj.bias.view(heads, head_dim, 1),
-                         self._zero_cols], dim=-1)  # H x d x width: [W^k_h | b^k_h | 0]
-        w_v = torch.cat([self.v_proj.weight.view(heads, head_dim, c), self.v_proj.bias.view(heads, head_dim, 1),
-                         self._zero_cols], dim=-1)  # H x d x width: [W^v_h | b^v_h | 0]
+        w_k, w_v = (self._widened(proj) for proj in (self.k_proj, self.v_proj))  # H x d x width
         premultiply = self.training and heads * width < embed_dim
         if premultiply:
             # the query map through every head's [W^k_h | b^k_h | 0]: one Cq -> H*width map (and its bias)
-            m = torch.bmm(w_k.transpose(1, 2), self.q_proj.weight.view(heads, head_dim, embed_dim))
-            m_bias = torch.bmm(w_k.transpose(1, 2), self.q_proj.bias.view(heads, head_dim, 1))
+            m = torch.bmm(w_k.transpose(1, 2), cast(self.q_proj.weight).view(heads, head_dim, embed_dim))
+            m_bias = torch.bmm(w_k.transpose(1, 2), cast(self.q_proj.bias).view(heads, head_dim, 1))
             q_ext = lean.layer_norm_linear(query_norm, x_query, m.view(heads * width, embed_dim),
                                            m_bias.view(heads * width)).view(len_q, batch, heads, width)
             q_ext = q_ext.permute(1, 2, 0, 3)
         else:
             # every head's query mapped into the key input space, [q_h W^k_h | q_h . b^k_h | 0...]
-            q = lean.layer_norm_linear(query_norm, x_query, self.q_proj.weight, self.q_proj.bias)
+            q = lean.layer_norm_linear(query_norm, x_query, cast(self.q_proj.weight), self.q_proj.bias)
             q_ext = torch.bmm(q.view(len_q * batch, heads, head_dim).transpose(0, 1), w_k)
             q_ext = q_ext.view(heads, len_q, batch, width).permute(2, 0, 1, 3)
         # the heads share their keys and values: they fold into the queries (B x 1 x H*Lq x width)
@@ -165,14 +164,23 @@ class WidthChangingAttention(nn.Module):
                                                                                           width)
         if premultiply:
             # [A x̂ | A 1 | 0...] through every head's [W^v_h | b^v_h | 0]^T and W^o_h^T: one H*width -> Cq map
-            n = torch.bmm(w_v.transpose(1, 2), self.out_proj.weight.view(embed_dim, heads, head_dim).permute(1, 2, 0))
+            n = torch.bmm(w_v.transpose(1, 2),
+                          cast(self.out_proj.weight).view(embed_dim, heads, head_dim).permute(1, 2, 0))
             context = context.permute(2, 0, 1, 3).reshape(len_q * batch, heads * width)
-            return torch.addmm(self.out_proj.bias, context, n.view(heads * width, embed_dim)).view(
+            return torch.addmm(cast(self.out_proj.bias), context, n.view(heads * width, embed_dim)).view(
                 len_q, batch, embed_dim)
         # back to each head's value space, then the output map
         context = context.permute(1, 2, 0, 3).reshape(heads, len_q * batch, width)
         out = torch.bmm(context, w_v.transpose(1, 2)).transpose(0, 1).reshape(len_q, batch, embed_dim)
         return self.out_proj(out)
+
+    def _widened(self, proj):
+        """[W_h | b_h | 0...] per head (H x d x width) of the key or value map. (Not cast piecewise under
+        autocast: each piece's gradient would be a strided slice, copied once more by the parameter cast cache;
+        the products cast the whole widened map.)"""
+        heads, head_dim = self.num_heads, self.head_dim
+        return torch.cat([proj.weight.view(heads, head_dim, self.kv_dim), proj.bias.view(heads, head_dim, 1),
+                          self._zero_cols], dim=-1)
 
     def _fused(self, query, kv, key_padding_mask):
         """The same function through ``modules.attention.attention`` (no weights kept for backward)."""

@@ -123,8 +123,8 @@ def lean_gcn(gcn, x: Tensor, rows: Tuple[Tensor, Tensor], training: bool) -> Ten
     rows (:func:`gcn_rows`): ``x + Drop(Â Drop_act(ReLU(Â LN(x) W + b)))``."""
     slot, size = rows
     ln = gcn.layer_norm
-    out = LeanGroupGCN.apply(x.reshape(-1, x.size(-1)), ln.weight, ln.bias, gcn.linear.weight, gcn.linear.bias,
-                             slot, size, ln.eps, gcn.activation_dropout, gcn.dropout, training)
+    out = LeanGroupGCN.apply(x.reshape(-1, x.size(-1)), ln.weight, ln.bias, amp_cast(gcn.linear.weight),
+                             gcn.linear.bias, slot, size, ln.eps, gcn.activation_dropout, gcn.dropout, training)
     return out.view(x.shape)
 
 
@@ -142,11 +142,25 @@ def compute_dtype(x: Tensor) -> torch.dtype:
     return x.dtype
 
 
+def amp_cast(t: Tensor) -> Tensor:
+    """A parameter in the autocast dtype where autocast is on, cast whole before it is used (concatenated with
+    others, handed to a custom autograd function), as autocast would cast it inside the op that reads it: the
+    same values, and the plugin's parameter cast cache (``umst_plugin/amp_weights.py``) then makes that cast once
+    per update for all parameters together. Unchanged without autocast."""
+    device = t.device.type
+    if torch.is_autocast_enabled(device):
+        return t.to(torch.get_autocast_dtype(device))
+    return t
+
+
+def fused_weights(*linears) -> Tuple[Tensor, Tensor]:
+    """The linear maps' weights and biases concatenated (output rows), each cast whole first (:func:`amp_cast`)."""
+    return (torch.cat([amp_cast(l.weight) for l in linears]), torch.cat([amp_cast(l.bias) for l in linears]))
+
+
 def fused_linear(x: Tensor, *linears) -> Tensor:
     """``cat([l(x) for l in linears], -1)`` as one matrix product (the weights concatenated)."""
-    weight = torch.cat([l.weight for l in linears])
-    bias = torch.cat([l.bias for l in linears])
-    return F.linear(x, weight, bias)
+    return F.linear(x, *fused_weights(*linears))
 
 
 def multihead_self_attention(mha, x: Tensor, mask: Tensor, training: bool) -> Tensor:
@@ -236,8 +250,8 @@ class LeanFFN(torch.autograd.Function):
 def lean_ffn(ffn, x: Tensor, training: bool) -> Tensor:
     """A ``PreNormFFN`` module's block on ``x`` (any leading shape) through :class:`LeanFFN`."""
     ln = ffn.layer_norm
-    out = LeanFFN.apply(x.reshape(-1, x.size(-1)), ln.weight, ln.bias, ffn.fc1.weight, ffn.fc1.bias,
-                        ffn.fc2.weight, ffn.fc2.bias, ln.eps, ffn.activation_dropout, ffn.dropout, training)
+    out = LeanFFN.apply(x.reshape(-1, x.size(-1)), ln.weight, ln.bias, amp_cast(ffn.fc1.weight), ffn.fc1.bias,
+                        amp_cast(ffn.fc2.weight), ffn.fc2.bias, ln.eps, ffn.activation_dropout, ffn.dropout, training)
     return out.view(x.shape)
 
 
