@@ -38,8 +38,6 @@ import umst_plugin  # noqa: F401  (installs the patches)
 from umst_plugin import compile as compiling
 from umst_plugin import dev
 
-# width 24: no batch length below (2-18) equals it (torch specialises a length equal to the LayerNorm width when
-# the first batch has it, a second graph for nothing)
 TINY = dict(encoder_layers=2, decoder_layers=1, encoder_embed_dim=24, decoder_embed_dim=24, encoder_ffn_embed_dim=48,
             decoder_ffn_embed_dim=48, encoder_attention_heads=2, decoder_attention_heads=2)
 DROPOUT = dict(dropout=0.1, attention_dropout=0.1, activation_dropout=0.1)

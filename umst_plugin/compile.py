@@ -24,8 +24,9 @@ instance whose attributes pass the same guards -- a 6-layer encoder compiles one
 
 dynamo settings while ``--compile`` is on (process-wide): Python floats are constants (``specialize_float``: a
 dropout rate or a scale fraction is not a graph input, which torch 2.13 would otherwise make symbolic and then
-fail to pass through ``torch.utils.checkpoint``), at least :data:`RECOMPILE_LIMIT` variants per layer class, and
-an error when a limit is hit.
+fail to pass through ``torch.utils.checkpoint``); no duck sizing (``use_duck_shape``: sizes that happen to be
+equal in the first batch, such as as many words as tokens, do not become one symbol that the next batch breaks);
+at least :data:`RECOMPILE_LIMIT` variants per layer class, and an error when a limit is hit.
 
 ``--tf32`` (:func:`set_tf32`): fp32 matmuls and convolutions on TensorFloat-32 tensor cores (Ampere and newer
 GPUs). Off by default, as in PyTorch.
@@ -212,6 +213,11 @@ def _configure_dynamo():
     if getattr(config, limit) < RECOMPILE_LIMIT:
         setattr(config, limit, RECOMPILE_LIMIT)
     config.specialize_float = True  # Python floats (dropout rates, scale fractions) are constants, not inputs
+    # no duck sizing: two sizes equal in the first batch (as many words as tokens, a length equal to the width) are
+    # not taken for one symbol, whose next batch would compile again; sizes that must be equal still are (guards)
+    import torch.fx.experimental._config as fx_config
+
+    fx_config.use_duck_shape = False
     if hasattr(config, "fail_on_recompile_limit_hit"):
         config.fail_on_recompile_limit_hit = True  # an error, not a silent fall back to eager
 
