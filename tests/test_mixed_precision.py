@@ -120,6 +120,19 @@ def test_a_task_config_without_amp_options_means_fp32():
     assert task._amp() is False and task._amp_dtype() == "float16"
 
 
+def test_task_amp_dtype_resolves_in_a_config_composed_before_the_plugin():
+    """fairseq-hydra-train composes its config before the plugin adds common.amp_dtype: the task's amp_dtype
+    (which follows the common one) then resolves to None instead of failing (InterpolationKeyError in
+    build_model, as CI once saw); where the common key exists, it follows it."""
+    from omegaconf import OmegaConf
+    from umst_plugin.tasks.multiscale_translation import MultiscaleTranslationConfig
+
+    for common, expected in (({"amp": False}, None), ({"amp": True, "amp_dtype": "bfloat16"}, "bfloat16")):
+        root = OmegaConf.create({"common": common})
+        root.task = OmegaConf.structured(MultiscaleTranslationConfig)
+        assert root.task.amp_dtype == expected
+
+
 def test_inference_precision_follows_this_process_not_the_checkpoint():
     """A task config saying amp (a checkpoint trained with --amp) autocasts validation and decoding only when
     this process asks: from_pretrained's amp argument, or the command line (call_main)."""

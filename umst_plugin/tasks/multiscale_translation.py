@@ -61,8 +61,11 @@ class MultiscaleTranslationConfig(TranslationConfig):
                                     "by --tokenizer/--bpe as given, the record ignored"})
     # --amp-dtype is one of fairseq's common options (umst_plugin/patches/amp_dtype_flag.py), for every task;
     # the task keeps the key, following it, so that configs and checkpoints that set task.amp_dtype (before the
-    # flag was common, or +task.amp_dtype=... under fairseq-hydra-train) keep their meaning
-    amp_dtype: Optional[ChoiceEnum(list(mixed_precision.AMP_DTYPES))] = II("common.amp_dtype")
+    # flag was common, or +task.amp_dtype=... under fairseq-hydra-train) keep their meaning. oc.select, not II:
+    # fairseq-hydra-train composes its config before the plugin adds common.amp_dtype, so the key may be absent
+    # there (II would then fail to resolve: InterpolationKeyError). Like II, an interpolation default is not
+    # made an argparse option (fairseq skips it; --amp-dtype is the common one)
+    amp_dtype: Optional[ChoiceEnum(list(mixed_precision.AMP_DTYPES))] = "${oc.select:common.amp_dtype,null}"
     amp: bool = II("common.amp")
     fp16_init_scale: int = II("common.fp16_init_scale")
 
