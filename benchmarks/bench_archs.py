@@ -24,8 +24,8 @@ defaults (dropout on, train mode):
 
 Ratios are per FLOP against the transformer of the same run: ``saved/FLOP = (saved / flops) / (saved_tf /
 flops_tf)`` and ``time/FLOP`` likewise: an arch that does 1.3x the work may take 1.3x the memory and time.
-Extra rows: ``transformer_sf_keep_fast`` (TranSFormer with ``--sf-keep-fast-activations``, the memory/time
-trade-off) and ``transformer_prime_shape`` (a transformer of Prime's 12+12 narrow shape: Prime's rows are also
+Extra rows: ``transformer_sf_recompute`` (TranSFormer with ``--sf-recompute-fast``, the memory/time
+trade-off: the character branch's attention and fusion sub-layers recomputed in backward) and ``transformer_prime_shape`` (a transformer of Prime's 12+12 narrow shape: Prime's rows are also
 compared with it, ``vs_shape`` in the JSON, ``compare_runs.py shape``).
 
 Usage::
@@ -71,8 +71,8 @@ ARCHS = {
     "umst": ("umst_base", "umst_big", {}),
     "umst_rpr": ("umst_base_rpr", "umst_big_rpr", {}),
     "transformer_sf": ("transformer_sf_base", "transformer_sf_big", {}),
-    # the trade-off flag: the character branch's activations kept rather than recomputed in backward
-    "transformer_sf_keep_fast": ("transformer_sf_base", "transformer_sf_big", {"sf_keep_fast_activations": True}),
+    # the trade-off flag: the character branch's sub-layers recomputed in backward rather than kept
+    "transformer_sf_recompute": ("transformer_sf_base", "transformer_sf_big", {"sf_recompute_fast": True}),
     "msc": ("msc_base", "msc_big", {}),
     "msmsa": ("msmsa_base", "msmsa_big", {}),
     "prime": ("prime_base", "prime_big", {}),
@@ -89,16 +89,16 @@ ARCHS = {
                                      decoder_attention_heads=16, dropout=0.3)),
 }
 # the others: "transformer" (attention and activation dropout 0)
-BASELINE = {name: "transformer_dropout" for name in ("umst", "umst_rpr", "transformer_sf", "transformer_sf_keep_fast",
+BASELINE = {name: "transformer_dropout" for name in ("umst", "umst_rpr", "transformer_sf", "transformer_sf_recompute",
                                                      "msc")}
 LABELS = {"transformer_dropout": " (dropout 0.1)", "transformer_prime_shape": " (Prime's shape)",
-          "transformer_sf_keep_fast": " --sf-keep-fast-activations"}
+          "transformer_sf_recompute": " --sf-recompute-fast"}
 SHAPE_BASELINE = {"prime": "transformer_prime_shape", "prime_simple": "transformer_prime_shape"}
 QUICK = dict(encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_embed_dim=32,
              encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4,
              decoder_attention_heads=4)
 QUICK_EXTRA = {"transformer_sf": dict(fast_embed_dim=8, fast_ffn_embed_dim=16, fast_attention_heads=2),
-               "transformer_sf_keep_fast": dict(fast_embed_dim=8, fast_ffn_embed_dim=16, fast_attention_heads=2),
+               "transformer_sf_recompute": dict(fast_embed_dim=8, fast_ffn_embed_dim=16, fast_attention_heads=2),
                "msc": dict(encoder_blocks=2, encoder_layers_per_block=1)}
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
