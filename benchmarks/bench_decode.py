@@ -335,6 +335,7 @@ class IncrementalDecoder:
         from fairseq.sequence_generator import EnsembleModel
 
         self.ensemble = EnsembleModel([model]).eval()
+        self.ensemble.set_decoder_beam_size(beam)  # as SequenceGenerator does (Prime keeps cross keys per sentence)
         self.bsz = sample["net_input"]["src_tokens"].size(0)
         self.beam = beam
         device = sample["net_input"]["src_tokens"].device
