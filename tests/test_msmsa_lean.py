@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import model_checks as checks
+from test_msmsa import padded_batch
 from umst_plugin import dev
 from umst_plugin.modules.msmsa import window_bias as wb
 from umst_plugin.modules.msmsa import windowed_attention as wa
@@ -29,16 +30,6 @@ SPECS = ("1", "3", "7", "N/16", "N/8", "N/4", "N/2", "N", "global")
 HEAD_SCALES = [parse_scale(s) for s in ("1", "1", "3", "N/8", "N/8", "N/4", "N/2", "global")]
 TINY = dict(encoder_layers=2, decoder_layers=2, encoder_embed_dim=16, decoder_embed_dim=16, encoder_ffn_embed_dim=32,
             decoder_ffn_embed_dim=32, encoder_attention_heads=4, decoder_attention_heads=4)
-
-
-def padded(lengths, total, left):
-    pad = torch.ones(len(lengths), total, dtype=torch.bool)
-    for b, n in enumerate(lengths):
-        if left:
-            pad[b, total - n:] = False
-        else:
-            pad[b, :n] = False
-    return pad
 
 
 def hashed_dropout_attention(q, k, v, mask=None, dropout_p=0.0, scale=None, recompute=True):
@@ -85,7 +76,7 @@ def test_all_heads_equal_grouped_path(left, causal, dropout, min_block, monkeypa
                                    min_block=min_block).double().train()
     x = torch.randn(total, 4, 32, dtype=torch.float64, requires_grad=True)
     weights = torch.randn(total, 4, 32, dtype=torch.float64)
-    pad = padded(lengths, total, left)
+    pad = padded_batch(lengths, total, left)
     out, grads = run(attn, x, pad, weights)
     attn.dense_max_len = 0  # the grouped path
     ref_out, ref_grads = run(attn, x, pad, weights)
@@ -105,7 +96,7 @@ def test_one_scale_per_layer_equals_grouped(spec, causal):
     torch.manual_seed(1)
     attn = MultiScaleSelfAttention(16, 4, [parse_scale(spec)] * 4, causal=causal, min_block=2).double().eval()
     x = torch.randn(40, 3, 16, dtype=torch.float64)
-    for pad in (torch.zeros(3, 40, dtype=torch.bool), padded([40, 23, 6], 40, left=True)):
+    for pad in (torch.zeros(3, 40, dtype=torch.bool), padded_batch([40, 23, 6], 40, left=True)):
         attn.dense_max_len = 1000
         out, _ = attn(x, key_padding_mask=pad)
         out_none, _ = attn(x) if not pad.any() else (out, None)
@@ -121,7 +112,7 @@ def test_one_scale_per_layer_equals_grouped(spec, causal):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_bias_equals_old_dense_bias_everywhere(left, causal, dtype):
     """Every entry, padding queries included: the old dense path's _window_bias of each head's scale."""
-    pad = padded([21, 13, 2], 21, left)
+    pad = padded_batch([21, 13, 2], 21, left)
     scales = [parse_scale(s) for s in SPECS]
     bias = wb.window_bias(scales, pad, 21, causal, dtype, "cpu")
     assert bias.shape == (3, len(scales), 21, 21) and bias.dtype == dtype
@@ -143,7 +134,7 @@ def test_bias_equals_old_dense_bias_everywhere(left, causal, dtype):
 
 def test_aligned_storage_for_memory_efficient_kernels():
     """align=16 (what CUDA gets): the same values, strides multiples of 16, last stride 1."""
-    pad = padded([21, 13, 2], 21, left=False)
+    pad = padded_batch([21, 13, 2], 21, left=False)
     scales = [parse_scale(s) for s in SPECS]
     for mask in (pad, None):
         plain = wb.window_bias(scales, mask, 21, False, torch.float32, "cpu")
@@ -166,7 +157,7 @@ def test_stack_builds_every_layers_bias_once_and_drops_it(causal, monkeypatch):
     build = wb.window_bias
     monkeypatch.setattr(wb, "window_bias", lambda scales, *a, **kw: calls.append(len(scales)) or build(scales, *a, **kw))
     x = torch.randn(12, 3, 16)
-    pad = padded([12, 7, 3], 12, left=True)
+    pad = padded_batch([12, 7, 3], 12, left=True)
     alone = []
     for layer in layers:  # outside a stack's scope: each layer its own heads, nothing kept
         alone.append(layer(x, key_padding_mask=pad)[0])
@@ -206,7 +197,7 @@ def test_model_encoder_builds_its_bias_once_per_forward(monkeypatch):
 def test_no_host_sync():
     layers, masks = _stack(False)
     x = torch.randn(12, 3, 16, requires_grad=True)
-    pad = padded([12, 7, 3], 12, left=True)
+    pad = padded_batch([12, 7, 3], 12, left=True)
     for layer in layers:
         layer.train()
         layer.dropout = 0.1
@@ -220,7 +211,7 @@ def test_layer_compiles_without_graph_break():
     torch._dynamo.reset()
     attn = MultiScaleSelfAttention(16, 4, [parse_scale(s) for s in ("1", "3", "N/4", "global")], dropout=0.1).train()
     x = torch.randn(9, 3, 16, requires_grad=True)
-    pad = padded([9, 5, 2], 9, left=True)
+    pad = padded_batch([9, 5, 2], 9, left=True)
     for mask in (pad, None):
         explanation = torch._dynamo.explain(attn)(x, key_padding_mask=mask)
         assert explanation.graph_break_count == 0, explanation.break_reasons
@@ -252,7 +243,7 @@ def test_half_precision_padded_rows_finite(dtype):
     attn = MultiScaleSelfAttention(16, 4, [parse_scale(s) for s in ("1", "3", "N/4", "global")]).to(dtype).eval()
     x = torch.randn(14, 3, 16, dtype=dtype)
     for left in (True, False):
-        pad = padded([14, 6, 1], 14, left)
+        pad = padded_batch([14, 6, 1], 14, left)
         with torch.no_grad():
             assert torch.isfinite(attn(x, key_padding_mask=pad)[0]).all()
 

@@ -62,6 +62,16 @@ def tiny(arch="prime_base", seed=0, **extra):
     return model.eval(), task
 
 
+def stepwise_and_full_decoding(model, src, lengths, prev):
+    """The decoder's output on the whole prefix ``prev`` and, step by step through one incremental state, the
+    same positions concatenated: (stepwise, full)."""
+    enc = model.encoder(src, lengths)
+    full = model.decoder(prev, enc)[0]
+    state = {}
+    steps = [model.decoder(prev[:, :t + 1], enc, incremental_state=state)[0] for t in range(prev.size(1))]
+    return torch.cat(steps, 1), full
+
+
 def batch(bsz=3, src_len=7, tgt_len=6, vocab=40, left_pad=True, seed=1):
     """Random source (padded per lengths, left or right) and decoder input, pad=1, eos=2."""
     g = torch.Generator().manual_seed(seed)
@@ -338,11 +348,8 @@ def test_incremental_decoding_equals_full(arch, extra, bsz):
     model, _ = tiny(arch, **extra)
     src, lengths, prev = batch(bsz=bsz, tgt_len=7)
     with torch.no_grad():
-        enc = model.encoder(src, lengths)
-        full = model.decoder(prev, enc)[0]
-        state = {}
-        steps = [model.decoder(prev[:, :t + 1], enc, incremental_state=state)[0] for t in range(prev.size(1))]
-    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+        stepwise, full = stepwise_and_full_decoding(model, src, lengths, prev)
+    torch.testing.assert_close(stepwise, full, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("arch,extra", [ARCH_VARIANTS[0], ARCH_VARIANTS[5]])

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from test_prime import ARCH_VARIANTS, batch, tiny
+from test_prime import ARCH_VARIANTS, batch, stepwise_and_full_decoding, tiny
 from umst_plugin.modules.prime import dynamic_conv
 from umst_plugin.modules.prime import layer as prime_layer
 from umst_plugin.modules.prime.dynamic_conv import reference_dynamic_convolution
@@ -247,11 +247,8 @@ def test_joint_kernel_predictor_follows_parameter_updates():
 
     def check():
         with torch.no_grad():
-            enc = model.encoder(src, lengths)
-            full = model.decoder(prev, enc)[0]
-            state = {}
-            steps = [model.decoder(prev[:, :t + 1], enc, incremental_state=state)[0] for t in range(prev.size(1))]
-        torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+            stepwise, full = stepwise_and_full_decoding(model, src, lengths, prev)
+        torch.testing.assert_close(stepwise, full, rtol=1e-5, atol=1e-5)
         return full
 
     before = check()
@@ -309,8 +306,5 @@ def test_decoding_under_inference_mode():
     model, _ = tiny("prime_base")
     src, lengths, prev = batch(bsz=3, tgt_len=5)
     with torch.inference_mode():
-        enc = model.encoder(src, lengths)
-        full = model.decoder(prev, enc)[0]
-        state = {}
-        steps = [model.decoder(prev[:, :t + 1], enc, incremental_state=state)[0] for t in range(prev.size(1))]
-    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+        stepwise, full = stepwise_and_full_decoding(model, src, lengths, prev)
+    torch.testing.assert_close(stepwise, full, rtol=1e-5, atol=1e-5)
