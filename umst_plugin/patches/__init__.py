@@ -53,6 +53,19 @@ def expect_signature(func, expected, patch):
             "The plugin does not know this fairseq; install fairseq-fixed==0.12.3.1 (docs/install.md).")
 
 
+def as_config(cfg):
+    """A fairseq CLI main's argument as the DictConfig it works on: fairseq's mains still take an argparse
+    Namespace from older callers and convert it first (``convert_namespace_to_omegaconf``); a wrapper that reads
+    the config before calling them does the same."""
+    from argparse import Namespace
+
+    if isinstance(cfg, Namespace):
+        from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+        return convert_namespace_to_omegaconf(cfg)
+    return cfg
+
+
 def modules():
     return [importlib.import_module(f"{__name__}.{name}") for name in PATCHES]
 

@@ -23,11 +23,9 @@ is on its device; the Trainer has both but only training builds one.
 """
 import dataclasses
 import logging
-from argparse import Namespace
-
 from fairseq.dataclass import FairseqDataclass
 
-from umst_plugin.patches import common_options, expect_signature
+from umst_plugin.patches import as_config, common_options, expect_signature
 
 logger = logging.getLogger(__name__)
 
@@ -139,20 +137,14 @@ _originals = {}
 
 def validate_main(cfg, override_args=None):
     """fairseq-validate's ``main`` with ``--compile`` / ``--tf32`` (see the module docstring)."""
-    if isinstance(cfg, Namespace):
-        from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-        cfg = convert_namespace_to_omegaconf(cfg)
+    cfg = as_config(cfg)
     with _CommandLine(cfg):
         return _originals["validate"](cfg, override_args)
 
 
 def interactive_main(cfg):
     """fairseq-interactive's ``main`` with ``--compile`` / ``--tf32``."""
-    if isinstance(cfg, Namespace):
-        from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-        cfg = convert_namespace_to_omegaconf(cfg)
+    cfg = as_config(cfg)
     with _CommandLine(cfg):
         return _originals["interactive"](cfg)
 

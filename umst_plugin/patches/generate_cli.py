@@ -8,10 +8,8 @@ fairseq-train, -validate, -interactive and -hydra-train enter through ``distribu
 decoded in fp32. The patch wraps ``fairseq_cli.generate.main`` (``cli_main`` looks it up at call time, after
 ``--user-dir`` imported the plugin) to record the same from its config first.
 """
-from argparse import Namespace
-
 from umst_plugin import mixed_precision
-from umst_plugin.patches import expect_signature
+from umst_plugin.patches import as_config, expect_signature
 
 TARGET = "fairseq_cli.generate.main"
 SYMPTOM = "fairseq-generate --task translation --amp --amp-dtype bfloat16 decodes in fp32"
@@ -27,10 +25,7 @@ def install():
     expect_signature(original, "(cfg: omegaconf.dictconfig.DictConfig)", __name__)
 
     def main(cfg):
-        if isinstance(cfg, Namespace):
-            from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-            cfg = convert_namespace_to_omegaconf(cfg)
+        cfg = as_config(cfg)
         mixed_precision.record_command_line(cfg)
         return original(cfg)
 
