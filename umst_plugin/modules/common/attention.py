@@ -26,6 +26,13 @@ from torch.utils.checkpoint import checkpoint
 _HALF = (torch.float16, torch.bfloat16)
 
 
+def additive_mask(blocked: Tensor, dtype: torch.dtype) -> Tensor:
+    """0 where allowed, -inf where ``blocked`` (True), in ``dtype`` and ``blocked``'s shape: what
+    ``F.scaled_dot_product_attention`` makes of a boolean mask on every call (three ops there), made once so a
+    stack of layers can share it."""
+    return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill_(blocked, float("-inf"))
+
+
 def _needs_explicit(q: Tensor, dropout_p: float) -> bool:
     return dropout_p > 0 and q.device.type == "cpu" and q.dtype in _HALF
 

@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from umst_plugin.modules.common.attention import attention
+from umst_plugin.modules.common.attention import additive_mask, attention
 from umst_plugin.modules.msmsa.window_bias import WindowMasks, compiling, half_width_constants, window_bias
 
 DEFAULT_SCALES = "1,3,N/16,N/8,N/4"
@@ -271,7 +271,7 @@ def _window_bias(offset: Tensor, half, causal: bool, key_valid: Optional[Tensor]
     has a finite softmax (the query itself is always in its window) while real queries give padding exactly
     zero weight. ``half`` is an int or a tensor broadcasting to offset."""
     band = (offset >= -half) & (offset <= (0 if causal else half))
-    bias = torch.zeros(band.shape, dtype=dtype, device=offset.device).masked_fill_(~band, float("-inf"))
+    bias = additive_mask(~band, dtype)
     if key_valid is not None:
         pad_value = -1e4 if dtype == torch.float16 else -1e9
         bias = bias + torch.zeros(key_valid.shape, dtype=dtype, device=offset.device).masked_fill_(~key_valid, pad_value)

@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
 
-from umst_plugin.modules.common.attention import attention
+from umst_plugin.modules.common.attention import additive_mask, attention
 from umst_plugin.modules.prime.multi_kernel_conv import MultiKernelConv, _compiling
 from umst_plugin.modules.common.segment_ops import upcast_half
 
@@ -398,7 +398,7 @@ class PrimeLayer(nn.Module):
         if encoder_padding_mask is not None:
             pad = encoder_padding_mask
             mask = self._mask_memo.get("cross", (pad,), (beams, dtype),
-                                       lambda: _additive_mask(pad[::beams].unsqueeze(1).unsqueeze(1), dtype))
+                                       lambda: additive_mask(pad[::beams].unsqueeze(1).unsqueeze(1), dtype))
         if incremental_state is not None:
             saved = {"k": ck.contiguous(), "v": cv.contiguous(), "beams": torch.tensor(beams)}
             if mask is not None:
@@ -422,7 +422,7 @@ class PrimeLayer(nn.Module):
                 B = padding_mask.size(0)
                 keys = padding_mask.view(B, 1, 1, T)
                 blocked = keys if blocked is None else (blocked | keys) & ~padding_mask.view(B, 1, T, 1)
-            return _additive_mask(blocked, dtype)
+            return additive_mask(blocked, dtype)
         return self._mask_memo.get("self_causal" if causal else "self", (padding_mask,), (T, causal, dtype, device),
                                    build)
 
@@ -454,7 +454,7 @@ class PrimeLayer(nn.Module):
                 blocked = attn_mask.view(1, 1, T, S) if blocked is None else blocked | attn_mask.view(1, 1, T, S)
             if query_padding_mask is not None:
                 blocked = blocked & ~query_padding_mask.view(B, 1, T, 1)
-            mask = _additive_mask(blocked, q.dtype)
+            mask = additive_mask(blocked, q.dtype)
         if not need_weights:
             # One fused kernel for scaling, masking, softmax (float32 accumulation in half precision), dropout and
             # the weighted sum; fairseq's own attention takes the same kernel.
@@ -520,11 +520,6 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
         # and add the bias as three kernels)
         x = x.contiguous()
     return F.linear(x, weight, bias)
-
-
-def _additive_mask(blocked: Tensor, dtype: torch.dtype) -> Tensor:
-    """0 where allowed, -inf where ``blocked`` (what scaled_dot_product_attention makes of a boolean mask)."""
-    return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill_(blocked, float("-inf"))
 
 
 class _MaskMemo:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward
+from umst_plugin.modules.common import attention as common_attention
 from umst_plugin.modules.common.attention import attention
 from umst_plugin.modules.common.segment_ops import accumulation_dtype, segment_sum
 
@@ -129,10 +130,9 @@ def lean_gcn(gcn, x: Tensor, rows: Tuple[Tensor, Tensor], training: bool) -> Ten
 
 
 def additive_mask(padding_mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """B x L padding mask (True at padding) -> B x 1 x 1 x L float mask, -inf at padding, in ``dtype``: what
-    ``F.scaled_dot_product_attention`` turns a boolean mask into on every call (three ops there), once."""
-    return torch.zeros(padding_mask.shape, dtype=dtype, device=padding_mask.device).masked_fill_(
-        padding_mask, float("-inf")).view(padding_mask.size(0), 1, 1, -1)
+    """B x L padding mask (True at padding) -> B x 1 x 1 x L float mask, -inf at padding, in ``dtype``
+    (``common.attention.additive_mask``, as key masks)."""
+    return common_attention.additive_mask(padding_mask, dtype).view(padding_mask.size(0), 1, 1, -1)
 
 
 def compute_dtype(x: Tensor) -> torch.dtype:

@@ -37,6 +37,7 @@ from torch import Tensor
 
 from umst_plugin.data.side_inputs import check_side_input_shapes, check_side_inputs
 from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward
+from umst_plugin.modules.common.attention import additive_mask
 from umst_plugin.modules.umst.group_gcn import normalized_group_adjacency  # noqa: F401  (re-exported for tests)
 from umst_plugin.modules.common.segment_ops import accumulation_dtype, segment_sum
 
@@ -297,10 +298,8 @@ def dense_operators(graphs: UMSTGraphs, dtype: torch.dtype, downsample: str = "m
         proj = up / graphs.up_mass.to(work).clamp(min=1e-6).unsqueeze(1) if upsample_norm == "row" else up
     # additive key masks, built once (a boolean mask is turned into one by every attention call)
     out = dict(
-        token_attn_mask=torch.zeros(graphs.token_pad.shape, dtype=dtype, device=onehot.device).masked_fill_(
-            graphs.token_pad, float("-inf")).view(bsz, 1, 1, -1),
-        word_attn_mask=torch.zeros(graphs.word_pad.shape, dtype=dtype, device=onehot.device).masked_fill_(
-            graphs.word_pad, float("-inf")).view(bsz, 1, 1, -1),
+        token_attn_mask=additive_mask(graphs.token_pad, dtype).view(bsz, 1, 1, -1),
+        word_attn_mask=additive_mask(graphs.word_pad, dtype).view(bsz, 1, 1, -1),
         down_mode=downsample,
         proj_norm=upsample_norm,
         phrase=None if graphs.phrase_adj is None else graphs.phrase_adj.to(dtype),
