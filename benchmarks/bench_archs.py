@@ -463,13 +463,7 @@ def main(argv=None):
     table = markdown(result)
     print(f"\n{result['device']}, torch {result['torch']}, {args.width} width, {result['sentences']} sentences "
           f"({max_tokens} max tokens){', layers compiled' if args.compile else ''}\n\n{table}")
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(table + "\n")
+    common.write_results(result, table, args.json, args.markdown)
     return 0
 
 

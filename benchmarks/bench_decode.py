@@ -746,11 +746,7 @@ def main(argv=None):
     table = markdown(result)
     print(f"\n{result['device']}, torch {result['torch']}, {'quick widths' if args.quick else 'base width'}, "
           f"L = {args.length}, {args.max_tokens} max tokens, {result['seconds']} s\n\n{table}")
-    for path, text in ((args.json, json.dumps(result, indent=1)), (args.markdown, table + "\n")):
-        if path:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            with open(path, "w") as f:
-                f.write(text)
+    common.write_results(result, table, args.json, args.markdown)
     return 0
 
 

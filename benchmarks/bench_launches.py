@@ -326,23 +326,23 @@ def main(argv=None):
         arch, overrides = ARCHS[name]
         rows.append(measure(name, arch, overrides, args.precision, True, args.quick, args.device))
         print(f"  {name}: {rows[-1]['launches']:,} launches, {rows[-1]['flops'] / 1e9:.1f} GFLOP", flush=True)
-    from benchmarks.bench_archs import device_name
+    try:
+        from benchmarks import common
+        from benchmarks.bench_archs import device_name
+    except ImportError:  # run as a script from a checkout that pip has not installed
+        import common
+        from bench_archs import device_name
 
     result = dict(device=device_name(args.device), torch=torch.__version__, precision=args.precision, quick=args.quick,
                   sentences=SENTENCES, max_len=MAX_LEN, rows=ratios(rows), seconds=round(time.time() - start, 1))
+    table = markdown(result)
     print(f"\n{result['device']}, torch {result['torch']}, {args.precision}, one update of {SENTENCES} sentences "
-          f"of up to {MAX_LEN} tokens\n\n{markdown(result)}")
+          f"of up to {MAX_LEN} tokens\n\n{table}")
     if args.top:
         for r in rows:
             print(f"\n{r['name']}: " + "; ".join(f"{ph}: " + ", ".join(f"{op} {n}" for op, n in ops)
                                                  for ph, ops in r["top_ops"].items()))
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(markdown(result) + "\n")
+    common.write_results(result, table, args.json, args.markdown)
     return 0
 
 

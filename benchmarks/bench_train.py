@@ -287,20 +287,18 @@ def main(argv=None):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     flops = flops_per_token(sorted(set(archs) | {"transformer"}), device, args.quick)
     try:
+        from benchmarks import common
         from benchmarks.bench_archs import device_name
     except ImportError:
+        import common
         from bench_archs import device_name
     result = dict(device=device_name(device), torch=torch.__version__, data=args.data, updates=args.updates,
                   max_tokens=args.max_tokens, flops_per_token=flops, rows=ratios(rows, flops),
                   seconds=round(time.time() - start, 1))
+    table = markdown(result)
     print(f"\n{result['device']}, torch {result['torch']}, {args.updates} updates of {args.max_tokens} tokens per "
-          f"row\n\n{markdown(result)}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(markdown(result) + "\n")
+          f"row\n\n{table}")
+    common.write_results(result, table, args.json, args.markdown)
     return 0
 
 

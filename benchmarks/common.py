@@ -139,6 +139,16 @@ def n_params(model):
     return sum(p.numel() for p in model.parameters())
 
 
+def write_results(result, table, json_path=None, markdown_path=None):
+    """A benchmark's result as JSON (``--json``) and its markdown table (``--markdown``), each where asked, their
+    folders made as needed."""
+    for path, text in ((json_path, json.dumps(result, indent=1)), (markdown_path, table + "\n")):
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+
+
 def print_table(title, header, rows, json_path=None):
     print(f"\n### {title}\n")
     print("| " + " | ".join(header) + " |")
