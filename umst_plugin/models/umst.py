@@ -21,6 +21,7 @@ from fairseq.models.transformer.transformer_legacy import base_architecture
 
 from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
 from umst_plugin.models._sizes import transformer_big_sizes
+from umst_plugin.modules.common.amp_functions import compute_dtype
 from umst_plugin.modules.umst.encoder_layer import (
     GCN_ACTIVATIONS,
     INTRA_GROUP_OPS,
@@ -101,7 +102,6 @@ class UMSTEncoder(TransformerEncoderBase):
         token_embeddings=None,
         **unused,
     ):
-        device = src_tokens.device.type
         graphs = build_graphs(
             src_tokens,
             src_word_ids,
@@ -112,8 +112,7 @@ class UMSTEncoder(TransformerEncoderBase):
             phrase_noise=self.phrase_noise,
             need_phrase=self.inter_group,
             # the dense per-batch operators every block shares, in the dtype the blocks compute in
-            dtype=(torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device)
-                   else self.embed_tokens.weight.dtype),
+            dtype=compute_dtype(self.embed_tokens.weight),
             downsample=self.downsample,
             upsample_norm=self.upsample_norm,
         )

@@ -12,6 +12,26 @@ import functools
 import torch
 
 
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the products on ``x`` run in: the autocast dtype where autocast is on for ``x``'s device, else
+    ``x``'s own (what masks and per-batch operators that meet those products are built in)."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
+
+
+def autocast_cast(t: torch.Tensor, device_type: str = None) -> torch.Tensor:
+    """A parameter in the autocast dtype where autocast is on (for ``device_type``, default ``t``'s device), cast
+    whole before it is used -- concatenated with others, viewed, handed to a custom autograd function -- as
+    autocast would cast it inside the op that reads it: the same values, and the plugin's parameter cast cache
+    (``umst_plugin/amp_weights.py``) then makes that cast once per update for all parameters together. Unchanged
+    without autocast."""
+    device_type = t.device.type if device_type is None else device_type
+    if torch.is_autocast_enabled(device_type):
+        return t.to(torch.get_autocast_dtype(device_type))
+    return t
+
+
 def amp_forward(forward):
     @functools.wraps(forward)
     def wrapper(ctx, *args, **kwargs):

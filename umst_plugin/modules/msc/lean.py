@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from umst_plugin.modules.common.amp_functions import autocast_cast, compute_dtype  # noqa: F401  (lean.compute_dtype)
 from umst_plugin.modules.common.attention import attention
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -38,19 +39,10 @@ def aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def compute_dtype(x: Tensor) -> torch.dtype:
-    """The dtype the attention products on ``x`` run in: the autocast dtype under autocast."""
-    if torch.is_autocast_enabled(x.device.type):
-        return torch.get_autocast_dtype(x.device.type)
-    return x.dtype
-
-
 def cast(p: Tensor, device_type: str) -> Tensor:
-    """``p`` as autocast would cast it whole for a matrix product (``umst_plugin.amp_weights`` caches exactly this
-    cast), so a concatenation or a view of parameters costs no per-use cast under autocast."""
-    if torch.is_autocast_enabled(device_type):
-        return p.to(torch.get_autocast_dtype(device_type))
-    return p
+    """``p`` as autocast would cast it whole for a matrix product (``common.amp_functions.autocast_cast``), so a
+    concatenation or a view of parameters costs no per-use cast under autocast."""
+    return autocast_cast(p, device_type)
 
 
 def packed(linears: Sequence[torch.nn.Linear], device_type: str) -> Tuple[Tensor, Tensor]:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward
+from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward, autocast_cast, compute_dtype  # noqa: F401  (compute_dtype: lean.compute_dtype)
 from umst_plugin.modules.common import attention as common_attention
 from umst_plugin.modules.common.attention import attention
 from umst_plugin.modules.common.segment_ops import accumulation_dtype, segment_sum
@@ -135,22 +135,7 @@ def additive_mask(padding_mask: Tensor, dtype: torch.dtype) -> Tensor:
     return common_attention.additive_mask(padding_mask, dtype).view(padding_mask.size(0), 1, 1, -1)
 
 
-def compute_dtype(x: Tensor) -> torch.dtype:
-    """The dtype the attention products of a block on ``x`` run in: the autocast dtype under autocast."""
-    if torch.is_autocast_enabled(x.device.type):
-        return torch.get_autocast_dtype(x.device.type)
-    return x.dtype
-
-
-def amp_cast(t: Tensor) -> Tensor:
-    """A parameter in the autocast dtype where autocast is on, cast whole before it is used (concatenated with
-    others, handed to a custom autograd function), as autocast would cast it inside the op that reads it: the
-    same values, and the plugin's parameter cast cache (``umst_plugin/amp_weights.py``) then makes that cast once
-    per update for all parameters together. Unchanged without autocast."""
-    device = t.device.type
-    if torch.is_autocast_enabled(device):
-        return t.to(torch.get_autocast_dtype(device))
-    return t
+amp_cast = autocast_cast  # a parameter cast whole under autocast, before a concatenation or a custom function
 
 
 def fused_weights(*linears) -> Tuple[Tensor, Tensor]:

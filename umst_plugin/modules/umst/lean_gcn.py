@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward
+from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward, autocast_cast
 from umst_plugin.modules.common.segment_ops import accumulation_dtype
 
 _dropout_backward = torch.ops.aten.native_dropout_backward
@@ -200,10 +200,7 @@ def _weight(weight: Tensor, like: Tensor) -> Tensor:
     autocast would cast it inside (the same values, and the gradient it returns is the autocast-dtype product
     either way); so autocast's parameter cache (``umst_plugin.amp_weights``) can make the cast once per update
     and the backward pass does not cast it again. Biases stay float32 (their gradient is an fp32 sum)."""
-    device = like.device.type
-    if torch.is_autocast_enabled(device):
-        return weight.to(torch.get_autocast_dtype(device))
-    return weight
+    return autocast_cast(weight, like.device.type)
 
 
 def lean_word_gcn(gcn, x: Tensor, graphs, training: bool) -> Tensor:

@@ -70,7 +70,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward
+from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward, autocast_cast
 from umst_plugin.modules.common.attention import attention
 from umst_plugin.modules.common.segment_ops import upcast_half
 from umst_plugin.modules.umst.graphs import UMSTGraphs, project_to_words, upsample_attention_map, upsample_tokens
@@ -130,10 +130,8 @@ def _packed(linears, x):
     autocast's parameter cache, ``umst_plugin.amp_weights``, makes once per update for all parameters)."""
     weights, biases = [m.weight for m in linears], [m.bias for m in linears]
     device = x.device.type
-    if torch.is_autocast_enabled(device):
-        dtype = torch.get_autocast_dtype(device)
-        weights, biases = [w.to(dtype) for w in weights], [b.to(dtype) for b in biases]
-    return torch.cat(weights), torch.cat(biases)
+    return (torch.cat([autocast_cast(w, device) for w in weights]),
+            torch.cat([autocast_cast(b, device) for b in biases]))
 
 
 class RectifiedSelfAttention(nn.Module):
