@@ -149,6 +149,18 @@ def test_eq6_window_is_centred_as_written():
         assert conv.cells[0].padding_l == left == math.ceil((k + 1) / 2) - 1
 
 
+def reference_attention_branch(layer, x, d, H, pad=None):
+    """The attention branch of a Prime layer (eval, no dropout) by torch's own multi-head attention from the
+    layer's packed weights: rows 0..3d of the input projection, the first d columns and first bias of the output
+    projection."""
+    W, b = layer.in_proj_weight, layer.in_proj_bias
+    Wo, bo = layer.out_proj_weight, layer.out_proj_bias
+    attn, _ = F.multi_head_attention_forward(
+        x, x, x, d, H, W[:3 * d], b[:3 * d], None, None, False, 0.0, Wo[:, :d], bo[0],
+        training=False, key_padding_mask=pad, need_weights=False)
+    return attn
+
+
 def test_prime_simple_encoder_layer_is_eq1():
     """X_i = LN(X + Attention(X) + FFN(X)) with torch's own multi-head attention as the reference."""
     torch.manual_seed(0)
@@ -160,9 +172,7 @@ def test_prime_simple_encoder_layer_is_eq1():
     out, _ = layer(x, padding_mask=pad)
     W, b = layer.in_proj_weight, layer.in_proj_bias
     Wo, bo = layer.out_proj_weight, layer.out_proj_bias
-    attn, _ = F.multi_head_attention_forward(
-        x, x, x, d, H, W[:3 * d], b[:3 * d], None, None, False, 0.0, Wo[:, :d], bo[0],
-        training=False, key_padding_mask=pad, need_weights=False)
+    attn = reference_attention_branch(layer, x, d, H, pad)
     hidden = F.relu(F.linear(x, W[3 * d:], b[3 * d:]))
     ffn_out = F.linear(hidden, Wo[:, d:], bo[1])
     ref = F.layer_norm(x + attn + ffn_out, (d,), layer.layer_norm.weight, layer.layer_norm.bias)
@@ -179,9 +189,7 @@ def test_prime_encoder_layer_is_eq4_with_shared_projection():
     W, b = layer.in_proj_weight, layer.in_proj_bias
     Wo, bo = layer.out_proj_weight, layer.out_proj_bias
     assert W.shape[0] == 3 * d + ffn  # no separate W_1^C
-    attn, _ = F.multi_head_attention_forward(
-        x, x, x, d, H, W[:3 * d], b[:3 * d], None, None, False, 0.0, Wo[:, :d], bo[0],
-        training=False, need_weights=False)
+    attn = reference_attention_branch(layer, x, d, H)
     v = F.linear(x, W[2 * d:3 * d], b[2 * d:3 * d])
     gates = torch.softmax(layer.conv.gate_logits, 0)
     conv = sum(g * _reference_dynamic_conv(v, cell, k // 2) for g, cell, k in zip(gates, layer.conv.cells, (3, 5)))

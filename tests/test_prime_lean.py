@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from test_prime import ARCH_VARIANTS, batch, stepwise_and_full_decoding, tiny
+from test_prime import ARCH_VARIANTS, batch, reference_attention_branch, stepwise_and_full_decoding, tiny
 from umst_plugin.modules.prime import dynamic_conv
 from umst_plugin.modules.prime import layer as prime_layer
 from umst_plugin.modules.prime.dynamic_conv import reference_dynamic_convolution
@@ -290,9 +290,7 @@ def test_layer_equals_eq4_with_dropconnect_in_training(monkeypatch):
     out, _ = layer(x, padding_mask=pad)
     W, b = layer.in_proj_weight, layer.in_proj_bias
     Wo, bo = layer.out_proj_weight, layer.out_proj_bias
-    attn, _ = F.multi_head_attention_forward(
-        x, x, x, d, H, W[:3 * d], b[:3 * d], None, None, False, 0.0, Wo[:, :d], bo[0],
-        training=False, key_padding_mask=pad, need_weights=False)
+    attn = reference_attention_branch(layer, x, d, H, pad)
     v = F.linear(x, W[2 * d:3 * d], b[2 * d:3 * d])
     conv = F.linear(reference_multi_kernel_conv(layer.conv, v, pad, drawn[0]), Wo[:, d:2 * d], bo[1])
     ffn_out = F.linear(F.relu(F.linear(x, W[3 * d:], b[3 * d:])), Wo[:, 2 * d:], bo[2])
