@@ -124,6 +124,7 @@ def sample_for(task, dictionary, pairs, side_data):
 
 
 def overrides_to_argv(overrides):
+    """``umst_plugin.dev.overrides_to_argv``, kept here for the same reason as :func:`make_dictionary`."""
     argv = []
     for key, value in overrides.items():
         flag = "--" + key.replace("_", "-")
