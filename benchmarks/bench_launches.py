@@ -25,9 +25,21 @@ imports the plugin (``--stock``): what a user gets without ``--user-dir``. The p
 loaded, its fast paths on (``--use-old-adam`` gives fairseq's adam back: the ``transformer --use-old-adam`` row).
 Ratios are per matmul FLOP (``torch.utils.flop_counter``, forward + backward) against ``stock``.
 
+``--compile``: each plugin row also compiles its layers as fairseq-train ``--compile`` does
+(``umst_plugin.compile.compile_layers``), runs two updates that compile them, and counts one compiled update.
+Compiled code refuses to run under a dispatch mode, so its forward and backward are counted from the profiler
+(``op_counts.profiled_launches``: the same ops, within 2% of the dispatch count on an eager update, plus every
+kernel inductor generated; on a CPU inductor compiles C++ and marks each kernel for the profiler); the other
+phases stay eager and keep the dispatch count. The row's ``launches`` is then the compiled update's;
+``eager_launches`` the same model's eager one. On a CPU the compiled kernels are C++ loops, not Triton kernels:
+inductor fuses on both from the same graph, but where it splits a fusion group differs, so this count estimates
+a GPU's compiled kernel count less closely than the eager count does (``--device cuda --compile`` profiles the
+real one). The stock row stays eager: what a user gets without the plugin.
+
     python benchmarks/bench_launches.py                       # every arch, fp32, this CPU
     python benchmarks/bench_launches.py --archs umst,prime --precision bf16 --json out.json
     python benchmarks/bench_launches.py --quick               # tiny widths: a smoke run
+    python benchmarks/bench_launches.py --compile --archs transformer,umst   # compiled layers (minutes per arch)
 """
 import argparse
 import collections
@@ -45,6 +57,8 @@ ROOT = os.path.dirname(HERE)
 VOCAB = 10000
 SENTENCES, MAX_LEN = 32, 25
 PHASES = ("forward", "backward", "amp", "grad norm", "optimizer", "zero grad", "rest")
+FWD_BWD = ("forward", "backward")
+COMPILE_WARMUP = 2  # --compile: updates that compile the layers (training variants) before the counted one
 PRENORM = dict(encoder_normalize_before=True, decoder_normalize_before=True)
 # name -> (arch, overrides): the plugin's rows (the plugin loaded); "stock" runs in its own process
 ARCHS = {
@@ -196,7 +210,42 @@ def instrument(trainer, counter):
     wrap(optimizer.optimizer, "step", counter, "optimizer")  # the torch optimizer itself
 
 
-def measure(name, arch, overrides, precision, plugin, quick, device="cpu"):
+def profiled_update(trainer, sample):
+    """Launches of one update by phase, from the profiler (``op_counts.profiled_launches``: what the dispatch count
+    sees, and inside compiled layers the generated kernels and the ops the compiled code calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        trainer.train_step([sample])
+    by_phase, by_op = op_counts_module().profiled_launches(prof.events(), benchmark_common().PHASE_PREFIX)
+    return {p: by_phase.get(p, 0) for p in PHASES}, by_op
+
+
+def compile_and_count(trainer, sample, row, device):
+    """``--compile``: count one eager update with the profiler, compile the layers as fairseq-train ``--compile``
+    does, run the warm-up updates that compile them, then count one compiled update. The compiled row's forward
+    and backward are the profiler's count of the compiled update; its other phases (eager under ``--compile`` too)
+    stay the dispatch count, which sees the multi-tensor ops' tensor lists."""
+    from umst_plugin import compile as compiling
+
+    eager, _ = profiled_update(trainer, sample)
+    compiling.compile_layers(trainer.model, device=device)
+    before = compiling.compile_seconds()
+    for _ in range(COMPILE_WARMUP):
+        trainer.train_step([sample])
+    compiled, by_op = profiled_update(trainer, sample)
+    row["compile_s"] = round(compiling.compile_seconds() - before, 1)
+    row["eager_by_phase"], row["eager_launches"] = dict(row["by_phase"]), row["launches"]
+    row["profiled_eager"] = {p: eager[p] for p in FWD_BWD}
+    row["profiled_compiled"] = {p: compiled[p] for p in FWD_BWD}
+    row["generated_kernels"] = by_op.get("generated", 0)
+    row["compiled_top_ops"] = [op for op in by_op.most_common(10)]
+    for p in FWD_BWD:
+        row["by_phase"][p] = compiled[p]
+    row["launches"] = sum(row["by_phase"].values())
+
+
+def measure(name, arch, overrides, precision, plugin, quick, device="cpu", compile=False):
     from torch.utils.flop_counter import FlopCounterMode
 
     KernelLaunches = op_counts_module().KernelLaunches
@@ -216,6 +265,8 @@ def measure(name, arch, overrides, precision, plugin, quick, device="cpu"):
                top_ops=top, flops=flops.get_total_flops(), parameter_tensors=params,
                optimizer=type(trainer.optimizer.optimizer).__name__,
                target_tokens=int(sample["ntokens"]))
+    if compile:
+        compile_and_count(trainer, sample, row, device)
     if str(device).startswith("cuda"):  # what the GPU ran: kernels by phase from the profiler, busy
         row["cuda"] = benchmark_common().cuda_profile(lambda: trainer.train_step([sample]))
     return row
@@ -263,21 +314,37 @@ def ratios(rows):
         r["launches_per_flop_ratio"] = r["launches"] / r["flops"] / per_flop
         r["fwd_bwd_per_flop_ratio"] = ((r["by_phase"]["forward"] + r["by_phase"]["backward"]) / r["flops"]) / (
             (stock["by_phase"]["forward"] + stock["by_phase"]["backward"]) / stock["flops"])
+        if "profiled_compiled" in r:  # --compile: the compiled layers against the same model's eager ones
+            r["compiled_vs_eager_fwd_bwd"] = sum(r["profiled_compiled"].values()) / sum(r["profiled_eager"].values())
+            r["compiled_vs_eager"] = r["launches"] / r["eager_launches"]
     return rows
 
 
 def markdown(result):
     """The table: launches by phase and per FLOP against stock; on CUDA also the profiler's kernels (and their
-    ratio to the count), the update's wall time and GPU busy."""
+    ratio to the count), the update's wall time and GPU busy. With ``--compile`` the compiled update against the
+    same model's eager one, forward and backward (the other phases are the eager table's)."""
     cuda = any("cuda" in r for r in result["rows"])
-    head = ["arch", "GFLOP", "launches"] + list(PHASES) + ["per FLOP vs stock", "fwd+bwd per FLOP"]
+    compiled = any("compile_s" in r for r in result["rows"])
+    phases = FWD_BWD if compiled else PHASES
+    head = ["arch", "GFLOP", "launches"] + list(phases)
+    if compiled:
+        head += ["eager launches", "compiled / eager", "fwd+bwd compiled / eager", "generated kernels"]
+    head += ["per FLOP vs stock", "fwd+bwd per FLOP"]
+    if compiled:
+        head += ["compile s"]
     if cuda:
         head += ["CUDA kernels", "kernels / count", "update ms", "GPU busy"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in result["rows"]:
         cells = [LABELS.get(r["name"], r["arch"]), f"{r['flops'] / 1e9:.0f}", f"{r['launches']:,}"]
-        cells += [f"{r['by_phase'][p]:,}" for p in PHASES]
+        cells += [f"{r['by_phase'][p]:,}" for p in phases]
+        if compiled:
+            cells += ([f"{r['eager_launches']:,}", f"{r['compiled_vs_eager']:.2f}", f"{r['compiled_vs_eager_fwd_bwd']:.2f}",
+                       f"{r['generated_kernels']:,}"] if "compile_s" in r else ["-"] * 4)
         cells += [f"{r['launches_per_flop_ratio']:.2f}", f"{r['fwd_bwd_per_flop_ratio']:.2f}"]
+        if compiled:
+            cells += [f"{r['compile_s']:.0f}" if "compile_s" in r else "-"]
         if cuda:
             c = r.get("cuda") or {}
             cells += [f"{c['kernels']:,}", f"{c['kernels'] / r['launches']:.2f}", f"{c['wall_ms']:.1f}",
@@ -296,6 +363,10 @@ def main(argv=None):
     p.add_argument("--device", default="cpu",
                    help="cpu (default: the count, anywhere) or cuda (also the profiler's kernels by phase, the wall "
                         "time of an update and GPU busy)")
+    p.add_argument("--compile", action="store_true",
+                   help="also compile each plugin row's layers as fairseq-train --compile does and count a compiled "
+                        "update (forward and backward from the profiler, the generated kernels included); the stock "
+                        "row stays eager, as without the plugin")
     p.add_argument("--json", default=None)
     p.add_argument("--markdown", default=None, help="also write the table here")
     p.add_argument("--dry-run", action="store_true", help="check the arguments and the arch names, measure nothing")
@@ -323,10 +394,17 @@ def main(argv=None):
         return 0
     start = time.time()
     rows = [stock_row(args.precision, args.quick, args.device)]
+    if args.compile:
+        import umst_plugin  # noqa: F401  (the archs; before inductor's settings, which the plugin does not touch)
+        from umst_plugin.op_counts import count_generated_kernels
+
+        count_generated_kernels().__enter__()  # for the whole process: every compilation below
     for name in names:
         arch, overrides = ARCHS[name]
-        rows.append(measure(name, arch, overrides, args.precision, True, args.quick, args.device))
-        print(f"  {name}: {rows[-1]['launches']:,} launches, {rows[-1]['flops'] / 1e9:.1f} GFLOP", flush=True)
+        rows.append(measure(name, arch, overrides, args.precision, True, args.quick, args.device, args.compile))
+        print(f"  {name}: {rows[-1]['launches']:,} launches, {rows[-1]['flops'] / 1e9:.1f} GFLOP"
+              + (f", compiled in {rows[-1]['compile_s']:.0f} s (eager {rows[-1]['eager_launches']:,})"
+                 if args.compile else ""), flush=True)
     try:
         from benchmarks import common
         from benchmarks.bench_archs import device_name
@@ -335,9 +413,9 @@ def main(argv=None):
         from bench_archs import device_name
 
     result = dict(device=device_name(args.device), torch=torch.__version__, precision=args.precision, quick=args.quick,
-                  sentences=SENTENCES, max_len=MAX_LEN, rows=ratios(rows), seconds=round(time.time() - start, 1))
+                  compile=args.compile, sentences=SENTENCES, max_len=MAX_LEN, rows=ratios(rows), seconds=round(time.time() - start, 1))
     table = markdown(result)
-    print(f"\n{result['device']}, torch {result['torch']}, {args.precision}, one update of {SENTENCES} sentences "
+    print(f"\n{result['device']}, torch {result['torch']}, {args.precision}{', layers compiled' if args.compile else ''}, one update of {SENTENCES} sentences "
           f"of up to {MAX_LEN} tokens\n\n{table}")
     if args.top:
         for r in rows:

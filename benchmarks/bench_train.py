@@ -195,6 +195,25 @@ def run_process(runs, work, tag, timeout):
     return done + [dict(run, error=f"not run (time limit; see {log_path})") for run in runs[len(done):]]
 
 
+def compile_loss_comparisons(rows):
+    """'arch precision' -> the eager and ``--compile`` rows' mean training loss over their last 50 common updates
+    (``umst_tools.gpu_check.compare_losses``), for every arch trained both ways in one precision."""
+    from umst_tools.gpu_check import compare_losses
+
+    by = {(r["name"], r["precision"]): r for r in rows if r.get("loss")}
+    compared = {}
+    for (name, precision), compiled in by.items():
+        eager = by.get((name[:-len("_compile")], precision)) if name.endswith("_compile") else None
+        if eager is not None:
+            c = compare_losses(eager["loss"], compiled["loss"])
+            if c:
+                compared[f"{eager['name']} {precision}"] = c
+                print(f"[bench_train] {eager['name']} {precision}: --compile against eager, mean training loss over "
+                      f"updates {c['updates'][0]}-{c['updates'][1]}: {c['b']:.4f} against {c['a']:.4f}, "
+                      f"{100 * c['rel_diff']:.2f}% apart", flush=True)
+    return compared
+
+
 def ratios(rows, flops):
     stock = {r["precision"]: r for r in rows if r["name"] == "stock" and r.get("wps")}
     base = stock.get("fp32")
@@ -240,6 +259,8 @@ def main(argv=None):
     p.add_argument("--archs", default=",".join(ARCHS))
     p.add_argument("--precisions", default="fp32,bf16")
     p.add_argument("--compile-archs", default="", help="also these archs with --compile (comma-separated)")
+    p.add_argument("--compile-precisions", default="bf16",
+                   help="the precisions of the --compile-archs rows (comma-separated; default bf16)")
     p.add_argument("--updates", type=int, default=60)
     p.add_argument("--loss-archs", default="", help="these archs' rows train --loss-updates updates (their losses "
                                                      "are compared: fp32 / bf16 / --compile)")
@@ -271,7 +292,7 @@ def main(argv=None):
     if not args.data and not args.dry_run:
         p.error("--data DATA_BIN or --build-corpus DIR is needed")
     stock, plugin = plan(args.data or "DATA_BIN", archs, args.precisions.split(","), args.updates, args.max_tokens,
-                         compile_archs, quick=args.quick,
+                         compile_archs, compile_precisions=args.compile_precisions.split(","), quick=args.quick,
                          loss_archs=[a for a in args.loss_archs.split(",") if a], loss_updates=args.loss_updates)
     if args.dry_run:
         for run in stock + plugin:
@@ -295,6 +316,9 @@ def main(argv=None):
     result = dict(device=device_name(device), torch=torch.__version__, data=args.data, updates=args.updates,
                   max_tokens=args.max_tokens, flops_per_token=flops, rows=ratios(rows, flops),
                   seconds=round(time.time() - start, 1))
+    compared = compile_loss_comparisons(rows)
+    if compared:
+        result["compile_loss"] = compared
     table = markdown(result)
     print(f"\n{result['device']}, torch {result['torch']}, {args.updates} updates of {args.max_tokens} tokens per "
           f"row\n\n{table}")

@@ -40,6 +40,7 @@ from umst_plugin import dev
 
 TINY = dict(encoder_layers=2, decoder_layers=1, encoder_embed_dim=24, decoder_embed_dim=24, encoder_ffn_embed_dim=48,
             decoder_ffn_embed_dim=48, encoder_attention_heads=2, decoder_attention_heads=2)
+MAX_COMPILED_LAUNCHES = 0.8  # compiled / eager launches of a forward + backward of the tiny models (measured 0.52-0.71)
 DROPOUT = dict(dropout=0.1, attention_dropout=0.1, activation_dropout=0.1)
 FAST = dict(fast_embed_dim=8, fast_ffn_embed_dim=16, fast_attention_heads=2)
 ARCHS = [
@@ -89,6 +90,20 @@ def _plain_inputs_forward(self, *args, **kwargs):
     return type(self).forward(self, *args, **kwargs)
 
 
+def _profiled_launches(model, sample):
+    """Kernel launches of one forward + backward (op_counts.profiled_launches) and how many of them are kernels
+    inductor generated."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from umst_plugin.op_counts import profiled_launches
+
+    model.zero_grad(set_to_none=True)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        _loss(model, sample)[1].backward()
+    by_phase, by_op = profiled_launches(prof.events())
+    return sum(by_phase.values()), by_op["generated"]
+
+
 def _graph_state(forwards):
     return compiling.compiled_graphs(), [compiling.cache_entries(f) for f in forwards]
 
@@ -100,7 +115,8 @@ def test_compiled_layers_match_eager_share_graphs_and_do_not_recompile(arch, ove
 
     # dropout masks from torch's generator in the compiled code too (in the order eager code draws them), so the
     # compiled layers can be compared with eager ones in training mode with dropout, recomputation included
-    with inductor_config.patch(fallback_random=True):
+    # and the profiler sees inductor's C++ kernels, so the launches of the compiled layers can be counted
+    with inductor_config.patch({"fallback_random": True, "cpp.enable_kernel_profile": True}):
         _check_compiled_layers(arch, overrides)
 
 
@@ -139,6 +155,15 @@ def _check_compiled_layers(arch, overrides):
             continue
         torch.testing.assert_close(grads[name], p.grad, atol=ATOL, rtol=RTOL,
                                    msg=lambda m: f"{arch}: gradient of {name} differs: {m}")
+
+    # fewer kernel launches than the eager layers: the elementwise chains fused (bench_launches.py --compile counts
+    # whole updates at base width)
+    compiled_launches, generated = _profiled_launches(model, sample)
+    eager_launches, _ = _profiled_launches(eager, sample)
+    print(f"{arch}: forward + backward launch {compiled_launches} kernels compiled ({generated} generated), "
+          f"{eager_launches} eager")
+    assert generated > 0 and compiled_launches <= MAX_COMPILED_LAUNCHES * eager_launches, (
+        arch, compiled_launches, eager_launches)
 
     # the two encoder layers: one compiled graph between them
     encoder_layer = model.encoder.stack.layers[0] if arch.startswith("transformer_sf") else model.encoder.layers[0]

@@ -275,3 +275,88 @@ def _register_missing_flop_formulas():
 
 
 _register_missing_flop_formulas()
+
+
+# ---- kernel launches from a profiler trace (compiled code) -----------------------------------------------------
+
+# what torch.compile's inductor names the kernels it generates: C++ on a CPU (seen by the profiler with inductor's
+# ``cpp.enable_kernel_profile``, see :func:`count_generated_kernels`), Triton on a GPU
+GENERATED_KERNEL_MARKS = ("cpp_fused", "triton_")
+NO_KERNEL_NAMES = {"detach_"}  # autograd metadata on a tensor, no kernel (the dispatch mode never sees it)
+
+
+def _aten_kind(name):
+    """How :func:`profiled_launches` treats a profiler event ``aten::name``: 'count' (one launch), 'skip' (no kernel:
+    a view, an allocation, metadata -- and nothing below it counts), or 'composite' (decomposed above autograd,
+    as ``linear`` or ``dropout``: what it calls is counted, not the op)."""
+    cached = _ATEN_KINDS.get(name)
+    if cached is not None:
+        return cached
+    packet = getattr(_aten, name, None)
+    if packet is None:
+        kind = "composite"  # not an aten operator torch knows by that name: look below it
+    else:
+        overloads = [getattr(packet, o) for o in packet.overloads()]
+        if name in NO_KERNEL_NAMES:
+            kind = "skip"
+        elif any(_is_composite_implicit(o) for o in overloads):  # first: ``to`` and ``contiguous`` may alias
+            kind = "composite"
+        elif any(o.is_view or o in NO_KERNEL_OPS for o in overloads):
+            kind = "skip"
+        else:
+            kind = "count"
+    _ATEN_KINDS[name] = kind
+    return kind
+
+
+_ATEN_KINDS = {}
+
+
+def _is_composite_implicit(overload):
+    try:
+        return overload.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd)
+    except (RuntimeError, AttributeError):
+        return False
+
+
+def profiled_launches(events, phase_prefix="phase:"):
+    """Kernel launches in a ``torch.profiler`` trace of CPU ops, by phase: ``(by_phase, by_op)`` Counters.
+
+    What :class:`KernelLaunches` counts where a dispatch mode cannot look -- inside ``torch.compile``d code, which
+    refuses to run under one: every outermost aten op below autograd (an op decomposed above autograd, such as
+    ``linear``, counts as the ops it calls; views, allocations and metadata count nothing), and every kernel the
+    compiler generated (``by_op['generated']``; on a CPU visible only where inductor compiled with
+    ``cpp.enable_kernel_profile``). A phase is the innermost enclosing ``record_function`` range named
+    ``phase_prefix + name`` ('rest' outside any). On an eager step this gives KernelLaunches' count within 1-2%
+    (the autograd engine's own accumulation ops are seen slightly differently; tested). A multi-tensor op counts
+    once here (the trace does not keep its tensor lists): count optimizer phases with KernelLaunches.
+    """
+    by_phase, by_op = collections.Counter(), collections.Counter()
+    stack = [(e, "rest") for e in events if e.cpu_parent is None]
+    while stack:
+        event, phase = stack.pop()
+        name = event.name
+        if name.startswith(phase_prefix):
+            phase = name[len(phase_prefix):]
+        if any(mark in name for mark in GENERATED_KERNEL_MARKS):
+            by_phase[phase] += 1
+            by_op["generated"] += 1
+            continue
+        if name.startswith("aten::"):
+            kind = _aten_kind(name[len("aten::"):])
+            if kind == "skip":
+                continue
+            if kind == "count":
+                by_phase[phase] += 1
+                by_op[name[len("aten::"):]] += 1
+                continue
+        stack.extend((child, phase) for child in event.cpu_children)
+    return by_phase, by_op
+
+
+def count_generated_kernels():
+    """A context manager under which inductor compiles C++ kernels that the profiler sees (one range per call), so
+    :func:`profiled_launches` can count them on a CPU. It must enclose the compilation, not only the run."""
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch({"cpp.enable_kernel_profile": True})

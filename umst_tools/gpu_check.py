@@ -69,8 +69,9 @@ STEPS = [
     ("decode", 90, "bench_decode.py: fairseq-generate at beam 1 and 5 per arch (300 sentences, best of 2), "
                    "sentences/s; kernels per decoding step; Prime-simple's batch-size-1 claim (30 sentences)"),
     ("launches", 40, "bench_launches.py --device cuda: kernels of one whole fairseq update by phase, stock and plugin"),
-    ("compile", 110, f"--compile for {COMPILE_ARCHS}: bench_archs.py at 4,096 tokens, fairseq-train words/s and "
-                     f"umst_base's loss over {LOSS_UPDATES} updates against eager"),
+    ("compile", 170, f"--compile for {COMPILE_ARCHS}: bench_archs.py at 4,096 tokens, fairseq-train words/s and "
+                     f"umst_base's loss over {LOSS_UPDATES} updates against eager; bench_launches.py --compile: the "
+                     f"kernels of a compiled update beside the CPU's estimate of them"),
 ]
 # steps that run at the same time (none of them times anything)
 CONCURRENT = [("data", "tests", "op-counts")]
@@ -123,7 +124,11 @@ def commands(py, work, out):
                                                "--loss-updates", str(LOSS_UPDATES), "--timeout", "100",
                                                "--work", os.path.join(work, "train-compile"),
                                                "--json", os.path.join(work, "train-compile.json"),
-                                               "--markdown", os.path.join(work, "train-compile.md")]],
+                                               "--markdown", os.path.join(work, "train-compile.md")],
+                    bench("bench_launches.py") + ["--device", "cuda", "--precision", "bf16", "--compile",
+                                                  "--archs", COMPILE_ARCHS,
+                                                  "--json", os.path.join(work, "compile-launches.json"),
+                                                  "--markdown", os.path.join(work, "compile-launches.md")]],
     }
 
 
@@ -451,7 +456,7 @@ def write_results(result, out, start):
 
 # step -> (the JSON files it writes into <work>, the markdown tables it writes beside them)
 STEP_FILES = {"op-counts": ["op-counts"], "bench": ["bench-4096", "bench-16384"], "train-speed": ["train-speed"],
-              "decode": ["decode"], "launches": ["launches"], "compile": ["compile-bench", "train-compile"]}
+              "decode": ["decode"], "launches": ["launches"], "compile": ["compile-bench", "train-compile", "compile-launches"]}
 
 
 def collect(name, entry, output, work, result):
@@ -490,6 +495,8 @@ TABLE_TITLES = [
     ("train-speed", "fairseq-train words/s on the synthetic corpus (bench_train.py)"),
     ("compile-bench", f"--compile ({COMPILE_ARCHS}): one training step, bf16, 4,096 tokens (bench_archs.py)"),
     ("train-compile", f"--compile ({COMPILE_ARCHS}): fairseq-train words/s (bench_train.py)"),
+    ("compile-launches", f"--compile ({COMPILE_ARCHS}): kernels of one whole compiled update, bf16 --amp, the CPU-side "
+                         f"count beside the profiler's (bench_launches.py)"),
     ("decode", "Decoding: fairseq-generate at beam 1 and 5 (bench_decode.py)"),
     ("op-counts", "Matmuls and host syncs on CUDA (bench_op_counts.py)"),
 ]
