@@ -327,12 +327,19 @@ def profiled_launches(events, phase_prefix="phase:"):
     ``linear``, counts as the ops it calls; views, allocations and metadata count nothing), and every kernel the
     compiler generated (``by_op['generated']``; on a CPU visible only where inductor compiled with
     ``cpp.enable_kernel_profile``). A phase is the innermost enclosing ``record_function`` range named
-    ``phase_prefix + name`` ('rest' outside any). On an eager step this gives KernelLaunches' count within 1-2%
-    (the autograd engine's own accumulation ops are seen slightly differently; tested). A multi-tensor op counts
-    once here (the trace does not keep its tensor lists): count optimizer phases with KernelLaunches.
+    ``phase_prefix + name`` ('rest' outside any); ops of another CPU thread than the one that opened the first
+    phase range count as 'backward' (on a GPU the autograd engine runs backward on its device thread, outside
+    the caller's ranges). On an eager step this gives KernelLaunches' count within 1-2% (the autograd engine's
+    own accumulation ops are seen slightly differently; tested). A multi-tensor op counts once here (the trace
+    does not keep its tensor lists): count optimizer phases with KernelLaunches.
     """
+    from torch.autograd import DeviceType
+
     by_phase, by_op = collections.Counter(), collections.Counter()
-    stack = [(e, "rest") for e in events if e.cpu_parent is None]
+    roots = [e for e in events if e.device_type == DeviceType.CPU and e.cpu_parent is None]
+    marked = [e for e in roots if e.name.startswith(phase_prefix)]
+    main_thread = marked[0].thread if marked else None
+    stack = [(e, "rest" if main_thread is None or e.thread == main_thread else "backward") for e in roots]
     while stack:
         event, phase = stack.pop()
         name = event.name
