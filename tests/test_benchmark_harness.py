@@ -141,3 +141,21 @@ def test_addbmm_counts_its_flops():
     with FlopCounterMode(display=False) as counter:
         torch.addbmm(torch.zeros(4, 6), a, b)
     assert counter.get_total_flops() == 2 * 3 * 4 * 5 * 6
+
+
+def test_bench_train_compares_compiled_and_eager_losses_of_one_precision():
+    """--compile rows against their eager row of the same precision: the mean loss over their last common updates;
+    rows without an eager twin, or of another precision, are not compared."""
+    from benchmarks import bench_train
+
+    def losses(values):
+        return [[5 * (i + 1), v] for i, v in enumerate(values)]
+    rows = [dict(name="umst", precision="fp32", loss=losses([4.0, 3.0, 2.0])),
+            dict(name="umst_compile", precision="fp32", loss=losses([4.0, 3.1, 2.2])),
+            dict(name="umst_compile", precision="bf16", loss=losses([4.0, 3.0])),
+            dict(name="transformer_compile", precision="fp32", loss=losses([1.0]))]
+    compared = bench_train.compile_loss_comparisons(rows)
+    assert list(compared) == ["umst fp32"]
+    c = compared["umst fp32"]
+    assert c["updates"] == [5, 15] and c["a"] == 3.0 and abs(c["b"] - 3.1) < 1e-12
+    assert abs(c["rel_diff"] - 0.1 / 3.0) < 1e-12
