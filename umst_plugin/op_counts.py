@@ -281,7 +281,7 @@ _register_missing_flop_formulas()
 
 # what torch.compile's inductor names the kernels it generates: C++ on a CPU (seen by the profiler with inductor's
 # ``cpp.enable_kernel_profile``, see :func:`count_generated_kernels`), Triton on a GPU
-GENERATED_KERNEL_MARKS = ("cpp_fused", "triton_")
+GENERATED_KERNEL_MARKS = ("cpp_fused", "triton_", "triton kernel")  # the last: a Triton launch without a name
 NO_KERNEL_NAMES = {"detach_"}  # autograd metadata on a tensor, no kernel (the dispatch mode never sees it)
 
 
