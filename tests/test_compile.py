@@ -183,6 +183,37 @@ def _check_compiled_layers(arch, overrides):
           f"({', '.join(f.__qualname__ for f in forwards)})")
 
 
+def test_the_decoder_layers_of_a_stack_share_one_compiled_program(monkeypatch):
+    """fairseq's decoder layer reads its self-attention's per-instance state key on every call; without
+    patches/incremental_state_lookup.py dynamo guarded on it and compiled each layer of a decoder for itself. With
+    it: one program for the first layers of a 3-layer decoder, one for the last (it returns the attention for
+    alignment), one for the encoder layer. Counted with a backend of this test's own (it records the graphs dynamo
+    hands it and runs them as they are), so nothing compiled before in this process is reused."""
+    from fairseq.incremental_decoding_utils import FairseqIncrementalState
+
+    from umst_plugin.patches import incremental_state_lookup
+
+    assert FairseqIncrementalState.get_incremental_state is incremental_state_lookup.get_incremental_state
+
+    def graphs_compiled():
+        graphs = []
+
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+        model, task = dev.build_model("transformer", {**TINY, "encoder_layers": 1, "decoder_layers": 3,
+                                                      "decoder_normalize_before": True})
+        model.train()
+        compiling.compile_layers(model, backend=backend, check=False)  # (the start-up check compiles too)
+        _loss(model, dev.random_sample(task, 3, 6, 5, seed=0))[1].backward()
+        return len(graphs)
+    assert graphs_compiled() == 3
+    # fairseq's own lookup: the key read before the missing state is noticed, a program per decoder layer
+    original = incremental_state_lookup.get_incremental_state.__wrapped_original__
+    monkeypatch.setattr(FairseqIncrementalState, "get_incremental_state", original)
+    assert graphs_compiled() == 4
+
+
 @pytest.mark.slow
 def test_incremental_decoding_runs_eager_and_matches():
     """A compiled decoder layer called with an incremental state runs its eager forward (nothing compiled for it),

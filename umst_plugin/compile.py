@@ -3,7 +3,8 @@
 ``--compile`` compiles every encoder and decoder layer of a model with ``torch.compile`` (PyTorch's "regional
 compilation": the layers, not the whole model). Layers of one class run the same compiled code: the class's
 ``forward`` is compiled once, and dynamo keeps its graphs on that function's code object, reused by every
-instance whose attributes pass the same guards -- a 6-layer encoder compiles one graph, not six.
+instance whose attributes pass the same guards -- a 6-layer encoder compiles one graph, not six (and a decoder's
+layers share one too, since ``patches/incremental_state_lookup.py`` keeps their per-layer state keys out of it).
 
 * **Dynamic shapes.** Batch size and sequence lengths are symbolic from the first call (``dynamic=True``): the
   batches of an epoch, whatever their shapes, run the graphs compiled at warm-up. A few variants are compiled

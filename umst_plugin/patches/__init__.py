@@ -33,6 +33,7 @@ PATCHES = (
     "fused_adam",
     "grad_norm",
     "pair_dataset_sizes",
+    "incremental_state_lookup",
     "compile_flags",
 )
 
