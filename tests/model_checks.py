@@ -269,38 +269,61 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _ddp_worker(rank, world_size, port, arch, overrides, error_dir):
-    try:
-        torch.set_num_threads(1)
-        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                             world_size=world_size)
-        model, task = dev.build_model(arch, overrides, seed=0)
-        ddp = torch.nn.parallel.DistributedDataParallel(model.train(), find_unused_parameters=False)
-        for step in range(2):  # unused parameters only raise on the step after the first backward
-            sample = dev.random_sample(task, 3, src_len=9, tgt_len=7, seed=100 * rank + step)
-            logits = ddp(**dev.model_inputs(model, sample))[0]
-            F.cross_entropy(logits.reshape(-1, logits.size(-1)), sample["target"].reshape(-1),
-                            ignore_index=task.target_dictionary.pad()).backward()
-        # Tear the gloo group down while the interpreter is fully alive. DDP sits in a reference cycle, so
-        # without the collect its reducer (which holds the group) could be freed by the cyclic GC during
-        # interpreter shutdown, where gloo's destructor can abort the process ("terminate called without
-        # an active exception", SIGABRT: seen once in CI). The barrier keeps one rank from tearing down
-        # while the other is still in a collective.
-        torch.distributed.barrier()
-        del ddp, model
-        gc.collect()
-        torch.distributed.destroy_process_group()
-    except BaseException:
-        with open(os.path.join(error_dir, f"rank{rank}.txt"), "w") as f:
-            f.write(traceback.format_exc())
-        raise
+def _ddp_steps(rank, arch, overrides):
+    model, task = dev.build_model(arch, overrides, seed=0)
+    ddp = torch.nn.parallel.DistributedDataParallel(model.train(), find_unused_parameters=False)
+    for step in range(2):  # unused parameters only raise on the step after the first backward
+        sample = dev.random_sample(task, 3, src_len=9, tgt_len=7, seed=100 * rank + step)
+        logits = ddp(**dev.model_inputs(model, sample))[0]
+        F.cross_entropy(logits.reshape(-1, logits.size(-1)), sample["target"].reshape(-1),
+                        ignore_index=task.target_dictionary.pad()).backward()
+    # DDP sits in a reference cycle: collected here, while the group is alive, not by the cyclic GC later
+    del ddp, model
+    gc.collect()
 
 
-def check_ddp(arch, overrides):
-    with tempfile.TemporaryDirectory() as error_dir:
+def _ddp_worker(rank, world_size, port, cases, out_dir):
+    """Every case in one pair of processes (starting two Pythons with torch, fairseq and the plugin costs far
+    more than a tiny model's two steps). A case that fails writes its traceback and the next one runs; a
+    collective that one rank never reaches times out (the group's timeout) instead of hanging."""
+    import datetime
+
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                         world_size=world_size, timeout=datetime.timedelta(seconds=120))
+    for case, arch, overrides in cases:
         try:
-            torch.multiprocessing.spawn(_ddp_worker, args=(2, _free_port(), arch, overrides, error_dir), nprocs=2,
-                                        join=True)
-        except Exception as e:
-            errors = [open(os.path.join(error_dir, f)).read() for f in sorted(os.listdir(error_dir))]
-            raise AssertionError(f"{arch}: DDP forward/backward failed: {e}\n" + "\n".join(errors)) from None
+            _ddp_steps(rank, arch, overrides)
+            torch.distributed.barrier()
+            open(os.path.join(out_dir, f"{case}.rank{rank}.ok"), "w").close()
+        except BaseException:
+            with open(os.path.join(out_dir, f"{case}.rank{rank}.err"), "w") as f:
+                f.write(traceback.format_exc())
+    # Tear the gloo group down while the interpreter is fully alive: gloo's destructor run during interpreter
+    # shutdown can abort the process ("terminate called without an active exception", SIGABRT: seen once in
+    # CI). The barrier keeps one rank from tearing down while the other is still in a collective.
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def check_ddp_cases(cases, world_size=2):
+    """DistributedDataParallel over gloo, ``world_size`` processes on this machine, two forward/backward steps of
+    each ``(case, arch, overrides)``: case -> None where every rank passed, else the ranks' tracebacks."""
+    with tempfile.TemporaryDirectory() as out_dir:
+        spawn_error = None
+        try:
+            torch.multiprocessing.spawn(_ddp_worker, args=(world_size, _free_port(), list(cases), out_dir),
+                                        nprocs=world_size, join=True)
+        except Exception as e:  # noqa: BLE001 -- reported with the cases it left without a result
+            spawn_error = f"the DDP processes failed: {e}"
+        results = {}
+        for case, arch, _ in cases:
+            errors = [open(os.path.join(out_dir, f"{case}.rank{r}.err")).read() for r in range(world_size)
+                      if os.path.exists(os.path.join(out_dir, f"{case}.rank{r}.err"))]
+            passed = all(os.path.exists(os.path.join(out_dir, f"{case}.rank{r}.ok")) for r in range(world_size))
+            if passed:
+                results[case] = None
+            else:
+                results[case] = f"{arch}: DDP forward/backward failed\n" + ("\n".join(errors) or spawn_error
+                                                                             or "no result")
+        return results

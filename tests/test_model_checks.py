@@ -98,9 +98,16 @@ def test_autocast_train_step_and_beam_decoding(arch, overrides, dtype, device):
     checks.check_autocast(arch, overrides, dtype, device)
 
 
+@pytest.fixture(scope="module")
+def ddp_results():
+    """Every case's DDP check, run in one pair of processes (model_checks.check_ddp_cases)."""
+    return checks.check_ddp_cases([(case.id, *case.values) for case in ARCH_CASES])
+
+
 @pytest.mark.parametrize("arch,overrides", ARCH_CASES)
-def test_ddp_gloo_two_processes(arch, overrides):
-    checks.check_ddp(arch, overrides)
+def test_ddp_gloo_two_processes(arch, overrides, ddp_results, request):
+    error = ddp_results[request.node.callspec.id]
+    assert error is None, error
 
 
 def at_least_8_dims_per_head(overrides):
