@@ -69,9 +69,9 @@ STEPS = [
     ("decode", 90, "bench_decode.py: fairseq-generate at beam 1 and 5 per arch (300 sentences, best of 2), "
                    "sentences/s; kernels per decoding step; Prime-simple's batch-size-1 claim (30 sentences)"),
     ("launches", 40, "bench_launches.py --device cuda: kernels of one whole fairseq update by phase, stock and plugin"),
-    ("compile", 170, f"--compile for {COMPILE_ARCHS}: bench_archs.py at 4,096 tokens, fairseq-train words/s and "
-                     f"umst_base's loss over {LOSS_UPDATES} updates against eager; bench_launches.py --compile: the "
-                     f"kernels of a compiled update beside the CPU's estimate of them"),
+    ("compile", 200, f"--compile for {COMPILE_ARCHS}: bench_archs.py at 4,096 tokens, fairseq-train words/s and "
+                     f"umst_base's loss over {LOSS_UPDATES} updates against eager, bench_archs.py at 16,384 tokens; "
+                     f"bench_launches.py --compile: the kernels of a compiled update beside the CPU's estimate of them"),
 ]
 # steps that run at the same time (none of them times anything)
 CONCURRENT = [("data", "tests", "op-counts")]
@@ -90,6 +90,13 @@ def commands(py, work, out):
 
     def bench(script):
         return [py, os.path.join(BENCH, script)]
+
+    def compile_bench(tokens, stem):  # --compile beside the eager "bench" step's rows of the same size
+        return bench("bench_archs.py") + ["--device", "cuda", "--precisions", "bf16", "--max-tokens", str(tokens),
+                                          "--repeats", "4", "--warmup", "2", "--profile", "--no-memory",
+                                          "--archs", COMPILE_ARCHS, "--compile",
+                                          "--json", os.path.join(work, f"{stem}.json"),
+                                          "--markdown", os.path.join(work, f"{stem}.md")]
     return {
         "env": [[py, "-m", "umst_tools.gpu_check", "--report-env"]],
         "data": [[py, os.path.join(BENCH, "synthetic_corpus.py"), synth, "--workers", "8"]],
@@ -114,17 +121,16 @@ def commands(py, work, out):
         "launches": [bench("bench_launches.py") + ["--device", "cuda", "--precision", "bf16",
                                                    "--json", os.path.join(work, "launches.json"),
                                                    "--markdown", os.path.join(work, "launches.md")]],
-        "compile": [bench("bench_archs.py") + ["--device", "cuda", "--precisions", "bf16", "--max-tokens", "4096",
-                                               "--repeats", "4", "--warmup", "2", "--profile", "--no-memory",
-                                               "--archs", COMPILE_ARCHS, "--compile",
-                                               "--json", os.path.join(work, "compile-bench.json"),
-                                               "--markdown", os.path.join(work, "compile-bench.md")],
+        # by priority (a step cut short at its budget keeps what its first commands wrote): the bench at 4,096
+        # tokens, fairseq-train words/s and the loss against eager, the bench at 16,384, the compiled kernels
+        "compile": [compile_bench(4096, "compile-bench"),
                     bench("bench_train.py") + ["--data", databin, "--archs", "", "--compile-archs", COMPILE_ARCHS,
                                                "--no-stock", "--updates", "40", "--loss-archs", "umst",
                                                "--loss-updates", str(LOSS_UPDATES), "--timeout", "100",
                                                "--work", os.path.join(work, "train-compile"),
                                                "--json", os.path.join(work, "train-compile.json"),
                                                "--markdown", os.path.join(work, "train-compile.md")],
+                    compile_bench(16384, "compile-bench-16384"),
                     bench("bench_launches.py") + ["--device", "cuda", "--precision", "bf16", "--compile",
                                                   "--archs", COMPILE_ARCHS,
                                                   "--json", os.path.join(work, "compile-launches.json"),
@@ -456,7 +462,7 @@ def write_results(result, out, start):
 
 # step -> (the JSON files it writes into <work>, the markdown tables it writes beside them)
 STEP_FILES = {"op-counts": ["op-counts"], "bench": ["bench-4096", "bench-16384"], "train-speed": ["train-speed"],
-              "decode": ["decode"], "launches": ["launches"], "compile": ["compile-bench", "train-compile", "compile-launches"]}
+              "decode": ["decode"], "launches": ["launches"], "compile": ["compile-bench", "train-compile", "compile-bench-16384", "compile-launches"]}
 
 
 def collect(name, entry, output, work, result):
@@ -494,6 +500,7 @@ TABLE_TITLES = [
     ("launches", "Kernels of one whole fairseq update by phase, bf16 --amp (bench_launches.py)"),
     ("train-speed", "fairseq-train words/s on the synthetic corpus (bench_train.py)"),
     ("compile-bench", f"--compile ({COMPILE_ARCHS}): one training step, bf16, 4,096 tokens (bench_archs.py)"),
+    ("compile-bench-16384", f"--compile ({COMPILE_ARCHS}): one training step, bf16, 16,384 tokens (bench_archs.py)"),
     ("train-compile", f"--compile ({COMPILE_ARCHS}): fairseq-train words/s (bench_train.py)"),
     ("compile-launches", f"--compile ({COMPILE_ARCHS}): kernels of one whole compiled update, bf16 --amp, the CPU-side "
                          f"count beside the profiler's (bench_launches.py)"),
