@@ -16,7 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks import bench_launches, common
 from umst_plugin.op_counts import KernelLaunches, profiled_launches
 
-TOLERANCE = 0.02  # the autograd engine accumulates some gradients in place (add_), seen once either way; measured <1.2%
+TOLERANCE = 0.02  # measured: transformer equal, UMST's backward 366 against 362, Prime's 1 apart per phase
 
 
 @pytest.mark.parametrize("arch", ["transformer", "umst", "prime"])
