@@ -239,7 +239,7 @@ def compile_and_count(trainer, sample, row, device):
     row["profiled_eager"] = {p: eager[p] for p in FWD_BWD}
     row["profiled_compiled"] = {p: compiled[p] for p in FWD_BWD}
     row["generated_kernels"] = by_op.get("generated", 0)
-    row["compiled_top_ops"] = [op for op in by_op.most_common(10)]
+    row["compiled_top_ops"] = by_op.most_common(10)
     for p in FWD_BWD:
         row["by_phase"][p] = compiled[p]
     row["launches"] = sum(row["by_phase"].values())

@@ -318,12 +318,10 @@ def check_ddp_cases(cases, world_size=2):
             spawn_error = f"the DDP processes failed: {e}"
         results = {}
         for case, arch, _ in cases:
-            errors = [open(os.path.join(out_dir, f"{case}.rank{r}.err")).read() for r in range(world_size)
-                      if os.path.exists(os.path.join(out_dir, f"{case}.rank{r}.err"))]
-            passed = all(os.path.exists(os.path.join(out_dir, f"{case}.rank{r}.ok")) for r in range(world_size))
-            if passed:
+            marks = [os.path.join(out_dir, f"{case}.rank{r}") for r in range(world_size)]
+            if all(os.path.exists(m + ".ok") for m in marks):
                 results[case] = None
-            else:
-                results[case] = f"{arch}: DDP forward/backward failed\n" + ("\n".join(errors) or spawn_error
-                                                                             or "no result")
+                continue
+            errors = [open(m + ".err").read() for m in marks if os.path.exists(m + ".err")]
+            results[case] = f"{arch}: DDP forward/backward failed\n" + ("\n".join(errors) or spawn_error or "no result")
         return results

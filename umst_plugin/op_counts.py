@@ -17,6 +17,7 @@ would see (the same Python runs the same ops), which is how the GPU path is chec
   A copy to the host (``.cpu()``) is not seen on a CPU, where it is no op.
 """
 import collections
+import functools
 import os
 import traceback
 import weakref
@@ -285,31 +286,22 @@ GENERATED_KERNEL_MARKS = ("cpp_fused", "triton_", "triton kernel")  # the last: 
 NO_KERNEL_NAMES = {"detach_"}  # autograd metadata on a tensor, no kernel (the dispatch mode never sees it)
 
 
+@functools.lru_cache(maxsize=None)
 def _aten_kind(name):
     """How :func:`profiled_launches` treats a profiler event ``aten::name``: 'count' (one launch), 'skip' (no kernel:
     a view, an allocation, metadata -- and nothing below it counts), or 'composite' (decomposed above autograd,
     as ``linear`` or ``dropout``: what it calls is counted, not the op)."""
-    cached = _ATEN_KINDS.get(name)
-    if cached is not None:
-        return cached
     packet = getattr(_aten, name, None)
     if packet is None:
-        kind = "composite"  # not an aten operator torch knows by that name: look below it
-    else:
-        overloads = [getattr(packet, o) for o in packet.overloads()]
-        if name in NO_KERNEL_NAMES:
-            kind = "skip"
-        elif any(_is_composite_implicit(o) for o in overloads):  # first: ``to`` and ``contiguous`` may alias
-            kind = "composite"
-        elif any(o.is_view or o in NO_KERNEL_OPS for o in overloads):
-            kind = "skip"
-        else:
-            kind = "count"
-    _ATEN_KINDS[name] = kind
-    return kind
-
-
-_ATEN_KINDS = {}
+        return "composite"  # not an aten operator torch knows by that name: look below it
+    overloads = [getattr(packet, o) for o in packet.overloads()]
+    if name in NO_KERNEL_NAMES:
+        return "skip"
+    if any(_is_composite_implicit(o) for o in overloads):  # first: ``to`` and ``contiguous`` may alias
+        return "composite"
+    if any(o.is_view or o in NO_KERNEL_OPS for o in overloads):
+        return "skip"
+    return "count"
 
 
 def _is_composite_implicit(overload):

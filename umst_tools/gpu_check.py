@@ -91,12 +91,14 @@ def commands(py, work, out):
     def bench(script):
         return [py, os.path.join(BENCH, script)]
 
-    def compile_bench(tokens, stem):  # --compile beside the eager "bench" step's rows of the same size
+    def archs_bench(tokens, stem, compiled=False):
+        """bench_archs.py, bf16, one batch size: every arch eager (the "bench" step), or COMPILE_ARCHS compiled
+        (the "compile" step: a warm-up more, where the first step compiles; memory left to the eager rows)."""
+        extra = ["--no-memory", "--archs", COMPILE_ARCHS, "--compile"] if compiled else (
+            ["--no-memory"] if tokens > 4096 else [])
         return bench("bench_archs.py") + ["--device", "cuda", "--precisions", "bf16", "--max-tokens", str(tokens),
-                                          "--repeats", "4", "--warmup", "2", "--profile", "--no-memory",
-                                          "--archs", COMPILE_ARCHS, "--compile",
-                                          "--json", os.path.join(work, f"{stem}.json"),
-                                          "--markdown", os.path.join(work, f"{stem}.md")]
+                                          "--repeats", "4", "--warmup", "2" if compiled else "1", "--profile"] + extra + [
+            "--json", os.path.join(work, f"{stem}.json"), "--markdown", os.path.join(work, f"{stem}.md")]
     return {
         "env": [[py, "-m", "umst_tools.gpu_check", "--report-env"]],
         "data": [[py, os.path.join(BENCH, "synthetic_corpus.py"), synth, "--workers", "8"]],
@@ -104,11 +106,7 @@ def commands(py, work, out):
                    "--junitxml", os.path.join(work, "gpu-tests.xml"), "tests/test_model_checks.py"]],
         "op-counts": [bench("bench_op_counts.py") + ["--device", "cuda", "--json", os.path.join(work, "op-counts.json"),
                                                      "--markdown", os.path.join(work, "op-counts.md")]],
-        "bench": [bench("bench_archs.py") + ["--device", "cuda", "--precisions", "bf16", "--max-tokens", str(tokens),
-                                             "--repeats", "4", "--warmup", "1", "--profile"]
-                  + (["--no-memory"] if tokens > 4096 else [])
-                  + ["--json", os.path.join(work, f"bench-{tokens}.json"),
-                     "--markdown", os.path.join(work, f"bench-{tokens}.md")] for tokens in (4096, 16384)],
+        "bench": [archs_bench(tokens, f"bench-{tokens}") for tokens in (4096, 16384)],
         "train-speed": [bench("bench_train.py") + ["--data", databin, "--updates", "40", "--loss-archs", "umst",
                                                    "--loss-updates", str(LOSS_UPDATES), "--timeout", "115",
                                                    "--work", os.path.join(work, "train-speed"),
@@ -123,14 +121,14 @@ def commands(py, work, out):
                                                    "--markdown", os.path.join(work, "launches.md")]],
         # by priority (a step cut short at its budget keeps what its first commands wrote): the bench at 4,096
         # tokens, fairseq-train words/s and the loss against eager, the bench at 16,384, the compiled kernels
-        "compile": [compile_bench(4096, "compile-bench"),
+        "compile": [archs_bench(4096, "compile-bench", compiled=True),
                     bench("bench_train.py") + ["--data", databin, "--archs", "", "--compile-archs", COMPILE_ARCHS,
                                                "--no-stock", "--updates", "40", "--loss-archs", "umst",
                                                "--loss-updates", str(LOSS_UPDATES), "--timeout", "100",
                                                "--work", os.path.join(work, "train-compile"),
                                                "--json", os.path.join(work, "train-compile.json"),
                                                "--markdown", os.path.join(work, "train-compile.md")],
-                    compile_bench(16384, "compile-bench-16384"),
+                    archs_bench(16384, "compile-bench-16384", compiled=True),
                     bench("bench_launches.py") + ["--device", "cuda", "--precision", "bf16", "--compile",
                                                   "--archs", COMPILE_ARCHS,
                                                   "--json", os.path.join(work, "compile-launches.json"),
