@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Run by srun on every node of a Slurm job (scripts/slurm/train-*.sbatch): one scripts/train.sh per node, with
-# this node's rank, the job's first node as the rendezvous host and every GPU Slurm gave the node.
-#   ROW DATA_BIN SAVE_DIR [extra train.sh arguments ...]
-# Environment: GPUS_PER_NODE (default: SLURM_GPUS_ON_NODE, else 8), MASTER_PORT (default: 20000 + job id mod
-# 20000), TRAIN_SH_DRY_RUN=1 (train.sh --dry-run: print each node's command instead of training).
+# Run by srun on every node of a Slurm job (scripts/slurm/train-job.sh, from train-*.sbatch): one scripts/train.sh
+# per node, with this node's rank, the job's first node as the rendezvous host and every GPU Slurm gave the node.
+#   ROW DATA_BIN SAVE_DIR [extra train.sh arguments ...]   (train-job.sh adds --amp-bf16 for --precision bf16)
+# Environment: GPUS_PER_NODE (default: SLURM_GPUS_ON_NODE, else 8; 0: CPUs), MASTER_PORT (default: 20000 + job id
+# mod 20000), TRAIN_SH_DRY_RUN=1 (train.sh --dry-run: print each node's command instead of training).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 ROW="${1:?usage: launch.sh ROW DATA_BIN SAVE_DIR [train.sh args]}"; DATA="${2:?DATA_BIN}"; SAVE="${3:?SAVE_DIR}"
@@ -16,6 +16,10 @@ MASTER_ADDR="${HOSTS%%$'\n'*}"
 MASTER_PORT="${MASTER_PORT:-$(( 20000 + SLURM_JOB_ID % 20000 ))}"
 EXTRA=()
 [[ "${TRAIN_SH_DRY_RUN:-0}" != 1 ]] || EXTRA+=(--dry-run)
-exec bash "$ROOT/scripts/train.sh" "$ROW" --data "$DATA" --save-dir "$SAVE" --gpus "$GPUS" --amp-bf16 \
+# SIGUSR1 and SIGTERM ignored from here until training installs its handlers (umst_plugin/patches/preemption.py;
+# an ignored signal stays ignored across exec): a signal during start-up neither kills a node's training alone nor
+# its parent process while the GPU workers it spawns save (Slurm sends SIGTERM to every process of the step).
+trap '' USR1 TERM
+exec bash "$ROOT/scripts/train.sh" "$ROW" --data "$DATA" --save-dir "$SAVE" --gpus "$GPUS" \
     --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \
     ${EXTRA[@]+"${EXTRA[@]}"} "$@"

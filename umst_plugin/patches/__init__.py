@@ -35,6 +35,8 @@ PATCHES = (
     "pair_dataset_sizes",
     "incremental_state_lookup",
     "compile_flags",
+    "broadcast_checkpoint_load",
+    "preemption",
 )
 
 
