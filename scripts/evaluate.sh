@@ -14,7 +14,7 @@
 # collect_results.py). Default OUT: the checkpoint's directory.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PY="${PYTHON:-python3}"
+source "$ROOT/scripts/lib/env.sh"  # find_python: $PYTHON, the active venv, else .venv (no activation needed)
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
@@ -36,6 +36,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 [[ -n "$DATA" && -n "$CKPT" ]] || { usage >&2; exit 2; }
+find_python
 [[ -f "$CKPT" ]] || { echo "no checkpoint $CKPT" >&2; exit 2; }
 OUT="${OUT:-$(dirname "$CKPT")}"
 mkdir -p "$OUT"

@@ -10,9 +10,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # arguments of every tokenize call (e.g. --lowercase) and CLEAN_RATIO (clean-corpus-n's -ratio, 1.5).
 TEST_SPLITS=("${TEST_SPLITS[@]:-test}")
 TOKENIZE_ARGS=("${TOKENIZE_ARGS[@]+"${TOKENIZE_ARGS[@]}"}")
-# The project's environment (scripts/setup_env.sh) when there is one, so that the recipes run as the
-# README's commands leave the machine, without activating it first.
-if [[ -z "${PYTHON:-}" && -x "$ROOT/.venv/bin/python" ]]; then PY="$ROOT/.venv/bin/python"; else PY="${PYTHON:-python3}"; fi
+# The project's environment (scripts/setup_env.sh) without activating it first: find_python (called once the
+# arguments are read, so that --help needs no environment) sets PY.
+source "$ROOT/scripts/lib/env.sh"
 PREP="$ROOT/scripts/wmt_prep.py"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -29,8 +29,8 @@ Options:
                      (uncleaned) source text in corpus order; cleaning filters them along
   --workers N        parallel workers for tokenization, BPE and binarization (default: nproc)
   -h, --help         this help
-Environment: PYTHON (interpreter with fairseq, sacremoses, subword-nmt; default: .venv/bin/python of
-             scripts/setup_env.sh where it exists, else python3).
+Environment: PYTHON (interpreter with fairseq, sacremoses, subword-nmt; default: the active virtualenv,
+             else .venv/bin/python of scripts/setup_env.sh; without either the script stops and says so).
 EOF
 }
 
@@ -53,6 +53,7 @@ parse_common_args() {
     if [[ "$PARSER" == conllu && -z "$CONLLU_DIR" ]]; then
         echo "--parser conllu needs --conllu-dir" >&2; exit 2
     fi
+    find_python
     mkdir -p "$WORK/.stamps"
     WORK="$(cd "$WORK" && pwd)"
     BPE_DIR="$WORK/bpe$MERGES"

@@ -23,7 +23,7 @@
 # --save-dir (default checkpoints/ROW).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PY="${PYTHON:-python3}"
+source "$ROOT/scripts/lib/env.sh"  # find_python: $PYTHON, the active venv, else .venv (no activation needed)
 
 usage() { sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 [[ $# -ge 1 && "$1" != -h && "$1" != --help ]] || { usage; exit 0; }
@@ -49,6 +49,7 @@ while [[ $# -gt 0 ]]; do
         *) echo "unknown option $1" >&2; usage >&2; exit 2 ;;
     esac
 done
+find_python
 CONFIG="$ROOT/configs/$ROW.yaml"
 [[ -f "$CONFIG" ]] || { echo "no config $CONFIG; rows: $(cd "$ROOT/configs" && ls *.yaml | sed 's/\.yaml$//' | tr '\n' ' ')" >&2; exit 2; }
 [[ -n "$DATA" ]] || { echo "--data DATA_BIN is required (see scripts/prepare-*.sh)" >&2; exit 2; }

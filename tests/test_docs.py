@@ -42,7 +42,8 @@ EXTERNAL_FLAGS = {
 
 FLAG_RE = re.compile(r"(?<![\w-])--[A-Za-z][\w-]*(?:/[A-Za-z][\w-]*)*")
 LINK_RE = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
-COMMAND_RE = re.compile(r"(?<![\w/.-])(?:bash|sh|python3?|taskset\s+-c\s+\S+\s+python3?)\s+((?:scripts|benchmarks)/[\w./-]+)")
+COMMAND_RE = re.compile(r"(?<![\w/.-])(?:bash|sh|sbatch|(?:taskset\s+-c\s+\S+\s+)?(?:\.venv/bin/)?python3?)\s+"
+                        r"((?:scripts|benchmarks)/[\w./-]+)")
 
 
 def rel(path):
@@ -258,6 +259,8 @@ def test_the_command_scan_sees_commands():
         ["benchmarks/bench_preprocess.py"]
     assert COMMAND_RE.findall("ARCH=x bash scripts/quickstart.sh; python scripts/score.py a") == \
         ["scripts/quickstart.sh", "scripts/score.py"]
+    assert COMMAND_RE.findall(".venv/bin/python scripts/wmt_prep.py record; sbatch scripts/slurm/x.sbatch R D") == \
+        ["scripts/wmt_prep.py", "scripts/slurm/x.sbatch"]
 
 
 PATH_RE = re.compile(r"`((?:umst_plugin|umst_tools|benchmarks|scripts|tests|configs)/[\w./-]*\w)`")

@@ -115,3 +115,51 @@ def test_the_effective_batch_table_in_the_docs_is_current():
 
     with open(os.path.join(e2e.ROOT, "docs", "wmt-on-gpus.md"), encoding="utf-8") as f:
         assert batch_table.markdown() in f.read(), "regenerate with: python -m umst_tools.batch_table"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The entry points find the project's environment themselves (scripts/lib/env.sh): from a login shell or a
+# Slurm job nothing is active, and PYTHON is not set.
+
+LOGIN_SHELL = {"HOME": os.environ.get("HOME", "/root"), "PATH": "/usr/bin:/bin"}  # what `env -i` leaves
+
+
+def _bare(cmd, cwd=e2e.ROOT, **extra):
+    return subprocess.run(["env", "-i", *(f"{k}={v}" for k, v in {**LOGIN_SHELL, **extra}.items()), *cmd],
+                          cwd=cwd, capture_output=True, text=True)
+
+
+def test_train_sh_finds_the_project_venv_from_a_bare_shell():
+    venv_python = os.path.join(e2e.ROOT, ".venv", "bin", "python")
+    if not os.path.isfile(venv_python):
+        pytest.skip("no .venv in this checkout (scripts/setup_env.sh makes it); the active-venv case below runs")
+    proc = _bare(["bash", "scripts/train.sh", "umst-t2-umst-base", "--data", "D", "--gpus", "8", "--amp-bf16",
+                  "--dry-run"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[1] == venv_python, proc.stdout  # "CUDA_VISIBLE_DEVICES=... PYTHON -m fairseq_cli..."
+
+
+def test_train_sh_uses_the_active_venv(tmp_path):
+    # an activated environment (VIRTUAL_ENV, as `source .venv/bin/activate` sets it) wins over ./.venv
+    proc = _bare(["bash", "scripts/train.sh", "umst-t2-umst-base", "--data", "D", "--gpus", "8", "--dry-run"],
+                 VIRTUAL_ENV=os.path.dirname(e2e.BIN))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[1] == os.path.join(e2e.BIN, "python")
+
+
+@pytest.mark.parametrize("command", [
+    ["scripts/train.sh", "umst-t2-umst-base", "--data", "D", "--dry-run"],
+    ["scripts/evaluate.sh", "--data", "D", "--checkpoint", "C"],
+    ["scripts/prepare-wmt14-en-de.sh", "--raw-dir", "R"],
+])
+def test_without_an_environment_each_entry_point_says_how_to_get_one(tmp_path, command):
+    # a checkout without .venv, nothing active: one line naming the set-up command, exit 2, nothing written
+    import shutil
+    for d in ("scripts", "configs"):
+        shutil.copytree(os.path.join(e2e.ROOT, d), tmp_path / d)
+    proc = _bare(["bash", *command], cwd=tmp_path, VIRTUAL_ENV=str(tmp_path / "no-such-venv"))
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "bash scripts/setup_env.sh" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "data").exists()
