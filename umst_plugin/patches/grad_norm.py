@@ -17,6 +17,8 @@ from umst_plugin.patches import expect_signature
 TARGET = "fairseq.utils.clip_grad_norm_"
 SYMPTOM = "the gradient norm launched one kernel per parameter tensor every update (without apex)"
 REMOVE_WHEN = "fairseq computes the norm with torch._foreach_norm"
+STOCK_NUMBERS = ("no: the same per-tensor float32 norms and their 2-norm, the same clip coefficient (a sum in another "
+                 "order: equal to rounding)")
 
 
 def total_norm(grads):
@@ -66,5 +68,6 @@ def install():
     if getattr(utils.clip_grad_norm_, "_umst_patched", False):
         return
     expect_signature(utils.clip_grad_norm_, "(params, max_norm, aggregate_norm_fn=None) -> torch.Tensor", __name__)
+    clip_grad_norm_.ORIGINAL = utils.clip_grad_norm_  # fairseq's own: the reference in tests/test_fused_update.py
     clip_grad_norm_._umst_patched = True
     utils.clip_grad_norm_ = clip_grad_norm_
