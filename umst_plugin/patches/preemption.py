@@ -261,7 +261,7 @@ def _install_stop():
         name, when, update = local_request() or ("a signal on another rank", time.time(), num_updates)
         if trainer.data_parallel_rank == 0:
             _write_marker(cfg.checkpoint.save_dir, name, num_updates, epoch_itr)
-        logger.info(f"Stopping training on {name} (received during update {update + 1}, {time.time() - when:.1f} s "
+        logger.warning(f"Stopping training on {name} (received during update {update + 1}, {time.time() - when:.1f} s "
                     f"ago): checkpoint_last.pt saved at update {num_updates}, epoch {epoch_itr.epoch} "
                     f"({epoch_itr.iterations_in_epoch} batches in); the same command resumes from it "
                     f"(a Slurm job submitted with scripts/slurm/train-*.sbatch requeues itself)")

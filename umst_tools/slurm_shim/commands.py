@@ -184,18 +184,20 @@ def main_srun(argv):
 
     for sig in state.SIGNALS_FORWARDED_BY_SRUN:
         signal.signal(sig, forward)
-    codes = {}
+    codes, first_failure = {}, None
     try:
         while len(codes) < len(tasks):
             for i, t in enumerate(tasks):
                 if i in codes or t.poll() is None:
                     continue
                 codes[i] = t.returncode if t.returncode >= 0 else 128 - t.returncode
-                if codes[i] != 0 and kill_on_bad_exit:
-                    print(f"srun: error: task {i}: Exited with exit code {codes[i]}; terminating the step "
-                          "(--kill-on-bad-exit)", file=sys.stderr, flush=True)
-                    for pgid in pgids:
-                        state.signal_group(pgid, signal.SIGKILL)
+                if codes[i] != 0 and first_failure is None:
+                    first_failure = codes[i]
+                    if kill_on_bad_exit:
+                        print(f"srun: error: task {i}: Exited with exit code {codes[i]}; terminating the step "
+                              "(--kill-on-bad-exit)", file=sys.stderr, flush=True)
+                        for pgid in pgids:
+                            state.signal_group(pgid, signal.SIGKILL)
             time.sleep(0.02)
     finally:
         with state.locked(root):
@@ -205,7 +207,8 @@ def main_srun(argv):
     for i, code in sorted(codes.items()):
         if code:
             print(f"srun: error: {nodes[i // per_node]}: task {i}: Exited with exit code {code}", file=sys.stderr)
-    return max(codes.values())
+    # the highest task exit status; with --kill-on-bad-exit the failure that ended the step (not the kills)
+    return first_failure if kill_on_bad_exit and first_failure is not None else max(codes.values())
 
 
 # ---- scontrol ----------------------------------------------------------------------------------------------------------

@@ -1,0 +1,95 @@
+"""umst_plugin/patches/preemption.py: a signal stops training at an update boundary every rank agrees on, with
+checkpoint_last.pt saved mid-epoch; outside training the signals act as before. The Slurm path (the sbatch
+scripts' --signal, requeue, resume to the same losses) is tests/test_rehearsal.py."""
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import e2e
+
+TRAIN_SH = os.path.join(e2e.ROOT, "scripts", "train.sh")
+# tiny width, many short updates (the signal must land mid-epoch: 400 toy pairs at 150 tokens are ~30 updates)
+OVERRIDES = ["task.source_lang=kel", "task.target_lang=mor", "model.encoder_layers=1", "model.decoder_layers=1",
+             "model.encoder_embed_dim=16", "model.decoder_embed_dim=16", "model.encoder_ffn_embed_dim=32",
+             "model.decoder_ffn_embed_dim=32", "model.encoder_attention_heads=2", "model.decoder_attention_heads=2",
+             "lr_scheduler.warmup_updates=5", "optimization.max_update=400", "optimization.update_freq=[2]",
+             "dataset.max_tokens=150", "dataset.num_workers=0", "dataset.disable_validation=true",
+             "checkpoint.no_epoch_checkpoints=true", "common.log_interval=1"]
+
+
+def test_signals_act_as_before_outside_training():
+    """The patch's handlers are installed by a Trainer; with none alive, SIGTERM still ends the process (its
+    default action) and an ignored SIGUSR1 stays ignored."""
+    code = ("import os, signal, time, umst_plugin\n"
+            "from umst_plugin.patches import preemption\n"
+            "signal.signal(signal.SIGUSR1, signal.SIG_IGN)\n"
+            "preemption._install_handlers([signal.SIGUSR1, signal.SIGTERM])\n"
+            "assert signal.getsignal(signal.SIGTERM) is preemption._handler\n"
+            "os.kill(os.getpid(), signal.SIGUSR1)\n"
+            "print('usr1 ignored', flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "time.sleep(30)\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=e2e.cli_env(), capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "usr1 ignored", proc.stderr[-2000:]
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, proc.stderr[-2000:])
+    from umst_plugin.patches.preemption import parse_signals
+
+    assert parse_signals("USR1, sigterm") == [signal.SIGUSR1, signal.SIGTERM] and parse_signals("none") == []
+    with pytest.raises(ValueError, match="KILL"):
+        parse_signals("KILL")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_update(toy_databin, tmp_path):
+    """Two "machines" (train.sh --nnodes 2, gloo over 127.0.0.1); SIGUSR1 to rank 1 alone, mid-epoch: both stop at
+    the same update, rank 0 saves checkpoint_last.pt there with the data iterator's position inside the epoch and
+    writes stopped-on-signal.json, and both exit 0."""
+    port = str(free_port())
+    env = {**e2e.cli_env(), "PYTHON": os.path.join(e2e.BIN, "python")}
+    logs = [open(tmp_path / f"rank{rank}.log", "w+") for rank in (0, 1)]
+    ranks = [subprocess.Popen(["bash", TRAIN_SH, "m30k-umst", "--data", toy_databin, "--save-dir", str(tmp_path / "ck"),
+                               "--gpus", "0", "--nnodes", "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1",
+                               "--master-port", port, "--", *OVERRIDES], env=env, cwd=e2e.ROOT, stdout=logs[rank],
+                              stderr=subprocess.STDOUT) for rank in (0, 1)]
+    try:
+        deadline = time.monotonic() + 240
+        while not re.search(r"num_updates=5,", (tmp_path / "rank0.log").read_text()):  # (rank 0 logs the updates)
+            assert time.monotonic() < deadline and ranks[1].poll() is None, (tmp_path / "rank0.log").read_text()[-3000:]
+            time.sleep(0.1)
+        ranks[1].send_signal(signal.SIGUSR1)  # train.sh exec'd python: the rank itself
+        codes = [p.wait(timeout=120) for p in ranks]
+    finally:
+        for p in ranks:
+            p.kill() if p.poll() is None else None
+    out = [(tmp_path / f"rank{rank}.log").read_text() for rank in (0, 1)]
+    assert codes == [0, 0], [o[-3000:] for o in out]
+    stops = [re.findall(r"Stopping training on (.+?) \(received during update (\d+).*?saved at update (\d+), epoch (\d+) "
+                        r"\((\d+) batches in\)", o) for o in out]
+    assert len(stops[0]) == len(stops[1]) == 1, stops
+    # (fairseq's other ranks log warnings only: the stop line is one)
+    (name0, _, *where0), (name1, received, *where1) = stops[0][0], stops[1][0]
+    assert name1 == "SIGUSR1" and name0 == "a signal on another rank", stops
+    assert where0 == where1, stops  # the same update, epoch and position on both ranks
+    update, epoch, batches = map(int, where1)
+    per_epoch = int(re.search(r"epoch 001: +\d+ / (\d+) ", out[0]).group(1))
+    # the update the signal came in, or the next (the flag joins the all-reduce of the update after it came)
+    assert update - int(received) in (0, 1), stops
+    assert epoch == 1 and batches == update < per_epoch, (stops, per_epoch)  # mid-epoch
+    ckpt = torch.load(tmp_path / "ck" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert ckpt["optimizer_history"][-1]["num_updates"] == update
+    iterator = ckpt["extra_state"]["train_iterator"]
+    assert iterator["epoch"] == 1 and iterator["iterations_in_epoch"] == batches  # resumes there, mid-epoch
+    marker = (tmp_path / "ck" / "stopped-on-signal.json").read_text()  # written by rank 0
+    assert f'"num_updates": {update}' in marker and '"signal": "a signal on another rank"' in marker, marker
