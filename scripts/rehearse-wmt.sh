@@ -22,12 +22,12 @@
 # Any step that fails stops the rehearsal with its log named. Output: WORK/rehearsal.json (what each step
 # measured and how long it took), WORK/logs/ (every job's log), WORK/results.md (the table).
 # Defaults: --work-dir a new directory under ${TMPDIR:-/tmp}; --multi30k ../shared/data/multi30k (Multi30k's raw
-# *.gz files: scripts/prepare-multi30k.sh downloads them into data/multi30k/raw); --updates 30.
+# *.gz files: scripts/prepare-multi30k.sh downloads them into data/multi30k/raw); --updates 24.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 usage() { sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
-WORK=""; MULTI30K=""; UPDATES=30
+WORK=""; MULTI30K=""; UPDATES=24
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --work-dir) WORK="$2"; shift 2 ;;
@@ -71,7 +71,7 @@ export OMP_NUM_THREADS=1  # one thread per process: the 2 "nodes" and the refere
 export GPUS_PER_NODE=0    # the shim's nodes are CPUs (launch.sh's train.sh --gpus 0: fp32 over gloo)
 
 # ---- 1. data: the stand-in download, prepare, the parse as a Slurm array, prepare again (merge) ----------------
-python3 -m umst_tools.rehearsal standin --multi30k "$MULTI30K" --raw-dir "$WORK/raw" --train 2000 --valid 100 --test 100
+python3 -m umst_tools.rehearsal standin --multi30k "$MULTI30K" --raw-dir "$WORK/raw" --train 2000 --valid 40 --test 40
 PREP=(--raw-dir "$WORK/raw" --work-dir "$WORK/data" --bpe-merges 1000 --parser spacy
       --parser-args "--chunk-size 1000" --parse-shards 2 --workers 2)
 bash scripts/prepare-wmt14-en-de.sh "${PREP[@]}" > "$LOGS/prepare-1.log" 2>&1 || fail "prepare (see $LOGS/prepare-1.log)"

@@ -122,7 +122,8 @@ def compare(preempted_dir, preempted_log, reference_dir, reference_log):
     worst = max((mine["model"][k].double() - ref["model"][k].double()).abs().max().item() for k in ref["model"])
     after = sorted(n for n in preempted if stops and n > stops[0])
     return {
-        "stopped_at_update": stops[0] if stops else None, "stops": len(stops),
+        # every rank logs the stop: one stop is one update, however many ranks
+        "stopped_at_update": stops[0] if stops else None, "stops": len(set(stops)), "ranks_logging_the_stop": len(stops),
         "resumed_from": [{"epoch": int(e), "num_updates": int(u)} for e, u in resumed],
         "updates": {"preempted": mine["num_updates"], "reference": ref["num_updates"]},
         "logged_updates": {"preempted": len(preempted), "reference": len(reference)},

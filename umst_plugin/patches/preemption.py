@@ -200,6 +200,8 @@ def _install_trainer():
         signals = parse_signals(getattr(cfg.common, "stop_on_signals", DEFAULT_SIGNALS))
         if signals:
             self._umst_agreed_stop = _AgreedFlag()
+            if not any(True for _ in _trainers):
+                reset()  # a request that stopped an earlier training of this process is done with
             _trainers.add(self)
             _install_handlers(signals)
 
