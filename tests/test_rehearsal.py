@@ -82,6 +82,8 @@ def test_the_resumed_run_equals_the_uninterrupted_one(rehearsal):
     two = log(work, f"umst-2nodes-{summary['jobs']['umst_2nodes']}.out")
     one = log(work, f"umst-reference-{summary['jobs']['umst_reference']}.out")
     assert "2 process(es) x update_freq 1" in two and "machine 1 of 2" in two, two[-3000:]
+    port = 20000 + summary["jobs"]["umst_2nodes"] % 20000  # launch.sh's: the job's first node, 20000 + job id
+    assert f"distributed init (rank 1): tcp://127.0.0.1:{port}" in two, two[-3000:]
     assert "1 process(es) x update_freq 2" in one, one[-3000:]  # the same batch in one process
     resume = summary["resume"]
     assert resume["updates"]["preempted"] == resume["updates"]["reference"] == 24

@@ -200,3 +200,42 @@ def test_srun_kill_on_bad_exit_and_scancel(cluster, tmp_path):
     assert "srun status 3" in (tmp_path / f"step-{int(first.stdout)}.txt").read_text()
     assert "USR1" in (tmp_path / f"hold-{job}.txt").read_text()
     assert show(cluster, job)["JobState"] == "CANCELLED"
+
+
+# ---- the project's sbatch scripts under the shim -----------------------------------------------------------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_train_sbatch_options_never_land_in_a_positional_slot(cluster, tmp_path):
+    """`sbatch train-1node.sbatch ROW DATA_BIN --compile` (the options after DATA_BIN) trains in the default save
+    dir with --compile, a third positional is the save dir, --help shows the form, a wrong call says why; and the
+    scripts ask Slurm for the warning signal and requeueing."""
+    env = {**cluster, "TRAIN_SH_DRY_RUN": "1", "GPUS_PER_NODE": "8", "PYTHON": os.path.join(os.path.dirname(
+        __import__("sys").executable), "python")}
+    script = os.path.join(ROOT, "scripts", "slurm", "train-1node.sbatch")
+    calls = {"options": ["umst-t2-umst-base", "/data/bin", "--compile", "--precision", "fp16"],
+             "positional": ["umst-t2-umst-base", "/data/bin", "/ckpt/x", "--tf32", "--", "optimization.max_update=7"],
+             "wrong": ["umst-t2-umst-base", "/data/bin", "--bogus"]}
+    jobs = {}
+    for name, args in calls.items():
+        proc = subprocess.run(["sbatch", "--parsable", "--gres=none", f"--output={tmp_path}/{name}.txt", script, *args],
+                              env=env, cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        jobs[name] = int(proc.stdout)
+    wait_done(env, list(jobs.values()), timeout=120)
+    options_log = (tmp_path / "options.txt").read_text()
+    command = next(line for line in options_log.splitlines() if "fairseq_cli.hydra_train" in line)
+    assert f"checkpoint.save_dir={ROOT}/checkpoints/umst-t2-umst-base" in command or \
+        "checkpoint.save_dir=checkpoints/umst-t2-umst-base" in command, command
+    assert "+common.compile=true" in command and "common.amp=true" not in command, command  # fp16: no --amp-bf16
+    positional = next(line for line in (tmp_path / "positional.txt").read_text().splitlines()
+                      if "fairseq_cli.hydra_train" in line)
+    assert "checkpoint.save_dir=/ckpt/x" in positional and "+common.tf32=true" in positional
+    assert "optimization.max_update=7" in positional and "+common.amp_dtype=bfloat16" in positional
+    assert show(env, jobs["wrong"])["JobState"] == "FAILED"
+    assert "unknown option --bogus" in (tmp_path / "wrong.txt").read_text()
+    help_text = subprocess.run(["bash", script, "--help"], env=env, capture_output=True, text=True).stdout
+    assert "ROW DATA_BIN [SAVE_DIR] [options]" in help_text and "--precision" in help_text
+    for directive in ("#SBATCH --signal=B:USR1@180", "#SBATCH --requeue", "#SBATCH --open-mode=append"):
+        assert directive in open(script).read()
