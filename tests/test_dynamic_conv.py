@@ -185,3 +185,32 @@ def test_half_precision_inputs_accumulate_in_fp32(kernels):
     assert half[0].dtype == torch.bfloat16 and half[1].dtype == torch.bfloat16
     for a, b in zip(half, full):
         torch.testing.assert_close(a.float(), b, rtol=0.05, atol=0.05)
+
+
+def test_compiled_backward_takes_short_batches_of_any_size():
+    """Issue 63's crash, at its smallest: the two-cell convolution (kernels 3 and 15, Prime's), compiled with dynamic
+    shapes, forward and backward on a batch shorter than the widest kernel (T 10, B 5), then on another short batch
+    of another batch size (T 5, B 4). Its compiled backward failed there (``assert_size_stride``: the saved windows'
+    strides fixed to the first batch's) while the backward's windows were the forward's ops; it now matches eager,
+    and a long batch after them too."""
+    import logging
+
+    from umst_plugin import compile as compiling
+
+    compiling._configure_dynamo()
+    logging.getLogger("filelock").setLevel(logging.WARNING)
+
+    def conv(x, short, wide, gates):
+        return multi_dynamic_convolution(x, [short, wide], [1, 7], gates)
+    compiled = torch.compile(conv, dynamic=True, fullgraph=True)
+    for T, B in ((10, 5), (5, 4), (17, 3)):
+        torch.manual_seed(T)
+        inputs = [torch.randn(T, B, 8), torch.randn(T, B, 2, 3), torch.randn(T, B, 2, 15), torch.randn(2)]
+        grads = []
+        for fn in (compiled, conv):
+            leaves = [t.clone().requires_grad_() for t in inputs]
+            out = fn(*leaves)
+            out.backward(torch.ones_like(out))
+            grads.append([out] + [t.grad for t in leaves])
+        for got, want in zip(*grads):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=lambda m: f"T {T}, B {B}: {m}")

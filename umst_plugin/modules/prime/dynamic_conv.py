@@ -114,6 +114,20 @@ class DynamicConvolution(torch.autograd.Function):
         return weight
 
     @staticmethod
+    def _backward_windows(x, padding_l, K, H):
+        """The T x B x H x R x K windows of the zero-padded input, as the forward's ``padded.unfold(0, K, 1)``, but
+        built by other ops (unfold over B*C, then split into heads). Under torch.compile the joint graph's
+        common-subexpression pass merged the backward's windows, were they the forward's ops, with the forward's;
+        the partitioner then saved that merged view for backward, materialised (K x the input) with strides fixed
+        to the first batch's sizes (the layout of its two equal-stride dims, time and tap, is settled by comparing
+        their sizes), and the compiled backward failed at the next batch shorter than the kernel with another
+        batch size (``assert_size_stride``; issue 63). Built apart, the compiled backward keeps the padded input
+        (T + K - 1 x B x C) and recomputes the view; eager: the same values, no other kernel (views only)."""
+        T, B, C = x.shape
+        padded = F.pad(x, (0, 0, 0, 0, padding_l, K - 1 - padding_l)).view(T + K - 1, B * C)
+        return padded.unfold(0, K, 1).view(T, B, H, C // H, K)
+
+    @staticmethod
     @once_differentiable
     @amp_backward
     def backward(ctx, grad):
@@ -155,8 +169,8 @@ class DynamicConvolution(torch.autograd.Function):
         grad_gates = None
         grad_logits = [None] * n
         if any(ctx.needs_input_grad[7:]) or ctx.needs_input_grad[1]:
-            padded = F.pad(x, (0, 0, 0, 0, ctx.padding_l, K - 1 - ctx.padding_l)).view(T + K - 1, B, H, R)
-            grad_weight = (padded.unfold(0, K, 1) * g.unsqueeze(-1)).sum(3)  # T x B x H x K
+            windows = DynamicConvolution._backward_windows(x, ctx.padding_l, K, H)
+            grad_weight = (windows * g.unsqueeze(-1)).sum(3)  # T x B x H x K
             if n == 1:
                 d = grad_weight if keeps[0] is None else (grad_weight * keeps[0]).mul_(scale)
                 grad_logits = [torch._softmax_backward_data(d, probs[0], -1, acc)]
