@@ -11,7 +11,7 @@
 #      prepare again, which merges the shards;
 #   2. umst-t2-umst-base on 2 nodes (train-2nodes.sbatch), the transformer baseline umst-t2-transformer-base on 2
 #      nodes, and umst-t2-umst-base on 1 node (train-1node.sbatch) as the uninterrupted reference;
-#   3. once the 2-node UMST run is at update N/3, its time limit is shortened (scontrol update, as an
+#   3. once the 2-node UMST run is at update N/4, its time limit is shortened (scontrol update, as an
 #      administrator can) so that Slurm's warning (--signal=B:USR1@180 of the sbatch script) comes mid-epoch:
 #      training saves checkpoint_last.pt and the job requeues itself; the requeued run resumes from it;
 #   4. the resumed run's losses against the reference's, every update (umst_tools.rehearsal compare; the
@@ -22,12 +22,12 @@
 # Any step that fails stops the rehearsal with its log named. Output: WORK/rehearsal.json (what each step
 # measured and how long it took), WORK/logs/ (every job's log), WORK/results.md (the table).
 # Defaults: --work-dir a new directory under ${TMPDIR:-/tmp}; --multi30k ../shared/data/multi30k (Multi30k's raw
-# *.gz files: scripts/prepare-multi30k.sh downloads them into data/multi30k/raw); --updates 24.
+# *.gz files: scripts/prepare-multi30k.sh downloads them into data/multi30k/raw); --updates 36 (an epoch is 31).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 usage() { sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
-WORK=""; MULTI30K=""; UPDATES=24
+WORK=""; MULTI30K=""; UPDATES=36
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --work-dir) WORK="$2"; shift 2 ;;
@@ -62,6 +62,9 @@ step() {  # step NAME: the time since the previous one goes to steps.tsv
     echo "== rehearse-wmt: $1 done"
 }
 fail() { echo "rehearse-wmt: FAILED: $*" >&2; exit 1; }
+# a rehearsal that stops early cancels what it submitted (its jobs run detached, as on a cluster)
+cancel_jobs() { local ids; ids="$(squeue -h -o %A 2>/dev/null | sort -u)"; [[ -z "$ids" ]] || scancel $ids || true; }
+trap cancel_jobs EXIT
 job_field() { scontrol show job "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
 wait_jobs() {  # until none of the jobs is pending or running
     while [[ -n "$(squeue -h -j "$(IFS=,; echo "$*")" -t PD,R)" ]]; do sleep 0.5; done
@@ -102,11 +105,13 @@ BASELINE=$("${SUBMIT[@]}" --job-name=transformer-2nodes scripts/slurm/train-2nod
 UMST_LOG="$LOGS/umst-2nodes-$UMST.out"
 
 # ---- 3. the time limit, mid-epoch: Slurm's warning 180 s before it comes now --------------------------------------
-STOP_AT=$(( UPDATES / 3 ))
+STOP_AT=$(( UPDATES / 4 ))
 python3 -m umst_tools.rehearsal wait-for-update "$UMST_LOG" "$STOP_AT" --timeout 300 >/dev/null \
     || fail "the 2-node run did not reach update $STOP_AT ($UMST_LOG)"
 RUN=$(job_field "$UMST" RunTime); IFS=: read -r h m s <<< "$RUN"
-LIMIT=$(( 10#$h * 3600 + 10#$m * 60 + 10#$s + 180 + 1 ))  # the signal lead time of train-2nodes.sbatch, +1 s
+# RunTime is whole seconds, at most the time run: with the signal lead time of train-2nodes.sbatch (180 s) added,
+# the warning is due now
+LIMIT=$(( 10#$h * 3600 + 10#$m * 60 + 10#$s + 180 ))
 scontrol update JobId="$UMST" TimeLimit="$(( LIMIT / 60 )):$(printf %02d $(( LIMIT % 60 )))"
 for _ in $(seq 600); do [[ "$(job_field "$UMST" Restarts)" -ge 1 ]] && break; sleep 0.2; done
 [[ "$(job_field "$UMST" Restarts)" -ge 1 ]] || fail "job $UMST was not requeued ($UMST_LOG)"

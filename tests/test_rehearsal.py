@@ -71,6 +71,8 @@ def test_the_time_limit_stops_training_mid_epoch_and_the_job_requeues_and_resume
     assert saved - received in (0, 1) and epoch == 1 and 0 < batches < per_epoch, (stop.groups(), per_epoch)
     assert "requeueing job" in umst and f"Loaded checkpoint {work}/checkpoints/umst-2nodes/checkpoint_last.pt " \
                                       f"(epoch 1 @ {saved} updates)" in umst
+    resumed = umst[umst.index("Loaded checkpoint"):]
+    assert re.search(r"epoch 001: +%d / " % (saved + 1), resumed) and "epoch 002:" in resumed  # on into epoch 2
     resume = summary["resume"]
     assert resume["stopped_at_update"] == saved and resume["stops"] == 1 and resume["ranks_logging_the_stop"] == 2
 
@@ -86,11 +88,11 @@ def test_the_resumed_run_equals_the_uninterrupted_one(rehearsal):
     assert f"distributed init (rank 1): tcp://127.0.0.1:{port}" in two, two[-3000:]
     assert "1 process(es) x update_freq 2" in one, one[-3000:]  # the same batch in one process
     resume = summary["resume"]
-    assert resume["updates"]["preempted"] == resume["updates"]["reference"] == 24
-    assert resume["logged_updates"]["preempted"] >= 24 and resume["logged_updates"]["reference"] == 24
+    assert resume["updates"]["preempted"] == resume["updates"]["reference"] == 36
+    assert resume["logged_updates"]["preempted"] >= 36 and resume["logged_updates"]["reference"] == 36
     assert not resume["logged_losses_differing"], resume["logged_losses_differing"]
     after = resume["logged_losses_after_resume"]
-    assert len(after) == 24 - resume["stopped_at_update"] and all(a == b for a, b in after.values()), after
+    assert len(after) == 36 - resume["stopped_at_update"] and all(a == b for a, b in after.values()), after
     assert resume["max_abs_weight_diff"] <= 1e-4
     print(f"\nresumed at update {resume['stopped_at_update']}: {len(after)} logged losses after it equal; "
           f"final weights at most {resume['max_abs_weight_diff']:.3g} apart")

@@ -120,9 +120,10 @@ def test_time_limit_signal_then_term_then_kill_and_the_slurm_variables(cluster, 
     times = {"".join(line.split()[:-1]): float(line.split()[-1]) for line in out.splitlines()
              if " USR1 " in line or " TERM " in line}
     start = float(next(line.split()[1] for line in out.splitlines() if line.startswith("start ")))
-    assert 1.7 < times["batchUSR1"] - start < 2.6, out
+    # (from the script's first line, which runs a little after the shim starts the clock; slack for a busy machine)
+    assert 1.3 < times["batchUSR1"] - start < 3.0, out
     for who in ("batchTERM", "task0TERM", "task1TERM"):
-        assert 3.7 < times[who] - start < 4.6, out
+        assert 3.3 < times[who] - start < 5.0 and times[who] - times["batchUSR1"] > 1.5, out
     record = show(cluster, job)
     assert record["JobState"] == "TIMEOUT" and record["ExitCode"] == "137:0", record  # ended by SIGKILL
 
