@@ -77,8 +77,9 @@ def wait_done(env, jobs, timeout=30):
 def cluster(tmp_path):
     env = slurm_shim.environment(tmp_path / "state", kill_wait=1)
     yield env
-    for job in os.listdir(tmp_path / "state" / "jobs"):  # nothing left running after a failed test
-        subprocess.run(["scancel", "-Q", job.split(".")[0]], env=env, capture_output=True)
+    running = subprocess.run(["squeue", "-h", "-o", "%A"], env=env, capture_output=True, text=True).stdout.split()
+    if running:  # nothing left running after a failed test
+        subprocess.run(["scancel", "-Q", *sorted(set(running))], env=env, capture_output=True)
 
 
 def test_time_limit_signal_then_term_then_kill_and_the_slurm_variables(cluster, tmp_path):
