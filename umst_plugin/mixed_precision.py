@@ -70,13 +70,15 @@ class FixedScaleGradScaler(torch.amp.GradScaler):
             self._scale.clamp_(max=1.0)  # on the device: no host sync
 
 
-def make_grad_scaler(device_type, dtype_name, init_scale=128):
-    """The grad scaler fairseq's ``AMPOptimizer`` should use for ``--amp-dtype dtype_name`` on ``device_type``
-    (``init_scale``: ``--fp16-init-scale``)."""
+def make_grad_scaler(device_type, dtype_name, init_scale=128, scale_window=None):
+    """The grad scaler fairseq's ``AMPOptimizer`` should use for ``--amp-dtype dtype_name`` on ``device_type``:
+    fp16 starts at ``init_scale`` (``--amp-init-scale``); both grow the scale after ``scale_window`` updates
+    without an overflow (``--amp-scale-window``; torch's 2,000 when None), bf16 back to 1 at most."""
+    growth_interval = 2000 if scale_window is None else int(scale_window)
     if dtype_name == "bfloat16":
-        return FixedScaleGradScaler(device_type, init_scale=1.0, growth_interval=2000)
+        return FixedScaleGradScaler(device_type, init_scale=1.0, growth_interval=growth_interval)
     # fp16: torch.cuda.amp.GradScaler disables itself without CUDA, yet fp16 gradients underflow on a CPU too
-    return torch.amp.GradScaler(device_type, init_scale=init_scale)
+    return torch.amp.GradScaler(device_type, init_scale=float(init_scale), growth_interval=growth_interval)
 
 
 def is_amp_optimizer(optimizer):
@@ -94,10 +96,14 @@ def amp_train_step(task, sample, model, criterion, optimizer, update_num, ignore
     dtype_name = training_amp_dtype(optimizer, task)
     cache = weight_cache(model, optimizer, dtype_name)
     recording = cache is not None and cache.names is None  # the first update runs autocast's way, recorded
+    usage = none_before = None
+    if cache is not None and cache.names:  # a cached parameter unused in this pass must keep a None gradient
+        usage = amp_weights.Usage()
+        none_before = {id(p) for p in cache.parameters() if p.grad is None}
     with torch.autograd.profiler.record_function("forward"):
         with cache.record(amp_dtype(dtype_name)) if recording else contextlib.nullcontext():
             with autocast(model, dtype_name, what="training"):
-                with amp_weights.cast_weights_once(model, amp_dtype(dtype_name), cache):
+                with amp_weights.cast_weights_once(model, amp_dtype(dtype_name), cache, usage):
                     loss, sample_size, logging_output = criterion(model, sample)
     if ignore_grad:
         loss *= 0
@@ -105,6 +111,8 @@ def amp_train_step(task, sample, model, criterion, optimizer, update_num, ignore
         optimizer.backward(loss)
     if recording:
         cache.settle()
+    elif usage is not None:
+        cache.drop_unused_gradients(usage, none_before)
     return loss, sample_size, logging_output
 
 

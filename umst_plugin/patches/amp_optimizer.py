@@ -9,13 +9,17 @@ fairseq-fixed 0.12.3.1's ``AMPOptimizer``
   ``get_backoff_factor()`` on the disabled scaler (``AttributeError: '_backoff_factor'``: a bf16 run died
   with a traceback on its first non-finite gradient, seen on an H100), and a disabled scaler's ``step`` would
   have written the inf into the weights;
+* builds its scaler from ``--fp16-init-scale`` and, when ``--amp-scale-window`` is given, passes
+  ``--amp-init-scale`` as the growth interval: ``--amp-init-scale`` ("default AMP loss scale") never set the
+  scale and ``--amp-scale-window`` ("number of updates before increasing AMP loss scale") was never read;
 * unscales through ``self.optimizer`` (the torch optimizer) in ``clip_grad_norm`` but steps through
   ``self.fp32_optimizer`` (its fairseq wrapper); the scaler keeps its unscaled state per object, so ``step``
   unscaled a second time and every update was divided by the loss scale (SGD lr 1, gradient 2, scale 128
   moved a weight by 2/128).
 
 ``__init__`` now ends by installing ``mixed_precision.make_grad_scaler(device, dtype)`` (fp16: a grad scaler on
-CUDA or CPU from ``--fp16-init-scale``; bf16: the fixed-scale scaler that finds and skips non-finite steps) for
+CUDA or CPU from ``--amp-init-scale``, growing it after ``--amp-scale-window`` good updates (torch's 2,000 when
+not given); bf16: the fixed-scale scaler that finds and skips non-finite steps) for
 the run's ``--amp-dtype`` (``common.amp_dtype``, any task; ``patches/amp_dtype_flag.py``), keeps that dtype as
 ``amp_dtype`` for the training step's autocast, and ``step`` steps through the object ``clip_grad_norm``
 unscaled.
@@ -30,7 +34,8 @@ from umst_plugin.patches import expect_signature
 TARGET = "fairseq.optim.amp_optimizer.AMPOptimizer.__init__, .step"
 SYMPTOM = ("--amp updates divided by the loss scale (double unscale); fp16 unscaled on a CPU; bf16 --amp "
            "dies on the first non-finite gradient (AttributeError '_backoff_factor')")
-REMOVE_WHEN = "fairseq unscales and steps through one object and builds its scaler per device and dtype"
+REMOVE_WHEN = ("fairseq unscales and steps through one object, builds its scaler per device and dtype, and reads "
+               "--amp-init-scale and --amp-scale-window")
 
 
 def amp_device_type(cfg):
@@ -56,10 +61,14 @@ def install():
         # whether train_step casts the parameters autocast would cast in one kernel (umst_plugin/amp_weights.py)
         self.amp_weight_cache = not getattr(cfg.common, "no_amp_weight_cache", False)
         device_type = amp_device_type(cfg)
-        self._grad_scaler = mixed_precision.make_grad_scaler(device_type, dtype_name, cfg.common.fp16_init_scale)
+        option = mixed_precision.task_option  # a config without the key (a bare one in tests): the default
+        init_scale = option(cfg.common, "amp_init_scale", None) or option(cfg.common, "fp16_init_scale", 2 ** 7)
+        window = option(cfg.common, "amp_scale_window", None)
+        self._grad_scaler = mixed_precision.make_grad_scaler(device_type, dtype_name, init_scale, window)
         mixed_precision.logger.info("mixed precision: %s autocast on %s, %s", dtype_name, device_type,
                                     "loss scale fixed at 1 (non-finite steps skipped)" if dtype_name == "bfloat16"
-                                    else f"grad scaler from {cfg.common.fp16_init_scale}")
+                                    else f"grad scaler from {init_scale} (--amp-init-scale), grown after "
+                                         f"{window or 2000} good updates (--amp-scale-window)")
 
     def step(self):
         # clip_grad_norm unscaled through self.optimizer: step through the same object, so the scaler sees
@@ -67,6 +76,7 @@ def install():
         self.scaler.step(self.optimizer)
         self.scaler.update()
 
+    __init__.ORIGINAL, step.ORIGINAL = original_init, original_step
     AMPOptimizer.__init__ = __init__
     AMPOptimizer.step = step
     AMPOptimizer._umst_patched = True
