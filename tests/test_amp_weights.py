@@ -122,3 +122,28 @@ def test_fairseq_trainer_updates_are_the_same_with_and_without():
     for key, value in states[False].items():
         assert torch.equal(states[True][key], value), key
     assert launches[True] < launches[False] - 50
+
+
+def test_a_parameter_unused_after_the_first_update_is_left_alone():
+    """A branch used in the first update (when the cache records) and switched off in the second: its parameters'
+    gradients stay None, so the optimizer skips them, as with autocast's own casts (the concatenation's backward
+    would give them zeros, and Adam would move them by momentum and weight decay). Weights bit for bit those of
+    --no-amp-weight-cache."""
+    states = {}
+    for on in (True, False):
+        trainer, sample = bench_launches.build_trainer(
+            "transformer", dict(bench_launches.PRENORM, no_amp_weight_cache=not on, weight_decay=0.01), "bf16",
+            plugin=True, quick=True)
+        trainer.train_step([sample])
+        branch = trainer.model.decoder.layers[1]
+        before = {n: p.detach().clone() for n, p in branch.named_parameters()}
+        branch.forward = lambda x, *args, **kwargs: (x, None, None)  # the layer switched off: its input passes
+        trainer.train_step([sample])
+        cache = trainer.model.__dict__.get("_umst_amp_weight_cache")
+        assert (cache is not None and any(n.startswith("decoder.layers.1.") for n in cache.names)) == on
+        for n, p in branch.named_parameters():
+            assert p.grad is None, n
+            assert torch.equal(p.detach(), before[n]), n
+        states[on] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    for key, value in states[False].items():
+        assert torch.equal(states[True][key], value), key

@@ -24,7 +24,15 @@ summed in the low dtype), cast twice (a custom backward that recomputes from the
 gradient in the first update (through the concatenation it would get a zero gradient where autocast leaves it
 None and the optimizer skips it). With LayerDrop a layer's parameters go unused in some updates: the cache is
 then off.
+
+A parameter cast in the first update can go unused in a later one (a branch the data switches off). Its view
+then gets a zero gradient through the concatenation where autocast would leave its gradient None, and Adam
+would move it (momentum, weight decay) where fairseq's adam skips it. So each view carries a gradient hook that
+records that it was used (:class:`Usage`), and after the backward pass a parameter whose gradient was None
+before it and whose view went unused gets None back (:meth:`WeightCache.drop_unused_gradients`): no kernel,
+no host sync.
 """
+import functools
 import logging
 
 import torch
@@ -125,8 +133,22 @@ class WeightCache:
         logger.info("autocast casts: %d parameters cast in one kernel per update, not one each "
                     "(--no-amp-weight-cache: autocast's own casts)", len(self.names))
 
-    def cast(self, dtype):
-        """{name: view of the one cast tensor} for the model's forward pass."""
+    def parameters(self):
+        """The cached parameters, each once."""
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        return list({id(params[n]): params[n] for n in self.names or ()}.values())
+
+    def drop_unused_gradients(self, usage, none_before):
+        """After the backward pass of a forward that read :meth:`cast`'s views with ``usage``: the parameters that
+        had no gradient before it (``none_before``: ids) and whose view went unused get None again, as under plain
+        autocast (the concatenation's backward gave them zeros)."""
+        for p in self.parameters():
+            if id(p) in none_before and id(p) not in usage.used:
+                p.grad = None
+
+    def cast(self, dtype, usage=None):
+        """{name: view of the one cast tensor} for the model's forward pass; with ``usage`` (a :class:`Usage`),
+        each view records whether a gradient reached it."""
         if not self.names:
             return {}
         params = dict(self.model.named_parameters(remove_duplicate=False))
@@ -140,16 +162,30 @@ class WeightCache:
         flat = torch.cat([w.reshape(-1) for w in unique]).to(dtype)
         pieces = flat.split([w.numel() for w in unique])
         views = [pieces[i].view(w.shape) for i, w in enumerate(unique)]
+        if usage is not None and torch.is_grad_enabled():
+            for view, w in zip(views, unique):
+                view.register_hook(functools.partial(usage.mark, id(w)))
         return {n: views[index[id(w)]] for n, w in zip(self.names, weights)}
 
 
-def cast_weights_once(model, dtype, cache):
-    """A context manager: inside, the parameters ``cache`` names are ``dtype`` views of one cast."""
+class Usage:
+    """Which cached parameters' views a backward pass reached (``used``: parameter ids)."""
+
+    def __init__(self):
+        self.used = set()
+
+    def mark(self, param_id, grad):
+        self.used.add(param_id)
+
+
+def cast_weights_once(model, dtype, cache, usage=None):
+    """A context manager: inside, the parameters ``cache`` names are ``dtype`` views of one cast (``usage``: see
+    :meth:`WeightCache.cast`)."""
     import contextlib
 
     from torch.nn.utils import stateless
 
-    mapping = cache.cast(dtype) if cache is not None and cache.names else {}
+    mapping = cache.cast(dtype, usage) if cache is not None and cache.names else {}
     if not mapping:
         return contextlib.nullcontext()
     return stateless._reparametrize_module(model, mapping)
