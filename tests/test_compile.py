@@ -350,6 +350,7 @@ def test_tf32_warns_without_tf32_and_switches_it_on_with_it(monkeypatch, caplog)
     matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False  # not torch's default (True): so that switching it on shows
         with caplog.at_level(logging.INFO, logger="umst_plugin.compile"):
             assert compiling.set_tf32(False) is False
             assert not caplog.records  # off: nothing said, nothing changed

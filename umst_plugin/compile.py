@@ -14,28 +14,37 @@ layers share one too, since ``patches/incremental_state_lookup.py`` keeps their 
 * **Incremental decoding stays eager.** A decoder layer called with an ``incremental_state`` (beam search, one
   step at a time) runs its ordinary ``forward``; full-sequence calls (training, validation, scoring, the encoder
   in decoding) run the compiled one.
-* **No graph breaks inside a layer** (``fullgraph=True``): a layer whose Python cannot be captured whole stops
-  the run at its first forward with torch's explanation, instead of silently running part of it eager.
-* **Loud, never silent.** :func:`check_available` compiles and runs a tiny function on the device at start-up, so
-  a missing C++ compiler (inductor on a CPU) or an unsupported GPU (Triton) stops the run before training, with
-  the cause. Where a layer would need more compiled variants than :data:`RECOMPILE_LIMIT`, torch raises instead of
-  falling back to eager (``fail_on_recompile_limit_hit``).
+* **No graph breaks inside a layer** (``fullgraph=True``): a layer is compiled whole or not at all.
+* **Loud, and never fatal after start-up.** :func:`check_available` compiles and runs a tiny function on the
+  device at start-up, so a missing C++ compiler (inductor on a CPU) or an unsupported GPU (Triton) stops the run
+  before training, with the cause. A compile that fails later -- a layer's first call, a recompile, compiled
+  code failing at run time (a graph break, the recompile limit, an inductor error) -- does not end the run: that
+  variant of the layer class (:func:`variant`) runs eager from then on, with a warning naming the class, the
+  shapes and the error (:func:`fall_back`); a compiled backward that fails is traced to its layer (a hook on
+  the layer's output marks where its backward starts) and fairseq's training step is retried with that variant
+  eager (``patches/compile_flags.py``).
+* **Compiled code kept with the run** (:func:`use_cache_dir`): fairseq-train keeps inductor's caches under
+  ``SAVE_DIR/compile_cache``, so a resumed or requeued run compiles from them.
 * **The compile time is logged**: each compiled call that compiled something logs the layer class, the mode and
-  the seconds it took (the backward graph is compiled with the forward); ``compile_seconds()`` is dynamo's total.
+  the seconds it took; ``compile_seconds()`` is dynamo's total (backward graphs, compiled at the first backward,
+  included), and fairseq-train logs it per update that compiled, with the cache's hits and misses.
 
 dynamo settings while ``--compile`` is on (process-wide): Python floats are constants (``specialize_float``: a
 dropout rate or a scale fraction is not a graph input, which torch 2.13 would otherwise make symbolic and then
 fail to pass through ``torch.utils.checkpoint``); no duck sizing (``use_duck_shape``: sizes that happen to be
 equal in the first batch, such as as many words as tokens, do not become one symbol that the next batch breaks);
-at least :data:`RECOMPILE_LIMIT` variants per layer class, and an error when a limit is hit.
+at least :data:`RECOMPILE_LIMIT` variants per layer class, and an error when a limit is hit (which falls back to
+eager for that variant, with the warning).
 
-``--tf32`` (:func:`set_tf32`): fp32 matmuls and convolutions on TensorFloat-32 tensor cores (Ampere and newer
-GPUs). Off by default, as in PyTorch.
+``--tf32`` (:func:`set_tf32`): fp32 matmuls on TensorFloat-32 tensor cores (Ampere and newer GPUs): PyTorch's
+defaults are ``torch.backends.cuda.matmul.allow_tf32 = False`` (matmuls in full fp32) and
+``torch.backends.cudnn.allow_tf32 = True`` (cuDNN convolutions already in TF32); the flag sets both True.
 
 Outside fairseq: ``compile_layers(model)`` compiles a built model the same way (``benchmarks/bench_archs.py
 --compile``); :func:`uncompile_layers` undoes it.
 """
 import logging
+import os
 import time
 import types
 
@@ -184,7 +193,8 @@ def _plain(t):
 
 
 def _dispatch(self, *args, **kwargs):
-    """A compiled layer's ``forward``: its class's compiled forward, except for incremental decoding steps."""
+    """A compiled layer's ``forward``: its class's compiled forward, except for incremental decoding steps and for
+    the variants whose compiling failed (run eager, see :func:`fall_back`)."""
     compiled, eager, index = self._umst_compiled
     if index is not None:
         state = kwargs.get("incremental_state") if "incremental_state" in kwargs else (
@@ -193,11 +203,155 @@ def _dispatch(self, *args, **kwargs):
             return eager(self, *args, **kwargs)
     args = tuple(_plain(a) if isinstance(a, torch.Tensor) else a for a in args)
     kwargs = {k: _plain(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    key = (eager, variant(self, args, kwargs)) if _eager_variants else None
+    if key is not None and key in _eager_variants:
+        return eager(self, *args, **kwargs)
     graphs, start = _unique_graphs(), time.perf_counter()
-    out = compiled(self, *args, **kwargs)
+    try:
+        out = compiled(self, *args, **kwargs)
+    except Exception as e:  # noqa: BLE001 -- a failed compile falls back to eager; eager's own errors are raised
+        if _out_of_memory(e):
+            raise  # fairseq's OOM handling, as eager
+        fall_back(self, eager, variant(self, args, kwargs), _shapes(args, kwargs), "forward", e)
+        return eager(self, *args, **kwargs)
     if _unique_graphs() != graphs:
         _log_compiled(self, eager, time.perf_counter() - start, _unique_graphs() - graphs)
+    if torch.is_grad_enabled():
+        _mark_backward(self, eager, args, kwargs, out)
     return out
+
+
+# ---- a compile that fails: that variant runs eager ----------------------------------------------------------------
+
+class CompileFailure(RuntimeError):
+    """A compiled layer's backward failed (the layer class and shapes in the message); the training step that
+    raised it is retried with that variant eager (``patches/compile_flags.py``). A RuntimeError, so fairseq's
+    Trainer passes it on without writing ``crash.pt``."""
+
+    def __init__(self, message, key=None):
+        super().__init__(message)
+        self.key = key
+
+
+_eager_variants = {}  # (eager forward function, variant) -> why it runs eager
+
+
+def _describe(value):
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.dtype, tuple(min(int(s), 2) for s in value.shape))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_describe(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((k, _describe(v)) for k, v in value.items()))
+    return type(value).__name__ if value is not None else None
+
+
+def _modes(layer):
+    autocast = torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu")
+    return type(layer), layer.training, torch.is_grad_enabled(), autocast
+
+
+def variant(layer, args, kwargs, modes=None):
+    """What a compiled variant of ``layer``'s forward is keyed on here: its class, train / eval, autograd, autocast
+    (``modes``: as they were at the call), and per argument its type, dtype, rank and each size as 0, 1 or more
+    (torch specialises sizes 0 and 1; any other size is symbolic). Every size of a variant runs eager once its
+    compile failed, without compiling again."""
+    return (*(modes or _modes(layer)), tuple(_describe(a) for a in args),
+            tuple((k, _describe(v)) for k, v in kwargs.items()))
+
+
+def _shapes(args, kwargs):
+    def one(v):
+        if isinstance(v, torch.Tensor):
+            return "x".join(map(str, v.shape)) + f" {str(v.dtype).replace('torch.', '')}"
+        if isinstance(v, (list, tuple)) and any(isinstance(u, torch.Tensor) for u in v):
+            return "[" + ", ".join(one(u) for u in v) + "]"
+        return None
+    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items() if one(v) is not None]
+    return ", ".join(p for p in parts if p is not None)
+
+
+def _out_of_memory(e):
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e)
+
+
+def _reason(e):
+    text = str(e).strip()
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    return f"{type(e).__name__}: {first[:300]}"
+
+
+def fall_back(layer, eager, key, shapes, where, error):
+    """Run ``layer``'s class eagerly for the variant ``key`` from now on, with a warning naming the class, the
+    shapes and the error. The eager forward computes the same function, so results do not change."""
+    name = eager.__qualname__
+    mode = ("training" if key[1] else "evaluation") + (", autograd" if key[2] else ", no autograd")
+    _eager_variants[(eager, key)] = f"{where}: {_reason(error)}"
+    logger.warning("--compile: the compiled %s of %s failed (%s; inputs %s): %s. This variant of %s (same mode, "
+                   "argument ranks and dtypes, any sizes other than 0 and 1) runs eager from now on, with the same "
+                   "results; the other layers and variants stay compiled", where, type(layer).__name__, mode, shapes,
+                   _reason(error), name)
+
+
+def eager_variants():
+    """{(layer forward's qualified name, variant): why} for the variants that fell back to eager in this process."""
+    return {(f.__qualname__, key): why for (f, key), why in _eager_variants.items()}
+
+
+# The compiled layer whose backward runs now: a hook on a compiled layer's output fires when that output's
+# gradient is ready, right before the layer's compiled backward runs (and the next layer's hook only after it).
+_in_backward = [None]
+
+
+def _mark_backward(layer, eager, args, kwargs, out):
+    first = out[0] if isinstance(out, (tuple, list)) and out else out
+    if isinstance(first, torch.Tensor) and first.requires_grad:
+        info = (layer, eager, args, kwargs, _modes(layer))  # (described only if its backward fails)
+
+        def entering(grad):
+            _in_backward[0] = info
+        first.register_hook(entering)
+
+
+def start_step():
+    """Before (and after) a training step's forward and backward: no compiled backward has run yet."""
+    _in_backward[0] = None
+
+
+def _from_compiled_code(e):
+    """Whether ``e`` was raised in compiled code (AOTAutograd's runtime or inductor's generated code) or by the
+    compiler itself."""
+    import traceback
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        module = type(e).__module__ or ""
+        if module.startswith(("torch._dynamo", "torch._inductor", "torch._functorch")):
+            return True
+        for frame in traceback.extract_tb(e.__traceback__):
+            path = frame.filename.replace("\\", "/")
+            if "/torch/_functorch/" in path or "/torch/_inductor/" in path or "torchinductor" in path or \
+                    "/torch/_dynamo/" in path:
+                return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def backward_failure(error):
+    """A :class:`CompileFailure` naming the compiled layer whose backward raised ``error`` (and marking that
+    variant eager), or None where ``error`` did not come from a compiled layer's backward."""
+    info = _in_backward[0]
+    if info is None or isinstance(error, CompileFailure) or _out_of_memory(error) or not _from_compiled_code(error):
+        return None
+    layer, eager, args, kwargs, modes = info
+    _in_backward[0] = None
+    key, shapes = variant(layer, args, kwargs, modes), _shapes(args, kwargs)
+    fall_back(layer, eager, key, shapes, "backward", error)
+    failure = CompileFailure(f"--compile: the compiled backward of {type(layer).__name__} failed (inputs {shapes}): "
+                             f"{_reason(error)}", key=(eager, key))
+    failure.__cause__ = error
+    return failure
 
 
 def _log_compiled(layer, forward, seconds, graphs):
@@ -284,6 +438,51 @@ def cache_entries(function):
     return len(_debug_get_cache_entry_list(function.__code__))
 
 
+# ---- compiled code kept with the run ----------------------------------------------------------------------------
+
+CACHE_DIRNAME = "compile_cache"
+_USER_CACHE_DIR = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # as the user started the process
+
+
+def use_cache_dir(directory):
+    """Keep inductor's on-disk caches in ``directory`` (the run's ``SAVE_DIR/compile_cache``): its compiled graphs
+    (the FX graph cache, C++ or Triton kernels included), AOTAutograd's forward + backward cache and dynamo's
+    profile of which sizes are dynamic. A resumed or requeued run of the same command finds them there and skips
+    inductor's code generation and kernel compilation (dynamo still traces each layer class once, in seconds).
+    ``TORCHINDUCTOR_CACHE_DIR`` set by the user wins. Call before the first compile of the process. Returns
+    (the directory in use, how many cached graphs it holds)."""
+    if _USER_CACHE_DIR:
+        directory = _USER_CACHE_DIR
+    else:
+        directory = os.path.abspath(directory)
+        if os.environ.get("TORCHINDUCTOR_CACHE_DIR") != directory:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory  # torch reads it at every cache access
+            from torch._inductor.utils import clear_caches
+
+            clear_caches()  # (in-memory caches of the previous directory's paths)
+    os.makedirs(directory, exist_ok=True)
+    return directory, cached_graphs(directory)
+
+
+def cached_graphs(directory):
+    """How many compiled graphs inductor's FX graph cache holds under ``directory``."""
+    root = os.path.join(directory, "fxgraph")
+    return sum(len(files) for _, _, files in os.walk(root)) if os.path.isdir(root) else 0
+
+
+def cache_counts():
+    """(hits, misses) of inductor's FX graph cache and AOTAutograd's cache in this process so far."""
+    from torch._dynamo.utils import counters
+
+    hits = counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
+    misses = counters["inductor"]["fxgraph_cache_miss"] + counters["aot_autograd"]["autograd_cache_miss"]
+    return int(hits), int(misses)
+
+
+def cache_word(hits, misses):
+    return "cache warm" if hits and not misses else ("cache cold" if not hits else "cache partly warm")
+
+
 # ---- how long compiling took ---------------------------------------------------------------------------------
 
 def compile_seconds():
@@ -326,7 +525,7 @@ def tf32_supported(device=None):
 def set_tf32(enabled, device=None):
     """``--tf32``: fp32 matmuls and cuDNN convolutions in TensorFloat-32 on a GPU that has it (an info line); a
     warning where asked for without one. ``enabled=False`` changes nothing (PyTorch's defaults: fp32 matmuls in
-    full fp32). Returns whether TF32 is on."""
+    full fp32, cuDNN convolutions in TF32). Returns whether TF32 is on."""
     if not enabled:
         return False
     device = torch.device("cuda" if device is None else device)

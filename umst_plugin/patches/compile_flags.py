@@ -8,8 +8,11 @@ The fields ``compile`` and ``tf32`` join fairseq's ``CommonConfig`` (``patches/c
   device and dtype, with the full config of the run (``cfg.common``). Every training entry builds its Trainer
   (fairseq-train, fairseq-hydra-train, ``fairseq_cli.train.main`` called in-process, each worker process of a
   multi-GPU run), and the Trainer's model is the one trained and validated. ``--compile`` checks that
-  torch.compile runs on the Trainer's device before the first update (a clear error where it cannot), then
-  compiles the layers; ``--tf32`` switches TF32 on for the Trainer's device.
+  torch.compile runs on the Trainer's device before the first update (a clear error where it cannot), keeps
+  inductor's caches in ``SAVE_DIR/compile_cache`` (a resumed or requeued run compiles from them), then compiles
+  the layers; ``--tf32`` switches TF32 on for the Trainer's device. ``Trainer.train_step`` logs the compile
+  seconds of each update that compiled (cache hits and misses) and retries an update whose compiled backward
+  failed, with that layer variant eager (``compile.backward_failure``).
 * **fairseq-validate, -generate, -interactive** -- their ``main`` (``generate``: ``_main``, which ``main`` calls
   either way) records the command line's ``common.compile`` / ``common.tf32`` while it runs, and
   ``FairseqTask.build_model`` compiles each model built meanwhile (the checkpoint's config is not asked: a model
@@ -23,13 +26,14 @@ is on its device; the Trainer has both but only training builds one.
 """
 import dataclasses
 import logging
+import os
 from fairseq.dataclass import FairseqDataclass
 
 from umst_plugin.patches import as_config, common_options, expect_signature
 
 logger = logging.getLogger(__name__)
 
-TARGET = ("fairseq.dataclass.configs.CommonConfig (common_options); fairseq.trainer.Trainer.__init__; "
+TARGET = ("fairseq.dataclass.configs.CommonConfig (common_options); fairseq.trainer.Trainer.__init__ and .train_step; "
           "fairseq_cli.validate.main, fairseq_cli.generate._main, fairseq_cli.interactive.main; "
           "fairseq.tasks.FairseqTask.build_model")
 SYMPTOM = ("fairseq has no torch.compile path (fairseq issue #5040) and leaves fp32 matmuls off the tensor cores "
@@ -38,9 +42,13 @@ REMOVE_WHEN = "fairseq's common options have --compile and --tf32"
 
 COMPILE_HELP = ("compile every encoder and decoder layer with torch.compile (regional compilation: layers of a class "
                 "share compiled code; dynamic batch size and lengths; incremental decoding steps stay eager). "
-                "Stops at start-up where torch.compile cannot run; the compile time is logged (docs/compile.md)")
-TF32_HELP = ("fp32 matmuls and convolutions on TensorFloat-32 tensor cores (NVIDIA Ampere or newer); off by default, "
-             "as in PyTorch; a warning where the device has none")
+                "Stops at start-up where torch.compile cannot run; a compile that fails later runs that layer "
+                "variant eager, with a warning; compiled code is kept in SAVE_DIR/compile_cache for a resumed run; "
+                "the compile time is logged (docs/compile.md)")
+TF32_HELP = ("fp32 matmuls on TensorFloat-32 tensor cores (NVIDIA Ampere or newer): sets "
+             "torch.backends.cuda.matmul.allow_tf32, False in PyTorch by default, and "
+             "torch.backends.cudnn.allow_tf32, which PyTorch already sets True (cuDNN convolutions use TF32 without "
+             "this flag); validation and decoding restore both afterwards; a warning where the device has none")
 
 
 @dataclasses.dataclass
@@ -67,15 +75,93 @@ def _setup_training(trainer):
         what = "--tpu" if getattr(common, "tpu", False) else (
             "--pipeline-model-parallel" if backend != "fully_sharded" else "--ddp-backend fully_sharded")
         raise compiling.CompileUnavailable(f"--compile is not supported with {what}; drop one of them")
+    checkpoint = cfg.checkpoint
+    if not getattr(checkpoint, "no_save", False) and getattr(checkpoint, "save_dir", None):
+        # compiled code kept with the run: a resumed or requeued run of the same command reuses it
+        directory, graphs = compiling.use_cache_dir(os.path.join(checkpoint.save_dir, compiling.CACHE_DIRNAME))
+        logger.info("--compile: compiled code cached in %s (%s)", directory,
+                    f"{graphs} graph(s) from an earlier run" if graphs else "empty: compiling from scratch")
     names = compiling.compile_layers(trainer._model, device=trainer.device)
     logger.info("--compile: %d layers compiled on %s (%s); the first updates compile them (logged)", len(names),
                 trainer.device, compiling.describe(trainer._model))
+    trainer._umst_compile_log = [compiling.compile_seconds(), *compiling.cache_counts()]
+    _catch_compiled_backward(trainer.task)
+
+
+def _catch_compiled_backward(task):
+    """The task's ``train_step`` (forward and backward of one batch) with a failure of a compiled layer's backward
+    raised as :class:`~umst_plugin.compile.CompileFailure` (a RuntimeError: fairseq's Trainer passes it on as it
+    is, without writing crash.pt), for :func:`_train_step` to retry the update."""
+    from umst_plugin import compile as compiling
+
+    if "train_step" in task.__dict__:
+        return
+    original = task.train_step
+
+    def train_step(*args, **kwargs):
+        try:
+            return original(*args, **kwargs)
+        except Exception as e:
+            failure = compiling.backward_failure(e)
+            if failure is None:
+                raise
+            raise failure from e
+    task.train_step = train_step
+
+
+def _log_compiling(trainer):
+    """After an update that compiled something: its compile seconds and the cache's hits and misses."""
+    from umst_plugin import compile as compiling
+
+    seconds, hits, misses = compiling.compile_seconds(), *compiling.cache_counts()
+    last = trainer._umst_compile_log
+    if seconds - last[0] > 0.05 or hits != last[1] or misses != last[2]:
+        logger.info("--compile: update %d: compile: %.1f s (%s: %d hit(s), %d miss(es)); %.1f s in this process",
+                    trainer.get_num_updates(), seconds - last[0], compiling.cache_word(hits - last[1], misses - last[2]),
+                    hits - last[1], misses - last[2], seconds)
+        trainer._umst_compile_log = [seconds, hits, misses]
+
+
+def _train_step(trainer, original, samples, raise_oom):
+    """fairseq's ``Trainer.train_step`` under ``--compile``: an update whose compiled backward failed is retried from
+    the start (fairseq zeroes the gradients and sets the same seed) with the failing layer variant eager; each
+    failure turns one more variant eager, so the retries end. (Failures of a compiled forward fall back to eager
+    inside the layer call: :func:`umst_plugin.compile._dispatch`.)"""
+    from umst_plugin import compile as compiling
+
+    try:
+        for _ in range(compiling.RECOMPILE_LIMIT):
+            compiling.start_step()
+            try:
+                return original(trainer, samples, raise_oom)
+            except compiling.CompileFailure as failure:
+                if trainer.data_parallel_world_size > 1:
+                    raise compiling.CompileFailure(
+                        f"{failure} -- with {trainer.data_parallel_world_size} processes the update cannot be "
+                        "retried (the others are inside its gradient all-reduce); resume the run (the same command) "
+                        "from its last checkpoint, or drop --compile") from failure
+                logger.warning("--compile: retrying update %d (the same batches) with that variant eager",
+                               trainer.get_num_updates() + 1)
+        raise RuntimeError(f"--compile: update {trainer.get_num_updates() + 1} failed in {compiling.RECOMPILE_LIMIT} "
+                           "compiled variants")
+    finally:
+        compiling.start_step()
+        _log_compiling(trainer)
+
+
+def _installed(function):
+    """Whether ``function`` is this patch's wrapper, or wraps it (another patch installed after this one)."""
+    while function is not None:
+        if getattr(function, "_umst_compile", False):
+            return True
+        function = getattr(function, "__wrapped__", None)
+    return False
 
 
 def _install_trainer():
     from fairseq.trainer import Trainer
 
-    if getattr(Trainer.__init__, "_umst_compile", False):
+    if _installed(Trainer.__init__):
         return
     original = Trainer.__init__
     expect_signature(original, "(self, cfg: fairseq.dataclass.configs.FairseqConfig, task, model, criterion, "
@@ -90,6 +176,18 @@ def _install_trainer():
     __init__.__wrapped__ = original
     Trainer.__init__ = __init__
 
+    original_step = Trainer.train_step
+    expect_signature(original_step, "(self, samples, raise_oom=False)", __name__)
+
+    def train_step(self, samples, raise_oom=False):
+        if "_umst_compile_log" not in self.__dict__:  # not compiling
+            return original_step(self, samples, raise_oom)
+        return _train_step(self, original_step, samples, raise_oom)
+
+    train_step.__doc__ = original_step.__doc__
+    train_step.__wrapped__ = original_step
+    Trainer.train_step = train_step
+
 
 # ---- fairseq-validate, -generate, -interactive: the command line while main runs ------------------------------
 
@@ -103,10 +201,23 @@ def _device(cfg):
     return "cuda" if torch.cuda.is_available() and not getattr(common, "cpu", False) else "cpu"
 
 
+def _checkpoint_cache(cfg):
+    """``compile_cache`` next to the (first) checkpoint of ``--path``, where its training run kept its compiled code;
+    None where there is none."""
+    from umst_plugin import compile as compiling
+
+    path = getattr(getattr(cfg, "common_eval", None), "path", None)
+    if not path:
+        return None
+    directory = os.path.join(os.path.dirname(os.path.abspath(path.split(os.pathsep)[0])), compiling.CACHE_DIRNAME)
+    return directory if os.path.isdir(directory) else None
+
+
 class _CommandLine:
     """While a CLI main runs: its ``--compile`` / ``--tf32`` (TF32 set at the start)."""
 
     def __init__(self, cfg):
+        self.cfg = cfg
         common = getattr(cfg, "common", None)
         self.entry = (bool(getattr(common, "compile", False)), bool(getattr(common, "tf32", False)),
                       _device(cfg) if common is not None else "cpu")
@@ -114,12 +225,20 @@ class _CommandLine:
     def __enter__(self):
         compile_, tf32, device = self.entry
         if tf32:
+            import torch
+
             from umst_plugin import compile as compiling
 
+            # the setting is process-wide: a main called in a longer process (a test, a notebook) gives it back
+            self.tf32_before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
             compiling.set_tf32(True, device)
         if compile_:
             from umst_plugin import compile as compiling
 
+            cache = _checkpoint_cache(self.cfg)
+            if cache:  # the training run's compiled code, next to the checkpoint
+                directory, graphs = compiling.use_cache_dir(cache)
+                logger.info("--compile: compiled code cached in %s (%d graph(s))", directory, graphs)
             compiling.check_available(device)  # before any model is loaded: a clear error first
             self.log = compiling.CompileTimeLog()
         _request.append(self.entry)
@@ -127,6 +246,10 @@ class _CommandLine:
 
     def __exit__(self, *exc):
         _request.pop()
+        if self.entry[1]:
+            import torch
+
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.tf32_before
         if self.entry[0] and exc[0] is None:
             self.log.summary("this run")
         return False
@@ -176,7 +299,7 @@ def _install_cli():
 def _install_build_model():
     from fairseq.tasks.fairseq_task import FairseqTask
 
-    if getattr(FairseqTask.build_model, "_umst_compile", False):
+    if _installed(FairseqTask.build_model):
         return
     original = FairseqTask.build_model
     expect_signature(original, "(self, cfg: fairseq.dataclass.configs.FairseqDataclass, from_checkpoint=False)", __name__)
