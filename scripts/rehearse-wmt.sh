@@ -161,9 +161,13 @@ with open(sys.argv[3], "w") as f:
 EOF
 step translate
 
-python3 - "$WORK" "$UMST" "$REFERENCE" "$BASELINE" <<'EOF'
+# CPU time: this shell's commands (bash's `times`, its children's line) and every job's (TotalCPU, as sacct's)
+times > "$WORK/times.txt"  # (not in a pipe: a subshell's `times` has no children)
+COMMANDS_CPU=$(tail -n 1 "$WORK/times.txt" | awk '{ split($1, u, "m"); split($2, s, "m"); print u[1] * 60 + u[2] + s[1] * 60 + s[2] }')
+JOBS_CPU=$(scontrol show job | tr ' ' '\n' | sed -n 's/^TotalCPU=//p' | awk '{ t += $1 } END { print t + 0 }')
+python3 - "$WORK" "$UMST" "$REFERENCE" "$BASELINE" "$COMMANDS_CPU" "$JOBS_CPU" <<'EOF'
 import json, os, sys
-work, umst, reference, baseline = sys.argv[1:]
+work, umst, reference, baseline, commands_cpu, jobs_cpu = sys.argv[1:]
 steps = [line.rstrip("\n").split("\t") for line in open(os.path.join(work, "steps.tsv"))]
 results = {}
 for root, _, files in os.walk(os.path.join(work, "checkpoints")):
@@ -174,10 +178,12 @@ summary = {"work_dir": work, "jobs": {"umst_2nodes": int(umst), "umst_reference"
                                       "transformer_2nodes": int(baseline)},
            "steps_seconds": {name: round(float(s), 1) for name, s in steps},
            "total_seconds": round(sum(float(s) for _, s in steps), 1),
+           "cpu_seconds": {"commands": round(float(commands_cpu), 1), "jobs": round(float(jobs_cpu), 1),
+                           "total": round(float(commands_cpu) + float(jobs_cpu), 1)},
            "resume": json.load(open(os.path.join(work, "resume.json"))),
            "results": results, "translation": json.load(open(os.path.join(work, "translation.json"))),
            "table": open(os.path.join(work, "results.md")).read()}
 json.dump(summary, open(os.path.join(work, "rehearsal.json"), "w"), indent=1)
-print(json.dumps({k: summary[k] for k in ("steps_seconds", "total_seconds", "translation")}, indent=1))
+print(json.dumps({k: summary[k] for k in ("steps_seconds", "total_seconds", "cpu_seconds", "translation")}, indent=1))
 EOF
 echo "rehearse-wmt: passed; $WORK/rehearsal.json, table $WORK/results.md"

@@ -220,7 +220,9 @@ def _show_job(job):
               ("JobState", job["state"]), ("Reason", job.get("reason", "None")),
               ("Requeue", int(job["requeueable"])), ("Restarts", job["restart_count"]),
               ("ExitCode", f"{job.get('exit_code') or 0}:0"), ("RunTime", options.format_time(runtime)),
-              ("TimeLimit", options.format_time(job["time_limit"])), ("NumNodes", len(job["nodes"])),
+              ("TimeLimit", options.format_time(job["time_limit"])),
+              ("TotalCPU", f"{job.get('cpu_seconds', 0.0):.1f}"),  # sacct's field: the job's processes, in seconds
+              ("NumNodes", len(job["nodes"])),
               ("NodeList", options.compress_hostlist(job["nodes"])), ("WorkDir", job["workdir"]),
               ("StdOut", os.path.join(job["workdir"], options.expand_output_pattern(job["output"], job)))]
     return " ".join(f"{k}={v}" for k, v in fields if v is not None)

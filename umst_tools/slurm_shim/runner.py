@@ -78,6 +78,28 @@ def _open_output(path, append):
     return open(path, "ab" if append else "wb")
 
 
+class _BatchProcess:
+    """The batch script's process, reaped with os.wait4: its CPU time, with that of every process it waited for
+    (srun and the tasks srun waited for), is what sacct reports as the job's TotalCPU."""
+
+    def __init__(self, popen):
+        # (the Popen is kept: a Popen dropped while its child runs is reaped by the next Popen's clean-up)
+        self.popen, self.pid, self.returncode, self.cpu_seconds = popen, popen.pid, None, 0.0
+
+    def poll(self):
+        if self.returncode is None:
+            pid, status, usage = os.wait4(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = self.popen.returncode = os.waitstatus_to_exitcode(status)
+                self.cpu_seconds = usage.ru_utime + usage.ru_stime
+        return self.returncode
+
+    def wait(self):
+        while self.poll() is None:
+            time.sleep(POLL_SECONDS)
+        return self.returncode
+
+
 def _end(root, job_id, proc, reason):
     """Slurm's job termination: SIGCONT and SIGTERM to the batch step and every job step, SIGKILL to whatever is
     left after KillWait."""
@@ -115,9 +137,9 @@ def run_once(root, job_id):
     append = job["open_mode"] == "append"
     out = _open_output(out_path, append)
     err = _open_output(err_path, append) if err_path and err_path != out_path else None
-    proc = subprocess.Popen([job["script_copy"], *job["script_args"]], cwd=job["workdir"],
-                            env=batch_environment(job), stdin=subprocess.DEVNULL, stdout=out,
-                            stderr=err or subprocess.STDOUT, start_new_session=True)
+    proc = _BatchProcess(subprocess.Popen([job["script_copy"], *job["script_args"]], cwd=job["workdir"],
+                                          env=batch_environment(job), stdin=subprocess.DEVNULL, stdout=out,
+                                          stderr=err or subprocess.STDOUT, start_new_session=True))
     out.close()
     if err:
         err.close()
@@ -150,6 +172,7 @@ def run_once(root, job_id):
     # the batch script is done: Slurm ends the job and every step still running in it
     job = state.load(root, job_id)
     state.signal_steps(job, signal.SIGKILL)
+    state.update(root, job_id, cpu_seconds=job.get("cpu_seconds", 0.0) + proc.cpu_seconds)  # over the restarts
     if ended is None:
         ended = "COMPLETED" if code == 0 else "FAILED"
     return ended, code
