@@ -54,8 +54,6 @@ TARGET = "fairseq.optim.adam.FairseqAdam.__init__, .load_state_dict"
 SYMPTOM = ("--optimizer adam loops over every parameter tensor in Python (about 7 kernels each: 2,410 launches an "
            "update for umst_base, as many as forward and backward); its AMP step syncs with the host")
 REMOVE_WHEN = "fairseq runs its adam's update in a fused multi-tensor kernel itself"
-STOCK_NUMBERS = ("no: fairseq's adam's update to float32 rounding (the kernel's additions round in another order; "
-                 "a stock fp32 transformer's losses match to ~1e-6 over 50 updates)")
 
 # The keys torch's AdamW adds to a parameter group (checkpoints of the plugin before it stepped fairseq's adam):
 # fairseq's adam has none of them.

@@ -17,8 +17,6 @@ from umst_plugin.patches import expect_signature
 TARGET = "fairseq.utils.clip_grad_norm_"
 SYMPTOM = "the gradient norm launched one kernel per parameter tensor every update (without apex)"
 REMOVE_WHEN = "fairseq computes the norm with torch._foreach_norm"
-STOCK_NUMBERS = ("no: the same per-tensor float32 norms and their 2-norm, the same clip coefficient (a sum in another "
-                 "order: equal to rounding)")
 
 
 def total_norm(grads):
