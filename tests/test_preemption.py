@@ -1,5 +1,6 @@
 """umst_plugin/patches/preemption.py: a signal stops training at an update boundary every rank agrees on, with
-checkpoint_last.pt saved mid-epoch; outside training the signals act as before. The Slurm path (the sbatch
+checkpoint_last.pt saved mid-epoch; outside training the signals act as before; the checkpoint a multi-rank resume broadcasts loads on the other ranks
+(patches/broadcast_checkpoint_load.py). The Slurm path (the sbatch
 scripts' --signal, requeue, resume to the same losses) is tests/test_rehearsal.py."""
 import os
 import re
@@ -93,3 +94,23 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_update(toy_databin, t
     assert iterator["epoch"] == 1 and iterator["iterations_in_epoch"] == batches  # resumes there, mid-epoch
     marker = (tmp_path / "ck" / "stopped-on-signal.json").read_text()  # written by rank 0
     assert f'"num_updates": {update}' in marker and '"signal": "a signal on another rank"' in marker, marker
+    # what a resume of these 2 ranks broadcasts (patches/broadcast_checkpoint_load.py): rank 0 loads the checkpoint
+    # and pickles its non-tensor part; the other ranks' torch.load refuses it (weights_only) unless the patch allows
+    # the classes it holds, which it does for that call only
+    import io
+    import pickle
+
+    from fairseq import checkpoint_utils
+    from fairseq.distributed import utils as distributed_utils
+
+    from umst_plugin.patches.broadcast_checkpoint_load import broadcast_classes
+
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path / "ck" / "checkpoint_last.pt"))
+    buffer = io.BytesIO()
+    torch.save(distributed_utils._split_tensors_from_obj(state, []), buffer)
+    with pytest.raises(pickle.UnpicklingError, match="omegaconf"):
+        torch.load(io.BytesIO(buffer.getvalue()), map_location="cpu")
+    with torch.serialization.safe_globals(broadcast_classes()):
+        received = torch.load(io.BytesIO(buffer.getvalue()), map_location="cpu")
+    assert received["cfg"]["checkpoint"]["save_dir"] == str(tmp_path / "ck")
+    assert distributed_utils._broadcast_object_slow.__wrapped__ is not None  # installed on plugin import
