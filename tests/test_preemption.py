@@ -1,7 +1,7 @@
 """umst_plugin/patches/preemption.py: a signal stops training at an update boundary every rank agrees on, with
-checkpoint_last.pt saved mid-epoch; outside training the signals act as before; the checkpoint a multi-rank resume broadcasts loads on the other ranks
-(patches/broadcast_checkpoint_load.py). The Slurm path (the sbatch
-scripts' --signal, requeue, resume to the same losses) is tests/test_rehearsal.py."""
+checkpoint_last.pt saved mid-epoch; outside training the signals act as before; the checkpoint a multi-rank resume
+broadcasts loads on the other ranks (patches/broadcast_checkpoint_load.py). The Slurm path (the sbatch scripts'
+--signal, requeue, resume to the same losses) is tests/test_rehearsal.py."""
 import os
 import re
 import signal

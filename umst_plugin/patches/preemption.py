@@ -11,15 +11,17 @@ fairseq resumes from it in the middle of the epoch, on the same batches -- logs 
 ``--max-update`` stops it (exit status 0). At most the updates between the signal and that boundary run twice
 after a resume; none is lost.
 
-Where the ranks agree, without a collective of its own: every update, fairseq all-reduces the logging outputs
-and its own extra statistics (``Trainer._aggregate_logging_outputs``: sample size, OOMs, training time, one
-buffer in one collective). The patch adds one number to that list: this rank's flag. Every rank reads the same
-sum at the same update and stops at the same boundary (``fairseq_cli.train.validate_and_save``), even when only
-one rank got the signal. Rank 0 also writes ``SAVE_DIR/stopped-on-signal.json``: the job script requeues the
-job only then (not when the signal came after the last update). The summed flag is a CPU value where fairseq reduces on the CPU (gloo); on a GPU it is
-copied to pinned host memory behind the all-reduce (``non_blocking``) and read through a CUDA event at the update
-boundary. fairseq itself waits for that all-reduce's result later in the same update (``sample_size or 1.0``,
-``isfinite(grad_norm)``), so the event has completed by then: no host-device sync is added to an update. One process (no all-reduce): its own flag.
+Where the ranks agree, without a collective of its own: every update, fairseq all-reduces the logging outputs and
+its own extra statistics (``Trainer._aggregate_logging_outputs``: sample size, OOMs, training time, one buffer in
+one collective). The patch adds one number to that list: this rank's flag. Every rank reads the same sum at the
+same update and stops at the same boundary (``fairseq_cli.train.validate_and_save``), even when only one rank got
+the signal. Rank 0 also writes ``SAVE_DIR/stopped-on-signal.json``: the job script requeues the job only then (not
+when the signal came after the last update). The summed flag is a CPU value where fairseq reduces on the CPU
+(gloo); on a GPU it is copied to pinned host memory behind the all-reduce (``non_blocking``) and read through a
+CUDA event at the update boundary. fairseq itself waits for that all-reduce's result later in the same update
+(``sample_size or 1.0``, ``isfinite(grad_norm)``), so the event has completed by then: no host-device sync is
+added to an update (that branch has not run on a GPU yet; the gloo/CPU one is tested). One process (no
+all-reduce): its own flag.
 
 Outside training the handlers do what the signal did before (the previous handler, or the default action), so
 a program that imports the plugin and never trains is not changed. ``--stop-on-signals none`` turns the
