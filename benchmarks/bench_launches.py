@@ -40,6 +40,11 @@ real one). The stock row stays eager: what a user gets without the plugin.
     python benchmarks/bench_launches.py --archs umst,prime --precision bf16 --json out.json
     python benchmarks/bench_launches.py --quick               # tiny widths: a smoke run
     python benchmarks/bench_launches.py --compile --archs transformer,umst   # compiled layers (minutes per arch)
+    python benchmarks/bench_launches.py --compile --floor --archs prime      # and a transformer of Prime's shape
+
+``--floor``: Prime's 12+12 layers at d 384 launch more per FLOP than the 6+6 transformer at d 512 whatever their
+layers do; the ``transformer_prime_shape`` row (fairseq's post-norm transformer at prime_base's sizes) is what
+that shape alone costs, and ``fwd+bwd per FLOP vs own shape`` each Prime row's forward + backward per FLOP against it.
 """
 import argparse
 import collections
@@ -70,9 +75,17 @@ ARCHS = {
     "msmsa": ("msmsa_base", {}),
     "prime": ("prime_base", {}),
     "prime_simple": ("prime_simple_base", {}),
+    # the floor of Prime's shape: fairseq's transformer (post-norm, as Prime) with prime_base's sizes
+    "transformer_prime_shape": ("transformer", dict(encoder_layers=12, decoder_layers=12, encoder_embed_dim=384,
+                                                    decoder_embed_dim=384, encoder_ffn_embed_dim=768,
+                                                    decoder_ffn_embed_dim=768, encoder_attention_heads=4,
+                                                    decoder_attention_heads=4)),
 }
+# --floor: rows compared with a transformer of their own shape (``fwd_bwd_vs_floor``) -> that transformer's row
+FLOORS = {"prime": "transformer_prime_shape", "prime_simple": "transformer_prime_shape"}
 LABELS = {"transformer": "transformer (plugin loaded)", "transformer_old_adam": "transformer --use-old-adam",
-          "stock": "stock fairseq transformer"}
+          "stock": "stock fairseq transformer",
+          "transformer_prime_shape": "transformer, prime_base's shape (12+12, d 384)"}
 QUICK = dict(encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_embed_dim=32,
              encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4,
              decoder_attention_heads=4)
@@ -239,7 +252,7 @@ def compile_and_count(trainer, sample, row, device):
     row["profiled_eager"] = {p: eager[p] for p in FWD_BWD}
     row["profiled_compiled"] = {p: compiled[p] for p in FWD_BWD}
     row["generated_kernels"] = by_op.get("generated", 0)
-    row["compiled_top_ops"] = by_op.most_common(10)
+    row["compiled_top_ops"] = by_op.most_common(25)
     for p in FWD_BWD:
         row["by_phase"][p] = compiled[p]
     row["launches"] = sum(row["by_phase"].values())
@@ -317,6 +330,10 @@ def ratios(rows):
         if "profiled_compiled" in r:  # --compile: the compiled layers against the same model's eager ones
             r["compiled_vs_eager_fwd_bwd"] = sum(r["profiled_compiled"].values()) / sum(r["profiled_eager"].values())
             r["compiled_vs_eager"] = r["launches"] / r["eager_launches"]
+    for r in rows:
+        floor = next((f for f in rows if f["name"] == FLOORS.get(r["name"])), None)
+        if floor is not None:  # --floor: forward + backward per FLOP against a transformer of the row's shape
+            r["fwd_bwd_vs_floor"] = r["fwd_bwd_per_flop_ratio"] / floor["fwd_bwd_per_flop_ratio"]
     return rows
 
 
@@ -332,6 +349,9 @@ def markdown(result):
     if compiled:
         head += ["eager launches", "compiled / eager", "fwd+bwd compiled / eager", "generated kernels"]
     head += ["per FLOP vs stock", "fwd+bwd per FLOP"]
+    floors = any("fwd_bwd_vs_floor" in r for r in result["rows"])
+    if floors:
+        head.append("fwd+bwd per FLOP vs own shape")
     if cuda:
         head += ["CUDA kernels", "kernels / count", "update ms", "GPU busy"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
@@ -342,6 +362,8 @@ def markdown(result):
             cells += ([f"{r['eager_launches']:,}", f"{r['compiled_vs_eager']:.2f}", f"{r['compiled_vs_eager_fwd_bwd']:.2f}",
                        f"{r['generated_kernels']:,}"] if "compile_s" in r else ["-"] * 4)
         cells += [f"{r['launches_per_flop_ratio']:.2f}", f"{r['fwd_bwd_per_flop_ratio']:.2f}"]
+        if floors:
+            cells.append(f"{r['fwd_bwd_vs_floor']:.2f}" if "fwd_bwd_vs_floor" in r else "-")
         if cuda:
             c = r.get("cuda") or {}
             cells += [f"{c['kernels']:,}", f"{c['kernels'] / r['launches']:.2f}", f"{c['wall_ms']:.1f}",
@@ -364,6 +386,10 @@ def main(argv=None):
                    help="also compile each plugin row's layers as fairseq-train --compile does and count a compiled "
                         "update (forward and backward from the profiler, the generated kernels included); the stock "
                         "row stays eager, as without the plugin")
+    p.add_argument("--floor", action="store_true",
+                   help="also count a transformer of the same shape as each row that has one (prime, prime_simple: "
+                        "transformer_prime_shape, 12+12 layers at prime_base's sizes) and give the row's forward + "
+                        "backward per FLOP against it: what its layer count alone costs")
     p.add_argument("--json", default=None)
     p.add_argument("--markdown", default=None, help="also write the table here")
     p.add_argument("--dry-run", action="store_true", help="check the arguments and the arch names, measure nothing")
@@ -386,6 +412,8 @@ def main(argv=None):
     unknown = [n for n in names if n not in ARCHS]
     if unknown:
         p.error(f"unknown arch(s) {unknown}; choices: {', '.join(ARCHS)}")
+    if args.floor:
+        names += [f for f in dict.fromkeys(FLOORS[n] for n in names if n in FLOORS) if f not in names]
     if args.dry_run:
         print(f"bench_launches: would count one update of stock and {names} in {args.precision} on {args.device}")
         return 0
@@ -421,6 +449,9 @@ def main(argv=None):
         for r in rows:
             print(f"\n{r['name']}: " + "; ".join(f"{ph}: " + ", ".join(f"{op} {n}" for op, n in ops)
                                                  for ph, ops in r["top_ops"].items()))
+            if "compiled_top_ops" in r:
+                print(f"{r['name']} compiled update, most launching ops: "
+                      + ", ".join(f"{op} {n}" for op, n in r["compiled_top_ops"]))
     common.write_results(result, table, args.json, args.markdown)
     return 0
 

@@ -121,6 +121,50 @@ def test_stacked_output_dropout_equals_branch_by_branch(arch, extra, monkeypatch
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+WHOLE_CHUNK_FFN = [  # FFN widths that are whole multiples of d (16): the output projection as one batched product
+    pytest.param("prime_base", {"encoder_ffn_embed_dim": 32, "decoder_ffn_embed_dim": 32}, id="prime_ffn2d"),
+    pytest.param("prime_simple_base", {"encoder_ffn_embed_dim": 48, "decoder_ffn_embed_dim": 48}, id="simple_ffn3d"),
+    pytest.param("prime_base", {"encoder_ffn_embed_dim": 32, "decoder_ffn_embed_dim": 32, "separate_projection": True,
+                                "input_dropout": 0.2}, id="separate_projection_input_dropout"),
+    pytest.param("prime_base", {"ffn_shares_conv_projection": True, "prime_kernels": "3"}, id="ffn_shares_conv"),
+    pytest.param("prime_base", {"no_ffn": True}, id="no_ffn"),
+]
+
+
+@pytest.mark.parametrize("arch,extra", WHOLE_CHUNK_FFN)
+def test_batched_output_projection_equals_branch_by_branch(arch, extra, monkeypatch):
+    """Training with every dropout on, padded batch, float64: the branches' output projections as one batched
+    product over d-wide chunks (an FFN of 2 or 3 chunks summing its chunks' products) equal the branch-by-branch
+    form under the same masks, outputs and every parameter's gradient; and the layer takes that path."""
+    model, _ = tiny(arch, dropout=0.3, activation_dropout=0.2, prime_conv_weight_dropout=0.2, **extra)
+    model = model.double().train()
+    src, lengths, prev = batch()
+    batched = []
+    bmm = torch.bmm
+    monkeypatch.setattr(torch, "bmm", lambda a, b: batched.append(a.shape) or bmm(a, b))
+
+    def run(fused):
+        for layer in list(model.encoder.layers) + list(model.decoder.layers):
+            layer.fused = fused
+        monkeypatch.setattr(F, "dropout", slab_dropout_factory())
+        model.zero_grad()
+        torch.manual_seed(4)  # the DropConnect masks
+        batched.clear()
+        out = model(src, lengths, prev)[0]
+        forward_products = list(batched)
+        out.logsumexp(-1).sum().backward()
+        return out.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None], forward_products
+
+    (fused, g_fused, products), (unfused, g_unfused, _) = run(True), run(False)
+    layers = len(model.encoder.layers) + len(model.decoder.layers)
+    # one batched projection per layer (the last decoder layer's attention for alignment multiplies per head, width 8)
+    assert len([shape for shape in products if shape[-1] == 16]) == layers, products
+    assert len(g_fused) == len(g_unfused)
+    torch.testing.assert_close(fused, unfused, rtol=1e-12, atol=1e-12)
+    for a, b in zip(g_fused, g_unfused):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("arch,extra", [ARCH_VARIANTS[0], ARCH_VARIANTS[1]])
 @pytest.mark.parametrize("left_pad_target", [False, True])
 def test_masks_built_once_per_stack_equal_masks_built_per_layer(arch, extra, left_pad_target, monkeypatch):

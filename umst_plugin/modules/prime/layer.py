@@ -55,7 +55,9 @@ import torch.nn.functional as F
 
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
+from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward, autocast_cast
 from umst_plugin.modules.common.attention import additive_mask, attention
 from umst_plugin.modules.prime.multi_kernel_conv import MultiKernelConv, _compiling
 from umst_plugin.modules.common.segment_ops import upcast_half
@@ -333,8 +335,7 @@ class PrimeLayer(nn.Module):
             # training with output dropout: each branch's projection (no bias), stacked n x T x B x d, the n biases
             # added at once, one dropout over the stack (an independent mask per branch, as branch by branch) and
             # one sum; the bias gradient is then one reduction, the dropout one op forward and backward
-            weights = self.out_proj_weight.split(self.out_splits, dim=1)
-            stacked = torch.stack([F.linear(branch, weight) for branch, weight in zip(branches, weights)])
+            stacked = self._branch_projections(branches)
             bias = self.out_proj_bias.view(len(branches), 1, 1, -1)
             stacked = stacked + (bias if bias.dtype == stacked.dtype else bias.to(stacked.dtype))  # autocast: half
             x = residual + F.dropout(stacked, p=self.dropout, training=True).sum(0)
@@ -344,6 +345,32 @@ class PrimeLayer(nn.Module):
             for branch, weight, bias in zip(branches, weights, self.out_proj_bias.unbind(0)):
                 x = x + F.dropout(F.linear(branch, weight, bias), p=self.dropout, training=self.training)
         return self.layer_norm(x), cross_weights
+
+    def _branch_projections(self, branches: List[Tensor]) -> Tensor:
+        """Each branch through its own columns of the output projection, without bias, stacked n x T x B x d.
+
+        Where every branch is a whole number of d-wide chunks (the attentions and the convolution one, the FFN's
+        hidden layer ffn/d: 2 at prime_base), the chunks go through their d x d blocks of ``out_proj_weight`` in
+        ONE batched product (:class:`_ChunkedProjection`), and a branch of several chunks sums its chunks'
+        products: training then runs one product forward and two backward per layer where a product per branch
+        ran n and 2n (n = 3 in the encoder, 4 in the decoder). The same sums of products as
+        ``F.linear(branch, weight_i)`` per branch (``tests/test_prime_lean.py``). Otherwise, branch by branch."""
+        d = self.embed_dim
+        if any(w % d for w in self.out_splits):
+            weights = self.out_proj_weight.split(self.out_splits, dim=1)
+            return torch.stack([F.linear(branch, weight) for branch, weight in zip(branches, weights)])
+        chunks = tuple(w // d for w in self.out_splits)
+        total = sum(chunks)
+        # the blocks as c x d_in x d_out views of the d x (c*d) weight (no copy: each block is a transposed matrix)
+        weight = autocast_cast(self.out_proj_weight).view(d, total, d).permute(1, 2, 0)
+        proj = _ChunkedProjection.apply(weight, chunks, *branches)  # total x T x B x d
+        if total == len(branches):
+            return proj
+        n = len(branches)
+        if all(c == 1 for c in chunks[:-1]):  # the FFN, the last branch, alone has several chunks
+            return torch.cat([proj[:n - 1], proj[n - 1:].sum(0, keepdim=True)])
+        starts = [sum(chunks[:i]) for i in range(n)]
+        return torch.stack([proj[s] if c == 1 else proj[s:s + c].sum(0) for s, c in zip(starts, chunks)])
 
     def _project_with_input_dropout(self, x: Tensor) -> Dict[str, Tensor]:
         """Training with input dropout: the self-attention / convolution projections read Drop(X), the others X
@@ -495,6 +522,51 @@ class PrimeLayer(nn.Module):
             self.set_incremental_state(incremental_state, key, {
                 name: t if name == "beams" else t.index_select(0 if name == "mask" else 1, order)
                 for name, t in saved.items()})
+
+
+def _stack_chunks(branches: Sequence[Tensor], chunks: Sequence[int]) -> Tensor:
+    """The branches' d-wide chunks stacked c x (T*B) x d (a branch T x B x (k*d) gives its k chunks in order)."""
+    parts = [b.unsqueeze(0) if c == 1 else b.unflatten(-1, (c, -1)).movedim(-2, 0) for b, c in zip(branches, chunks)]
+    stacked = torch.cat(parts)
+    return stacked.view(stacked.size(0), -1, stacked.size(-1))
+
+
+class _ChunkedProjection(torch.autograd.Function):
+    """``proj[j] = chunk_j @ weight[j]`` for the branches' d-wide chunks (:func:`_stack_chunks`) as one batched
+    product: weight c x d_in x d_out, branches T x B x (k_i * d) -> c x T x B x d_out.
+
+    Keeps the branches themselves for backward, not their stack: the attention branches are views of the fused
+    attention's output, which that kernel keeps anyway, so a kept stack would be one more T x B x d copy per
+    attention (+19% saved bytes at prime_base); backward stacks them again (one concatenation) for the weight's
+    gradient. Follows autocast (``amp_functions``)."""
+
+    @staticmethod
+    @amp_forward
+    def forward(ctx, weight, chunks, *branches):
+        T, B = branches[0].shape[:2]
+        ctx.save_for_backward(weight, *branches)
+        ctx.chunks = chunks
+        return torch.bmm(_stack_chunks(branches, chunks), weight).view(weight.size(0), T, B, weight.size(-1))
+
+    @staticmethod
+    @once_differentiable
+    @amp_backward
+    def backward(ctx, grad):
+        weight, *branches = ctx.saved_tensors
+        chunks = ctx.chunks
+        need = ctx.needs_input_grad
+        grad = grad.reshape(grad.size(0), -1, grad.size(-1))  # c x (T*B) x d_out
+        grad_weight = torch.bmm(_stack_chunks(branches, chunks).transpose(1, 2), grad) if need[0] else None
+        grad_branches = [None] * len(branches)
+        if any(need[2:]):
+            grad_in = torch.bmm(grad, weight.transpose(1, 2))  # c x (T*B) x d_in
+            start = 0
+            for i, (branch, c) in enumerate(zip(branches, chunks)):
+                if need[2 + i]:
+                    g = grad_in[start:start + c]  # c x (T*B) x d_in -> T x B x (c*d_in)
+                    grad_branches[i] = (g[0] if c == 1 else g.movedim(0, -2).flatten(-2)).view(branch.shape)
+                start += c
+        return (grad_weight, None, *grad_branches)
 
 
 def _linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:

@@ -10,7 +10,8 @@ Eq. 6 is Wu et al.'s dynamic convolution: per-position kernels predicted from th
 input, softmax-normalised over the window, one kernel per head shared by the
 d/H channels of that head: each cell is a ``modules.prime.dynamic_conv.DynamicConv1d`` (the
 parameters of fairseq's ``DynamicConv1dTBC``, under the same names), and the cells are computed together:
-each cell predicts its kernels with its own ``weight_linear``, and since the convolution is linear in its
+each cell predicts its kernels with its own ``weight_linear`` (the cells' weights applied as one product of
+their concatenation), and since the convolution is linear in its
 kernel, ``sum_i g_i conv_{k_i}(x)`` is ONE convolution with the per-position kernel ``sum_i g_i w_i`` (each
 cell's kernel after its own DropConnect, zero-padded to the widest window with the centres aligned as the
 cells' ``padding_l`` place them): ``dynamic_conv.multi_dynamic_convolution``, a fixed number of kernel
@@ -37,6 +38,7 @@ import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
 
+from umst_plugin.modules.common.amp_functions import autocast_cast
 from umst_plugin.modules.prime.dynamic_conv import (DynamicConv1d, combined_window, multi_dynamic_convolution,
                                                     step_dynamic_convolution)
 
@@ -180,11 +182,29 @@ class MultiKernelConv(nn.Module):
             return self._standard(x if padding_mask is not None else x.contiguous(), incremental_state)
         if incremental_state is not None:
             return self._step(x, incremental_state, history)
-        T, B, _ = x.shape
-        logits = [cell.weight_linear(x).view(T, B, cell.num_heads, cell.kernel_size) for cell in self.cells]
+        logits = self._cell_logits(x)
         gates = None if self.gate_logits is None else torch.softmax(self.gate_logits, dim=0)
         p = self.cells[0].weight_dropout
         return multi_dynamic_convolution(x, logits, self.paddings, gates, p, self.training)
+
+    def _cell_logits(self, x: Tensor) -> List[Tensor]:
+        """Every cell's kernel logits (T x B x H x K_i) from one product: the cells' predictor weights concatenated
+        (output rows), each cast whole first under autocast (the parameter cast cache casts it once per update),
+        so training runs one multiply forward and two backward whatever the number of cells, where a product per
+        cell ran n and 2n. The slices are the cells' ``weight_linear(x)`` (``tests/test_prime_lean.py``)."""
+        T, B, _ = x.shape
+        cells = self.cells
+        if len(cells) == 1:
+            cell = cells[0]
+            return [cell.weight_linear(x).view(T, B, cell.num_heads, cell.kernel_size)]
+        linears = [cell.weight_linear for cell in cells]
+        weight = torch.cat([autocast_cast(lin.weight) for lin in linears])
+        bias = None
+        if linears[0].bias is not None:
+            bias = torch.cat([autocast_cast(lin.bias) for lin in linears])
+        flat = F.linear(x, weight, bias)
+        parts = flat.split([lin.out_features for lin in linears], dim=-1)
+        return [part.view(T, B, cell.num_heads, cell.kernel_size) for part, cell in zip(parts, cells)]
 
     def _standard(self, x: Tensor, incremental_state) -> Tensor:
         if self.gate_logits is None:
