@@ -2,7 +2,7 @@
 # Translate a test set and report BLEU as the papers do.
 #
 #   bash scripts/evaluate.sh --data DATA_BIN --checkpoint CKPT [--row ROW] [--out DIR]
-#        [--beam 4] [--lenpen 0.6] [--subset test] [--max-tokens 8192] [--no-compound-split]
+#        [--beam 4] [--lenpen 0.6] [--subset test] [--max-tokens 8192] [--no-compound-split] [--dry-run]
 #        [-- EXTRA_GENERATE_ARGS...]
 #
 # Runs fairseq-generate (beam 4, lenpen 0.6 unless --row or the flags say
@@ -11,14 +11,15 @@
 # when the target is German, unless --no-compound-split) and detokenized sacreBLEU with its signature,
 # against the references prepare-*.sh put in DATA_BIN/ref/. Writes
 # OUT/generate-SUBSET.txt, OUT/hyp.detok.txt and OUT/results.json (read by
-# collect_results.py). Default OUT: the checkpoint's directory.
+# collect_results.py). Default OUT: the checkpoint's directory. --dry-run: print the decoding settings and
+# the fairseq-generate command, read and write nothing. Python: $PYTHON, else the active venv, else .venv.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/lib/env.sh"  # find_python: $PYTHON, the active venv, else .venv (no activation needed)
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
-usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
-DATA=""; CKPT=""; ROW=""; OUT=""; BEAM=""; LENPEN=""; SUBSET=test; MAX_TOKENS=8192; EXTRA=(); COMPOUND=1
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
+DATA=""; CKPT=""; ROW=""; OUT=""; BEAM=""; LENPEN=""; SUBSET=test; MAX_TOKENS=8192; EXTRA=(); COMPOUND=1; DRY=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --data) DATA="$2"; shift 2 ;;
@@ -30,6 +31,7 @@ while [[ $# -gt 0 ]]; do
         --subset) SUBSET="$2"; shift 2 ;;
         --max-tokens) MAX_TOKENS="$2"; shift 2 ;;
         --no-compound-split) COMPOUND=0; shift ;;
+        --dry-run) DRY=1; shift ;;
         -h|--help) usage; exit 0 ;;
         --) shift; EXTRA=("$@"); break ;;
         *) echo "unknown option $1" >&2; usage >&2; exit 2 ;;
@@ -37,9 +39,9 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n "$DATA" && -n "$CKPT" ]] || { usage >&2; exit 2; }
 find_python
-[[ -f "$CKPT" ]] || { echo "no checkpoint $CKPT" >&2; exit 2; }
+[[ "$DRY" -eq 1 || -f "$CKPT" ]] || { echo "no checkpoint $CKPT" >&2; exit 2; }
 OUT="${OUT:-$(dirname "$CKPT")}"
-mkdir -p "$OUT"
+[[ "$DRY" -eq 1 ]] || mkdir -p "$OUT"
 if [[ -n "$ROW" ]]; then
     info() { "$PY" "$ROOT/scripts/collect_results.py" --row-info "$ROW" "$1"; }
     BEAM="${BEAM:-$(info beam)}"; LENPEN="${LENPEN:-$(info lenpen)}"
@@ -47,15 +49,22 @@ fi
 BEAM="${BEAM:-4}"; LENPEN="${LENPEN:-0.6}"
 
 # Language pair from the binarized test set (SUBSET.SRC-TGT.SRC.bin).
-PAIR="$(cd "$DATA" && ls "$SUBSET".*-*.*.bin 2>/dev/null | head -1 | sed -E "s/^$SUBSET\.([^.]+)\..*/\1/")"
-[[ -n "$PAIR" ]] || { echo "no binarized $SUBSET set in $DATA" >&2; exit 2; }
+PAIR="$(cd "$DATA" 2>/dev/null && ls "$SUBSET".*-*.*.bin 2>/dev/null | head -1 | sed -E "s/^$SUBSET\.([^.]+)\..*/\1/")" || true
+[[ -n "$PAIR" || "$DRY" -eq 1 ]] || { echo "no binarized $SUBSET set in $DATA" >&2; exit 2; }
+PAIR="${PAIR:-SRC-TGT}"
 SRC="${PAIR%-*}"; TGT="${PAIR#*-}"
 
 GEN="$OUT/generate-$SUBSET.txt"
-"$PY" -c 'from fairseq_cli.generate import cli_main; cli_main()' "$DATA" \
-    --user-dir "$ROOT/umst_plugin" --task multiscale_translation --source-lang "$SRC" --target-lang "$TGT" \
-    --path "$CKPT" --gen-subset "$SUBSET" --beam "$BEAM" --lenpen "$LENPEN" --max-tokens "$MAX_TOKENS" \
-    --remove-bpe --results-path "$OUT" --required-batch-size-multiple 1 "${EXTRA[@]}"
+GENERATE=("$PY" -c 'from fairseq_cli.generate import cli_main; cli_main()' "$DATA"
+    --user-dir "$ROOT/umst_plugin" --task multiscale_translation --source-lang "$SRC" --target-lang "$TGT"
+    --path "$CKPT" --gen-subset "$SUBSET" --beam "$BEAM" --lenpen "$LENPEN" --max-tokens "$MAX_TOKENS"
+    --remove-bpe --results-path "$OUT" --required-batch-size-multiple 1 ${EXTRA[@]+"${EXTRA[@]}"})
+if [[ "$DRY" -eq 1 ]]; then
+    echo "[evaluate.sh] beam $BEAM, lenpen $LENPEN, $SRC -> $TGT, results in $OUT" >&2
+    printf '%q ' "${GENERATE[@]}"; echo
+    exit 0
+fi
+"${GENERATE[@]}"
 # --results-path writes OUT/generate-SUBSET.txt. --required-batch-size-multiple 1: fairseq-fixed
 # 0.12.3.1's batch_by_size drops a final batch smaller than the multiple (default 8), i.e. up to 7
 # test sentences would silently go untranslated.

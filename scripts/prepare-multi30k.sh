@@ -117,19 +117,22 @@ stage_noparse_variant() {
     local dest="${DATABIN}_noparse" f
     if done_stage "noparse$MERGES"; then
         say "no-parse variant: done before"
-        # a variant made before data-bins carried preprocessing.json links the record now
-        [[ -e "$dest/preprocessing.json" ]] || ln -s "$DATABIN/preprocessing.json" "$dest/"
+        # its own record (the same text steps; source_parse: none), also for a variant made before records
+        stage_record "$dest"
         return
     fi
     rm -rf "$dest" "$dest.tmp"; mkdir -p "$dest.tmp"
     for f in "$DATABIN"/*; do
-        case "$(basename "$f")" in *.wordids*|*.heads*|*.labels*) ;; *) ln -s "$f" "$dest.tmp/" ;; esac
+        case "$(basename "$f")" in
+            *.wordids*|*.heads*|*.labels*|preprocessing.json|source-parse.json) ;; *) ln -s "$f" "$dest.tmp/" ;;
+        esac
     done
     say "no-parse variant (umst-preprocess --parser none): $dest"
     "$PY" -m umst_plugin.preprocess --source-lang "$SRC" --target-lang "$TGT" --trainpref "$BPE_DIR/train" \
         --validpref "$BPE_DIR/valid" --testpref "$(test_prefixes)" --destdir "$dest.tmp" \
         --text-dir "$BPE_DIR/side-noparse" --parser none --no-progress
     mv "$dest.tmp" "$dest"
+    stage_record "$dest"  # the text steps of the main data-bin; source_parse: none (what this variant read)
     mark_stage "noparse$MERGES"
 }
 

@@ -2,33 +2,43 @@
 # Train one table row: fairseq-hydra-train with configs/ROW.yaml and the plugin as common.user_dir
 # (plain fairseq-hydra-train works too; this script adds the GPU-count scaling below).
 #
-#   bash scripts/train.sh ROW --data DATA_BIN [--save-dir DIR] [--gpus G] [--amp-bf16] [--compile] [--tf32] [--dry-run]
-#        [--nnodes N --node-rank R --master-addr HOST [--master-port PORT]] [-- HYDRA_OVERRIDES...]
-#   bash scripts/train.sh umst-t2-umst-base --data data/wmt14_en_de/data-bin/wmt14_en_de_bpe32000
+#   bash scripts/train.sh ROW --data DATA_BIN [--save-dir DIR] [--gpus G] [--amp-bf16] [--compile] [--tf32]
+#        [--max-tokens T] [--dry-run] [--nnodes N --node-rank R --master-addr HOST [--master-port PORT]]
+#        [-- HYDRA_OVERRIDES...]
+#   bash scripts/train.sh umst-t2-umst-base --data data/wmt14_en_de/data-bin/wmt14_en_de_bpe32000 --amp-bf16
 #
-# Each config notes the GPU count its batch assumes (8 for UMST/TranSFormer/MSC
-# rows, 4 for Prime rows). On N machines x G GPUs this script multiplies update_freq
-# by ASSUMED/(N*G) so the tokens per update stay the paper's. Without a GPU it trains
-# on the CPU in fp32 (only sensible for smoke tests), one process per machine, the
-# config's update_freq split over the machines (gloo). Several machines: run the same
-# command on each with --node-rank 0..N-1 (fairseq's own tcp:// rendezvous at HOST:PORT,
-# default port 29500); each machine uses exactly --gpus devices (CUDA_VISIBLE_DEVICES: its first G), so the
-# ranks of machine R are R*G .. R*G+G-1 and never overlap another machine's. --amp-bf16: bf16 autocast on fp32
-# master weights (--amp --amp-dtype bfloat16) instead of the configs' fp16 (fairseq's own --bf16, pure bf16
-# weights, is another thing: train.sh does not offer it). --compile: torch.compile every encoder and decoder layer
-# (docs/compile.md); --tf32: fp32 matmuls on TF32 tensor cores. --dry-run: print the command and its environment.
-# Anything after "--" is passed to hydra, e.g. "-- optimization.max_update=10
-# dataset.max_tokens=500"; an optimization.update_freq or distributed_world_size there
-# replaces the config's before the scaling. Checkpoints and the hydra log go to
-# --save-dir (default checkpoints/ROW).
+# Each config notes the GPU count its batch assumes (8 for UMST/TranSFormer/MSC rows, 4 for the Prime WMT
+# rows). On N machines x G GPUs this script multiplies update_freq by ASSUMED/(N*G) so the tokens per update
+# stay the paper's. Without a GPU it trains on the CPU in fp32 (only sensible for smoke tests), one process
+# per machine, the config's update_freq split over the machines (gloo). Several machines: run the same
+# command on each with --node-rank 0..N-1 (fairseq's own tcp:// rendezvous at HOST:PORT, default port
+# 29500); each machine uses exactly --gpus devices (CUDA_VISIBLE_DEVICES: its first G), so the ranks of
+# machine R are R*G .. R*G+G-1 and never overlap another machine's.
+#   --amp-bf16   bf16 autocast on fp32 master weights (--amp --amp-dtype bfloat16; the choice on A100/H100)
+#                instead of the configs' fp16 (V100). fairseq's own --bf16 (pure bf16 weights) is another
+#                thing, which train.sh does not offer: --bf16 is refused with this explanation.
+#   --compile    torch.compile every encoder and decoder layer (docs/compile.md).
+#   --tf32       fp32 matmuls on TF32 tensor cores; changes only what runs in fp32 (none of the model's
+#                matmuls under --amp-bf16 or fp16).
+#   --max-tokens T  tokens per GPU per step instead of the config's; update_freq scales the other way, so the
+#                tokens per update stay the row's (e.g. 38400 on 80 GB cards: docs/wmt-on-gpus.md).
+#   --dry-run    print the command and its environment, run nothing.
+# After "--": hydra overrides, e.g. "-- optimization.max_update=10 dataset.max_tokens=500". A key the row's
+# YAML does not set is added (train.sh writes it as hydra's ++KEY=VALUE), so model.encoder_layers=2 or
+# optimizer.use_old_adam=true need no "+"; a model.* key must still be a flag of the row's arch (checked when
+# it trains, not by --dry-run) and other groups' keys are checked by fairseq, so a misspelt key still stops the
+# run. An optimization.update_freq or distributed_world_size there replaces the config's before the scaling.
+# Checkpoints and the hydra log go to --save-dir (default checkpoints/ROW). Python: $PYTHON, else the active
+# virtualenv, else .venv.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/lib/env.sh"  # find_python: $PYTHON, the active venv, else .venv (no activation needed)
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # the plugin from this checkout, installed or not
 
-usage() { sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
 [[ $# -ge 1 && "$1" != -h && "$1" != --help ]] || { usage; exit 0; }
 ROW="$1"; shift
-DATA=""; SAVE="checkpoints/$ROW"; GPUS=""; OVERRIDES=(); BF16=0; DRY=0; COMPILE=0; TF32=0
+DATA=""; SAVE="checkpoints/$ROW"; GPUS=""; OVERRIDES=(); BF16=0; DRY=0; COMPILE=0; TF32=0; MAX_TOKENS=""
 NNODES=1; NODE_RANK=0; MASTER_ADDR=""; MASTER_PORT=29500
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -41,6 +51,8 @@ while [[ $# -gt 0 ]]; do
         --dry-run) DRY=1; shift ;;
         --compile) COMPILE=1; shift ;;
         --tf32) TF32=1; shift ;;
+        --max-tokens) MAX_TOKENS="$2"; shift 2 ;;
+        -h|--help) usage; exit 0 ;;
         --nnodes) NNODES="$2"; shift 2 ;;
         --node-rank) NODE_RANK="$2"; shift 2 ;;
         --master-addr) MASTER_ADDR="$2"; shift 2 ;;
@@ -66,23 +78,73 @@ if [[ "$NNODES" -gt 1 ]]; then
     [[ -n "$MASTER_ADDR" ]] || { echo "--nnodes $NNODES needs --master-addr (the host of --node-rank 0)" >&2; exit 2; }
     (( NODE_RANK >= 0 && NODE_RANK < NNODES )) || { echo "--node-rank must be in 0..$((NNODES - 1))" >&2; exit 2; }
 fi
-# The batch the row asks for: the config's GPU count and update_freq, unless the overrides replace them
-# (those two overrides are consumed here and passed on scaled).
-read -r ASSUMED UF < <("$PY" - "$CONFIG" ${OVERRIDES[@]+"${OVERRIDES[@]}"} <<'EOF'
+[[ -z "$MAX_TOKENS" || "$MAX_TOKENS" =~ ^[1-9][0-9]*$ ]] || { echo "--max-tokens $MAX_TOKENS: expected a number of tokens" >&2; exit 2; }
+# The batch the row asks for: the config's GPU count, update_freq and max_tokens, unless the overrides replace
+# them (update_freq and the world size are consumed here and passed on scaled); and the overrides as hydra
+# gets them: a key the YAML does not set becomes ++KEY=VALUE (model.* keys checked against the arch's flags).
+PLAN=()
+while IFS= read -r -d '' line; do PLAN+=("$line"); done < <("$PY" - "$DRY" "$CONFIG" ${OVERRIDES[@]+"${OVERRIDES[@]}"} <<'EOF'
 import sys
+dry_run = sys.argv.pop(1) == "1"
 from omegaconf import OmegaConf
 cfg = OmegaConf.load(sys.argv[1])
 keys = ("optimization.update_freq", "distributed_training.distributed_world_size")
-dots = [o.lstrip("+") for o in sys.argv[2:] if o.lstrip("+").split("=", 1)[0] in keys]
-cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(dots))
-print(cfg.distributed_training.distributed_world_size, cfg.optimization.update_freq[0])
+overrides = sys.argv[2:]
+dots = [o.lstrip("+") for o in overrides if o.lstrip("+").split("=", 1)[0] in keys]
+batch = OmegaConf.merge(cfg, OmegaConf.from_dotlist(dots))
+out = [f"{batch.distributed_training.distributed_world_size} {batch.optimization.update_freq[0]} "
+       f"{batch.dataset.get('max_tokens') or 0}"]
+# Groups whose YAML node hydra composes untyped, so that it refuses a key the YAML does not set; fairseq
+# checks the optimizer's, scheduler's and criterion's keys against their dataclasses when it builds them.
+LOOSE = ("model", "optimizer", "lr_scheduler", "criterion")
+added_model_keys = []
+for o in overrides:
+    key, eq, _ = o.partition("=")
+    group, _, name = key.partition(".")
+    if eq and key[:1] not in "+~" and group in LOOSE and name and \
+            OmegaConf.select(cfg, key, default="<absent>") == "<absent>":
+        out.append("++" + o)
+        if group == "model":
+            added_model_keys.append(name)
+    else:
+        out.append(o)
+if added_model_keys and dry_run:  # (checking imports fairseq: seconds, nothing beside a training's start-up)
+    print(f"[train.sh] {', '.join('model.' + k for k in added_model_keys)}: added to the row's model; checked "
+          f"against the flags of {cfg.model._name} when it trains", file=sys.stderr)
+elif added_model_keys:  # a misspelt model key would be added silently: it must be a flag of the arch
+    import argparse
+
+    import umst_plugin  # noqa: F401  (registers the plugin's archs)
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    arch = cfg.model._name
+    parser = argparse.ArgumentParser(add_help=False, conflict_handler="resolve")
+    ARCH_MODEL_REGISTRY[arch].add_args(parser)
+    known = {a.dest for a in parser._actions}
+    unknown = [k for k in added_model_keys if k not in known]
+    if unknown:
+        sys.exit(f"train.sh: {', '.join('model.' + k for k in unknown)}: not a flag of arch {arch} "
+                 f"({sys.argv[1]}); expected one of its --flags with - as _, e.g. model.encoder_layers")
+sys.stdout.write("".join(line + "\0" for line in out))
 EOF
 )
+[[ ${#PLAN[@]} -ge 1 ]] || exit 2  # (the Python above said why)
+read -r ASSUMED UF CONFIG_MAX_TOKENS <<< "${PLAN[0]}"
 KEPT=()
-for o in ${OVERRIDES[@]+"${OVERRIDES[@]}"}; do
+for o in "${PLAN[@]:1}"; do
     case "${o#+}" in optimization.update_freq=*|distributed_training.distributed_world_size=*) ;; *) KEPT+=("$o") ;; esac
 done
 OVERRIDES=(${KEPT[@]+"${KEPT[@]}"})
+if [[ -n "$MAX_TOKENS" ]]; then
+    # T tokens per step instead of the config's: update_freq x CONFIG_MAX_TOKENS / T keeps the tokens per update
+    (( CONFIG_MAX_TOKENS > 0 )) || { echo "--max-tokens: $ROW sets no dataset.max_tokens to scale from" >&2; exit 2; }
+    if (( UF * CONFIG_MAX_TOKENS % MAX_TOKENS != 0 )); then
+        echo "[train.sh] WARNING: update_freq $UF x $CONFIG_MAX_TOKENS tokens is not a multiple of --max-tokens $MAX_TOKENS; the batch differs" >&2
+    fi
+    NEW=$(( UF * CONFIG_MAX_TOKENS / MAX_TOKENS )); (( NEW >= 1 )) || NEW=1
+    echo "[train.sh] --max-tokens $MAX_TOKENS: $CONFIG_MAX_TOKENS tokens x update_freq $UF -> $MAX_TOKENS x $NEW (before the GPU scaling)" >&2
+    UF="$NEW"; OVERRIDES+=("dataset.max_tokens=$MAX_TOKENS")
+fi
 ARGS=()
 if [[ "$GPUS" -eq 0 ]]; then
     # CPU: one process per machine; the config's update_freq is the batch of all of them together.

@@ -38,6 +38,12 @@ EXTERNAL_FLAGS = {
     "--ignore-requires-python": "pip",
     "--nodes": "Slurm's srun (the several-machines example of docs/recipes.md)",
     "--ntasks-per-node": "Slurm's srun",
+    "--pty": "Slurm's srun (an interactive job, docs/wmt-on-gpus.md)",
+    "--array": "Slurm's sbatch (the parse as an array, docs/wmt-on-gpus.md)",
+    "--wait": "Slurm's sbatch",
+    "--gres": "Slurm's sbatch / srun",
+    "--cpus-per-task": "Slurm's sbatch",
+    "--dependency": "Slurm's sbatch",
 }
 
 FLAG_RE = re.compile(r"(?<![\w-])--[A-Za-z][\w-]*(?:/[A-Za-z][\w-]*)*")
@@ -334,3 +340,203 @@ def test_each_architecture_page_is_linked_from_the_readme_and_links_back(page):
     assert "](../README.md" in text
     assert "## Real data (Multi30k En-De)" in text and "](multi30k.md" in text
     assert "](performance.md)" in text, "each family page links to the per-arch cost table"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# (5) the GPU user's pages: every command of every fenced block runs in its checking form
+
+COMMAND_PAGES = ("docs/wmt-on-gpus.md", "docs/recipes.md")
+# What the variables of those blocks stand for: no data is read by the checking forms.
+COMMAND_VARS = {"D": "/data/wmt14_en_de/data-bin/wmt14_en_de_bpe32000", "SLURM_NNODES": "2", "SLURM_NODEID": "0"}
+VENV_TOOLS = {"umst-average-checkpoints": "umst_plugin.average_checkpoints",
+              "umst-preprocess": "umst_plugin.preprocess.cli"}
+SHELL_WORDS = {"for", "do", "done", "wait", "then", "fi", "if"}
+RUN_MODULES = {"umst_tools.batch_table"}  # `.venv/bin/python -m X` commands run as written (others: --help)
+
+
+def fenced_blocks(text):
+    """[(language, [lines])] of the ``` blocks of a page."""
+    blocks, current = [], None
+    for line in text.split("\n"):
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            if current is None:
+                current = (stripped[3:].strip(), [])
+            else:
+                blocks.append(current)
+                current = None
+        elif current is not None:
+            current[1].append(line)
+    return blocks
+
+
+def shell_commands(lines):
+    """The simple commands of a shell block, variables expanded: [(argv, env)]. Handles what the pages use:
+    backslash continuations, comments, NAME=VALUE lines and prefixes, `for v in ...; do ...; done` (v takes
+    its first value), ``;``/``&&``/``&``/``|`` lists, ``$((...))`` and ``$(...)`` (a placeholder)."""
+    import shlex
+
+    text = re.sub(r"\\\n\s*", " ", "\n".join(lines))
+    variables, out = dict(COMMAND_VARS), []
+
+    def subst(word):
+        word = re.sub(r"\$\(\((.*?)\)\)", lambda m: str(eval(re.sub(r"\$?([A-Za-z_]\w*)",  # noqa: S307
+                      lambda v: variables.get(v.group(1), "0"), m.group(1)))), word)
+        word = re.sub(r"\$\([^)]*\)", "node0", word)
+        return re.sub(r"\$\{?([A-Za-z_]\w*)\}?", lambda m: variables.get(m.group(1), ""), word)
+
+    for line in text.split("\n"):
+        line = re.sub(r"\$\(\((.*?)\)\)|\$\([^)]*\)", lambda m: subst(m.group(0)), line)  # before words split
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|")
+        lexer.whitespace_split, lexer.commenters = True, "#"
+        segment = []
+        for token in list(lexer) + [";"]:
+            if token and set(token) <= set(";&|"):
+                words = segment
+                segment = []
+                if words and words[0] == "for":  # for NAME in V1 V2 ...: the first value
+                    variables[words[1]] = subst(words[3])
+                    continue
+                words = [w for w in words if w not in SHELL_WORDS] if words and words[0] in SHELL_WORDS else words
+                env = {}
+                while words and re.match(r"^[A-Za-z_]\w*=", words[0]):
+                    name, _, value = words.pop(0).partition("=")
+                    env[name] = subst(value)
+                if not words:
+                    variables.update(env)
+                    continue
+                argv = []
+                for w in words:  # an unquoted $ARGS splits into words, as the shell does
+                    argv += subst(w).split() if re.fullmatch(r"\$\{?[A-Za-z_]\w*\}?", w) else [subst(w)]
+                out.append((argv, env))
+            else:
+                segment.append(token)
+    return out
+
+
+def _slurm_path(tmp_path):
+    """Stand-ins for srun (one run per node, SLURM_NODEID set) and scontrol show hostnames."""
+    import stat
+
+    srun, scontrol = tmp_path / "srun", tmp_path / "scontrol"
+    srun.write_text("#!/usr/bin/env bash\nN=1\nwhile [[ \"$1\" == --* ]]; do\n"
+                    "  case \"$1\" in --nodes=*) N=\"${1#--nodes=}\" ;; esac; shift\ndone\n"
+                    "for ((i = 0; i < N; i++)); do SLURM_NODEID=$i SLURM_NNODES=$N \"$@\" || exit $?; done\n")
+    scontrol.write_text("#!/usr/bin/env bash\nprintf '%s\\n' node0 node1\n")
+    for p in (srun, scontrol):
+        p.chmod(p.stat().st_mode | stat.S_IEXEC)
+    return f"{tmp_path}{os.pathsep}{os.environ['PATH']}"
+
+
+def check_command(argv, env, tmp_path):
+    """Run one documented command in its checking form; returns a problem, or None."""
+    import subprocess
+    import sys
+
+    base_env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", **env}
+    base_env.pop("CUDA_VISIBLE_DEVICES", None) if "CUDA_VISIBLE_DEVICES" not in env else None
+
+    def run(cmd, **extra):
+        proc = subprocess.run(cmd, cwd=ROOT, env={**base_env, **extra}, capture_output=True, text=True, timeout=120)
+        return None if proc.returncode == 0 else "exit %d: %s" % (proc.returncode, (proc.stderr or proc.stdout)[-600:])
+
+    def flags_in_help(cmd, args):
+        proc = subprocess.run(cmd + ["--help"], cwd=ROOT, env=base_env, capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            return "--help: exit %d" % proc.returncode
+        missing = [a.split("=")[0] for a in args if a.startswith("--") and a.split("=")[0] not in proc.stdout]
+        return "flags not in its --help: %s" % ", ".join(missing) if missing else None
+
+    tool = argv[0]
+    if tool == "sbatch":
+        i = 1
+        while i < len(argv) and argv[i].startswith("-"):
+            i += 1
+        script, args = argv[i], argv[i + 1:]
+        if not os.path.isfile(os.path.join(ROOT, script)):
+            return "no such script " + script
+        slurm = dict(PATH=_slurm_path(tmp_path), SLURM_JOB_ID="1234", SLURM_JOB_NODELIST="node[0-1]",
+                     SLURM_SUBMIT_DIR=ROOT)
+        if "parse-array" in script:  # task 1 of the array: the prepare script's own --dry-run
+            return run(["bash", script, *args, "--dry-run"], SLURM_ARRAY_TASK_ID="1", **slurm)
+        return run(["bash", script, *args], TRAIN_SH_DRY_RUN="1", **slurm)
+    if tool in ("srun",) and "-c" in argv:  # srun ... bash -c 'COMMAND'
+        problems = [check_command(a, e, tmp_path) for a, e in shell_commands([argv[argv.index("-c") + 1]])]
+        return "; ".join(p for p in problems if p) or None
+    if tool == "bash" and argv[1].startswith("scripts/"):
+        script, args = argv[1], argv[2:]
+        if not os.path.isfile(os.path.join(ROOT, script)):
+            return "no such script " + script
+        name = os.path.basename(script)
+        if name in ("train.sh", "evaluate.sh") or name.startswith("prepare-"):
+            return run(["bash", script, *args, *([] if "--dry-run" in args else ["--dry-run"])])
+        return flags_in_help(["bash", script], args)
+    if tool.startswith(".venv/bin/"):
+        name = tool[len(".venv/bin/"):]
+        if name in VENV_TOOLS:
+            import importlib
+
+            parser = importlib.import_module(VENV_TOOLS[name]).get_parser()
+            try:
+                parser.parse_args(argv[1:])
+            except SystemExit as e:
+                return "%s does not accept %s (exit %s)" % (name, " ".join(argv[1:]), e.code)
+            return None
+        if name in ("python", "python3") and argv[1:2] == ["-m"]:
+            if argv[2] in RUN_MODULES:  # cheap and reads only the repository: run it
+                return run([sys.executable, *argv[1:]])
+            if argv[2] == "pytest":  # the suite itself: the test files it names exist
+                missing = [a for a in argv[3:] if a.startswith("tests/") and not os.path.exists(os.path.join(ROOT, a))]
+                return "no such test file: " + ", ".join(missing) if missing else None
+            return flags_in_help([sys.executable, *argv[1:3]], argv[3:])
+        if name in ("python", "python3"):
+            script, args = argv[1], argv[2:]
+            if not os.path.isfile(os.path.join(ROOT, script)):
+                return "no such script " + script
+            if script == "scripts/collect_results.py":  # cheap and reads nothing that must exist: run it
+                return run([sys.executable, script, *args, "--output", str(tmp_path / "table.md")])
+            return flags_in_help([sys.executable, script], args)
+        return "no such tool .venv/bin/" + name
+    if tool == "taskset":
+        return check_command(argv[3:], env, tmp_path)
+    return "not a command these pages may use as written (run the project's tools as bash scripts/..., " \
+           "sbatch scripts/slurm/..., or .venv/bin/...): " + " ".join(argv)
+
+
+def documented_shell_commands(page):
+    out = []
+    for lang, lines in fenced_blocks(read(os.path.join(ROOT, page))):
+        if lang in ("bash", "sh", ""):
+            out += [(argv, env) for argv, env in shell_commands(lines)]
+    return out
+
+
+@pytest.mark.parametrize("page", COMMAND_PAGES)
+def test_every_command_of_the_gpu_pages_runs_in_its_checking_form(page, tmp_path):
+    commands = documented_shell_commands(page)
+    assert len(commands) >= 5, commands
+    bad = []
+    for argv, env in commands:
+        problem = check_command(argv, env, tmp_path)
+        if problem:
+            bad.append("%s: %s\n    %s" % (page, " ".join(argv), problem))
+    assert not bad, "commands of %s that fail as written:\n%s" % (page, "\n".join(bad))
+
+
+def test_the_command_check_sees_commands_and_can_fail(tmp_path):
+    block = ["ARGS=\"--parser stanza --parse-shards 4\"   # a comment",
+             "for i in 1 2; do",
+             "  CUDA_VISIBLE_DEVICES=$((i - 1)) bash scripts/prepare-wmt14-en-de.sh $ARGS --parse-shard $i/4 &",
+             "done; wait",
+             "bash scripts/train.sh umst-t2-umst-base --data $D \\", "    --amp-bf16"]
+    commands = shell_commands(block)
+    assert commands == [
+        (["bash", "scripts/prepare-wmt14-en-de.sh", "--parser", "stanza", "--parse-shards", "4", "--parse-shard",
+          "1/4"], {"CUDA_VISIBLE_DEVICES": "0"}),
+        (["bash", "scripts/train.sh", "umst-t2-umst-base", "--data", COMMAND_VARS["D"], "--amp-bf16"], {})]
+    assert check_command(commands[1][0], {}, tmp_path) is None
+    assert "--bf16" in check_command(["bash", "scripts/train.sh", "umst-t2-umst-base", "--data", "D", "--bf16"],
+                                     {}, tmp_path)
+    assert check_command([".venv/bin/umst-average-checkpoints", "--inputs", "x", "--no-such-flag"], {}, tmp_path)
+    assert check_command(["umst-preprocess", "-s", "en"], {}, tmp_path)  # not runnable from a login shell
+    assert check_command(["bash", "scripts/no-such.sh"], {}, tmp_path) == "no such script scripts/no-such.sh"

@@ -9,7 +9,9 @@ Then, for every family:
   (``from_pretrained(...).encode``, with and without the usual fairseq arguments, and fairseq-interactive's
   S- line, for the cased and the lowercased sentence);
 * ``from_pretrained(...).translate``, fairseq-interactive and fairseq-generate give the same hypothesis
-  (tokens, score, detokenized text) for the same test sentence; UMST parses on the fly with spaCy.
+  (tokens, score, detokenized text) for the same test sentence; UMST parses on the fly with spaCy, the parser
+  the data-bin's record names (no parser argument to from_pretrained); ``translate`` decodes with
+  scripts/evaluate.sh's beam 4 and lenpen 0.6 unless told otherwise.
 
 And: the record reproduces the recipe's tokenize + BPE line by line, arguments that contradict it stop
 with the conflict named, a data-bin without a record warns, a broken record names the file and what was
@@ -52,8 +54,10 @@ FAMILIES = {
               TINY + ["--msmsa-scales", "1,3,N/4,N/2", "--msmsa-min-block", "2"]),
     "prime": ("umst_plugin.models.prime:PrimeModel", "prime_base", TINY + ["--prime-kernels", "3,7"]),
 }
-# UMST parses interactive / from_pretrained input on the fly, with the parser the recipe used
+# UMST parses interactive input on the fly with the parser the recipe used (from_pretrained reads it from the
+# data-bin's record: no argument)
 PARSER = {"umst": dict(source_parser="spacy", source_parser_model="en_core_web_md")}
+LENPEN = 0.6  # scripts/evaluate.sh's default, and translate()'s
 
 
 def model_class(family):
@@ -113,7 +117,7 @@ def databin_source_ids(databin, index):
 
 def load_hub(family, save_dir, databin, **kwargs):
     return model_class(family).from_pretrained(save_dir, checkpoint_file="checkpoint_last.pt",
-                                               data_name_or_path=databin, **{**PARSER.get(family, {}), **kwargs})
+                                               data_name_or_path=databin, **kwargs)
 
 
 def output_lines(text, kind):
@@ -134,8 +138,12 @@ def test_multi30k_recipe_records_its_preprocessing(m30k):
     assert data["bpe"]["merges"] == MERGES and data["bpe"]["codes_sha256"] == textprep.sha256_file(
         os.path.join(db, "bpe.codes"))
     assert data["written_by"] == "scripts/prepare-multi30k.sh"
-    # the no-parse variant (another data-bin of the same text) carries it too
-    assert textprep.read_record(db + "_noparse").lowercase
+    # what parsed the source side: the recipe's --parser spacy --parser-model en_core_web_md
+    assert data["source_parse"] == {"parser": "spacy", "model": "en_core_web_md", "written_by": "umst-preprocess"}
+    # the no-parse variant (another data-bin of the same text) carries the same text steps, and no parser
+    variant = textprep.read_record(db + "_noparse")
+    assert variant.lowercase and variant.bpe_codes_sha256 == data["bpe"]["codes_sha256"]
+    assert (variant.source_parser, variant.source_parser_model) == ("none", None)
 
 
 def test_record_reproduces_the_recipe_line_by_line(m30k):
@@ -196,21 +204,23 @@ def test_tokenize_without_sacremoses_stops_with_a_clear_error(tmp_path):
 
 def test_rerunning_the_recipe_records_an_older_databin(m30k):
     """A data-bin made before records existed: re-running the recipe with the same arguments skips every
-    stage and writes the record (and links it into the no-parse variant)."""
+    stage and writes the record, the parser's included (and the no-parse variant's own record)."""
     db = m30k["databin"]
     record = os.path.join(db, textprep.RECORD_NAME)
     with open(record, encoding="utf-8") as f:
         before = f.read()
     os.remove(record)
     os.remove(os.path.join(db + "_noparse", textprep.RECORD_NAME))
+    # parsed before umst-preprocess recorded its parser too: the re-run writes that record without parsing
+    os.remove(os.path.join(db, "source-parse.json"))
     proc = subprocess.run(m30k["cmd"], env=recipe_env(m30k["sources"]), cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for stage in ("extract", "tokenize", "clean", "binarize", "no-parse variant"):
         assert re.search(rf"\] {stage}[^\n]*: done before", proc.stderr), (stage, proc.stderr[-3000:])
     with open(record, encoding="utf-8") as f:
         assert f.read() == before
-    assert os.path.islink(os.path.join(db + "_noparse", textprep.RECORD_NAME))
-    assert textprep.read_record(db + "_noparse").lowercase
+    variant = textprep.read_record(db + "_noparse")
+    assert variant.lowercase and variant.source_parser == "none"
 
 
 # ---- every family: the same ids and the same hypothesis through every path ---------------------------
@@ -223,6 +233,9 @@ def test_raw_text_reaches_the_model_as_in_training(family, m30k, checkpoints):
     expected = databin_source_ids(db, 0)
     hub = load_hub(family, save_dir, db)
     assert type(hub).__name__ == "RawTextHubInterface"
+    # the parser comes from the data-bin's record, for the family that reads dependency heads only
+    parser = PARSER.get(family, dict(source_parser="none", source_parser_model=""))
+    assert (hub.task.cfg.source_parser, hub.task.cfg.source_parser_model) == tuple(parser.values())
     # raw cased text -> the ids of its lowercased, tokenized form in the data-bin
     assert torch.equal(hub.encode(raw), expected), (hub.string(hub.encode(raw)), hub.string(expected))
     assert torch.equal(hub.encode(raw.lower()), expected)
@@ -233,14 +246,19 @@ def test_raw_text_reaches_the_model_as_in_training(family, m30k, checkpoints):
                         bpe_codes=os.path.join(db, "bpe.codes"))
     assert torch.equal(explicit.encode(raw), expected) and torch.equal(explicit.encode(m30k["probe"]), dogs)
 
-    best = hub.generate([expected], beam=BEAM, max_len_b=MAX_LEN_B)[0][0]
+    best = hub.generate([expected], beam=BEAM, max_len_b=MAX_LEN_B, lenpen=LENPEN)[0][0]
     # fairseq-interactive and fairseq-generate print scores in base 2
     hub_bpe, hub_score = hub.tgt_dict.string(best["tokens"]), float(best["score"]) / math.log(2)
-    translation = hub.translate(raw, beam=BEAM, max_len_b=MAX_LEN_B)
+    translation = hub.translate(raw, beam=BEAM, max_len_b=MAX_LEN_B)  # lenpen: evaluate.sh's 0.6
     assert translation == hub.decode(best["tokens"]) == translation.lower()  # lowercased recipe: lowercase out
     assert hub.translate([raw, m30k["probe"]], beam=BEAM, max_len_b=MAX_LEN_B)[0] == translation
+    if family == "umst":  # translate()'s defaults are evaluate.sh's: beam 4, lenpen 0.6
+        default = hub.generate([expected], beam=4, max_len_b=MAX_LEN_B, lenpen=LENPEN)[0][0]
+        assert hub.translate(raw, max_len_b=MAX_LEN_B) == hub.decode(default["tokens"])
+        # a parser given wins over the record's
+        assert load_hub(family, save_dir, db, source_parser="none").task.cfg.source_parser == "none"
 
-    flags = ["--beam", BEAM, "--max-len-b", MAX_LEN_B, *parser_flags(family)]
+    flags = ["--beam", BEAM, "--lenpen", LENPEN, "--max-len-b", MAX_LEN_B, *parser_flags(family)]
     out = e2e.fairseq("interactive", db, "--user-dir", e2e.PLUGIN, "--task", "multiscale_translation", "--path",
                       os.path.join(save_dir, "checkpoint_last.pt"), *flags,
                       input="\n".join([raw, raw.lower(), m30k["probe"], m30k["probe"].lower()]) + "\n").stdout

@@ -273,3 +273,28 @@ def test_binarized_mismatch_and_missing_inputs(tmp_path, capsys):
     assert cli.main(common + ["--validpref", str(tmp_path / "valid"), "--parser", "none", "--destdir",
                               str(tmp_path / "empty")]) == 2
     assert "binarized source not found" in capsys.readouterr().err
+
+
+def test_the_record_of_the_parser_names_what_each_parser_loads(tmp_path):
+    """DESTDIR/source-parse.json (folded into preprocessing.json; from_pretrained parses raw input with it): the
+    parser and the model it loads, defaults resolved as the backends resolve them; --record-only parses nothing."""
+    from umst_plugin.preprocess import cli
+
+    def record(*argv):
+        args = cli.get_parser().parse_args(["-s", "en", "-t", "de", "--trainpref", "x", *argv])
+        return cli.source_parse_record(args)
+
+    assert record("--parser", "spacy") == {"parser": "spacy", "model": "en_core_web_md", "written_by": "umst-preprocess"}
+    assert record("--parser", "spacy", "--parser-model", "en_core_web_sm")["model"] == "en_core_web_sm"
+    assert record("--parser", "stanza")["model"] == "en"  # the source language
+    assert record("--parser", "stanza", "--stanza-lang", "de", "--stanza-package", "gsd") == {
+        "parser": "stanza", "model": "de", "stanza_package": "gsd", "written_by": "umst-preprocess"}
+    assert record("--parser", "none")["model"] is None
+    bpe = tmp_path / "train.en"
+    bpe.write_text("a b@@ c\n")
+    assert cli.main(["-s", "en", "-t", "de", "--trainpref", str(tmp_path / "train"), "--destdir", str(tmp_path / "db"),
+                     "--parser", "spacy", "--record-only"]) == 0
+    import json
+
+    assert json.loads((tmp_path / "db" / "source-parse.json").read_text())["model"] == "en_core_web_md"
+    assert sorted(os.listdir(tmp_path / "db")) == ["source-parse.json"]  # nothing parsed, nothing else written

@@ -218,8 +218,13 @@ def test_multi30k_prepare_runs_every_stage(prepared):
     assert os.path.exists(os.path.join(db, "bpe.codes"))
     assert os.path.exists(os.path.join(p["work"], "tok", "test.en"))  # the table's sample sources
     assert_record(p, lowercase=True, aggressive_dash_splits=False, romanian=[])
-    assert os.path.realpath(os.path.join(noparse, "preprocessing.json")) == \
-        os.path.realpath(os.path.join(db, "preprocessing.json"))
+    # the variant's own record: the same text steps, and the parse it was made with (none), not the main one's
+    from umst_tools import text_preprocessing as textprep
+
+    main, variant = textprep.read_record(db), textprep.read_record(noparse)
+    assert (main.source_parser, main.source_parser_model) == ("spacy", "en_core_web_md")
+    assert (variant.source_parser, variant.source_parser_model) == ("none", None)
+    assert variant.bpe_codes_sha256 == main.bpe_codes_sha256 and variant.lowercase == main.lowercase
 
 
 def test_multi30k_rerun_skips_every_stage(prepared):
@@ -233,6 +238,62 @@ def test_multi30k_rerun_skips_every_stage(prepared):
         assert re.search(rf"\] {stage}: done before", proc.stderr), (stage, proc.stderr[-3000:])
     assert "tokenize train" not in proc.stderr and "learn joint BPE" not in proc.stderr
     assert (os.path.getmtime(heads), os.path.getmtime(os.path.join(p["databin"], "train.en-de.en.bin"))) == before
+
+
+def test_the_parse_as_a_slurm_array_then_a_merge_that_parses_nothing(prepared, tmp_path):
+    """docs/wmt-on-gpus.md, "The parse as a Slurm array": prepare --parse-shards 2 stops before the parse and
+    names the sbatch command; scripts/slurm/parse-array.sbatch's two array tasks (run at once, as Slurm would,
+    in the same work dir) parse a shard each; the next prepare run merges them with spaCy unimportable (so it
+    cannot parse) and finishes. The side data equal the unsharded parse's byte for byte."""
+    p = prepared["multi30k"]
+    work = tmp_path / "work"
+    shutil.copytree(p["work"], work, symlinks=True)
+    # the copy as it was before its parse: binarized, no side data, no parse stamp
+    db = work / "data-bin" / f"multi30k_en_de_bpe{MERGES}"
+    os.remove(work / ".stamps" / f"parse{MERGES}")
+    shutil.rmtree(work / f"bpe{MERGES}" / "side")
+    for f in glob.glob(str(db / "*.wordids.*")) + glob.glob(str(db / "*.heads.*")) + [str(db / "source-parse.json")]:
+        os.remove(f)
+    args = [str(a) for a in p["cmd"][2:]]
+    args[args.index("--work-dir") + 1] = str(work)
+    args += ["--parse-shards", "2"]
+    m30k_env = {**env(), "MULTI30K_SOURCES": p["sources"]}
+    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "prepare-multi30k.sh"), *args], env=m30k_env, cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "stopped before the parse: shard(s) 1,2 of 2 not parsed yet" in proc.stderr, proc.stderr[-3000:]
+    assert "sbatch --array=1,2 scripts/slurm/parse-array.sbatch multi30k" in proc.stderr
+    assert not glob.glob(str(db / "*.heads.*"))
+    tasks = [subprocess.Popen(["bash", os.path.join(SCRIPTS, "slurm", "parse-array.sbatch"), "multi30k", *args],
+                              env={**m30k_env, "SLURM_ARRAY_TASK_ID": str(i), "SLURM_ARRAY_TASK_COUNT": "2",
+                                   "SLURM_SUBMIT_DIR": ROOT}, cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i in (1, 2)]
+    for i, task in enumerate(tasks, 1):
+        log, _ = task.communicate()
+        assert task.returncode == 0, log[-3000:]
+        assert f"parse shard {i} of 2: done" in log, log[-3000:]
+    # the merge run cannot parse: importing spaCy fails in it
+    blocker = tmp_path / "no-spacy"
+    (blocker / "spacy").mkdir(parents=True)
+    (blocker / "spacy" / "__init__.py").write_text("raise ImportError('the merge run must not parse')\n")
+    merge_env = {**m30k_env, "PYTHONPATH": f"{blocker}{os.pathsep}{m30k_env['PYTHONPATH']}"}
+    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "prepare-multi30k.sh"), *args[:-2]], env=merge_env,
+                          cwd=ROOT, capture_output=True, text=True)  # without --parse-shards: the shards are found
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "merging the 2 parse shards" in proc.stderr and "data-bin ready" in proc.stderr, proc.stderr[-3000:]
+    for split in M30K_SPLITS:
+        for name in (f"{split}.en-de.en.heads.bin", f"{split}.en-de.en.heads.idx", f"{split}.en-de.en.wordids.bin"):
+            with open(db / name, "rb") as a, open(os.path.join(p["databin"], name), "rb") as b:
+                assert a.read() == b.read(), name
+        for kind in ("heads", "labels", "wordids"):
+            name = os.path.join(f"bpe{MERGES}", "side", f"{split}.en.{kind}")
+            with open(work / name, "rb") as a, open(os.path.join(p["work"], name), "rb") as b:
+                assert a.read() == b.read(), name
+    with open(db / "preprocessing.json", encoding="utf-8") as f:
+        assert json.load(f)["source_parse"] == {"parser": "spacy", "model": "en_core_web_md",
+                                                "written_by": "umst-preprocess"}
+    # stamped with the parser, as an unsharded parse is: a re-run skips the stage
+    assert (work / ".stamps" / f"parse{MERGES}").read_text() == "spacy:--parser-model en_core_web_md\n"
 
 
 def test_multi30k_cased_on_a_lowercased_work_dir_stops(prepared):
@@ -1129,7 +1190,7 @@ def test_every_row_has_a_config_and_paper_numbers():
         cfg = OmegaConf.load(os.path.join(CONFIGS, row + ".yaml"))
         meta = collect_results.ROWS[row]
         assert cfg.model._name == meta["arch"], row
-        assert cfg.task.target_lang == ("ro" if meta["dataset"] == "wmt16_en_ro" else "de"), row
+        assert cfg.task.target_lang == {"wmt16_en_ro": "ro", "iwslt14_de_en": "en"}.get(meta["dataset"], "de"), row
         assert cfg.distributed_training.distributed_world_size == meta["gpus"], row
         if meta["dataset"] == "multi30k_en_de":
             # one published number (Wu et al. 2021, Transformer-tiny); the other rows are ours to measure
@@ -1191,7 +1252,10 @@ def cpu_overrides(row, databin, save_dir, max_update):
             # would leave fairseq's prefetch thread behind in the test process (the abort at exit it used
             # to cause is gone: umst_plugin.patches.prefetch_thread_exit)
             "dataset.data_buffer_size=0", "optimization.update_freq=[1]", f"optimization.max_update={max_update}",
-            f"checkpoint.save_dir={save_dir}", *tiny_overrides(collect_results.ROWS[row]["arch"])]
+            f"checkpoint.save_dir={save_dir}", *tiny_overrides(collect_results.ROWS[row]["arch"]),
+            # IWSLT14 De-En (prime-t2-prime-base) has no recipe here: the WMT stand-in's languages
+            *(["task.source_lang=en", "task.target_lang=de"] if collect_results.ROWS[row]["dataset"] == "iwslt14_de_en"
+              else [])]
 
 
 def train_row(row, databin, save_dir, max_update=1, extra=()):

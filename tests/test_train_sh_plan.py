@@ -163,3 +163,32 @@ def test_without_an_environment_each_entry_point_says_how_to_get_one(tmp_path, c
     assert len(lines) == 1 and "bash scripts/setup_env.sh" in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "data").exists()
+
+
+def test_plain_overrides_of_keys_the_row_does_not_set_are_added():
+    # umst-t2-umst-base's YAML sets no encoder_layers and no use_old_adam: hydra alone refuses both without "+"
+    command, _ = plan("umst-t2-umst-base", "--gpus", "8", "--", "model.encoder_layers=2", "optimizer.use_old_adam=true",
+                      "model.dropout=0.2", "+common.compile=true", "optimization.max_update=10")
+    assert "++model.encoder_layers=2" in command and "++optimizer.use_old_adam=true" in command
+    assert " model.dropout=0.2" in command and "++model.dropout" not in command  # set in the YAML: as given
+    assert " +common.compile=true" in command and " optimization.max_update=10" in command
+
+
+
+def test_a_misspelt_model_key_stops_before_training(tmp_path):
+    # (not under --dry-run, which does not import fairseq to check it: the real start-up does, before fairseq runs)
+    proc = subprocess.run(["bash", TRAIN_SH, "umst-t2-umst-base", "--data", str(tmp_path), "--save-dir",
+                           str(tmp_path / "save"), "--gpus", "0", "--", "model.encoder_layrs=2"], env=env(), capture_output=True,
+                          text=True)
+    assert proc.returncode == 2 and "model.encoder_layrs: not a flag of arch umst_base" in proc.stderr, proc.stderr
+    assert "hydra_train" not in proc.stderr
+
+
+@pytest.mark.parametrize("gpus,nodes,uf", [(8, 1, 2), (8, 2, 1), (4, 1, 4)])
+def test_max_tokens_keeps_the_tokens_per_update(gpus, nodes, uf):
+    # umst-t2-umst-base: 9,600 tokens x update_freq 8 x 8 GPUs = 614,400 tokens per update
+    extra = ["--nnodes", str(nodes), "--node-rank", "0", "--master-addr", "n0"] if nodes > 1 else []
+    command, _ = plan("umst-t2-umst-base", "--gpus", str(gpus), "--max-tokens", "38400", *extra)
+    assert field(command, "dataset.max_tokens") == "38400"
+    assert field(command, "optimization.update_freq") == f"\\[{uf}\\]"
+    assert 38400 * uf * gpus * nodes == 614400

@@ -13,6 +13,11 @@ trained under ``multiscale_translation`` or fairseq's plain ``translation``, and
   fairseq-interactive and ``umst-inspect --sentence`` do, and detokenizes the output;
 * the checkpoint's precision rules: decoding in fp32 unless ``amp=True`` (then under autocast in the
   checkpoint's ``--amp-dtype``, or ``amp_dtype=...``), whatever precision it was trained in.
+* the data-bin's recorded parser (``preprocessing.json``'s ``source_parse``, written by umst-preprocess): a model
+  that reads dependency heads (UMST) parses raw input with the parser and model its training data was parsed
+  with, unless ``source_parser=...`` is given;
+* the recipes' decoding defaults: ``translate`` uses beam 4 and lenpen 0.6, as ``scripts/evaluate.sh`` does
+  (fairseq's hub interface: beam 5, lenpen 1.0). The Prime rows' recipe decodes with lenpen 0.5: pass it.
 
 Every model class of the plugin inherits :class:`RawTextFromPretrained` first, so ``XModel.from_pretrained``
 is the same function (with the class's ``hub_models()`` names).
@@ -26,6 +31,13 @@ from fairseq import hub_utils, utils
 from umst_tools import text_preprocessing as textprep  # (the constructor's keyword takes the plain name)
 
 logger = logging.getLogger(__name__)
+
+# scripts/evaluate.sh's defaults (beam 4, lenpen 0.6: the UMST, TranSFormer and MSC recipes), so that a sentence
+# translated from Python reads as the test set was scored.
+DEFAULT_BEAM = 4
+DEFAULT_LENPEN = 0.6
+# the parsers raw input can be parsed with on the fly (the other umst-preprocess sources have no model)
+MODEL_PARSERS = ("spacy", "stanza")
 
 
 class RawTextHubInterface(hub_utils.GeneratorHubInterface):
@@ -80,12 +92,43 @@ class RawTextHubInterface(hub_utils.GeneratorHubInterface):
         self._note_raw_input()
         return super().encode(sentence)
 
+    def translate(self, sentences, beam=DEFAULT_BEAM, verbose=False, **kwargs):
+        """fairseq's ``translate`` with scripts/evaluate.sh's defaults: beam 4 and ``lenpen=0.6`` unless given."""
+        kwargs.setdefault("lenpen", DEFAULT_LENPEN)
+        return super().translate(sentences, beam, verbose, **kwargs)
+
+
+def use_recorded_parser(task, models, given):
+    """Parse raw input as the training data was parsed: when no ``source_parser`` was ``given`` and a model reads
+    dependency heads, set the task's ``source_parser`` / ``source_parser_model`` from the data-bin's record.
+    Returns the (parser, model) now in use, or None."""
+    if given or not hasattr(getattr(task, "cfg", None), "source_parser"):
+        return None
+    from umst_plugin.data.side_inputs import encoder_accepts_side_inputs
+
+    record = getattr(task, "text_record", None)
+    parser = getattr(record, "source_parser", None)
+    if parser is None or not any(encoder_accepts_side_inputs(m) for m in models):
+        return None
+    if parser == "none":  # trained on the no-edge fallback graph: raw input gets the same
+        return None
+    if parser not in MODEL_PARSERS:
+        logger.warning(f"{record.path}: the source side was parsed by {parser!r}, which cannot parse raw input; "
+                       "raw sentences get the fallback graph unless source_parser='spacy' or 'stanza' is given")
+        return None
+    model = record.source_parser_model or ""
+    with open_dict(task.cfg):
+        task.cfg.source_parser, task.cfg.source_parser_model = parser, model
+    logger.info(f"raw input is parsed with {parser} {model} ({record.path} records it)")
+    return parser, model
+
 
 def from_pretrained(model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".", archive_map=None,
                     **kwargs):
     """fairseq's ``from_pretrained`` for any checkpoint (same arguments: ``model_name_or_path`` a directory, an
     archive or a URL, ``checkpoint_file`` in it, ``data_name_or_path`` the data-bin; further keyword arguments
-    override the checkpoint's config, e.g. ``beam=5``, ``cpu=True``, ``source_parser='spacy'`` for UMST) that
+    override the checkpoint's config, e.g. ``beam=5``, ``cpu=True``, ``source_parser='stanza'`` for UMST, which
+    otherwise parses raw input with the parser the data-bin records) that
     returns a :class:`RawTextHubInterface`: raw input prepared as the data-bin's preprocessing.json says
     (``text_preprocessing='arguments'``: only ``tokenizer=`` / ``bpe=`` as given, fairseq's own behaviour).
     Decoding runs in fp32 unless ``amp=True``: then under autocast in ``amp_dtype`` ('float16' or 'bfloat16'),
@@ -107,6 +150,7 @@ def from_pretrained(model_name_or_path, checkpoint_file="model.pt", data_name_or
     task.inference_amp = amp
     # None: the dtype the checkpoint was trained in (patches/checkpoint_precision.py), else float16
     task.inference_amp_dtype = amp_dtype
+    use_recorded_parser(task, x["models"], given="source_parser" in kwargs)
     logger.info(x["args"])
     return RawTextHubInterface(x["args"], task, x["models"], text_preprocessing=text_preprocessing)
 

@@ -20,6 +20,11 @@ fixed; it is written out so that a person reading the file sees it)::
 ``normalisation.romanian`` lists the languages that got Sennrich's normalise-romanian.py and
 remove-diacritics.py (``["ro"]`` in the WMT16 En-Ro recipe). ``bpe.codes`` is relative to the data-bin.
 
+``source_parse`` (optional) says what parsed the source side's dependency side data: ``{"parser": "spacy",
+"model": "en_core_web_md", ...}`` (``stanza`` with its language, ``conllu``, ``none``). umst-preprocess writes it
+as DATA_BIN/source-parse.json and :func:`write_record` folds that file in, so that raw input at inference is
+parsed as the training text was (``umst_plugin.from_pretrained``).
+
 This module imports neither fairseq nor torch at module level: ``scripts/wmt_prep.py`` loads it by
 path, and its ``tokenize`` stage runs :class:`LinePreparer`, so a recipe and inference run the same code.
 """
@@ -31,6 +36,7 @@ import os
 logger = logging.getLogger(__name__)
 
 RECORD_NAME = "preprocessing.json"
+SOURCE_PARSE_NAME = "source-parse.json"  # written by umst-preprocess next to its side data
 FORMAT = "umst_plugin text preprocessing"
 VERSION = 1
 ORDER = ["moses_punctuation", "remove_non_printing", "romanian", "lowercase", "tokenizer", "bpe"]
@@ -154,6 +160,15 @@ def write_record(databin, languages, *, lowercase, aggressive_dash_splits=True, 
             raise RecordError(path, f"BPE codes {codes} do not exist")
         bpe_entry.update(codes=os.path.relpath(codes, databin), codes_sha256=sha256_file(codes), merges=merges,
                          separator=separator)
+    source_parse = None
+    parse_path = os.path.join(databin, SOURCE_PARSE_NAME)
+    if os.path.isfile(parse_path):  # what umst-preprocess parsed the source side with
+        try:
+            with open(parse_path, encoding="utf-8") as f:
+                source_parse = json.load(f)
+        except json.JSONDecodeError as e:
+            raise RecordError(path, f"{parse_path} is not valid JSON ({e}); expected umst-preprocess's record "
+                                    "of its parser (run umst-preprocess again)") from None
     record = {
         "format": FORMAT, "version": VERSION, "written_by": written_by, "languages": languages, "order": ORDER,
         "normalisation": {"moses_punctuation": moses_punctuation, "remove_non_printing": remove_non_printing,
@@ -162,6 +177,8 @@ def write_record(databin, languages, *, lowercase, aggressive_dash_splits=True, 
         "tokenizer": {"name": tokenizer, "aggressive_dash_splits": aggressive_dash_splits, "escape": escape},
         "bpe": bpe_entry,
     }
+    if source_parse is not None:
+        record["source_parse"] = source_parse
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(record, f, indent=1)
         f.write("\n")
@@ -191,6 +208,9 @@ class PreprocessingRecord:
         self.bpe_codes_sha256 = bpe.get("codes_sha256")
         self.bpe_merges = bpe.get("merges")
         self.bpe_separator = bpe.get("separator", "@@")
+        parse = data.get("source_parse") or {}
+        self.source_parser = parse.get("parser")  # None: the record predates source_parse, or no parse
+        self.source_parser_model = parse.get("model")
         if self.bpe_codes is not None:
             if not os.path.isfile(self.bpe_codes):
                 raise RecordError(path, f"the BPE codes it names, {self.bpe_codes}, do not exist (bpe.codes is "
@@ -229,6 +249,11 @@ class PreprocessingRecord:
             fail(f'"bpe.name" is {data["bpe"]["name"]!r}; expected one of {", ".join(BPES)}')
         if data["bpe"]["name"] == "subword_nmt" and not isinstance(data["bpe"].get("codes"), str):
             fail('"bpe.codes" is missing; expected the codes file, relative to the data-bin (e.g. "bpe.codes")')
+        parse = data.get("source_parse")
+        if parse is not None and not (isinstance(parse, dict) and isinstance(parse.get("parser"), str)
+                                      and isinstance(parse.get("model"), (str, type(None)))):
+            fail(f'"source_parse" is {parse!r}; expected {{"parser": NAME, "model": NAME or null}} '
+                 "(umst-preprocess's source-parse.json)")
         if not set(data["normalisation"]["romanian"]) <= set(data["languages"]):
             fail(f'"normalisation.romanian" is {data["normalisation"]["romanian"]!r}; expected a subset of '
                  f'"languages" {data["languages"]!r}')

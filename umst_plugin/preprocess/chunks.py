@@ -146,7 +146,7 @@ class ChunkedParse:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=1, sort_keys=True)
         os.replace(tmp, path)
-        ours = {CHUNK_NAME.format(k) for k in self.chunks}  # other shards may be writing beside us
+        ours = {CHUNK_NAME.format(k) for k in self.chunks}  # (a work dir given by hand may be shared by shards)
         for name in os.listdir(self.work_dir):  # leftovers of an interrupted write are never whole
             if ".tmp-" in name and name.split(".tmp-")[0] in ours:
                 try:

@@ -95,10 +95,41 @@ def get_parser():
                    help="concatenate the N shard outputs of every split in order, check them line by line "
                    "against the BPE source and write the side files")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--record-only", action="store_true", help="only write DESTDIR/source-parse.json, the record "
+                   "of which parser and model these arguments parse with (for a data-bin parsed before the "
+                   "record existed); parses nothing")
     g.add_argument("--stop-after-chunks", type=int, default=None, help=argparse.SUPPRESS)  # tests: interrupt
     for backend in parsers.BACKENDS.values():
         backend.add_args(p)
     return p
+
+
+SOURCE_PARSE_NAME = "source-parse.json"
+
+
+def source_parse_record(args):
+    """What parsed the source side, for DESTDIR/source-parse.json (folded into preprocessing.json by
+    ``scripts/wmt_prep.py record``): the parser and the model it loaded, so that raw input at inference
+    (``umst_plugin.from_pretrained``) is parsed the same way without guessing."""
+    record = {"parser": args.parser, "model": None, "written_by": "umst-preprocess"}
+    if args.parser == "spacy":
+        from umst_plugin.preprocess.spacy_backend import DEFAULT_MODEL
+
+        record["model"] = args.spacy_model or args.parser_model or DEFAULT_MODEL
+    elif args.parser == "stanza":
+        record["model"] = args.stanza_lang or args.parser_model or args.source_lang
+        record["stanza_package"] = args.stanza_package
+    elif args.parser == "conllu":
+        record["conllu_suffix"] = args.conllu_suffix
+    return record
+
+
+def write_source_parse_record(writer, args):
+    import json
+
+    with open(writer.path(os.path.join(args.destdir, SOURCE_PARSE_NAME)), "w", encoding="utf-8") as f:
+        json.dump(source_parse_record(args), f, indent=1, sort_keys=True)
+        f.write("\n")
 
 
 def splits_from_args(args):
@@ -181,7 +212,10 @@ class Run:
         if args.parser == "none":
             return ParseArrays.fallback(scan.n_words, source="--parser none")
         work_root = args.work_dir or os.path.join(self.text_dir, DEFAULT_WORK_ROOT)
-        chunked = ChunkedParse(args, bpe_path, scheme, start, stop, os.path.join(work_root, f"{split}.{self.src}"))
+        # Each shard keeps its chunks in a folder of its own: shards run at the same time (a Slurm array), and a
+        # shard that finishes removes its folder, which must never be one another shard is about to write into.
+        name = f"{split}.{self.src}" + (".shard{}of{}".format(*args.shard) if args.shard else "")
+        chunked = ChunkedParse(args, bpe_path, scheme, start, stop, os.path.join(work_root, name))
         self.chunked.append(chunked)
         return chunked.run(self.progress(split))
 
@@ -250,11 +284,19 @@ class Run:
         if args.shard and args.merge_shards:
             raise SystemExit("umst-preprocess: --shard and --merge-shards exclude each other")
         args.parser = resolve_parser(args, splits)
+        if args.record_only:
+            os.makedirs(args.destdir, exist_ok=True)
+            write_source_parse_record(self.writer, args)
+            self.writer.commit()
+            logger.info(f"{os.path.join(args.destdir, SOURCE_PARSE_NAME)}: {source_parse_record(args)}")
+            return
         os.makedirs(args.destdir, exist_ok=True)
         os.makedirs(self.text_dir, exist_ok=True)
         try:
             for split, pref in splits:
                 self.split(split, pref)
+            if not args.shard:  # the data-bin's record of what parsed it (shards: the merge run writes it)
+                write_source_parse_record(self.writer, args)
             self.writer.commit()
         except BaseException:
             self.writer.abort()
