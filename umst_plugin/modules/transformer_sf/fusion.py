@@ -146,13 +146,10 @@ class WidthChangingAttention(nn.Module):
         premultiply = self.training and heads * width < embed_dim
         if premultiply:
             # the query map through every head's [W^k_h | b^k_h | 0]: one Cq -> H*width map (and its bias)
-            # (the map's weight and bias through one product: [W^q_h | b^q_h] per head, the bias its last column;
-            # the slices are strided views, read in place by the product that follows)
-            wb = torch.cat([cast(self.q_proj.weight).view(heads, head_dim, embed_dim),
-                            cast(self.q_proj.bias).view(heads, head_dim, 1)], dim=-1)
-            mb = torch.bmm(w_k.transpose(1, 2), wb)  # H x width x (Cq + 1)
-            q_ext = lean.layer_norm_linear(query_norm, x_query, mb[..., :embed_dim].view(heads * width, embed_dim),
-                                           mb[..., embed_dim].view(heads * width)).view(len_q, batch, heads, width)
+            m = torch.bmm(w_k.transpose(1, 2), cast(self.q_proj.weight).view(heads, head_dim, embed_dim))
+            m_bias = torch.bmm(w_k.transpose(1, 2), cast(self.q_proj.bias).view(heads, head_dim, 1))
+            q_ext = lean.layer_norm_linear(query_norm, x_query, m.view(heads * width, embed_dim),
+                                           m_bias.view(heads * width)).view(len_q, batch, heads, width)
             q_ext = q_ext.permute(1, 2, 0, 3)
         else:
             # every head's query mapped into the key input space, [q_h W^k_h | q_h . b^k_h | 0...]
