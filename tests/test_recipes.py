@@ -240,6 +240,7 @@ def test_multi30k_rerun_skips_every_stage(prepared):
     assert (os.path.getmtime(heads), os.path.getmtime(os.path.join(p["databin"], "train.en-de.en.bin"))) == before
 
 
+@pytest.mark.slow  # ~60 s on 2 loaded cores: two spaCy shard processes, then a whole prepare run
 def test_the_parse_as_a_slurm_array_then_a_merge_that_parses_nothing(prepared, tmp_path):
     """docs/wmt-on-gpus.md, "The parse as a Slurm array": prepare --parse-shards 2 stops before the parse and
     names the sbatch command; scripts/slurm/parse-array.sbatch's two array tasks (run at once, as Slurm would,
