@@ -191,8 +191,8 @@ def test_compiled_backward_takes_short_batches_of_any_size():
     """Issue 63's crash, at its smallest: the two-cell convolution (kernels 3 and 15, Prime's), compiled with dynamic
     shapes, forward and backward on a batch shorter than the widest kernel (T 10, B 5), then on another short batch
     of another batch size (T 5, B 4). Its compiled backward failed there (``assert_size_stride``: the saved windows'
-    strides fixed to the first batch's) while the backward's windows were the forward's ops; it now matches eager,
-    and a long batch after them too."""
+    strides fixed to the first batch's) while the backward's windows were the forward's ops; it now matches eager.
+    (Long batches after short ones: tests/test_compile_stream.py trains Prime over a corpus's batches.)"""
     import logging
 
     from umst_plugin import compile as compiling
@@ -203,7 +203,7 @@ def test_compiled_backward_takes_short_batches_of_any_size():
     def conv(x, short, wide, gates):
         return multi_dynamic_convolution(x, [short, wide], [1, 7], gates)
     compiled = torch.compile(conv, dynamic=True, fullgraph=True)
-    for T, B in ((10, 5), (5, 4), (17, 3)):
+    for T, B in ((10, 5), (5, 4)):
         torch.manual_seed(T)
         inputs = [torch.randn(T, B, 8), torch.randn(T, B, 2, 3), torch.randn(T, B, 2, 15), torch.randn(2)]
         grads = []
