@@ -165,6 +165,37 @@ def test_batched_output_projection_equals_branch_by_branch(arch, extra, monkeypa
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+def test_batched_output_projection_under_bf16_autocast(monkeypatch):
+    """Under bf16 autocast the batched output projection runs its products in bf16, backward too, and its output
+    and gradients stay close to the branch-by-branch form (dropout off: the same function), all finite."""
+    model, _ = tiny("prime_base", encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32)
+    model.train()
+    src, lengths, prev = batch()
+    dtypes = []
+    bmm = torch.bmm
+    monkeypatch.setattr(torch, "bmm", lambda a, b: dtypes.append((a.dtype, b.dtype)) or bmm(a, b))
+
+    def run(fused):
+        for layer in list(model.encoder.layers) + list(model.decoder.layers):
+            layer.fused = fused
+            layer.dropout = 0.5 if fused else 0.0  # the fused form takes the batched path only with output dropout
+            layer.training = True
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(src, lengths, prev)[0]
+        out.float().logsumexp(-1).sum().backward()
+        return out.float().detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    monkeypatch.setattr(F, "dropout", lambda x, p=0.5, training=True, inplace=False: x)  # masks of ones
+    (fused, g_fused), (unfused, g_unfused) = run(True), run(False)
+    layers = len(model.encoder.layers) + len(model.decoder.layers)
+    assert dtypes.count((torch.bfloat16, torch.bfloat16)) >= 3 * layers, dtypes  # forward and both backward products
+    torch.testing.assert_close(fused, unfused, rtol=0.05, atol=0.05)
+    for a, b in zip(g_fused, g_unfused):
+        assert a.dtype == torch.float32 and torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=0.1, atol=0.05)
+
+
 @pytest.mark.parametrize("arch,extra", [ARCH_VARIANTS[0], ARCH_VARIANTS[1]])
 @pytest.mark.parametrize("left_pad_target", [False, True])
 def test_masks_built_once_per_stack_equal_masks_built_per_layer(arch, extra, left_pad_target, monkeypatch):
