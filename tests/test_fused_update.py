@@ -152,11 +152,11 @@ def _trainer(arch="transformer", **overrides):
                                         quick=True)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_fairseq_trainer_same_weights_as_old_adam(precision):
     """Five real fairseq updates (clipping, weight decay 0.01, betas 0.9/0.997, eps 1e-8, inverse-sqrt warm-up; --amp
-    bf16 and fp16 with the CPU grad scaler): the plugin's fused update against fairseq's adam (--use-old-adam), from
-    the same initial weights and batch. The displacements are compared in units of the summed learning rate
+    bf16): the plugin's fused update against fairseq's adam (--use-old-adam), from the same initial weights and
+    batch (--amp fp16 with the CPU grad scaler: tests/test_resume_matrix.py). The displacements are compared in units of the summed learning rate
     (7.5e-5): fp32 within 2 float32 ulps of a weight of 1 (torch's eps convention: 0.47 on the shared embedding);
     under --amp the first last-bit difference changes a bf16/fp16 rounding of the forward pass, which Adam's
     normalised step carries into whole steps, so the bound there is 0.1 (measured: 0.06)."""
