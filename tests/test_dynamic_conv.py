@@ -106,6 +106,26 @@ def test_mixed_cells_have_the_gradients_of_their_formula():
             (x, alpha, *logits))
 
 
+@pytest.mark.parametrize("grad_mode", ["no_grad", "inputs_without_grad"])
+def test_without_gradients_the_same_arithmetic_runs_outside_the_autograd_function(grad_mode):
+    """Where no gradient is needed (evaluation, decoding) multi_dynamic_convolution runs the function's forward
+    arithmetic directly (dynamo cannot trace the autograd function there: --compile's evaluation programs): the
+    same output as through the function, float64, padded sentences, two cells with gates."""
+    torch.manual_seed(6)
+    x = torch.randn(9, 3, 8, dtype=torch.float64)
+    x[:2, 1] = 0.0
+    logits = [torch.randn(9, 3, 2, k, dtype=torch.float64) for k in (3, 15)]
+    gates = torch.softmax(torch.randn(2, dtype=torch.float64), 0)
+    through_function = multi_dynamic_convolution(x.clone().requires_grad_(), logits, (1, 7), gates)
+    if grad_mode == "no_grad":
+        with torch.no_grad():
+            direct = multi_dynamic_convolution(x, logits, (1, 7), gates)
+    else:
+        direct = multi_dynamic_convolution(x, logits, (1, 7), gates)
+    assert through_function.grad_fn is not None and direct.grad_fn is None
+    torch.testing.assert_close(direct, through_function.detach(), rtol=1e-12, atol=1e-12)
+
+
 # the cells of the cases below: (kernel sizes, their padding_l); the last has no cell spanning the whole window
 CELLS = [((3,), (1,)), ((15,), (14,)), ((4,), (2,)), ((3, 15), (1, 7)), ((3, 15), (2, 14)), ((2, 5, 6), (1, 2, 3)),
          ((3, 3), (0, 2)), ((2, 4), (0, 3))]

@@ -76,6 +76,20 @@ class DynamicConvolution(torch.autograd.Function):
     @staticmethod
     @amp_forward
     def forward(ctx, x, gates, keep, p, padding_l, offsets, kernel_size, *logits):
+        out, probs, gs = DynamicConvolution.convolve(x, gates, keep, p, padding_l, offsets, kernel_size, logits)
+        # backward needs the softmax outputs: kept as they are where the logits have the accumulation dtype (the
+        # same bytes), recomputed from the logits where those are half precision (half the bytes)
+        acc = accumulation_dtype(x.dtype)
+        ctx.kept_probs = all(lg.dtype == acc for lg in logits)
+        ctx.save_for_backward(x, keep, gs, *(probs if ctx.kept_probs else logits))
+        ctx.p, ctx.padding_l, ctx.offsets, ctx.kernel_size = p, padding_l, offsets, kernel_size
+        ctx.logit_dtypes = [lg.dtype for lg in logits]
+        return out
+
+    @staticmethod
+    def convolve(x, gates, keep, p, padding_l, offsets, kernel_size, logits):
+        """The forward's arithmetic without autograd: (output, the softmax outputs, the scaled gates). Called
+        directly where no gradient is needed (see :func:`multi_dynamic_convolution`)."""
         T, B, C = x.shape
         H, K = logits[0].shape[2], kernel_size
         acc = accumulation_dtype(x.dtype)
@@ -86,13 +100,7 @@ class DynamicConvolution(torch.autograd.Function):
         weight = DynamicConvolution._mixed(probs, keeps, gs, scale, offsets, K)
         padded = F.pad(x, (0, 0, 0, 0, padding_l, K - 1 - padding_l)).view(T + K - 1, B, H, C // H)
         out = (padded.unfold(0, K, 1) * weight.unsqueeze(3)).sum(-1)
-        # backward needs the softmax outputs: kept as they are where the logits have the accumulation dtype (the
-        # same bytes), recomputed from the logits where those are half precision (half the bytes)
-        ctx.kept_probs = all(lg.dtype == acc for lg in logits)
-        ctx.save_for_backward(x, keep, gs, *(probs if ctx.kept_probs else logits))
-        ctx.p, ctx.padding_l, ctx.offsets, ctx.kernel_size = p, padding_l, offsets, K
-        ctx.logit_dtypes = [lg.dtype for lg in logits]
-        return out.view(T, B, C).to(x.dtype)
+        return out.view(T, B, C).to(x.dtype), probs, gs
 
     @staticmethod
     def _mixed(probs, keeps, gs, scale, offsets, K):
@@ -202,6 +210,10 @@ def multi_dynamic_convolution(x: Tensor, logits: Sequence[Tensor], paddings: Seq
         keep = dropconnect_keep((*logits[0].shape[:-1], sum(sizes)), dropout, logits[0].device)
     if not (training and dropout > 0):
         keep = None
+    if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (x, gates, *logits)):
+        # no gradient needed (evaluation, decoding): the same arithmetic without the autograd function, which
+        # dynamo cannot trace without autograd (--compile's evaluation programs: "Observed exception")
+        return DynamicConvolution.convolve(x, gates, keep, dropout, padding_l, offsets, K, logits)[0]
     return DynamicConvolution.apply(x, gates, keep, dropout, padding_l, offsets, K, *logits)
 
 

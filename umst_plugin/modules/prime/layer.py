@@ -393,7 +393,9 @@ class PrimeLayer(nn.Module):
         """Sum of the branch biases; cached while no gradient is recorded (inference), keyed on the parameter's
         storage and version so that optimizer steps, loading and dtype/device moves refresh it."""
         bias = self.out_proj_bias
-        if torch.is_grad_enabled():
+        # compiled (--compile's eval programs): dynamo cannot trace the cache's data_ptr() key, and inside a
+        # compiled graph the sum fuses into the product's epilogue anyway
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
             return bias.sum(0)
         key = (bias.data_ptr(), bias._version, bias.dtype, bias.device)
         if getattr(self, "_fused_bias_key", None) != key:
