@@ -286,3 +286,43 @@ def test_update_launches_few_kernels_outside_the_model():
     assert fused["by_phase"]["optimizer"] <= 10
     assert fused["by_phase"]["grad norm"] <= 12
     assert fused["by_phase"]["forward"] == old["by_phase"]["forward"]
+
+
+def test_fp16_flat_master_weights_step_as_fairseqs_adam(monkeypatch):
+    """``--fp16``: fairseq's FP16Optimizer keeps one flat fp32 copy of the fp16 weights and builds
+    ``--optimizer adam`` over it; with the plugin that optimizer is the fused one, and the master weights move as
+    fairseq's adam moves the same flat tensor (the issue's setting, 30 steps, late gradients do not apply: one
+    tensor). FP16Optimizer asks ``torch.cuda.current_device()`` for the device to keep its copy on (the only CUDA
+    call on the way); on a CPU it is answered 0 and the copy stays where the fp16 weights are."""
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.optim.fp16_optimizer import FP16Optimizer
+
+    from umst_plugin import dev
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    cfg = convert_namespace_to_omegaconf(dev.parse_args("transformer", {
+        "fp16": True, "optimizer": "adam", "adam_betas": "(0.9,0.997)", "adam_eps": 1e-8, "weight_decay": 0.01,
+        "lr": 1e-3}, task="translation"))
+    halves = [torch.nn.Parameter(p.detach().half()) for p in _params()]
+    optimizer = FP16Optimizer.build_optimizer(cfg, halves)
+    assert isinstance(optimizer.fp32_optimizer._optimizer, fused_adam.FusedAdam)
+    master = optimizer.fp32_params[0]
+    reference = master.detach().clone().requires_grad_()
+    fairseqs = Adam([reference], lr=1e-3, betas=(0.9, 0.997), eps=1e-8, weight_decay=0.01)
+    start = master.detach().clone()
+    g = torch.Generator().manual_seed(1)
+    summed_lr = 0.0
+    for i in range(30):
+        grad = torch.cat([x.reshape(-1) for x in _log_uniform_grads(g)])
+        lr = 1e-3 * min(1.0, (i + 1) / 20)
+        summed_lr += lr
+        master.grad = grad.clone()
+        reference.grad = grad.clone()
+        optimizer.fp32_optimizer.set_lr(lr)
+        for group in fairseqs.param_groups:
+            group["lr"] = lr
+        optimizer.fp32_optimizer.step()
+        fairseqs.step()
+    worst = ((master.detach() - reference.detach()).abs().max() / summed_lr).item()
+    assert worst < 1e-5, worst
+    assert ((master.detach() - start).abs().max() / summed_lr).item() > 0.1  # the master weights did move
