@@ -396,20 +396,24 @@ def capture_prime(model, sample, source, layer=None, head=None):
     conv = convs[index]
     if conv is None:
         raise InspectError(f"layer {layer} has no convolution branch")
-    logits, handles = {}, []
-    dynamic = conv.conv_type == "dynamic"
+    logits = {}
+    dynamic = conv.conv_type == "dynamic" and all(hasattr(cell, "weight_linear") for cell in conv.cells)
     if dynamic:
-        for k, cell in zip(conv.kernel_sizes, conv.cells):
-            if not hasattr(cell, "weight_linear"):
-                dynamic = False
-                break
-            handles.append(cell.weight_linear.register_forward_hook(
-                lambda mod, args, out, k=k: logits.setdefault(k, out.detach())))
+        # the cells' kernel logits come from one product of their joined predictors (_cell_logits), not from
+        # each cell's weight_linear: capture what that method returns, on this instance only
+        predict = conv._cell_logits
+
+        def capture_logits(x):
+            out = predict(x)
+            for k, lg in zip(conv.kernel_sizes, out):
+                logits.setdefault(k, lg.detach())
+            return out
+        conv._cell_logits = capture_logits
     try:
         _run_encoder(model, sample)
     finally:
-        for h in handles:
-            h.remove()
+        if dynamic:
+            del conv._cell_logits  # the class's method again
     # softmax(alpha) of every layer (Eq. 7)
     all_sizes = sorted({k for c in convs if c is not None for k in c.kernel_sizes})
     shares = np.full((len(layers), len(all_sizes)), np.nan, dtype=np.float32)
