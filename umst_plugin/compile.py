@@ -441,7 +441,12 @@ def cache_entries(function):
 # ---- compiled code kept with the run ----------------------------------------------------------------------------
 
 CACHE_DIRNAME = "compile_cache"
+# the directory use_cache_dir put in TORCHINDUCTOR_CACHE_DIR (torch reads the variable), also named here so that a
+# process started from this one (a test's or a script's fairseq-train) does not take it for the user's choice
+_SET_BY_PLUGIN = "UMST_PLUGIN_INDUCTOR_CACHE_DIR"
 _USER_CACHE_DIR = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # as the user started the process
+if _USER_CACHE_DIR and _USER_CACHE_DIR == os.environ.get(_SET_BY_PLUGIN):
+    _USER_CACHE_DIR = None
 
 
 def use_cache_dir(directory):
@@ -457,6 +462,7 @@ def use_cache_dir(directory):
         directory = os.path.abspath(directory)
         if os.environ.get("TORCHINDUCTOR_CACHE_DIR") != directory:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory  # torch reads it at every cache access
+            os.environ[_SET_BY_PLUGIN] = directory
             from torch._inductor.utils import clear_caches
 
             clear_caches()  # (in-memory caches of the previous directory's paths)
