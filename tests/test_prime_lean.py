@@ -95,6 +95,21 @@ def slab_dropout_factory():
     return dropout
 
 
+def fused_or_branchwise_step(model, src, lengths, prev, fused, monkeypatch, after_forward=None):
+    """One training step of ``model`` with every layer's ``fused`` set, the same dropout masks in either form
+    (``slab_dropout_factory``, DropConnect from seed 4): (output, every parameter's gradient, what
+    ``after_forward()`` returned right after the forward, or None)."""
+    for layer in list(model.encoder.layers) + list(model.decoder.layers):
+        layer.fused = fused
+    monkeypatch.setattr(F, "dropout", slab_dropout_factory())
+    model.zero_grad()
+    torch.manual_seed(4)  # the DropConnect masks
+    out = model(src, lengths, prev)[0]
+    seen = after_forward() if after_forward is not None else None
+    out.logsumexp(-1).sum().backward()
+    return out.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None], seen
+
+
 @pytest.mark.parametrize("arch,extra", ARCH_VARIANTS)
 def test_stacked_output_dropout_equals_branch_by_branch(arch, extra, monkeypatch):
     """Training with output, activation and DropConnect dropout on a padded batch: the fused form (one dropout
@@ -105,14 +120,7 @@ def test_stacked_output_dropout_equals_branch_by_branch(arch, extra, monkeypatch
     src, lengths, prev = batch()
 
     def run(fused):
-        for layer in list(model.encoder.layers) + list(model.decoder.layers):
-            layer.fused = fused
-        monkeypatch.setattr(F, "dropout", slab_dropout_factory())
-        model.zero_grad()
-        torch.manual_seed(4)  # the DropConnect masks
-        out = model(src, lengths, prev)[0]
-        out.logsumexp(-1).sum().backward()
-        return out.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        return fused_or_branchwise_step(model, src, lengths, prev, fused, monkeypatch)[:2]
 
     (fused, g_fused), (unfused, g_unfused) = run(True), run(False)
     assert len(g_fused) == len(g_unfused)
@@ -144,16 +152,9 @@ def test_batched_output_projection_equals_branch_by_branch(arch, extra, monkeypa
     monkeypatch.setattr(torch, "bmm", lambda a, b: batched.append(a.shape) or bmm(a, b))
 
     def run(fused):
-        for layer in list(model.encoder.layers) + list(model.decoder.layers):
-            layer.fused = fused
-        monkeypatch.setattr(F, "dropout", slab_dropout_factory())
-        model.zero_grad()
-        torch.manual_seed(4)  # the DropConnect masks
         batched.clear()
-        out = model(src, lengths, prev)[0]
-        forward_products = list(batched)
-        out.logsumexp(-1).sum().backward()
-        return out.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None], forward_products
+        return fused_or_branchwise_step(model, src, lengths, prev, fused, monkeypatch,
+                                        after_forward=lambda: list(batched))
 
     (fused, g_fused, products), (unfused, g_unfused, _) = run(True), run(False)
     layers = len(model.encoder.layers) + len(model.decoder.layers)
