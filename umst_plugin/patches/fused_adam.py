@@ -206,14 +206,7 @@ class FusedAdam(torch.optim.Optimizer):
     def state_dict(self):
         """fairseq's adam's: every step an int (a device step is read here, once per cohort)."""
         state_dict = super().state_dict()
-        read = {}
-        state_dict["state"] = {k: dict(v) for k, v in state_dict["state"].items()}
-        for state in state_dict["state"].values():
-            step = state.get("step")
-            if torch.is_tensor(step):
-                if id(step) not in read:
-                    read[id(step)] = int(round(step.item()))
-                state["step"] = read[id(step)]
+        state_dict["state"] = _steps_to_int(dict(state_dict["state"]))
         return state_dict
 
     def load_state_dict(self, state_dict):
@@ -228,10 +221,15 @@ class FusedAdam(torch.optim.Optimizer):
 
 def _steps_to_int(state):
     """Every ``state[...]["step"]`` as an int (fairseq's adam reads it as a number: ``beta ** step``,
-    ``math.sqrt``): a tensor step of a checkpoint becomes an int once, at load time."""
+    ``math.sqrt``): a tensor step of a checkpoint becomes an int once, at load time; saving, a device step shared
+    by a cohort of parameters is read once. Entries with a tensor step are replaced by copies, never changed."""
+    read = {}
     for key, value in list(state.items()):
         if isinstance(value, dict) and torch.is_tensor(value.get("step")):
-            state[key] = dict(value, step=int(round(value["step"].item())))
+            step = value["step"]
+            if id(step) not in read:
+                read[id(step)] = int(round(step.item()))
+            state[key] = dict(value, step=read[id(step)])
     return state
 
 
