@@ -415,16 +415,11 @@ def shell_commands(lines):
 
 
 def _slurm_path(tmp_path):
-    """Stand-ins for srun (one run per node, SLURM_NODEID set) and scontrol show hostnames."""
-    import stat
+    """PATH with test_train_sh_plan's stand-ins for srun (one run per node, SLURM_NODEID set) and scontrol show
+    hostnames first."""
+    from test_train_sh_plan import _slurm_stand_ins
 
-    srun, scontrol = tmp_path / "srun", tmp_path / "scontrol"
-    srun.write_text("#!/usr/bin/env bash\nN=1\nwhile [[ \"$1\" == --* ]]; do\n"
-                    "  case \"$1\" in --nodes=*) N=\"${1#--nodes=}\" ;; esac; shift\ndone\n"
-                    "for ((i = 0; i < N; i++)); do SLURM_NODEID=$i SLURM_NNODES=$N \"$@\" || exit $?; done\n")
-    scontrol.write_text("#!/usr/bin/env bash\nprintf '%s\\n' node0 node1\n")
-    for p in (srun, scontrol):
-        p.chmod(p.stat().st_mode | stat.S_IEXEC)
+    _slurm_stand_ins(tmp_path, ["node0", "node1"])
     return f"{tmp_path}{os.pathsep}{os.environ['PATH']}"
 
 
