@@ -287,6 +287,28 @@ def test_the_patch_is_idempotent():
     assert CommonConfig(compile=True).compile and not CommonConfig().tf32
 
 
+def test_only_a_cache_dir_the_user_chose_overrides_the_save_dirs(tmp_path, monkeypatch):
+    """SAVE_DIR/compile_cache is used unless the user set TORCHINDUCTOR_CACHE_DIR. What torch or this plugin wrote
+    into the environment of a process that compiled is inherited by the processes it starts and is not a choice:
+    torch's default directory (written by torch at the first compile: a CI failure came from a pytest worker that had
+    compiled, whose fairseq-train then cached outside its save dir) and the plugin's own directory."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir, default_cache_dir
+
+    chosen = str(tmp_path / "mine")
+    assert compiling.user_cache_dir({}) is None
+    assert compiling.user_cache_dir({"TORCHINDUCTOR_CACHE_DIR": chosen}) == chosen
+    assert compiling.user_cache_dir({"TORCHINDUCTOR_CACHE_DIR": default_cache_dir()}) is None
+    assert compiling.user_cache_dir({"TORCHINDUCTOR_CACHE_DIR": chosen, "UMST_PLUGIN_INDUCTOR_CACHE_DIR": chosen}) \
+        is None
+    assert compiling.user_cache_dir({"TORCHINDUCTOR_CACHE_DIR": chosen,
+                                     "UMST_PLUGIN_INDUCTOR_CACHE_DIR": str(tmp_path / "other")}) == chosen
+    # what torch itself writes into os.environ is recognised (fails if torch changes what it writes)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("UMST_PLUGIN_INDUCTOR_CACHE_DIR", raising=False)
+    cache_dir()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] and compiling.user_cache_dir(os.environ) is None
+
+
 def test_trainer_compiles_its_model_and_inference_clis_compile_what_they_load():
     """fairseq's Trainer with --compile compiles the layers of its model (on its device); inside a CLI main with
     --compile, every model a task builds is compiled; outside, nothing is."""

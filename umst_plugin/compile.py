@@ -444,9 +444,25 @@ CACHE_DIRNAME = "compile_cache"
 # the directory use_cache_dir put in TORCHINDUCTOR_CACHE_DIR (torch reads the variable), also named here so that a
 # process started from this one (a test's or a script's fairseq-train) does not take it for the user's choice
 _SET_BY_PLUGIN = "UMST_PLUGIN_INDUCTOR_CACHE_DIR"
-_USER_CACHE_DIR = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # as the user started the process
-if _USER_CACHE_DIR and _USER_CACHE_DIR == os.environ.get(_SET_BY_PLUGIN):
-    _USER_CACHE_DIR = None
+
+
+def user_cache_dir(environ):
+    """The ``TORCHINDUCTOR_CACHE_DIR`` the user chose, from the environment the process started with, or None.
+    Two values found there are not the user's choice and count as unset: the directory this plugin put there
+    (named in ``UMST_PLUGIN_INDUCTOR_CACHE_DIR``), and torch's default directory, which torch itself writes into
+    ``os.environ`` at a process's first compile (``torch._inductor.runtime.cache_dir_utils.cache_dir``), so that
+    every process started after it (a test's or a script's fairseq-train) inherits it."""
+    chosen = environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not chosen or chosen == environ.get(_SET_BY_PLUGIN):
+        return None
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    if os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
+        return None
+    return chosen
+
+
+_USER_CACHE_DIR = user_cache_dir(os.environ)  # as the process started
 
 
 def use_cache_dir(directory):
