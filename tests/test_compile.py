@@ -348,6 +348,60 @@ def test_trainer_compiles_its_model_and_inference_clis_compile_what_they_load():
     assert not any(compiling.is_compiled(m) for _, m in compiling.find_layers(task.build_model(cfg.model)))
 
 
+def test_the_trainer_retries_an_update_whose_compiled_backward_failed_and_goes_on_eager(monkeypatch, caplog):
+    """fairseq's Trainer with --compile, 3 updates, the compiled backward of update 2 failing once (an
+    AssertionError raised where AOTAutograd calls a compiled layer's backward, as inductor's ``assert_size_stride``
+    did for Prime: the real failure is test_compile_stream's layer-level test). The update is retried with that
+    layer variant eager (a warning naming the update), the run goes on, and its weights equal an eager trainer's:
+    the failed attempt left no gradient and no optimizer step behind (one Adam step moves weights by ~1e-3)."""
+    from fairseq import tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.trainer import Trainer
+
+    import torch._dynamo  # noqa: F401  (before runtime_wrappers: importing that first is a circular import)
+    from torch._functorch._aot_autograd import runtime_wrappers
+
+    monkeypatch.setattr(compiling, "_eager_variants", {})
+    failing = {"update": None}
+    call = runtime_wrappers.call_func_at_runtime_with_args
+
+    def call_failing_once(*args, **kwargs):  # a compiled backward runs while _in_backward names its layer
+        if failing["update"] is not None and compiling._in_backward[0] is not None:
+            failing["update"] = None
+            raise AssertionError("expected size 5==5, stride 96==120 at dim=0 (injected)")
+        return call(*args, **kwargs)
+    monkeypatch.setattr(runtime_wrappers, "call_func_at_runtime_with_args", call_failing_once)
+
+    d = dev.make_dictionary()
+
+    def run(*flags):
+        args = dev.parse_args("transformer", dict(TINY, encoder_normalize_before=True, cpu=True, optimizer="adam",
+                                                  lr="1e-3", max_tokens=1000, seed=3, dropout=0.0, **{f: True for f in flags}))
+        cfg = convert_namespace_to_omegaconf(args)
+        task = tasks.TASK_REGISTRY["multiscale_translation"](cfg.task, d, d)
+        torch.manual_seed(3)
+        model = task.build_model(cfg.model)
+        trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+        for update, shape in enumerate(((4, 9, 7), (3, 6, 5), (5, 11, 8)), 1):
+            if flags and update == 2:
+                failing["update"] = update
+            trainer.train_step([dev.random_sample(task, *shape, seed=update)])
+        assert trainer.get_num_updates() == 3
+        return trainer.model
+
+    with caplog.at_level(logging.WARNING):
+        compiled = run("compile")
+    assert failing["update"] is None, "the injected failure did not happen"
+    assert "retrying update 2 (the same batches) with that variant eager" in caplog.text, caplog.text
+    (why,) = compiling.eager_variants().values()
+    assert why.startswith("backward: AssertionError"), why
+    eager = run()
+    # (not the key projections' biases: their gradient is 0 up to rounding, which Adam scales to whole steps)
+    apart = {name: (got - want).abs().max().item() for (name, got), want in
+             zip(compiled.named_parameters(), eager.parameters()) if not name.endswith("k_proj.bias")}
+    assert max(apart.values()) < 2e-5, sorted(apart.items(), key=lambda kv: -kv[1])[:5]
+
+
 def test_compile_refuses_what_it_cannot_compile():
     """A layer whose forward fairseq's --checkpoint-activations replaced (compiling would drop the checkpointing),
     and a model without layers of a known class."""
