@@ -20,6 +20,9 @@ into training faster than the transformer does.
 
     python benchmarks/bench_train.py --data DATA_BIN [--updates 60] [--archs umst,prime] [--json out.json]
     python benchmarks/bench_train.py --build-corpus DIR       # the synthetic corpus's data-bin, then the runs
+
+Each process writes its rows to ``WORK/{stock,plugin}-results.json`` after every row; the same command run again
+(same ``--work``) keeps the rows of the same plan done without an error and runs the rest.
 """
 import argparse
 import json
@@ -194,8 +197,41 @@ def flops_per_token(names, device, quick=False):
     return out
 
 
+def rows_done(runs, out_path):
+    """The rows an earlier run of the same plan left in ``out_path`` (written after every row), in plan order and
+    without an error: the same command run again resumes after them."""
+    try:
+        with open(out_path) as f:
+            done = json.load(f)
+    except (OSError, ValueError):
+        return []
+    kept = []
+    for run, row in zip(runs, done):
+        if row.get("argv") != run["argv"] or row.get("error"):
+            break
+        kept.append(row)
+    return kept
+
+
 def run_process(runs, work, tag, timeout):
     plan_path, out_path = os.path.join(work, f"{tag}-plan.json"), os.path.join(work, f"{tag}-results.json")
+    kept = rows_done(runs, out_path)
+    if kept:
+        print(f"[bench_train] {tag}: {len(kept)} of {len(runs)} rows kept from {out_path} (the same plan); running "
+              "the rest", flush=True)
+        if len(kept) == len(runs):
+            return kept
+        runs = runs[len(kept):]
+        with open(out_path, "w") as f:
+            json.dump([], f)
+    rows = _run_process(runs, plan_path, out_path, work, tag, timeout)
+    if kept:
+        with open(out_path, "w") as f:  # the whole plan's rows again, for a later re-run
+            json.dump(kept + rows, f)
+    return kept + rows
+
+
+def _run_process(runs, plan_path, out_path, work, tag, timeout):
     with open(plan_path, "w") as f:
         json.dump(runs, f)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
