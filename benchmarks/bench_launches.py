@@ -45,6 +45,9 @@ real one). The stock row stays eager: what a user gets without the plugin.
 ``--floor``: Prime's 12+12 layers at d 384 launch more per FLOP than the 6+6 transformer at d 512 whatever their
 layers do; the ``transformer_prime_shape`` row (fairseq's post-norm transformer at prime_base's sizes) is what
 that shape alone costs, and ``fwd+bwd per FLOP vs own shape`` each Prime row's forward + backward per FLOP against it.
+TranSFormer's two branches (6 blocks at d 512 and 6 at d 32 over the characters, a cross-attention each way per
+block) likewise: ``transformer_sf_shape`` is ``transformer_sf_base`` with an encoder stack of fairseq's own
+transformer layers in that shape (``benchmarks/transformer_sf_shape.py``).
 """
 import argparse
 import collections
@@ -80,16 +83,22 @@ ARCHS = {
                                                     decoder_embed_dim=384, encoder_ffn_embed_dim=768,
                                                     decoder_ffn_embed_dim=768, encoder_attention_heads=4,
                                                     decoder_attention_heads=4)),
+    # the floor of TranSFormer's shape: its embeddings, character table and decoder with an encoder stack of
+    # fairseq's transformer layers in its two branches (benchmarks/transformer_sf_shape.py)
+    "transformer_sf_shape": ("transformer_sf_shape", {}),
 }
 # --floor: rows compared with a transformer of their own shape (``fwd_bwd_vs_floor``) -> that transformer's row
-FLOORS = {"prime": "transformer_prime_shape", "prime_simple": "transformer_prime_shape"}
+FLOORS = {"prime": "transformer_prime_shape", "prime_simple": "transformer_prime_shape",
+          "transformer_sf": "transformer_sf_shape"}
 LABELS = {"transformer": "transformer (plugin loaded)", "transformer_old_adam": "transformer --use-old-adam",
           "stock": "stock fairseq transformer",
-          "transformer_prime_shape": "transformer, prime_base's shape (12+12, d 384)"}
+          "transformer_prime_shape": "transformer, prime_base's shape (12+12, d 384)",
+          "transformer_sf_shape": "transformer layers, transformer_sf_base's shape (6+6 enc at d 512 and 32, 6 dec)"}
 QUICK = dict(encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_embed_dim=32,
              encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4,
              decoder_attention_heads=4)
 QUICK_EXTRA = {"transformer_sf_base": dict(fast_embed_dim=8, fast_ffn_embed_dim=16, fast_attention_heads=2),
+               "transformer_sf_shape": dict(fast_embed_dim=8, fast_ffn_embed_dim=16, fast_attention_heads=2),
                "msc_base": dict(encoder_blocks=2, encoder_layers_per_block=1)}
 TRAINING = dict(optimizer="adam", adam_betas="(0.9,0.98)", lr=5e-4, lr_scheduler="inverse_sqrt", warmup_updates=100,
                 clip_norm=0.1, criterion="label_smoothed_cross_entropy", label_smoothing=0.1, max_tokens=4096,
@@ -170,6 +179,12 @@ def build_trainer(arch, overrides, precision, plugin, quick, device="cpu"):
     from fairseq.trainer import Trainer
 
     overrides = dict(TRAINING, **overrides)
+    if arch == "transformer_sf_shape":  # the --floor model of TranSFormer's shape, registered by the benchmark
+        try:
+            from benchmarks import transformer_sf_shape
+        except ImportError:
+            import transformer_sf_shape
+        transformer_sf_shape.register()
     if quick:
         overrides.update(QUICK, **QUICK_EXTRA.get(arch, {}))
     if not str(device).startswith("cuda"):
@@ -388,8 +403,9 @@ def main(argv=None):
                         "row stays eager, as without the plugin")
     p.add_argument("--floor", action="store_true",
                    help="also count a transformer of the same shape as each row that has one (prime, prime_simple: "
-                        "transformer_prime_shape, 12+12 layers at prime_base's sizes) and give the row's forward + "
-                        "backward per FLOP against it: what its layer count alone costs")
+                        "transformer_prime_shape, 12+12 layers at prime_base's sizes; transformer_sf: "
+                        "transformer_sf_shape, fairseq's layers in its two branches) and give the row's forward + "
+                        "backward per FLOP against it: what its shape alone costs")
     p.add_argument("--json", default=None)
     p.add_argument("--markdown", default=None, help="also write the table here")
     p.add_argument("--dry-run", action="store_true", help="check the arguments and the arch names, measure nothing")

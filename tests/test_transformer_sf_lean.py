@@ -438,3 +438,30 @@ def test_char_table_equals_its_reference_on_random_batches(symbols):
             want = reference_char_batch(table, padded, char_len)
             for a, b in zip((got.chars, got.char_groups, got.char_token_index, got.token_word_ids), want):
                 assert torch.equal(a, b)
+
+
+# ----------------------------------------------------------------------------- --compile's input region
+def test_compiled_input_region_equals_the_reference_in_float64():
+    """Under --compile the encoder's input region (``SlowFastInput``: the character table, both embeddings, the
+    lean path's plan and the subword GCN on the input) is one compiled program. Compiled alone (the blocks eager)
+    as dynamo and AOTAutograd make it, forward and backward graphs with inductor's decompositions, run without
+    inductor's code generation (``aot_eager_decomp_partition``: seconds instead of a minute; test_compile.py
+    compares the whole model compiled by inductor with eager), in float64, training mode with dropout under the
+    same masks, both padding sides, with no host-side character length (the encoder reads it before the compiled
+    region): the step equals the reference modules' eager step."""
+    from umst_plugin import compile as compiling
+
+    model, d = build(overrides=DROPOUTS)
+    model.double().train()
+    set_lean(model, False)
+    reference = [train_step(model, d, seed=3, left_pad=left_pad) for left_pad in (True, False)]
+    set_lean(model, True)
+    compiling.compile_layers(model, backend="aot_eager_decomp_partition")
+    for _, layer in compiling.find_layers(model):
+        if layer is not model.encoder.inputs:  # only the input region compiled
+            layer.__dict__.pop("_umst_compiled")
+            layer.__dict__.pop("forward")
+    graphs = compiling.compiled_graphs()
+    for left_pad, want in zip((True, False), reference):
+        assert_same_step(want, train_step(model, d, seed=3, left_pad=left_pad))
+    assert compiling.compiled_graphs() > graphs and not compiling.eager_variants()  # compiled, no fall back

@@ -65,16 +65,18 @@ class CompileUnavailable(RuntimeError):
 
 def layer_classes():
     """The encoder and decoder layer classes ``--compile`` compiles: every family's, and fairseq's transformer
-    layers (the transformer's, UMST's, TranSFormer's and MSMSA's decoders, MSMSA's encoder)."""
+    layers (the transformer's, UMST's, TranSFormer's and MSMSA's decoders, MSMSA's encoder); also TranSFormer's
+    encoder input region (``SlowFastInput``: its character table, embeddings and what its blocks share)."""
     from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
     from umst_plugin.modules.msc.layers import _PreNormMSCLayer
     from umst_plugin.modules.prime.layer import PrimeLayer
+    from umst_plugin.models.transformer_sf import SlowFastInput
     from umst_plugin.modules.transformer_sf.encoder import SlowFastLayer
     from umst_plugin.modules.umst.encoder_layer import UMSTEncoderLayer
 
     return (TransformerEncoderLayerBase, TransformerDecoderLayerBase, UMSTEncoderLayer, SlowFastLayer,
-            _PreNormMSCLayer, PrimeLayer)
+            SlowFastInput, _PreNormMSCLayer, PrimeLayer)
 
 
 def find_layers(model):

@@ -18,6 +18,7 @@ and ignored (both follow the same definition: 1-based words, </s> its own word).
 See ``umst_plugin/modules/transformer_sf/encoder.py`` for the block and docs/transformer_sf.md.
 """
 import math
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -27,6 +28,7 @@ from fairseq.models.transformer import TransformerModel, base_architecture
 from fairseq.models.transformer.transformer_encoder import TransformerEncoderBase
 from fairseq.modules import PositionalEmbedding
 
+from umst_plugin.compile import is_compiled
 from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
 from umst_plugin.models._sizes import transformer_big_sizes
 from umst_plugin.modules.transformer_sf.char_table import CHAR_PAD, STYLES, CharTable
@@ -189,6 +191,7 @@ class SlowFastEncoder(FairseqEncoder):
                                  torch.rand(RANDOM_BOUNDARY_TABLE, generator=gen) < RANDOM_BOUNDARY_RATE)
 
         self.stack = SlowFastEncoderStack(self.cfg)
+        self.inputs = SlowFastInput(self)
         self.fast_output_proj = (nn.Linear(fast_dim, slow_dim) if self.cfg.encoder_output in ("fast", "both")
                                  else None)
 
@@ -211,49 +214,12 @@ class SlowFastEncoder(FairseqEncoder):
 
     def forward(self, src_tokens, src_lengths=None, return_all_hiddens=False, token_embeddings=None,
                 src_char_len=None):
-        slow_padding_mask = src_tokens.eq(self.padding_idx)
-        chars = self.char_table(src_tokens, char_len=src_char_len)
-        if self.fast_input == "char":
-            fast_tokens, fast_groups, char_token_index = chars.chars, chars.char_groups, chars.char_token_index
-        else:
-            fast_tokens, fast_groups = src_tokens, chars.token_word_ids
-            positions = torch.arange(1, src_tokens.size(1) + 1, device=src_tokens.device)
-            char_token_index = positions.unsqueeze(0) * (~slow_padding_mask).long()
-        fast_padding_mask = fast_tokens.eq(self.fast_padding_idx)
-        if self.random_char_boundary:
-            fast_groups = self._random_groups(fast_tokens, fast_padding_mask)
-
-        drop = nn.functional.dropout
-        embed = x_slow = None
-        if self.uses_slow:
-            embed = self.embed_scale * (self.embed_tokens(src_tokens) if token_embeddings is None
-                                        else token_embeddings)
-            x_slow = embed
-            if self.embed_positions is not None:
-                x_slow = x_slow + self.embed_positions(src_tokens)
-            x_slow = drop(x_slow, p=self.dropout, training=self.training)
-            # Zero padded rows so nothing from padding can leak (e.g. fp16 garbage).
-            x_slow = x_slow.masked_fill(slow_padding_mask.unsqueeze(-1), 0.0).transpose(0, 1)
-        x_fast = self.fast_embed_scale * self.embed_fast(fast_tokens)
-        if self.embed_fast_positions is not None:
-            x_fast = x_fast + self.embed_fast_positions(fast_tokens)
-        x_fast = drop(x_fast, p=self.dropout, training=self.training)
-        x_fast = x_fast.masked_fill(fast_padding_mask.unsqueeze(-1), 0.0).transpose(0, 1)
-
-        side = {
-            "slow_padding_mask": slow_padding_mask,
-            "fast_padding_mask": fast_padding_mask,
-            "slow_groups": chars.token_word_ids,
-            "fast_gcn_groups": fast_groups,
-            "fast_pe_groups": fast_groups,
-            "fast_pe_boundary": True,
-            "char_token_index": char_token_index,
-            # Static upper bounds on the group ids (no device sync): words <= T, char groups <= 2 T.
-            "slow_num_groups": src_tokens.size(1) + 1,
-            "fast_num_groups": (fast_tokens.size(1) if self.random_char_boundary else
-                                2 * src_tokens.size(1) if self.fast_input == "char" else src_tokens.size(1)) + 1,
-        }
-        slow_out, fast_out = self.stack(x_slow, x_fast, side)
+        if src_char_len is None and self.fast_input == "char" and is_compiled(self.inputs):
+            # compiled code cannot read a size off the device: the one host sync CharTable.forward makes, here
+            src_char_len = self.char_table.max_char_length(src_tokens)
+        x_slow, x_fast, side = self.inputs(src_tokens, src_char_len, token_embeddings)
+        slow_padding_mask, fast_padding_mask, embed = side["slow_padding_mask"], side["fast_padding_mask"], side["embed"]
+        slow_out, fast_out = self.stack.blocks(x_slow, x_fast, side)
         if self.cfg.encoder_output == "slow":
             out, mask, enc_embedding = slow_out, slow_padding_mask, [embed]
         elif self.cfg.encoder_output == "fast":
@@ -269,6 +235,69 @@ class SlowFastEncoder(FairseqEncoder):
             "src_tokens": [],
             "src_lengths": [src_lengths] if src_lengths is not None else [],
         }
+
+
+class SlowFastInput(nn.Module):
+    """What the encoder runs before its first block, as one module: the characters of the batch
+    (``CharTable``), both branches' embeddings, and the stack's ``prepare`` (the lean path's plan and the subword
+    GCN on the input). ``--compile`` compiles it as one program like the layers (``umst_plugin.compile``), so the
+    many small integer and elementwise ops of this part fuse instead of each launching a kernel eagerly.
+
+    Holds no parameters: it reads its encoder's modules (a plain reference, not a submodule, so the checkpoint's
+    keys stay the encoder's)."""
+
+    def __init__(self, encoder):
+        super().__init__()
+        object.__setattr__(self, "encoder", encoder)
+
+    def forward(self, src_tokens, src_char_len: Optional[int] = None, token_embeddings=None):
+        """(x_slow T x B x C or None, x_fast Lf x B x C or None, side) as ``SlowFastEncoderStack.blocks`` takes
+        them; ``side["embed"]``: the scaled subword embedding (fairseq's ``encoder_embedding``)."""
+        encoder = self.encoder
+        slow_padding_mask = src_tokens.eq(encoder.padding_idx)
+        chars = encoder.char_table(src_tokens, char_len=src_char_len)
+        if encoder.fast_input == "char":
+            fast_tokens, fast_groups, char_token_index = chars.chars, chars.char_groups, chars.char_token_index
+        else:
+            fast_tokens, fast_groups = src_tokens, chars.token_word_ids
+            positions = torch.arange(1, src_tokens.size(1) + 1, device=src_tokens.device)
+            char_token_index = positions.unsqueeze(0) * (~slow_padding_mask).long()
+        fast_padding_mask = fast_tokens.eq(encoder.fast_padding_idx)
+        if encoder.random_char_boundary:
+            fast_groups = encoder._random_groups(fast_tokens, fast_padding_mask)
+
+        drop = nn.functional.dropout
+        embed = x_slow = None
+        if encoder.uses_slow:
+            embed = encoder.embed_scale * (encoder.embed_tokens(src_tokens) if token_embeddings is None
+                                        else token_embeddings)
+            x_slow = embed
+            if encoder.embed_positions is not None:
+                x_slow = x_slow + encoder.embed_positions(src_tokens)
+            x_slow = drop(x_slow, p=encoder.dropout, training=encoder.training)
+            # Zero padded rows so nothing from padding can leak (e.g. fp16 garbage).
+            x_slow = x_slow.masked_fill(slow_padding_mask.unsqueeze(-1), 0.0).transpose(0, 1)
+        x_fast = encoder.fast_embed_scale * encoder.embed_fast(fast_tokens)
+        if encoder.embed_fast_positions is not None:
+            x_fast = x_fast + encoder.embed_fast_positions(fast_tokens)
+        x_fast = drop(x_fast, p=encoder.dropout, training=encoder.training)
+        x_fast = x_fast.masked_fill(fast_padding_mask.unsqueeze(-1), 0.0).transpose(0, 1)
+
+        side = {
+            "slow_padding_mask": slow_padding_mask,
+            "fast_padding_mask": fast_padding_mask,
+            "slow_groups": chars.token_word_ids,
+            "fast_gcn_groups": fast_groups,
+            "fast_pe_groups": fast_groups,
+            "fast_pe_boundary": True,
+            "char_token_index": char_token_index,
+            # Static upper bounds on the group ids (no device sync): words <= T, char groups <= 2 T.
+            "slow_num_groups": src_tokens.size(1) + 1,
+            "fast_num_groups": (fast_tokens.size(1) if encoder.random_char_boundary else
+                                2 * src_tokens.size(1) if encoder.fast_input == "char" else src_tokens.size(1)) + 1,
+        }
+        side["embed"] = embed
+        return encoder.stack.prepare(x_slow, x_fast, side)
 
 
 def _slowfast_defaults(args):

@@ -335,21 +335,23 @@ class SlowFastEncoderStack(nn.Module):
         return side
 
     def forward(self, x_slow, x_fast, side):
+        return self.blocks(*self.prepare(x_slow, x_fast, side))
+
+    def prepare(self, x_slow, x_fast, side):
+        """What runs before the first block: the lean path's plan (``plan``) and the subword GCN on the input.
+        ``SlowFastEncoder`` runs it in the same region as the embeddings (``SlowFastInput``: one compiled
+        program under ``--compile``)."""
         if self.cfg.lean:
-            return self._forward_lean(x_slow, x_fast, side)
-        if self.slow_input_gcn is not None:
+            side = self.plan(side, x_slow, x_fast)
+            if self.slow_input_gcn is not None:
+                x_slow = lean.lean_gcn(self.slow_input_gcn, x_slow, side["slow_gcn_rows"], self.training)
+        elif self.slow_input_gcn is not None:
             x_slow = self.slow_input_gcn(x_slow, side["slow_groups"], time_first=True,
                                          num_groups=side.get("slow_num_groups"))
-        for layer in self.layers:
-            x_slow, x_fast = layer(x_slow, x_fast, side)
-        slow_out = self.slow_layer_norm(x_slow) if self.slow_layer_norm is not None else None
-        fast_out = self.fast_layer_norm(x_fast) if self.fast_layer_norm is not None else None
-        return slow_out, fast_out
+        return x_slow, x_fast, side
 
-    def _forward_lean(self, x_slow, x_fast, side):
-        side = self.plan(side, x_slow, x_fast)
-        if self.slow_input_gcn is not None:
-            x_slow = lean.lean_gcn(self.slow_input_gcn, x_slow, side["slow_gcn_rows"], self.training)
+    def blocks(self, x_slow, x_fast, side):
+        """The blocks and the final layer norms on ``prepare``'s output."""
         for layer in self.layers:
             x_slow, x_fast = layer(x_slow, x_fast, side)
         slow_out = self.slow_layer_norm(x_slow) if self.slow_layer_norm is not None else None
