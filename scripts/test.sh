@@ -4,4 +4,4 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup_env.sh"
 cd "$ROOT"
-exec "${VENV:-$ROOT/.venv}/bin/python" -m pytest -n 2 --dist loadfile -q "$@" tests
+exec "${VENV:-$ROOT/.venv}/bin/python" -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q "$@" tests

@@ -1,0 +1,64 @@
+"""Seconds each test file takes, for scheduling the suite: ``tests/file_seconds.json``.
+
+``scripts/test.sh`` runs the files on 2 workers (``--dist loadfile``: a file's tests stay on one worker) in the
+order conftest.py gives them: the longest files first (``--no-loadscope-reorder``: xdist would order them by their
+number of tests, which put the longest files last, one worker running them alone at the end). Refresh the record
+after a whole run:
+
+    bash scripts/test.sh --junitxml=/tmp/suite.xml
+    .venv/bin/python tests/file_seconds.py /tmp/suite.xml      # writes tests/file_seconds.json
+"""
+import collections
+import json
+import os
+import platform
+import sys
+import xml.etree.ElementTree as ET
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RECORD = os.path.join(HERE, "file_seconds.json")
+
+
+def from_junit(path):
+    """{test file name: seconds of its tests} from a pytest junit XML report."""
+    seconds = collections.Counter()
+    for case in ET.parse(path).getroot().iter("testcase"):
+        module = case.get("classname", "").split(".")
+        name = next((m for m in module if m.startswith("test_")), None)
+        if name:
+            seconds[name + ".py"] += float(case.get("time") or 0)
+    return dict(sorted(((k, round(v, 1)) for k, v in seconds.items()), key=lambda kv: -kv[1]))
+
+
+def load(path=RECORD):
+    try:
+        with open(path) as f:
+            return json.load(f)["seconds"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    seconds = from_junit(argv[0])
+    with open(RECORD, "w") as f:
+        json.dump({"machine": f"{cpu_name()}, {os.cpu_count()} cores", "total_seconds": round(sum(seconds.values())),
+                   "seconds": seconds}, f, indent=1)
+        f.write("\n")
+    print(f"{RECORD}: {len(seconds)} files, {sum(seconds.values()):.0f} s of tests")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
