@@ -19,8 +19,9 @@ two encoder layers and one decoder layer, one compiled model per arch for all of
 
 Then: incremental decoding runs the eager forward of a compiled decoder layer, the flags exist in every CLI and
 reach fairseq's Trainer and the inference CLIs' models, a missing C++ compiler stops at start-up with the cause,
-``--tf32`` warns on a CPU and switches TF32 on for an Ampere GPU (its capability faked), and fairseq-train
-``--compile`` on the toy corpus logs its compile time and trains to the eager run's losses.
+``--tf32`` warns on a CPU and switches TF32 on for an Ampere GPU (its capability faked), and fairseq's Trainer
+retries an update whose compiled backward failed. fairseq-train, -validate and -generate ``--compile`` on the toy
+corpus (compile log, losses of the eager run, the compiled code reused on resume): tests/test_compile_stream.py.
 """
 import copy
 import logging
@@ -470,49 +471,3 @@ def test_train_sh_and_the_slurm_scripts_pass_compile_and_tf32(tmp_path):
     assert len(commands) == 2 and all("+common.compile=true" in c and "checkpoint.save_dir=/ckpt" in c
                                       for c in commands), commands
 
-
-# ---- fairseq-train --compile on the toy corpus --------------------------------------------------------------
-
-NO_DROPOUT = ("--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0")
-
-
-@pytest.mark.slow
-def test_fairseq_train_and_validate_compile_log_their_compile_time_and_match_eager(toy_databin, tmp_path):
-    """umst_base, 2+2 layers at width 32, 8 updates with the same seed and dropout 0: fairseq-train --compile logs
-    what it compiled and how long it took, and its losses (logged every update) equal the eager run's within 1e-3
-    relative (float32; inductor's fused kernels round differently, and Adam carries that on). fairseq-validate
-    --compile on its checkpoint gives eager fairseq-validate's loss within 1e-4 relative."""
-    def train(name, *extra):
-        log = e2e.train(toy_databin, str(tmp_path / name), "umst_base", *e2e.TINY, "--share-all-embeddings",
-                        *NO_DROPOUT, "--log-interval", "1", *extra, max_update=8)
-        assert re.search(r"\| num_updates 8 \|", log), log[-3000:]
-        return log
-    compiled = train("compiled", "--compile")
-    eager = train("eager", "--no-save")
-    assert re.search(r"--compile: 4 layers compiled on cpu \(encoder: 2 x UMSTEncoderLayer, decoder: 2 x "
-                     r"TransformerDecoderLayerBase\)", compiled), compiled[-3000:]
-    assert re.search(r"--compile: UMSTEncoderLayer\.forward compiled in [0-9.]+ s \(training, autograd", compiled), \
-        compiled[-3000:]
-    assert "compiled in" not in eager
-    losses, reference = e2e.train_losses(compiled), e2e.train_losses(eager)
-    assert len(losses) == len(reference) >= 8, (losses, reference)
-    assert all(abs(got - want) <= 1e-3 * want for got, want in zip(losses, reference)), (losses, reference)
-    print(f"fairseq-train losses, compiled {losses}, eager {reference}")
-    print("\n".join(line for line in compiled.splitlines() if "--compile:" in line))
-
-    def validate(*extra):
-        proc = e2e.fairseq("validate", toy_databin, "--user-dir", e2e.PLUGIN, "--task", "multiscale_translation",
-                           "--path", str(tmp_path / "compiled" / "checkpoint_last.pt"), "--valid-subset", "valid",
-                           "--max-tokens", "1000", *extra)
-        out = proc.stdout + proc.stderr
-        found = re.search(r"valid on 'valid' subset \| loss ([0-9.]+)", out)
-        assert found, out[-3000:]
-        return float(found.group(1)), out
-    loss, out = validate("--compile")
-    assert re.search(r"--compile: UMSTEncoderLayer\.forward compiled in [0-9.]+ s \(evaluation, no autograd", out), \
-        out[-3000:]
-    assert re.search(r"--compile: this run compiled \d+ graph\(s\) in [0-9.]+ s", out), out[-3000:]
-    eager_loss, _ = validate()
-    assert abs(loss - eager_loss) <= 1e-4 * eager_loss, (loss, eager_loss)
-    print(f"fairseq-validate loss, compiled {loss}, eager {eager_loss}")
-    print("\n".join(line for line in out.splitlines() if "--compile:" in line))

@@ -67,6 +67,11 @@ def test_prime_trains_compiled_over_the_toy_corpus_resumes_from_its_cache_and_de
     eager = train(str(tmp_path / "eager"), UPDATES, "--no-save")
 
     assert f"compiled code cached in {os.path.join(save, 'compile_cache')} (empty" in compiled, compiled[-3000:]
+    assert "--compile: 2 layers compiled on cpu (encoder: 1 x PrimeEncoderLayer, decoder: 1 x PrimeDecoderLayer)" \
+        in compiled, compiled[-3000:]
+    assert re.search(r"--compile: PrimeEncoderLayer\.forward compiled in [0-9.]+ s \(training, autograd", compiled), \
+        compiled[-3000:]
+    assert "compiled in" not in eager
     programs = _compiled(compiled)
     for cls in ("PrimeEncoderLayer", "PrimeDecoderLayer"):
         n = programs.count((cls, "training"))
@@ -102,6 +107,9 @@ def test_prime_trains_compiled_over_the_toy_corpus_resumes_from_its_cache_and_de
     loss, out = validate("--compile")
     # the evaluation programs compile (no fallback to eager)
     assert ("PrimeEncoderLayer", "evaluation") in _compiled(out), out[-3000:]
+    assert re.search(r"--compile: PrimeEncoderLayer\.forward compiled in [0-9.]+ s \(evaluation, no autograd", out), \
+        out[-3000:]
+    assert re.search(r"--compile: this run compiled \d+ graph\(s\) in [0-9.]+ s", out), out[-3000:]
     assert "compiled forward of" not in out, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
     eager_loss, _ = validate()
