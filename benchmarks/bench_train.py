@@ -168,14 +168,32 @@ def child(plan_path, index_from, out_path):
     for run in runs:
         print(f"[bench_train] {run['name']} {run['precision']}: fairseq-train {' '.join(run['argv'][1:4])} ...",
               file=sys.stderr, flush=True)
+        stopped = False
         try:
             records, seconds = run_one(run["argv"])
             results.append(summarise(run, records, seconds))
+            planned = max_update(run["argv"])
+            if planned and results[-1]["updates"] < planned:  # fairseq-train stopped on a signal (kill, time limit)
+                results[-1]["error"] = f"stopped at update {results[-1]['updates']} of {planned}"
+                stopped = True
         except Exception as e:  # noqa: BLE001  (one failed row is recorded; the others run)
             results.append(dict(run, error=f"{type(e).__name__}: {e}"))
-        with open(out_path, "w") as f:  # after every run: a process killed at a limit keeps what it measured
-            json.dump(results, f)
+        write_json_atomically(out_path, results)  # after every run: a process killed at a limit keeps its rows
+        if stopped:
+            print(f"[bench_train] {results[-1]['error']}: the remaining rows do not run (the same command resumes)",
+                  file=sys.stderr, flush=True)
+            return 1
     return 0
+
+
+def max_update(argv):
+    return int(argv[argv.index("--max-update") + 1]) if "--max-update" in argv else None
+
+
+def write_json_atomically(path, value):
+    with open(path + ".tmp", "w") as f:
+        json.dump(value, f)
+    os.replace(path + ".tmp", path)
 
 
 def flops_per_token(names, device, quick=False):
@@ -207,7 +225,8 @@ def rows_done(runs, out_path):
         return []
     kept = []
     for run, row in zip(runs, done):
-        if row.get("argv") != run["argv"] or row.get("error"):
+        if row.get("argv") != run["argv"] or row.get("error") or \
+                (max_update(run["argv"]) or 0) > row.get("updates", 0):  # (a row cut short)
             break
         kept.append(row)
     return kept
@@ -222,12 +241,10 @@ def run_process(runs, work, tag, timeout):
         if len(kept) == len(runs):
             return kept
         runs = runs[len(kept):]
-        with open(out_path, "w") as f:
-            json.dump([], f)
+        write_json_atomically(out_path, [])
     rows = _run_process(runs, plan_path, out_path, work, tag, timeout)
     if kept:
-        with open(out_path, "w") as f:  # the whole plan's rows again, for a later re-run
-            json.dump(kept + rows, f)
+        write_json_atomically(out_path, kept + rows)  # the whole plan's rows again, for a later re-run
     return kept + rows
 
 

@@ -132,17 +132,20 @@ def test_bench_train_runs_fairseq_train_for_stock_and_plugin_rows(toy_databin, t
 
 
 def test_bench_train_resumes_after_the_rows_of_the_same_plan(tmp_path):
-    """Re-running the same bench_train command keeps the rows already done (same argv, in plan order, no error)
-    and runs the rest; a changed plan or a failed row is run again."""
+    """Re-running the same bench_train command keeps the rows already done (same argv, in plan order, no error,
+    every planned update) and runs the rest; a changed plan, a failed row or one cut short is run again."""
     import json
 
     from benchmarks import bench_train
 
-    runs = [dict(name=n, argv=["fairseq-train", n]) for n in ("a", "b", "c")]
+    runs = [dict(name=n, argv=["fairseq-train", n, "--max-update", "10"]) for n in ("a", "b", "c")]
     out = tmp_path / "plugin-results.json"
-    out.write_text(json.dumps([dict(runs[0], wps=1.0), dict(runs[1], error="killed"), dict(runs[2], wps=3.0)]))
+    out.write_text(json.dumps([dict(runs[0], wps=1.0, updates=10), dict(runs[1], error="killed"),
+                               dict(runs[2], wps=3.0, updates=10)]))
     assert [r["name"] for r in bench_train.rows_done(runs, str(out))] == ["a"]
-    out.write_text(json.dumps([dict(runs[0], wps=1.0), dict(runs[1], wps=2.0)]))
+    out.write_text(json.dumps([dict(runs[0], wps=1.0, updates=10), dict(runs[1], wps=2.0, updates=5)]))
+    assert [r["name"] for r in bench_train.rows_done(runs, str(out))] == ["a"]  # b was cut short (a signal)
+    out.write_text(json.dumps([dict(runs[0], wps=1.0, updates=10), dict(runs[1], wps=2.0, updates=10)]))
     assert [r["name"] for r in bench_train.rows_done(runs, str(out))] == ["a", "b"]
     assert bench_train.rows_done([dict(runs[0], argv=["fairseq-train", "a", "--compile"])] + runs[1:], str(out)) == []
     assert bench_train.rows_done(runs, str(tmp_path / "none.json")) == []

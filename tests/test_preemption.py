@@ -53,6 +53,32 @@ def free_port():
         return s.getsockname()[1]
 
 
+def test_a_signal_to_a_no_save_run_stops_it_and_says_nothing_was_saved(toy_databin, tmp_path):
+    """--no-save (a benchmark's run): SIGTERM mid-epoch stops training at an update boundary and exits 0, saying
+    that nothing was saved and the run cannot be resumed; no stopped-on-signal.json is written (a job script that
+    found one would requeue a run that starts over)."""
+    env = {**e2e.cli_env(), "PYTHON": os.path.join(e2e.BIN, "python")}
+    save = tmp_path / "ck"
+    with open(tmp_path / "train.log", "w+") as log:
+        run = subprocess.Popen(["bash", TRAIN_SH, "m30k-umst", "--data", toy_databin, "--save-dir", str(save),
+                                "--gpus", "0", "--", *OVERRIDES, "checkpoint.no_save=true"], env=env, cwd=e2e.ROOT,
+                               stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 240
+            while not re.search(r"num_updates=3,", (tmp_path / "train.log").read_text()):
+                assert time.monotonic() < deadline and run.poll() is None, (tmp_path / "train.log").read_text()[-3000:]
+                time.sleep(0.1)
+            run.send_signal(signal.SIGTERM)
+            code = run.wait(timeout=120)
+        finally:
+            run.kill() if run.poll() is None else None
+    out = (tmp_path / "train.log").read_text()
+    assert code == 0, out[-3000:]
+    assert re.search(r"Stopping training on SIGTERM \(received during update \d+.*\): nothing saved at update \d+, "
+                     r"epoch 1 \(\d+ batches in\) \(--no-save\): the run cannot be resumed", out), out[-3000:]
+    assert not (save / "stopped-on-signal.json").exists() and not (save / "checkpoint_last.pt").exists()
+
+
 def test_a_signal_to_one_rank_stops_every_rank_at_the_same_update(toy_databin, tmp_path):
     """Two "machines" (train.sh --nnodes 2, gloo over 127.0.0.1); SIGUSR1 to rank 1 alone, mid-epoch: both stop at
     the same update, rank 0 saves checkpoint_last.pt there with the data iterator's position inside the epoch and

@@ -260,15 +260,19 @@ def _install_stop():
             saved = saves or stopped
         else:
             valid_losses, saved = [None], False
-        if not saved:  # checkpoint_last.pt, mid-epoch: the iterator's position goes with it
+        # --no-save: fairseq saves nothing, so there is nothing to resume: no marker either (a job script that
+        # found one would requeue a run that starts over)
+        no_save = bool(getattr(cfg.checkpoint, "no_save", False))
+        if not saved and not no_save:  # checkpoint_last.pt, mid-epoch: the iterator's position goes with it
             checkpoint_utils.save_checkpoint(cfg.checkpoint, trainer, epoch_itr, None)
         name, when, update = local_request() or ("a signal on another rank", time.time(), num_updates)
-        if trainer.data_parallel_rank == 0:
+        if trainer.data_parallel_rank == 0 and not no_save:
             _write_marker(cfg.checkpoint.save_dir, name, num_updates, epoch_itr)
+        where = (f"update {num_updates}, epoch {epoch_itr.epoch} ({epoch_itr.iterations_in_epoch} batches in)")
         logger.warning(f"Stopping training on {name} (received during update {update + 1}, {time.time() - when:.1f} s "
-                    f"ago): checkpoint_last.pt saved at update {num_updates}, epoch {epoch_itr.epoch} "
-                    f"({epoch_itr.iterations_in_epoch} batches in); the same command resumes from it "
-                    f"(a Slurm job submitted with scripts/slurm/train-*.sbatch requeues itself)")
+                       f"ago): " + (f"nothing saved at {where} (--no-save): the run cannot be resumed" if no_save else
+                                    f"checkpoint_last.pt saved at {where}; the same command resumes from it (a Slurm "
+                                    "job submitted with scripts/slurm/train-*.sbatch requeues itself)"))
         return valid_losses, True
 
     validate_and_save._umst_preemption = True
