@@ -57,6 +57,12 @@ class PlainShapeStack(nn.Module):
         self.slow_layer_norm = nn.LayerNorm(slow)
 
     def forward(self, x_slow, x_fast, side):
+        return self.blocks(*self.prepare(x_slow, x_fast, side))
+
+    def prepare(self, x_slow, x_fast, side):
+        return x_slow, x_fast, side  # nothing shared between the blocks to build
+
+    def blocks(self, x_slow, x_fast, side):
         slow_mask, fast_mask = side["slow_padding_mask"], side["fast_padding_mask"]
         for slow_layer, fast_layer in zip(self.slow_layers, self.fast_layers):
             slow_in = x_slow
