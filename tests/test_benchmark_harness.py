@@ -25,6 +25,22 @@ def test_train_and_generate_fns_run_on_a_tiny_model():
     assert result["tokens"] > 0
 
 
+def test_the_harness_imports_without_the_plugin():
+    # bench_launches' stock row profiles its CUDA kernels with common.cuda_profile in a process that must stay
+    # stock fairseq (it asserts so): importing the harness must not import umst_plugin (on an H200 it did).
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("import sys; from benchmarks import common; from benchmarks.bench_launches import benchmark_common; "
+            "benchmark_common().cuda_profile; assert 'umst_plugin' not in sys.modules, sorted(sys.modules); "
+            "common.dev; assert 'umst_plugin' in sys.modules")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=root))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_cpu_peak_memory_ignores_blocks_allocated_before_the_call():
     # Blocks allocated inside an earlier measurement, freed outside it, and their addresses reused
     # outside any measurement: freeing those inside the next measurement must not count (c10 keeps
