@@ -260,6 +260,9 @@ def _run_process(runs, plan_path, out_path, work, tag, timeout):
                            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=timeout)
         except subprocess.TimeoutExpired:
             print(f"[bench_train] the {tag} runs stopped at their {timeout} s limit; rows so far kept", flush=True)
+            log.flush()
+            with open(log_path, errors="replace") as f:  # where it was: the caller's log may be all there is
+                print(f"[bench_train] the end of {log_path}:\n{f.read()[-2000:]}", flush=True)
     if not os.path.exists(out_path):
         return [dict(run, error=f"no result (see {log_path})") for run in runs]
     with open(out_path) as f:

@@ -147,6 +147,21 @@ def test_bench_train_runs_fairseq_train_for_stock_and_plugin_rows(toy_databin, t
     assert "| umst | fp32 |" in (tmp_path / "train.md").read_text()
 
 
+def test_bench_train_shows_where_its_runs_were_when_they_hit_the_time_limit(tmp_path, capsys):
+    """A process of runs stopped at --timeout: the end of its log is printed (the GPU check keeps only the
+    caller's output; on an H200 a step ran out of time and said nothing of where)."""
+    from benchmarks import bench_train
+
+    runs = [dict(name="stock", precision="fp32", argv=["fairseq-train", str(tmp_path / "no-data"),
+                                                         "--max-update", "1"])]
+    rows = bench_train._run_process(runs, str(tmp_path / "plan.json"), str(tmp_path / "out.json"), str(tmp_path),
+                                    "stock", timeout=1)
+    printed = capsys.readouterr().out
+    assert "the stock runs stopped at their 1 s limit" in printed
+    assert f"the end of {tmp_path / 'stock-log.txt'}:" in printed, printed
+    assert rows[0]["error"].startswith(("no result", "not run")), rows
+
+
 def test_bench_train_resumes_after_the_rows_of_the_same_plan(tmp_path):
     """Re-running the same bench_train command keeps the rows already done (same argv, in plan order, no error,
     every planned update) and runs the rest; a changed plan, a failed row or one cut short is run again."""

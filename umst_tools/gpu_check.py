@@ -56,8 +56,8 @@ COMPILE_ARCHS = "transformer,umst"  # the --compile subset of one check (compili
 # name, budget in seconds (the step's timeout), what it is for. The GPU's correctness first (install, the CUDA
 # tests), then the measurements by priority; a deadline cuts what has no time left (--only runs the rest).
 STEPS = [
-    ("install", 50, "wheels into <work>/site; fairseq-fixed's sdist unpacked, its light extensions compiled"),
-    ("env", 10, "Python, torch, CUDA, device, fairseq; the plugin's archs register"),
+    ("install", 40, "wheels into <work>/site; fairseq-fixed's sdist unpacked, its light extensions compiled"),
+    ("env", 20, "Python, torch, CUDA, device, fairseq; the plugin's archs register"),
     ("data", 40, "the synthetic corpus of Multi30k lengths (29,000 pairs), fairseq-preprocess, umst-preprocess"),
     ("tests", 75, "pytest -m cuda: the model checks on the GPU (runs beside data and op-counts)"),
     ("op-counts", 40, "bench_op_counts.py on CUDA: fp32-only backward matmuls under bf16, host syncs per step "
