@@ -97,8 +97,6 @@ class WidthChangingAttention(nn.Module):
             ones_col = torch.zeros(self.width - kv_dim)
             ones_col[0] = 1.0
             self.register_buffer("_ones_col", ones_col, persistent=False)
-            self.register_buffer("_zero_cols", torch.zeros(num_heads, self.head_dim, self.width - kv_dim - 1),
-                                 persistent=False)
         for proj in (self.q_proj, self.k_proj, self.v_proj):
             nn.init.xavier_uniform_(proj.weight, gain=1 / math.sqrt(2))
         nn.init.xavier_uniform_(self.out_proj.weight)
@@ -177,10 +175,14 @@ class WidthChangingAttention(nn.Module):
     def _widened(self, proj):
         """[W_h | b_h | 0...] per head (H x d x width) of the key or value map. (Not cast piecewise under
         autocast: each piece's gradient would be a strided slice, copied once more by the parameter cast cache;
-        the products cast the whole widened map.)"""
+        the products cast the whole widened map.) The zero columns are a pad, not a zero tensor concatenated:
+        with one, inductor (torch 2.13, CPU) compiled a backward under bf16 autocast with dropout whose W_h
+        gradients were uninitialized memory (NaN, inf, 3e38) at kv_dim 32
+        (``tests/test_transformer_sf_lean.py::test_compiled_bf16_cross_attention_gradients_equal_eager``)."""
         heads, head_dim = self.num_heads, self.head_dim
-        return torch.cat([proj.weight.view(heads, head_dim, self.kv_dim), proj.bias.view(heads, head_dim, 1),
-                          self._zero_cols], dim=-1)
+        widened = torch.cat([proj.weight.view(heads, head_dim, self.kv_dim), proj.bias.view(heads, head_dim, 1)],
+                            dim=-1)
+        return F.pad(widened, (0, self.width - self.kv_dim - 1))
 
     def _fused(self, query, kv, key_padding_mask):
         """The same function through ``modules.attention.attention`` (no weights kept for backward)."""
