@@ -172,9 +172,8 @@ def child(plan_path, index_from, out_path):
         try:
             records, seconds = run_one(run["argv"])
             results.append(summarise(run, records, seconds))
-            planned = max_update(run["argv"])
-            if planned and results[-1]["updates"] < planned:  # fairseq-train stopped on a signal (kill, time limit)
-                results[-1]["error"] = f"stopped at update {results[-1]['updates']} of {planned}"
+            if cut_short(run["argv"], results[-1]):  # fairseq-train stopped on a signal (kill, time limit)
+                results[-1]["error"] = f"stopped at update {results[-1]['updates']} of {max_update(run['argv'])}"
                 stopped = True
         except Exception as e:  # noqa: BLE001  (one failed row is recorded; the others run)
             results.append(dict(run, error=f"{type(e).__name__}: {e}"))
@@ -188,6 +187,11 @@ def child(plan_path, index_from, out_path):
 
 def max_update(argv):
     return int(argv[argv.index("--max-update") + 1]) if "--max-update" in argv else None
+
+
+def cut_short(argv, row):
+    """Whether the row trained fewer updates than its command line's --max-update."""
+    return (max_update(argv) or 0) > row.get("updates", 0)
 
 
 def write_json_atomically(path, value):
@@ -225,8 +229,8 @@ def rows_done(runs, out_path):
         return []
     kept = []
     for run, row in zip(runs, done):
-        if row.get("argv") != run["argv"] or row.get("error") or \
-                (max_update(run["argv"]) or 0) > row.get("updates", 0):  # (a row cut short)
+        # a row cut short carries an error since child() marks it; rows written before that do not
+        if row.get("argv") != run["argv"] or row.get("error") or cut_short(run["argv"], row):
             break
         kept.append(row)
     return kept

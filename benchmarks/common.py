@@ -24,7 +24,6 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
-
 def __getattr__(name):
     """``common.dev`` (``umst_plugin.dev``) on first use: importing this module must not import the plugin, whose
     ``__init__`` patches fairseq; bench_launches' stock row profiles with :func:`cuda_profile` in a process that
