@@ -6,6 +6,7 @@ every planned command parsed by its own program's parser."""
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -109,3 +110,25 @@ def test_dry_run_installs_from_the_wheelhouse_alone_and_every_command_parses(tmp
         assert f"  {name}" in out
     assert "installed from" in out and "alone (--no-index)" in out
     assert "every command parses; the fresh environment imports fairseq and the plugin" in out
+
+
+def test_a_planned_command_that_does_not_parse_is_named_and_the_others_pass(tmp_path, capsys):
+    """--check-commands runs each benchmark script as ``__main__`` in its own process (one import of torch and
+    fairseq for all): a flag the script lacks fails that command alone, by name; sys.argv and sys.path come back."""
+    bench = gpu_check.BENCH
+    cmds = {"data": [[sys.executable, os.path.join(bench, "synthetic_corpus.py"), str(tmp_path), "--workers", "2"],
+                     [sys.executable, os.path.join(bench, "synthetic_corpus.py"), str(tmp_path), "--no-such-flag"]],
+            "train-speed": [[sys.executable, os.path.join(bench, "bench_train.py"), "--data", str(tmp_path),
+                             "--updates", "40"],
+                            [sys.executable, os.path.join(bench, "bench_train.py"), "--data", str(tmp_path),
+                             "--updates", "forty"]]}
+    path = tmp_path / "commands.json"
+    path.write_text(json.dumps(cmds))
+    argv, sys_path = list(sys.argv), list(sys.path)
+    assert gpu_check.check_commands(str(path)) == 1
+    assert sys.argv == argv and sys.path == sys_path
+    out = capsys.readouterr()
+    assert out.out.count("[dry-run] parses: ") == 2, out.out
+    failed = out.err.split("[dry-run] DOES NOT PARSE: ")[1:]
+    assert len(failed) == 2 and "--no-such-flag" in failed[0] and "lacks ['--no-such-flag']" in failed[0], failed
+    assert "--updates forty" in failed[1] and "invalid int value: 'forty'" in failed[1], failed

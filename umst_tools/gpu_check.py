@@ -585,17 +585,40 @@ def check_one(argv):
             raise RuntimeError(f"pytest --collect-only failed (rc {proc.returncode}): {proc.stdout[-1500:]}"
                                f"{proc.stderr[-1500:]}")
     elif args[0].endswith(DRY_RUN_SCRIPTS):  # the script checks its own arguments and names, measures nothing
-        proc = subprocess.run([argv[0]] + args + ["--dry-run"], cwd=ROOT, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(proc.stdout[-1500:] + proc.stderr[-1500:])
+        rc, out = run_script(args[0], args[1:] + ["--dry-run"])
+        if rc != 0:
+            raise RuntimeError(out[-3000:])
     elif args[0].endswith((".py",)) and os.path.dirname(args[0]) == BENCH:  # every flag used is one it has
-        proc = subprocess.run([argv[0], args[0], "--help"], cwd=ROOT, capture_output=True, text=True)
+        rc, out = run_script(args[0], ["--help"])
         used = [a for a in args[1:] if a.startswith("--")]
-        missing = [a for a in used if a not in proc.stdout]
-        if proc.returncode != 0 or missing:
-            raise RuntimeError(f"{os.path.basename(args[0])} --help failed or lacks {missing}: {proc.stderr[-1500:]}")
+        missing = [a for a in used if a not in out]
+        if rc != 0 or missing:
+            raise RuntimeError(f"{os.path.basename(args[0])} --help failed or lacks {missing}: {out[-1500:]}")
     else:
         raise RuntimeError(f"no parse check known for {argv}")
+
+
+def run_script(path, args):
+    """(exit status, stdout + stderr) of ``python path args...``, run as ``__main__`` in this process, the way
+    python runs a script (its folder first on sys.path, sys.argv): the scripts share one import of torch and
+    fairseq instead of paying it each (seconds per script)."""
+    import contextlib
+    import io
+    import runpy
+
+    out, argv, path_before = io.StringIO(), sys.argv, list(sys.path)
+    sys.argv, sys.path[:0] = [path] + list(args), [os.path.dirname(path)]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            runpy.run_path(path, run_name="__main__")
+        rc = 0
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            out.write(str(e.code))
+    finally:
+        sys.argv, sys.path[:] = argv, path_before
+    return rc, out.getvalue()
 
 
 def torch_closure(python):
