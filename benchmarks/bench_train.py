@@ -159,7 +159,7 @@ def summarise(run, records, seconds):
                 **({"compile": compiled[0]} if compiled else {}))
 
 
-def child(plan_path, index_from, out_path):
+def child(plan_path, out_path):
     """Run the plan's runs in this process (the stock process never imports the plugin)."""
     with open(plan_path) as f:
         runs = json.load(f)
@@ -358,7 +358,7 @@ def main(argv=None):
     p.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        return child(args.child, 0, args.child_out)
+        return child(args.child, args.child_out)
     archs = [a for a in args.archs.split(",") if a]
     compile_archs = [a for a in args.compile_archs.split(",") if a]
     unknown = [a for a in archs + compile_archs if a not in ARCHS]
