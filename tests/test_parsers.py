@@ -269,3 +269,40 @@ def test_task_parses_interactive_input_with_spacy():
     item = task.build_dataset_for_inference([tokens], [len(tokens)])[0]
     assert item["src_word_ids"].tolist() == [1, 2, 2, 3, 4, 5, 6, 7, 8]
     assert item["src_word_heads"].tolist() == [2, 3, 0, 3, 6, 4, 3, 0]  # "cat" rebuilt from c@@ at
+
+
+@needs_stanza
+def test_the_recorded_stanza_package_reaches_the_parser_of_raw_input(tmp_path, monkeypatch):
+    """A data-bin parsed by stanza with --stanza-package: from_pretrained's recorded parser keeps the package, so
+    raw input is parsed by the model that parsed the training text, not by stanza's default package. (No stanza
+    model can be downloaded here: the parser's own error names the package it looked for.)"""
+    import json
+
+    import torch
+    from fairseq.data import Dictionary
+
+    from umst_plugin import dev, hub
+    from umst_tools import text_preprocessing as textprep
+
+    monkeypatch.setenv("STANZA_RESOURCES_DIR", str(tmp_path / "stanza"))
+    db = tmp_path / "data-bin"
+    db.mkdir()
+    (db / "bpe.codes").write_text("#version: 0.2\n")
+    (db / "source-parse.json").write_text(json.dumps({"parser": "stanza", "model": "en", "stanza_package": "gum",
+                                                      "written_by": "umst-preprocess"}))
+    textprep.write_record(str(db), ["en", "de"], lowercase=True, bpe_codes="bpe.codes")
+    record = textprep.read_record(str(db))
+    assert (record.source_parser, record.source_parser_model, record.source_parser_package) == ("stanza", "en", "gum")
+
+    d = Dictionary()
+    for sym in "the cat sat .".split():
+        d.add_symbol(sym)
+    tiny = dict(encoder_layers=1, decoder_layers=1, encoder_embed_dim=8, decoder_embed_dim=8, encoder_ffn_embed_dim=8,
+                decoder_ffn_embed_dim=8, encoder_attention_heads=1, decoder_attention_heads=1)
+    model, task = dev.build_model("umst_base", tiny, dictionary=d)
+    task.text_record = record
+    assert hub.use_recorded_parser(task, [model], given=False) == ("stanza", "en")
+    assert task.cfg.source_parser_package == "gum"
+    tokens = torch.tensor([d.index(s) for s in "the cat sat .".split()] + [d.eos()])
+    with pytest.raises(ParserSetupError, match=re.escape(f"model_dir='{tmp_path / 'stanza'}'") + r".*package='gum'"):
+        task.build_dataset_for_inference([tokens], [len(tokens)])

@@ -100,7 +100,8 @@ class RawTextHubInterface(hub_utils.GeneratorHubInterface):
 
 def use_recorded_parser(task, models, given):
     """Parse raw input as the training data was parsed: when no ``source_parser`` was ``given`` and a model reads
-    dependency heads, set the task's ``source_parser`` / ``source_parser_model`` from the data-bin's record.
+    dependency heads, set the task's ``source_parser`` / ``source_parser_model`` / ``source_parser_package`` from
+    the data-bin's record.
     Returns the (parser, model) now in use, or None."""
     if given or not hasattr(getattr(task, "cfg", None), "source_parser"):
         return None
@@ -117,9 +118,12 @@ def use_recorded_parser(task, models, given):
                        "raw sentences get the fallback graph unless source_parser='spacy' or 'stanza' is given")
         return None
     model = record.source_parser_model or ""
+    package = record.source_parser_package or ""  # stanza's model package, as in training
     with open_dict(task.cfg):
         task.cfg.source_parser, task.cfg.source_parser_model = parser, model
-    logger.info(f"raw input is parsed with {parser} {model} ({record.path} records it)")
+        task.cfg.source_parser_package = package
+    logger.info(f"raw input is parsed with {parser} {model}{f' (package {package})' if package else ''} "
+                f"({record.path} records it)")
     return parser, model
 
 

@@ -21,7 +21,7 @@ fixed; it is written out so that a person reading the file sees it)::
 remove-diacritics.py (``["ro"]`` in the WMT16 En-Ro recipe). ``bpe.codes`` is relative to the data-bin.
 
 ``source_parse`` (optional) says what parsed the source side's dependency side data: ``{"parser": "spacy",
-"model": "en_core_web_md", ...}`` (``stanza`` with its language, ``conllu``, ``none``). umst-preprocess writes it
+"model": "en_core_web_md", ...}`` (``stanza`` with its language and ``stanza_package``, ``conllu``, ``none``). umst-preprocess writes it
 as DATA_BIN/source-parse.json and :func:`write_record` folds that file in, so that raw input at inference is
 parsed as the training text was (``umst_plugin.from_pretrained``).
 
@@ -211,6 +211,7 @@ class PreprocessingRecord:
         parse = data.get("source_parse") or {}
         self.source_parser = parse.get("parser")  # None: the record predates source_parse, or no parse
         self.source_parser_model = parse.get("model")
+        self.source_parser_package = parse.get("stanza_package")  # stanza's model package (None: its default)
         if self.bpe_codes is not None:
             if not os.path.isfile(self.bpe_codes):
                 raise RecordError(path, f"the BPE codes it names, {self.bpe_codes}, do not exist (bpe.codes is "

@@ -53,6 +53,10 @@ class MultiscaleTranslationConfig(TranslationConfig):
     source_parser_model: str = field(
         default="", metadata={"help": "model name or path for --source-parser (e.g. a spaCy pipeline or a "
                               "stanza language code)"})
+    source_parser_package: str = field(
+        default="", metadata={"help": "stanza's model package for --source-parser stanza (umst-preprocess "
+                              "--stanza-package; empty: stanza's default package). from_pretrained takes it "
+                              "from the data-bin's record with the parser"})
     text_preprocessing: ChoiceEnum(list(textprep.MODES)) = field(
         default="record", metadata={"help": "how raw input (fairseq-interactive, from_pretrained(...).translate, "
                                     "umst-inspect --sentence) is prepared: record = as the data-bin's "
@@ -242,8 +246,9 @@ class MultiscaleTranslationTask(TranslationTask):
         from umst_plugin.preprocess import parsers
 
         if self._parser is None:
-            self._parser = parsers.build_backend(
-                self.cfg.source_parser, Namespace(parser_model=self.cfg.source_parser_model or None))
+            options = Namespace(parser_model=self.cfg.source_parser_model or None,
+                                stanza_package=getattr(self.cfg, "source_parser_package", "") or None)
+            self._parser = parsers.build_backend(self.cfg.source_parser, options)
         # fairseq-interactive builds the inference dataset and then drops its side inputs, so the same
         # sentences come through here twice: parse each distinct sentence once.
         eos, pad = self.src_dict.eos(), self.src_dict.pad()
