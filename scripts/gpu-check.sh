@@ -2,7 +2,7 @@
 # The GPU check (umst_tools/gpu_check.py; docs/tests-and-benchmarks.md#the-gpu-check): on a lent GPU machine
 # with torch and no internet, from this checkout and a wheelhouse (scripts/offline-wheelhouse.sh, carried as
 # .whl/): install, the CUDA tests, the per-arch benchmark in fp16/bf16, 200 updates of umst_base fp32 vs bf16.
-# Writes docs/results/gpu-<device>.json and .md (or --out DIR). Under 8 minutes on one H100.
+# Writes docs/results/gpu-<device>.json and .md (or --out DIR). Two calls: this, then --only compile.
 #   bash scripts/gpu-check.sh [--wheelhouse DIR] [--out DIR] [--deadline S] [--only a,b] [--python PY]
 #   bash scripts/gpu-check.sh --dry-run     # any machine: plan, fresh-venv install from the wheelhouse, parse checks
 set -euo pipefail
