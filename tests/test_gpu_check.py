@@ -113,8 +113,9 @@ def test_dry_run_installs_from_the_wheelhouse_alone_and_every_command_parses(tmp
 
 
 def test_a_planned_command_that_does_not_parse_is_named_and_the_others_pass(tmp_path, capsys):
-    """--check-commands runs each benchmark script as ``__main__`` in its own process (one import of torch and
-    fairseq for all): a flag the script lacks fails that command alone, by name; sys.argv and sys.path come back."""
+    """--check-commands runs each benchmark script as ``__main__`` inside its own process (one import of torch and
+    fairseq for all of them): a flag a script lacks fails that command alone, by name; sys.argv and sys.path come
+    back."""
     bench = gpu_check.BENCH
     cmds = {"data": [[sys.executable, os.path.join(bench, "synthetic_corpus.py"), str(tmp_path), "--workers", "2"],
                      [sys.executable, os.path.join(bench, "synthetic_corpus.py"), str(tmp_path), "--no-such-flag"]],
