@@ -31,6 +31,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -172,11 +173,16 @@ def child(plan_path, out_path):
         try:
             records, seconds = run_one(run["argv"])
             results.append(summarise(run, records, seconds))
+            wps = results[-1]["wps"]
+            print(f"[bench_train] {run['name']} {run['precision']}: {results[-1]['updates']} updates in "
+                  f"{seconds:.0f} s, {'%.0f' % wps if wps else 'no'} words/s", file=sys.stderr, flush=True)
             if cut_short(run["argv"], results[-1]):  # fairseq-train stopped on a signal (kill, time limit)
                 results[-1]["error"] = f"stopped at update {results[-1]['updates']} of {max_update(run['argv'])}"
                 stopped = True
         except Exception as e:  # noqa: BLE001  (one failed row is recorded; the others run)
             results.append(dict(run, error=f"{type(e).__name__}: {e}"))
+            print(f"[bench_train] {run['name']} {run['precision']}: failed: {results[-1]['error']}",
+                  file=sys.stderr, flush=True)
         write_json_atomically(out_path, results)  # after every run: a process killed at a limit keeps its rows
         if stopped:
             print(f"[bench_train] {results[-1]['error']}: the remaining rows do not run (the same command resumes)",
@@ -252,6 +258,18 @@ def run_process(runs, work, tag, timeout):
     return kept + rows
 
 
+def relay_progress(stream, log):
+    """Copy the child's output into its log, and its own ``[bench_train]`` lines (a row starts, a row ends) to
+    this process's output as they come: a caller that keeps only this output (the GPU check's step log) sees
+    which row was running when a limit stopped it."""
+    for line in stream:
+        log.write(line)
+        if line.startswith("[bench_train]"):
+            log.flush()
+            print(line, end="", flush=True)
+    log.flush()
+
+
 def _run_process(runs, plan_path, out_path, work, tag, timeout):
     with open(plan_path, "w") as f:
         json.dump(runs, f)
@@ -259,14 +277,22 @@ def _run_process(runs, plan_path, out_path, work, tag, timeout):
     env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in [env.get("PYTHONPATH")] if p])
     log_path = os.path.join(work, f"{tag}-log.txt")
     with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", plan_path, "--child-out",
+                                 out_path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                text=True, errors="replace")
+        relay = threading.Thread(target=relay_progress, args=(proc.stdout, log), daemon=True)
+        relay.start()
         try:
-            subprocess.run([sys.executable, os.path.abspath(__file__), "--child", plan_path, "--child-out", out_path],
-                           stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=timeout)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            relay.join(timeout=5)
             print(f"[bench_train] the {tag} runs stopped at their {timeout} s limit; rows so far kept", flush=True)
             log.flush()
             with open(log_path, errors="replace") as f:  # where it was: the caller's log may be all there is
                 print(f"[bench_train] the end of {log_path}:\n{f.read()[-2000:]}", flush=True)
+        relay.join(timeout=5)
     if not os.path.exists(out_path):
         return [dict(run, error=f"no result (see {log_path})") for run in runs]
     with open(out_path) as f:

@@ -121,10 +121,11 @@ def test_kernels_are_attributed_to_the_phase_that_launched_them():
 
 
 @pytest.mark.slow
-def test_bench_train_runs_fairseq_train_for_stock_and_plugin_rows(toy_databin, tmp_path):
+def test_bench_train_runs_fairseq_train_for_stock_and_plugin_rows(toy_databin, tmp_path, capsys):
     """bench_train at tiny widths on the toy data-bin: the stock process (fairseq alone) and the plugin process
     each run real fairseq-train mains; every row has words/s from fairseq's own records, the loss rows their
-    longer runs, the ratios their baselines; a failing row is recorded, not fatal."""
+    longer runs, the ratios their baselines; a failing row is recorded, not fatal. Each row's start and end
+    reach this process's output from the child as they happen (the GPU check keeps only that output)."""
     import json
 
     from benchmarks import bench_train
@@ -145,6 +146,10 @@ def test_bench_train_runs_fairseq_train_for_stock_and_plugin_rows(toy_databin, t
     assert "--user-dir" not in rows[("stock", "fp32")]["argv"]
     assert rows[("umst", "fp32")]["flops_per_token_ratio"] > 0
     assert "| umst | fp32 |" in (tmp_path / "train.md").read_text()
+    printed = capsys.readouterr().out
+    assert "[bench_train] stock fp32: fairseq-train" in printed, printed
+    assert "[bench_train] umst fp32: 10 updates in" in printed, printed
+    assert "| INFO |" not in printed  # fairseq's own log stays in the child's log file
 
 
 def test_bench_train_shows_where_its_runs_were_when_they_hit_the_time_limit(tmp_path, capsys):
