@@ -443,12 +443,6 @@ def main(argv=None):
         from umst_plugin.op_counts import count_generated_kernels
 
         count_generated_kernels().__enter__()  # for the whole process: every compilation below
-    for name in names:
-        arch, overrides = ARCHS[name]
-        rows.append(measure(name, arch, overrides, args.precision, True, args.quick, args.device, args.compile))
-        print(f"  {name}: {rows[-1]['launches']:,} launches, {rows[-1]['flops'] / 1e9:.1f} GFLOP"
-              + (f", compiled in {rows[-1]['compile_s']:.0f} s (eager {rows[-1]['eager_launches']:,})"
-                 if args.compile else ""), flush=True)
     try:
         from benchmarks import common
         from benchmarks.bench_archs import device_name
@@ -456,8 +450,20 @@ def main(argv=None):
         import common
         from bench_archs import device_name
 
-    result = dict(device=device_name(args.device), torch=torch.__version__, precision=args.precision, quick=args.quick,
-                  compile=args.compile, sentences=SENTENCES, max_len=MAX_LEN, rows=ratios(rows), seconds=round(time.time() - start, 1))
+    def result_so_far():
+        return dict(device=device_name(args.device), torch=torch.__version__, precision=args.precision,
+                    quick=args.quick, compile=args.compile, sentences=SENTENCES, max_len=MAX_LEN, rows=ratios(rows),
+                    seconds=round(time.time() - start, 1))
+
+    for name in names:
+        arch, overrides = ARCHS[name]
+        rows.append(measure(name, arch, overrides, args.precision, True, args.quick, args.device, args.compile))
+        print(f"  {name}: {rows[-1]['launches']:,} launches, {rows[-1]['flops'] / 1e9:.1f} GFLOP"
+              + (f", compiled in {rows[-1]['compile_s']:.0f} s (eager {rows[-1]['eager_launches']:,})"
+                 if args.compile else ""), flush=True)
+        partial = result_so_far()  # after every row: a run stopped at a time limit keeps the rows it counted
+        common.write_results(partial, markdown(partial), args.json, args.markdown)
+    result = result_so_far()
     table = markdown(result)
     print(f"\n{result['device']}, torch {result['torch']}, {args.precision}{', layers compiled' if args.compile else ''}, one update of {SENTENCES} sentences "
           f"of up to {MAX_LEN} tokens\n\n{table}")

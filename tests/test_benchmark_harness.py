@@ -152,6 +152,31 @@ def test_bench_train_runs_fairseq_train_for_stock_and_plugin_rows(toy_databin, t
     assert "| INFO |" not in printed  # fairseq's own log stays in the child's log file
 
 
+def test_bench_launches_keeps_the_rows_counted_before_it_was_stopped(tmp_path, monkeypatch):
+    """bench_launches writes its JSON and table after every row: the GPU check's compile step stops it at the
+    step's budget, and the rows counted by then (on an H200, minutes of compiling each) must not be lost. The
+    stock row and the first arch are real counts; the second arch's count is stopped (raises) as a limit would."""
+    import json
+
+    from benchmarks import bench_launches
+
+    real_measure = bench_launches.measure
+
+    def measure_then_stop(name, *args, **kwargs):
+        if name == "msmsa":
+            raise KeyboardInterrupt("stopped at the step's budget")
+        return real_measure(name, *args, **kwargs)
+
+    monkeypatch.setattr(bench_launches, "measure", measure_then_stop)
+    out, table = tmp_path / "launches.json", tmp_path / "launches.md"
+    with pytest.raises(KeyboardInterrupt):
+        bench_launches.main(["--quick", "--archs", "transformer,msmsa", "--json", str(out), "--markdown", str(table)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["name"] for r in rows] == ["stock", "transformer"]
+    assert rows[1]["launches"] > 0 and rows[1]["launches_per_flop_ratio"] > 0
+    assert "| transformer (plugin loaded) |" in table.read_text()
+
+
 def test_bench_train_shows_where_its_runs_were_when_they_hit_the_time_limit(tmp_path, capsys):
     """A process of runs stopped at --timeout: the end of its log is printed (the GPU check keeps only the
     caller's output; on an H200 a step ran out of time and said nothing of where)."""

@@ -20,9 +20,10 @@ CUDA device, no check). Steps (``STEPS``), each with a time budget (its timeout)
                each, and its bf16 loss must follow fp32's within 2% (the mean over the last 50 updates)
   decode       ``bench_decode.py``: fairseq-generate at beam 1 and 5 per arch; kernels per decoding step
   launches     ``bench_launches.py --device cuda``: the kernels of one whole fairseq update by phase
-  compile      ``--compile`` for a subset (``COMPILE_ARCHS``), the second call: bench_archs.py, bench_launches.py
-               (the compiled update's kernels) and bench_train.py, compile time apart; umst_base compiled trains
-               to the eager loss within 1% over 200 updates
+  compile      ``--compile``, the second call: bench_launches.py (the compiled update's kernels: TranSFormer,
+               Prime, the transformer and UMST), then for a subset (``COMPILE_ARCHS``) bench_archs.py and
+               bench_train.py, compile time apart; umst_base compiled trains to the eager loss within 1% over
+               200 updates
 
 A step that fails or runs out of time is recorded and the next one runs (steps that need fairseq are skipped
 if the install failed); ``--deadline`` cuts the last step short and skips what has no time left, and
@@ -54,6 +55,9 @@ LOSS_UPDATES = 200  # umst_base's fp32 / bf16 / --compile rows of the words/s ru
 LOSS_TOLERANCE = 0.02  # bf16 --amp against fp32, mean loss of the last 50 updates both reached
 COMPILE_LOSS_TOLERANCE = 0.01  # --compile against eager (both bf16), same seed
 COMPILE_ARCHS = "transformer,umst"  # the --compile subset of one check (compiling every arch does not fit)
+# bench_launches --compile: first the two archs whose compiled launch rate has a target (at most stock's eager per
+# FLOP, docs/compile.md), then the two the step times; rows are kept as they are counted
+COMPILE_LAUNCH_ARCHS = "transformer_sf,prime," + COMPILE_ARCHS
 
 # name, budget in seconds (the step's timeout), what it is for. The GPU's correctness first (install, the CUDA
 # tests), then the measurements by priority; a deadline cuts what has no time left (--only runs the rest).
@@ -71,9 +75,9 @@ STEPS = [
     ("decode", 90, "bench_decode.py: fairseq-generate at beam 1 and 5 per arch (300 sentences, best of 2), "
                    "sentences/s; kernels per decoding step; Prime-simple's batch-size-1 claim (30 sentences)"),
     ("launches", 40, "bench_launches.py --device cuda: kernels of one whole fairseq update by phase, stock and plugin"),
-    ("compile", 300, f"--compile for {COMPILE_ARCHS}: bench_archs.py at 4,096 tokens; bench_launches.py --compile: "
-                     f"the kernels of a compiled update beside the CPU's estimate of them; fairseq-train words/s and "
-                     f"umst_base's loss over {LOSS_UPDATES} updates against eager; bench_archs.py at 16,384 tokens"),
+    ("compile", 300, f"--compile: bench_launches.py --compile for {COMPILE_LAUNCH_ARCHS}: the kernels of a compiled "
+                     f"update; for {COMPILE_ARCHS}: bench_archs.py at 4,096 tokens, fairseq-train words/s and "
+                     f"umst_base's loss over {LOSS_UPDATES} updates against eager, bench_archs.py at 16,384 tokens"),
 ]
 # steps that run at the same time (none of them times anything)
 CONCURRENT = [("data", "tests", "op-counts")]
@@ -121,14 +125,15 @@ def commands(py, work, out):
         "launches": [bench("bench_launches.py") + ["--device", "cuda", "--precision", "bf16",
                                                    "--json", os.path.join(work, "launches.json"),
                                                    "--markdown", os.path.join(work, "launches.md")]],
-        # by priority (a step cut short at its budget keeps what its first commands wrote): the bench at 4,096
-        # tokens, the compiled update's kernels beside the CPU's estimate of them (on an H200 the step ran out of
-        # its 200 s after the first), fairseq-train words/s and the loss against eager, the bench at 16,384
-        "compile": [archs_bench(4096, "compile-bench", compiled=True),
-                    bench("bench_launches.py") + ["--device", "cuda", "--precision", "bf16", "--compile",
-                                                  "--archs", COMPILE_ARCHS,
+        # by priority (a step cut short at its budget keeps what its first commands wrote): the compiled update's
+        # kernels (TranSFormer's and Prime's first: the transformer's and UMST's were counted on an H200, theirs
+        # not), the bench at 4,096 tokens (measured on two H200s), fairseq-train words/s and the loss against
+        # eager, the bench at 16,384 (an H200's 300 s reached the first two)
+        "compile": [bench("bench_launches.py") + ["--device", "cuda", "--precision", "bf16", "--compile",
+                                                  "--archs", COMPILE_LAUNCH_ARCHS,
                                                   "--json", os.path.join(work, "compile-launches.json"),
                                                   "--markdown", os.path.join(work, "compile-launches.md")],
+                    archs_bench(4096, "compile-bench", compiled=True),
                     bench("bench_train.py") + ["--data", databin, "--archs", "", "--compile-archs", COMPILE_ARCHS,
                                                "--no-stock", "--updates", "40", "--loss-archs", "umst",
                                                "--loss-updates", str(LOSS_UPDATES), "--timeout", "100",
@@ -503,7 +508,7 @@ TABLE_TITLES = [
     ("compile-bench", f"--compile ({COMPILE_ARCHS}): one training step, bf16, 4,096 tokens (bench_archs.py)"),
     ("compile-bench-16384", f"--compile ({COMPILE_ARCHS}): one training step, bf16, 16,384 tokens (bench_archs.py)"),
     ("train-compile", f"--compile ({COMPILE_ARCHS}): fairseq-train words/s (bench_train.py)"),
-    ("compile-launches", f"--compile ({COMPILE_ARCHS}): kernels of one whole compiled update, bf16 --amp, the CPU-side "
+    ("compile-launches", f"--compile ({COMPILE_LAUNCH_ARCHS}): kernels of one whole compiled update, bf16 --amp, the CPU-side "
                          f"count beside the profiler's (bench_launches.py)"),
     ("decode", "Decoding: fairseq-generate at beam 1 and 5 (bench_decode.py)"),
     ("op-counts", "Matmuls and host syncs on CUDA (bench_op_counts.py)"),
