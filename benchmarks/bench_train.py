@@ -34,6 +34,8 @@ import sys
 import threading
 import time
 
+STOCK_SHARE = 0.4  # --deadline: the stock process's share (2 rows; the plugin process has the rest, 2 per arch)
+DEADLINE_RESERVE = 15  # --deadline: seconds kept for the FLOP counts and the results after the processes
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PLUGIN = os.path.join(ROOT, "umst_plugin")
@@ -376,6 +378,10 @@ def main(argv=None):
     p.add_argument("--max-tokens", type=int, default=4096)
     p.add_argument("--no-stock", action="store_true", help="skip the stock process")
     p.add_argument("--timeout", type=int, default=600, help="seconds for each of the two processes")
+    p.add_argument("--deadline", type=int, default=None,
+                   help="seconds for the whole command (a caller's budget): the stock process gets at most "
+                        f"{STOCK_SHARE:.0%} of them, the plugin process the rest, less {DEADLINE_RESERVE} s kept "
+                        "for the FLOP counts and writing the results; rows finished by then are kept")
     p.add_argument("--work", default=None, help="scratch folder (plans, per-process logs)")
     p.add_argument("--json", default=None)
     p.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
@@ -410,8 +416,16 @@ def main(argv=None):
     work = args.work or os.path.join(os.path.dirname(os.path.abspath(args.json or ".")), "bench-train-work")
     os.makedirs(work, exist_ok=True)
     start = time.time()
-    rows = [] if args.no_stock else run_process(stock, work, "stock", args.timeout)
-    rows += run_process(plugin, work, "plugin", args.timeout)
+
+    def limit(share):
+        """A process's seconds: --timeout, or its share of what --deadline leaves."""
+        if args.deadline is None:
+            return args.timeout
+        left = args.deadline - DEADLINE_RESERVE - (time.time() - start)
+        return max(1, int(min(args.timeout, left * share)))
+
+    rows = [] if args.no_stock else run_process(stock, work, "stock", limit(STOCK_SHARE))
+    rows += run_process(plugin, work, "plugin", limit(1.0))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     flops = flops_per_token(sorted(set(archs) | {"transformer"}), device, args.quick)
     try:

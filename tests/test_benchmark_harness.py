@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import torch
 
@@ -190,6 +192,31 @@ def test_bench_train_shows_where_its_runs_were_when_they_hit_the_time_limit(tmp_
     assert "the stock runs stopped at their 1 s limit" in printed
     assert f"the end of {tmp_path / 'stock-log.txt'}:" in printed, printed
     assert rows[0]["error"].startswith(("no result", "not run")), rows
+
+
+def test_bench_train_deadline_splits_the_callers_budget_between_its_processes(tmp_path, capsys):
+    """--deadline S: the stock process gets at most 40% of S less the reserve, the plugin process what is left;
+    both stop at their share, and the results (rows marked not run) are written within S. The GPU check's
+    train-speed step gives it its budget: with a fixed --timeout per process, the two processes outlasted the step
+    on an H200 and nothing was written."""
+    import json
+    import time
+
+    from benchmarks import bench_train
+
+    out = tmp_path / "train.json"
+    start = time.time()
+    bench_train.main(["--data", str(tmp_path / "no-data"), "--archs", "transformer", "--precisions", "fp32",
+                      "--quick", "--updates", "1", "--deadline", str(bench_train.DEADLINE_RESERVE + 10),
+                      "--work", str(tmp_path / "work"), "--json", str(out)])
+    took = time.time() - start
+    printed = capsys.readouterr().out
+    # 40% of the 10 s left (less the moment it took to start): the stock process cannot import fairseq in it
+    assert re.search(r"the stock runs stopped at their [34] s limit", printed), printed
+    assert took < bench_train.DEADLINE_RESERVE + 10 + 20, took  # the FLOP count of a tiny model, the write
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["name"] for r in rows][:2] == ["stock", "stock"] and "transformer" in [r["name"] for r in rows], rows
+    assert all(r.get("error") for r in rows), rows  # no data: every row failed or did not run
 
 
 def test_bench_train_resumes_after_the_rows_of_the_same_plan(tmp_path):

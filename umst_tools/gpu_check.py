@@ -114,7 +114,7 @@ def commands(py, work, out):
                                                      "--markdown", os.path.join(work, "op-counts.md")]],
         "bench": [archs_bench(tokens, f"bench-{tokens}") for tokens in (4096, 16384)],
         "train-speed": [bench("bench_train.py") + ["--data", databin, "--updates", "40", "--loss-archs", "umst",
-                                                   "--loss-updates", str(LOSS_UPDATES), "--timeout", "115",
+                                                   "--loss-updates", str(LOSS_UPDATES), "--deadline", "115",
                                                    "--work", os.path.join(work, "train-speed"),
                                                    "--json", os.path.join(work, "train-speed.json"),
                                                    "--markdown", os.path.join(work, "train-speed.md")]],
