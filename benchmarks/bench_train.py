@@ -279,6 +279,8 @@ def _run_process(runs, plan_path, out_path, work, tag, timeout):
     env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in [env.get("PYTHONPATH")] if p])
     log_path = os.path.join(work, f"{tag}-log.txt")
     with open(log_path, "w") as log:
+        # the child stays in the caller's process group: a caller that kills its group (the GPU check at a step's
+        # budget) stops it too
         proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", plan_path, "--child-out",
                                  out_path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                                 text=True, errors="replace")
@@ -287,7 +289,7 @@ def _run_process(runs, plan_path, out_path, work, tag, timeout):
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            proc.kill()  # fairseq's data loader workers watch their parent and exit with it
             proc.wait()
             relay.join(timeout=5)
             print(f"[bench_train] the {tag} runs stopped at their {timeout} s limit; rows so far kept", flush=True)

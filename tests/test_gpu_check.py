@@ -112,6 +112,33 @@ def test_dry_run_installs_from_the_wheelhouse_alone_and_every_command_parses(tmp
     assert "every command parses; the fresh environment imports fairseq and the plugin" in out
 
 
+def test_a_step_that_runs_out_of_time_stops_its_whole_process_group(tmp_path):
+    """A step's command stopped at its budget takes its children with it: on an H200 the train-speed step's
+    bench_train was stopped, its fairseq-train child was not, and it went on using the GPU through the decode,
+    launches and compile steps that followed (their timings then measured two jobs at once)."""
+    import time
+
+    pid_file = tmp_path / "grandchild.pid"
+    child = ("import subprocess, sys, time; "
+             "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+             f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    status, output, log = gpu_check.run_step("train-speed", 2, [[sys.executable, "-c", child]], dict(os.environ),
+                                             time.time())
+    assert status == "timed out after 2 s", status
+    grandchild = int(pid_file.read_text())
+    for _ in range(50):  # SIGKILL is delivered at once; its reaping by init can lag
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{grandchild}/stat") as f:
+            if f.read().split(") ")[1].startswith("Z"):  # a zombie: killed, not yet reaped
+                break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the step's grandchild {grandchild} is still running")
+
+
 def test_a_planned_command_that_does_not_parse_is_named_and_the_others_pass(tmp_path, capsys):
     """--check-commands runs each benchmark script as ``__main__`` inside its own process (one import of torch and
     fairseq for all of them): a flag a script lacks fails that command alone, by name; sys.argv and sys.path come

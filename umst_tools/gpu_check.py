@@ -44,6 +44,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -291,6 +292,24 @@ def plan_wall_seconds(only=None):
     return sum(max(budgets[n] for n in group) for group in stages(names))
 
 
+def run_process_group(argv, env, timeout):
+    """``subprocess.run(argv, capture_output=True, timeout=...)`` in a session of its own, where a timeout kills
+    the whole process group, not just ``argv``'s process: a benchmark's children (bench_train's fairseq-train
+    process, data loader workers) must not go on using the GPU through the next steps."""
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            errors="replace", start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(argv, timeout, output=out, stderr=err) from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
 def run_step(name, budget, argv_list, env, t0):
     """Run a step's commands in order within ``budget`` seconds: (status, output, log text)."""
     output, log = "", ""
@@ -299,7 +318,7 @@ def run_step(name, budget, argv_list, env, t0):
         for argv in argv_list:
             remaining = budget - (time.time() - t0)
             log += "$ " + shlex.join(argv) + "\n"
-            proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=max(remaining, 1))
+            proc = run_process_group(argv, env, max(remaining, 1))
             output += proc.stdout + proc.stderr
             log += proc.stdout[-20000:] + proc.stderr[-20000:]
             rc = proc.returncode
