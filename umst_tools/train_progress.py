@@ -5,8 +5,9 @@
 
 Every line fairseq writes goes to ``--log`` unchanged. The terminal gets a line
 per ``--log-interval``, at most one every ``--every`` seconds (update count, epoch, training loss of the interval, the
-latest validation loss, updates/s, elapsed wall time and an ETA from the average
-rate so far), the model size, warnings/errors/tracebacks, and fairseq's
+latest validation loss, updates/s, elapsed wall time and an ETA from the rate of the
+last ``ETA_WINDOW`` seconds of training: a run whose speed changes -- another job on the machine, a slower
+epoch -- gets an ETA that follows it), the model size, warnings/errors/tracebacks, and fairseq's
 "done training" line. Exit status: 0 (the caller checks fairseq's own status with
 ``set -o pipefail``).
 """
@@ -16,6 +17,19 @@ import sys
 import time
 
 KV = re.compile(r"([a-z_]+)=([-0-9.e+]+)")
+ETA_WINDOW = 120.0  # seconds of fairseq's wall clock the ETA's rate is taken over
+
+
+def eta_seconds(history, max_update):
+    """Seconds left to ``max_update`` at the rate of the last ETA_WINDOW seconds of ``history``, a list of
+    (updates, wall seconds) of fairseq's train_inner records, oldest first; None without a rate yet."""
+    n, wall = history[-1]
+    start = next(((n0, w0) for n0, w0 in reversed(history[:-1]) if wall - w0 >= ETA_WINDOW), history[0])
+    if start[0] >= n or start[1] >= wall:  # one record: the average from the start of training
+        start = (0, 0.0)
+    if wall <= start[1] or n <= start[0]:
+        return None
+    return (max_update - n) * (wall - start[1]) / (n - start[0])
 
 
 def fields_pipe(line):
@@ -35,6 +49,7 @@ def main(argv=None):
     ap.add_argument("--every", type=float, default=10.0, help="seconds between progress lines, at least")
     args = ap.parse_args(argv)
     valid_loss = None
+    history = []  # (updates, wall seconds) of every train_inner record
     in_traceback = False
     last_shown = -args.every
     with open(args.log, "w", encoding="utf-8") as log:
@@ -54,6 +69,7 @@ def main(argv=None):
                 kv = dict(KV.findall(text))
                 epoch = re.search(r"epoch (\d+)", text)
                 n, wall = int(float(kv.get("num_updates", 0))), float(kv.get("wall", 0))
+                history.append((n, wall))
                 if time.monotonic() - last_shown < args.every and n != args.max_update:
                     continue
                 last_shown = time.monotonic()
@@ -65,8 +81,9 @@ def main(argv=None):
                     parts.append(f"valid loss {valid_loss:.3f}")
                 parts.append(f"{float(kv.get('ups', 'nan')):.2f} updates/s")
                 eta = ""
-                if args.max_update and n and wall:
-                    eta = f", ETA {fmt_seconds(wall * (args.max_update / n - 1))}"
+                left = eta_seconds(history, args.max_update) if args.max_update and n and wall else None
+                if left is not None:
+                    eta = f", ETA {fmt_seconds(left)}"
                 parts.append(f"{fmt_seconds(wall)} elapsed{eta}")
                 out = "  " + " | ".join(parts)
             elif "valid on 'valid' subset" in text:
