@@ -286,17 +286,19 @@ def _run_process(runs, plan_path, out_path, work, tag, timeout):
                                 text=True, errors="replace")
         relay = threading.Thread(target=relay_progress, args=(proc.stdout, log), daemon=True)
         relay.start()
+        stopped = False
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()  # fairseq's data loader workers watch their parent and exit with it
             proc.wait()
-            relay.join(timeout=5)
+            stopped = True
+        relay.join(timeout=5)  # the child's last lines are in the log
+        if stopped:
             print(f"[bench_train] the {tag} runs stopped at their {timeout} s limit; rows so far kept", flush=True)
             log.flush()
             with open(log_path, errors="replace") as f:  # where it was: the caller's log may be all there is
                 print(f"[bench_train] the end of {log_path}:\n{f.read()[-2000:]}", flush=True)
-        relay.join(timeout=5)
     if not os.path.exists(out_path):
         return [dict(run, error=f"no result (see {log_path})") for run in runs]
     with open(out_path) as f:

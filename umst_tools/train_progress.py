@@ -24,12 +24,10 @@ def eta_seconds(history, max_update):
     """Seconds left to ``max_update`` at the rate of the last ETA_WINDOW seconds of ``history``, a list of
     (updates, wall seconds) of fairseq's train_inner records, oldest first; None without a rate yet."""
     n, wall = history[-1]
-    start = next(((n0, w0) for n0, w0 in reversed(history[:-1]) if wall - w0 >= ETA_WINDOW), history[0])
-    if start[0] >= n or start[1] >= wall:  # one record: the average from the start of training
-        start = (0, 0.0)
-    if wall <= start[1] or n <= start[0]:
-        return None
-    return (max_update - n) * (wall - start[1]) / (n - start[0])
+    n0, w0 = next(((n0, w0) for n0, w0 in reversed(history[:-1]) if wall - w0 >= ETA_WINDOW), history[0])
+    if n0 >= n or w0 >= wall:  # no earlier record to measure from: the average since training started
+        n0, w0 = 0, 0.0
+    return (max_update - n) * (wall - w0) / (n - n0) if n > n0 and wall > w0 else None
 
 
 def fields_pipe(line):
