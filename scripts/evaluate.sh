@@ -2,8 +2,8 @@
 # Translate a test set and report BLEU as the papers do.
 #
 #   bash scripts/evaluate.sh --data DATA_BIN --checkpoint CKPT [--row ROW] [--out DIR]
-#        [--beam 4] [--lenpen 0.6] [--subset test] [--max-tokens 8192] [--no-compound-split] [--dry-run]
-#        [-- EXTRA_GENERATE_ARGS...]
+#        [--beam 4] [--lenpen 0.6] [--subset test[,SUBSET...]] [--max-tokens 8192] [--no-compound-split]
+#        [--dry-run] [-- EXTRA_GENERATE_ARGS...]
 #
 # Runs fairseq-generate (beam 4, lenpen 0.6 unless --row or the flags say
 # otherwise; --row ROW takes them from scripts/collect_results.py), then
@@ -11,8 +11,11 @@
 # when the target is German, unless --no-compound-split) and detokenized sacreBLEU with its signature,
 # against the references prepare-*.sh put in DATA_BIN/ref/. Writes
 # OUT/generate-SUBSET.txt, OUT/hyp.detok.txt and OUT/results.json (read by
-# collect_results.py). Default OUT: the checkpoint's directory. --dry-run: print the decoding settings and
-# the fairseq-generate command, read and write nothing. Python: $PYTHON, else the active venv, else .venv.
+# collect_results.py). Default OUT: the checkpoint's directory. Several subsets (--subset test,test1,test2)
+# are decoded by one process (umst_tools/generate_subsets.py: fairseq-generate's own code once per subset, one
+# start-up); each gets its own OUT, so OUT must then contain {subset} (e.g. --out run/eval-{subset}).
+# --dry-run: print the decoding settings and the fairseq-generate command, read and write nothing.
+# Python: $PYTHON, else the active venv, else .venv.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/lib/env.sh"  # find_python: $PYTHON, the active venv, else .venv (no activation needed)
@@ -41,41 +44,62 @@ done
 find_python
 [[ "$DRY" -eq 1 || -f "$CKPT" ]] || { echo "no checkpoint $CKPT" >&2; exit 2; }
 OUT="${OUT:-$(dirname "$CKPT")}"
-[[ "$DRY" -eq 1 ]] || mkdir -p "$OUT"
+IFS=, read -r -a SUBSETS <<< "$SUBSET"
+[[ ${#SUBSETS[@]} -ge 1 ]] || { echo "--subset: no subset given" >&2; exit 2; }
+if [[ ${#SUBSETS[@]} -gt 1 && "$OUT" != *"{subset}"* ]]; then
+    echo "--subset $SUBSET: several subsets need --out with {subset} in it (each gets its own results.json)" >&2
+    exit 2
+fi
+out_of() { printf '%s' "${OUT//\{subset\}/$1}"; }
 if [[ -n "$ROW" ]]; then
     info() { "$PY" "$ROOT/scripts/collect_results.py" --row-info "$ROW" "$1"; }
     BEAM="${BEAM:-$(info beam)}"; LENPEN="${LENPEN:-$(info lenpen)}"
 fi
 BEAM="${BEAM:-4}"; LENPEN="${LENPEN:-0.6}"
 
-# Language pair from the binarized test set (SUBSET.SRC-TGT.SRC.bin).
-PAIR="$(cd "$DATA" 2>/dev/null && ls "$SUBSET".*-*.*.bin 2>/dev/null | head -1 | sed -E "s/^$SUBSET\.([^.]+)\..*/\1/")" || true
-[[ -n "$PAIR" || "$DRY" -eq 1 ]] || { echo "no binarized $SUBSET set in $DATA" >&2; exit 2; }
+# Language pair from the binarized test set (SUBSET.SRC-TGT.SRC.bin), of every subset.
+PAIR=""
+for S in "${SUBSETS[@]}"; do
+    P="$(cd "$DATA" 2>/dev/null && ls "$S".*-*.*.bin 2>/dev/null | head -1 | sed -E "s/^$S\.([^.]+)\..*/\1/")" || true
+    [[ -n "$P" || "$DRY" -eq 1 ]] || { echo "no binarized $S set in $DATA" >&2; exit 2; }
+    [[ -z "$PAIR" || -z "$P" || "$P" == "$PAIR" ]] || { echo "$DATA: $S is $P, not $PAIR" >&2; exit 2; }
+    PAIR="${PAIR:-$P}"
+done
 PAIR="${PAIR:-SRC-TGT}"
 SRC="${PAIR%-*}"; TGT="${PAIR#*-}"
 
-GEN="$OUT/generate-$SUBSET.txt"
-GENERATE=("$PY" -c 'from fairseq_cli.generate import cli_main; cli_main()' "$DATA"
-    --user-dir "$ROOT/umst_plugin" --task multiscale_translation --source-lang "$SRC" --target-lang "$TGT"
-    --path "$CKPT" --gen-subset "$SUBSET" --beam "$BEAM" --lenpen "$LENPEN" --max-tokens "$MAX_TOKENS"
-    --remove-bpe --results-path "$OUT" --required-batch-size-multiple 1 ${EXTRA[@]+"${EXTRA[@]}"})
+MODEL=("$DATA" --user-dir "$ROOT/umst_plugin" --task multiscale_translation --source-lang "$SRC" --target-lang "$TGT"
+    --path "$CKPT")
+DECODING=(--beam "$BEAM" --lenpen "$LENPEN" --max-tokens "$MAX_TOKENS" --remove-bpe --required-batch-size-multiple 1
+    ${EXTRA[@]+"${EXTRA[@]}"})
+if [[ ${#SUBSETS[@]} -eq 1 ]]; then
+    GENERATE=("$PY" -c 'from fairseq_cli.generate import cli_main; cli_main()' "${MODEL[@]}" --gen-subset "$SUBSET"
+        "${DECODING[@]:0:7}" --results-path "$(out_of "$SUBSET")" "${DECODING[@]:7}")
+else
+    GENERATE=("$PY" -m umst_tools.generate_subsets)
+    for S in "${SUBSETS[@]}"; do GENERATE+=("$S=$(out_of "$S")"); done
+    GENERATE+=(-- "${MODEL[@]}" "${DECODING[@]}")
+fi
 if [[ "$DRY" -eq 1 ]]; then
-    echo "[evaluate.sh] beam $BEAM, lenpen $LENPEN, $SRC -> $TGT, results in $OUT" >&2
+    echo "[evaluate.sh] beam $BEAM, lenpen $LENPEN, $SRC -> $TGT, subsets ${SUBSETS[*]}, results in $OUT" >&2
     printf '%q ' "${GENERATE[@]}"; echo
     exit 0
 fi
+for S in "${SUBSETS[@]}"; do mkdir -p "$(out_of "$S")"; rm -f "$(out_of "$S")/results.json"; done
 "${GENERATE[@]}"
 # --results-path writes OUT/generate-SUBSET.txt. --required-batch-size-multiple 1: fairseq-fixed
 # 0.12.3.1's batch_by_size drops a final batch smaller than the multiple (default 8), i.e. up to 7
 # test sentences would silently go untranslated.
 
-SCORE=(--generate "$GEN" --lang "$TGT" --json "$OUT/results.json" --detok-out "$OUT/hyp.detok.txt")
-[[ -f "$DATA/ref/$SUBSET.tok.$TGT" ]] && SCORE+=(--tok-ref "$DATA/ref/$SUBSET.tok.$TGT")
-[[ -f "$DATA/ref/$SUBSET.detok.$TGT" ]] && SCORE+=(--detok-ref "$DATA/ref/$SUBSET.detok.$TGT")
-[[ "$TGT" == de && "$COMPOUND" == 1 ]] && SCORE+=(--compound-split)
-rm -f "$OUT/results.json"
-"$PY" "$ROOT/scripts/score.py" "${SCORE[@]}" \
-    --extra "row=${ROW:-$(basename "$OUT")}" --extra "checkpoint=$(cd "$(dirname "$CKPT")" && pwd)/$(basename "$CKPT")" \
-    --extra "checkpoint_name=$(basename "$CKPT")" --extra "data=$DATA" --extra "data_name=$(basename "$DATA")" \
-    --extra "subset=$SUBSET" --extra "beam=$BEAM" --extra "lenpen=$LENPEN"
-echo "results: $OUT/results.json"
+for S in "${SUBSETS[@]}"; do
+    O="$(out_of "$S")"
+    SCORE=(--generate "$O/generate-$S.txt" --lang "$TGT" --json "$O/results.json" --detok-out "$O/hyp.detok.txt")
+    [[ -f "$DATA/ref/$S.tok.$TGT" ]] && SCORE+=(--tok-ref "$DATA/ref/$S.tok.$TGT")
+    [[ -f "$DATA/ref/$S.detok.$TGT" ]] && SCORE+=(--detok-ref "$DATA/ref/$S.detok.$TGT")
+    [[ "$TGT" == de && "$COMPOUND" == 1 ]] && SCORE+=(--compound-split)
+    "$PY" "$ROOT/scripts/score.py" "${SCORE[@]}" \
+        --extra "row=${ROW:-$(basename "$O")}" --extra "checkpoint=$(cd "$(dirname "$CKPT")" && pwd)/$(basename "$CKPT")" \
+        --extra "checkpoint_name=$(basename "$CKPT")" --extra "data=$DATA" --extra "data_name=$(basename "$DATA")" \
+        --extra "subset=$S" --extra "beam=$BEAM" --extra "lenpen=$LENPEN"
+    echo "results: $O/results.json"
+done

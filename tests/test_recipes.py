@@ -1464,6 +1464,22 @@ def test_shell_scripts_end_to_end_en_ro(prepared, tmp_path):
     with open(save / "results.json") as f:
         res = json.load(f)
     assert res["sentences"] == 30 and res["row"] == row and res["beam"] == "4" and res["lenpen"] == "0.6"
+    # several subsets, one process (umst_tools.generate_subsets): each subset's file and scores are those of
+    # its own fairseq-generate process, the log lines fairseq writes into the file included
+    sh("bash", os.path.join(SCRIPTS, "evaluate.sh"), "--data", p["databin"], "--checkpoint",
+       save / "checkpoint_avg2.pt", "--row", row, "--subset", "valid,test", "--out", tmp_path / "both" / "{subset}",
+       "--", "--max-len-a", "1.2", "--max-len-b", "5", "--cpu")
+    def lines(path):  # without the timings
+        return [x for x in open(path).read().splitlines() if not re.search(r"\d+\.\d+s|sentences/s|wps", x)]
+    single, both = save / "generate-test.txt", tmp_path / "both" / "test" / "generate-test.txt"
+    assert lines(both) == lines(single) and any(x.startswith("H-") for x in lines(both)), (lines(both), lines(single))
+    assert sum(x.startswith("Generate test with beam=4") for x in lines(both)) == 1
+    with open(tmp_path / "both" / "test" / "results.json") as f:
+        again = json.load(f)
+    assert {k: v for k, v in again.items() if k != "row"} == {k: v for k, v in res.items() if k != "row"}
+    with open(tmp_path / "both" / "valid" / "results.json") as f:
+        assert json.load(f)["subset"] == "valid"
+    assert "Generate valid with beam=4" in (tmp_path / "both" / "valid" / "generate-valid.txt").read_text()
     table = sh(sys.executable, os.path.join(SCRIPTS, "collect_results.py"), tmp_path / "runs", "--all-rows")
     line = next(x for x in table.splitlines() if x.startswith(f"| {row} |"))
     assert "| 34.21 |" in line and f"| {res['tok_bleu']:.2f} |" in line
@@ -1471,6 +1487,29 @@ def test_shell_scripts_end_to_end_en_ro(prepared, tmp_path):
 
 
 # ---- unit checks of the scoring and averaging -------------------------------------------------
+
+def test_several_subsets_need_a_results_dir_per_subset_and_well_formed_pairs(tmp_path):
+    from umst_tools import generate_subsets
+
+    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "evaluate.sh"), "--data", str(tmp_path), "--checkpoint",
+                           str(tmp_path / "c.pt"), "--subset", "test,test1", "--dry-run"], env=env(),
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and "several subsets need --out with {subset} in it" in proc.stderr, proc.stderr
+    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "evaluate.sh"), "--data", str(tmp_path), "--checkpoint",
+                           str(tmp_path / "c.pt"), "--subset", "test,test1", "--out", str(tmp_path / "e-{subset}"),
+                           "--dry-run", "--", "--cpu"], env=env(), capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert f" -m umst_tools.generate_subsets test={tmp_path}/e-test test1={tmp_path}/e-test1 -- {tmp_path} " \
+        in proc.stdout and proc.stdout.rstrip().endswith("--required-batch-size-multiple 1 --cpu"), proc.stdout
+    assert generate_subsets.parse(["test=a", "valid=b", "--", "data", "--beam", "4"]) == \
+        ([("test", "a"), ("valid", "b")], ["data", "--beam", "4"])
+    for argv, message in ((["test=a", "data"], "usage"), (["test", "--", "data"], "expected SUBSET=RESULTS_DIR"),
+                          (["--", "data"], "no SUBSET=RESULTS_DIR"),
+                          (["test=a", "--", "data", "--gen-subset", "x"], "--gen-subset comes from"),
+                          (["test=a", "--", "data", "--results-path=x"], "--results-path comes from")):
+        with pytest.raises(SystemExit, match=message):
+            generate_subsets.parse(argv)
+
 
 def test_legacy_model_gets_the_namespace_fairseq_train_builds(prepared):
     """A legacy arch's hydra model config becomes fairseq-train's flat Namespace: YAML values kept,

@@ -38,17 +38,19 @@ def average(args, save, n, final, output, found=None):
     return output
 
 
-def decode(args, row, checkpoint, subset, out, log_file):
-    """fairseq-generate (beam --beam, lenpen 1) + scripts/score.py on one subset, unless done before."""
-    if os.path.exists(os.path.join(out, "results.json")):
-        return read_json(os.path.join(out, "results.json"))
-    cmd = ["bash", os.path.join(ROOT, "scripts/evaluate.sh"), "--data", args.data + DATA_VARIANT.get(row, ""),
-           "--checkpoint", checkpoint, "--out", out, "--subset", subset, "--beam", str(args.beam), "--lenpen", "1",
-           "--no-compound-split", "--max-tokens", "4096"]
-    if args.cpu:
-        cmd += ["--", "--cpu"]
-    sh(args, cmd, log_file)
-    return read_json(os.path.join(out, "results.json"))
+def decode(args, row, checkpoint, subsets, out, log_file):
+    """fairseq-generate (beam --beam, lenpen 1) + scripts/score.py on each of ``subsets`` not decoded before, in
+    one scripts/evaluate.sh call (one process decodes them all). ``out``: the results directory, with {subset}
+    in it. {subset: its results}."""
+    todo = [s for s in subsets if not os.path.exists(os.path.join(out.replace("{subset}", s), "results.json"))]
+    if todo:
+        cmd = ["bash", os.path.join(ROOT, "scripts/evaluate.sh"), "--data", args.data + DATA_VARIANT.get(row, ""),
+               "--checkpoint", checkpoint, "--out", out, "--subset", ",".join(todo), "--beam", str(args.beam),
+               "--lenpen", "1", "--no-compound-split", "--max-tokens", "4096"]
+        if args.cpu:
+            cmd += ["--", "--cpu"]
+        sh(args, cmd, log_file)
+    return {s: read_json(os.path.join(out.replace("{subset}", s), "results.json")) for s in subsets}
 
 
 def evaluate(args, row, seed):
@@ -56,8 +58,8 @@ def evaluate(args, row, seed):
     if evaluated(save):  # nothing left to do (and no checkpoints needed: a run restored from --archive)
         return
     avg = average(args, save, args.average, args.max_update, os.path.join(save, f"checkpoint_avg{args.average}.pt"))
-    for subset, _ in TEST_SETS:
-        decode(args, row, avg, subset, os.path.join(save, f"eval-{subset}"), os.path.join(save, "eval.log"))
+    decode(args, row, avg, [subset for subset, _ in TEST_SETS], os.path.join(save, "eval-{subset}"),
+           os.path.join(save, "eval.log"))
     params = os.path.join(save, "params.json")
     if not os.path.exists(params):
         write_json(params, {"parameters": count_parameters(avg)})
@@ -82,8 +84,9 @@ def budget_curve(args, row, seed, every):
             ckpt = average(args, save, args.average, final,
                            os.path.join(save, "curve", f"checkpoint_avg{args.average}_{final}.pt"), found)
         point = dict(update=final, valid_ppl=ppl.get(final))
-        for subset, out in outs.items():
-            point[subset] = decode(args, row, ckpt, subset, out, os.path.join(save, "curve", "eval.log"))["tok_bleu"]
+        decoded = decode(args, row, ckpt, list(outs), os.path.join(save, "curve", f"{final}-{{subset}}"),
+                         os.path.join(save, "curve", "eval.log"))
+        point.update((subset, results["tok_bleu"]) for subset, results in decoded.items())
         if ckpt:
             os.remove(ckpt)  # an average is as large as the model and quick to redo; its scores stay
         points.append(point)
