@@ -33,17 +33,36 @@ def longest_files_first(items):
     items.sort(key=lambda item: (-seconds.get(item.path.name, 0.0), first[item.path.name]))  # (a stable sort)
 
 
+def built_once(tmp_path_factory, worker_id, name, build):
+    """``build(directory)``'s result, built by one xdist worker of this run and reused by the other (pytest-xdist's
+    documented pattern: a file lock in the run's base directory, which the workers share); each its own without
+    xdist."""
+    if worker_id == "master":
+        return build(str(tmp_path_factory.mktemp(name)))
+    from filelock import FileLock
+
+    directory = tmp_path_factory.getbasetemp().parent / name
+    done = directory.with_name(name + ".done")
+    with FileLock(str(directory) + ".lock"):
+        if not done.exists():
+            directory.mkdir(exist_ok=True)  # (left by a build that failed: built again)
+            result = build(str(directory))
+            assert result == str(directory), (result, directory)
+            done.touch()
+    return str(directory)
+
+
 @pytest.fixture(scope="session")
-def toy_raw(tmp_path_factory):
+def toy_raw(tmp_path_factory, worker_id):
     """The toy corpus (small) with gold CoNLL-U and joint BPE."""
     import e2e
 
-    return e2e.make_toy_corpus(str(tmp_path_factory.mktemp("toy_raw")))
+    return built_once(tmp_path_factory, worker_id, "toy_raw", e2e.make_toy_corpus)
 
 
 @pytest.fixture(scope="session")
-def toy_databin(toy_raw, tmp_path_factory):
+def toy_databin(toy_raw, tmp_path_factory, worker_id):
     """fairseq-preprocess + umst-preprocess output for the toy corpus."""
     import e2e
 
-    return e2e.binarize(toy_raw, str(tmp_path_factory.mktemp("toy_databin")))
+    return built_once(tmp_path_factory, worker_id, "toy_databin", lambda d: e2e.binarize(toy_raw, d))
