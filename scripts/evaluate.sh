@@ -70,15 +70,15 @@ SRC="${PAIR%-*}"; TGT="${PAIR#*-}"
 
 MODEL=("$DATA" --user-dir "$ROOT/umst_plugin" --task multiscale_translation --source-lang "$SRC" --target-lang "$TGT"
     --path "$CKPT")
-DECODING=(--beam "$BEAM" --lenpen "$LENPEN" --max-tokens "$MAX_TOKENS" --remove-bpe --required-batch-size-multiple 1
-    ${EXTRA[@]+"${EXTRA[@]}"})
+DECODING=(--beam "$BEAM" --lenpen "$LENPEN" --max-tokens "$MAX_TOKENS" --remove-bpe)
+LAST=(--required-batch-size-multiple 1 ${EXTRA[@]+"${EXTRA[@]}"})  # EXTRA last: what the user adds wins
 if [[ ${#SUBSETS[@]} -eq 1 ]]; then
     GENERATE=("$PY" -c 'from fairseq_cli.generate import cli_main; cli_main()' "${MODEL[@]}" --gen-subset "$SUBSET"
-        "${DECODING[@]:0:7}" --results-path "$(out_of "$SUBSET")" "${DECODING[@]:7}")
+        "${DECODING[@]}" --results-path "$(out_of "$SUBSET")" "${LAST[@]}")
 else
     GENERATE=("$PY" -m umst_tools.generate_subsets)
     for S in "${SUBSETS[@]}"; do GENERATE+=("$S=$(out_of "$S")"); done
-    GENERATE+=(-- "${MODEL[@]}" "${DECODING[@]}")
+    GENERATE+=(-- "${MODEL[@]}" "${DECODING[@]}" "${LAST[@]}")
 fi
 if [[ "$DRY" -eq 1 ]]; then
     echo "[evaluate.sh] beam $BEAM, lenpen $LENPEN, $SRC -> $TGT, subsets ${SUBSETS[*]}, results in $OUT" >&2

@@ -52,5 +52,6 @@ def main(argv=None):
         sys.argv = ["fairseq-generate", *args, "--gen-subset", subset, "--results-path", out]
         cli_main()
 
+
 if __name__ == "__main__":
     main()

@@ -38,11 +38,16 @@ def average(args, save, n, final, output, found=None):
     return output
 
 
+def undecoded(subsets, out):
+    """The subsets without a results.json in ``out`` (a results directory with {subset} in it)."""
+    return [s for s in subsets if not os.path.exists(os.path.join(out.replace("{subset}", s), "results.json"))]
+
+
 def decode(args, row, checkpoint, subsets, out, log_file):
     """fairseq-generate (beam --beam, lenpen 1) + scripts/score.py on each of ``subsets`` not decoded before, in
     one scripts/evaluate.sh call (one process decodes them all). ``out``: the results directory, with {subset}
     in it. {subset: its results}."""
-    todo = [s for s in subsets if not os.path.exists(os.path.join(out.replace("{subset}", s), "results.json"))]
+    todo = undecoded(subsets, out)
     if todo:
         cmd = ["bash", os.path.join(ROOT, "scripts/evaluate.sh"), "--data", args.data + DATA_VARIANT.get(row, ""),
                "--checkpoint", checkpoint, "--out", out, "--subset", ",".join(todo), "--beam", str(args.beam),
@@ -78,14 +83,13 @@ def budget_curve(args, row, seed, every):
             models_to_average(save, args.average, final, found)
         except SystemExit:  # fewer than --average saved models so far
             continue
-        outs = {subset: os.path.join(save, "curve", f"{final}-{subset}") for subset in ("valid", "test")}
+        subsets, out = ("valid", "test"), os.path.join(save, "curve", f"{final}-{{subset}}")
         ckpt = None
-        if not all(os.path.exists(os.path.join(o, "results.json")) for o in outs.values()):
+        if undecoded(subsets, out):
             ckpt = average(args, save, args.average, final,
                            os.path.join(save, "curve", f"checkpoint_avg{args.average}_{final}.pt"), found)
         point = dict(update=final, valid_ppl=ppl.get(final))
-        decoded = decode(args, row, ckpt, list(outs), os.path.join(save, "curve", f"{final}-{{subset}}"),
-                         os.path.join(save, "curve", "eval.log"))
+        decoded = decode(args, row, ckpt, subsets, out, os.path.join(save, "curve", "eval.log"))
         point.update((subset, results["tok_bleu"]) for subset, results in decoded.items())
         if ckpt:
             os.remove(ckpt)  # an average is as large as the model and quick to redo; its scores stay
