@@ -13,7 +13,8 @@ two encoder layers and one decoder layer, one compiled model per arch for all of
 * the two encoder layers of one class share one compiled graph (dynamo's cache entries on the class's
   ``forward`` code object), where the two layers are built alike;
 * 20 batches of different shapes (2-7 sentences, 2-18 tokens, padded on both sides) compile nothing after the
-  first 3 (dynamo's graph count and each layer class's cache entries);
+  first 3 (dynamo's graph count and each layer class's cache entries), and one program per layer class in all
+  (TranSFormer's encoder class two: its two layers are built differently);
 * no graph break inside a layer (``fullgraph=True`` would stop the forward; dynamo's ``graph_break`` counter
   stays empty as well).
 
@@ -71,8 +72,9 @@ def _batch(task, rng, seed, longest=18):
 
 
 def _batches(task, n, seed=0):
-    """The warm-up meets long and short batches (Prime's convolution compiles one graph for sources shorter than
-    its widest kernel and one for the others: docs/compile.md), then random shapes."""
+    """The warm-up meets long and short batches (Prime's convolution once compiled one program for sources shorter
+    than its widest kernel and one for the others: modules/prime/dynamic_conv.py, ``_laid_out``), then random
+    shapes."""
     rng = random.Random(seed)
     for i in range(n):
         yield _batch(task, rng, seed=i, longest=6 if i == 1 else 18)
@@ -181,8 +183,11 @@ def _check_compiled_layers(arch, overrides):
         _loss(model, sample)[1].backward()
     assert _graph_state(forwards) == after_warmup, (arch, after_warmup, _graph_state(forwards))
     assert sum(counters["graph_break"].values()) == breaks_before, dict(counters["graph_break"])
-    print(f"{arch}: compiled variants per layer class {[compiling.cache_entries(f) - n for f, n in zip(forwards, entries_before)]} "
-          f"({', '.join(f.__qualname__ for f in forwards)})")
+    variants = [compiling.cache_entries(f) - n for f, n in zip(forwards, entries_before)]
+    print(f"{arch}: compiled variants per layer class {variants} ({', '.join(f.__qualname__ for f in forwards)})")
+    # one program per layer class for every shape of these batches (padded, 2-7 sentences, sources shorter and
+    # longer than Prime's widest kernel); TranSFormer's encoder class has its two differently built layers
+    assert max(variants) == (2 if arch in DISTINCT_ENCODER_LAYERS else 1), (arch, variants)
 
 
 def test_the_decoder_layers_of_a_stack_share_one_compiled_program(monkeypatch):

@@ -30,7 +30,8 @@ PRIME = ("--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim"
          "--share-all-embeddings", *NO_DROPOUT)
 UPDATES, RESUMED = 100, 110
 # compiled programs per layer class in training (its forward and backward): one, plus the variants torch
-# specialises (a batch without padding, sizes 1); measured 1 per class on the toy corpus
+# specialises (a batch without padding, sizes 1); measured 1 per class on the toy corpus (2 before
+# modules/prime/dynamic_conv.py's _laid_out: one more for the sources shorter than the 15-tap kernel)
 MAX_TRAINING_PROGRAMS = 3
 
 

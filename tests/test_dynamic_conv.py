@@ -212,7 +212,9 @@ def test_compiled_backward_takes_short_batches_of_any_size():
     shapes, forward and backward on a batch shorter than the widest kernel (T 10, B 5), then on another short batch
     of another batch size (T 5, B 4). Its compiled backward failed there (``assert_size_stride``: the saved windows'
     strides fixed to the first batch's) while the backward's windows were the forward's ops; it now matches eager.
-    (Long batches after short ones: tests/test_compile_stream.py trains Prime over a corpus's batches.)"""
+    Then a batch longer than the kernel (T 20, B 3): the same program (one cache entry), since the window view is
+    laid out contiguously under compile (``_laid_out``), not by comparing T with K. (Long and short batches over a
+    corpus's stream: tests/test_compile_stream.py trains Prime compiled.)"""
     import logging
 
     from umst_plugin import compile as compiling
@@ -223,7 +225,7 @@ def test_compiled_backward_takes_short_batches_of_any_size():
     def conv(x, short, wide, gates):
         return multi_dynamic_convolution(x, [short, wide], [1, 7], gates)
     compiled = torch.compile(conv, dynamic=True, fullgraph=True)
-    for T, B in ((10, 5), (5, 4)):
+    for T, B in ((10, 5), (5, 4), (20, 3)):
         torch.manual_seed(T)
         inputs = [torch.randn(T, B, 8), torch.randn(T, B, 2, 3), torch.randn(T, B, 2, 15), torch.randn(2)]
         grads = []
@@ -234,3 +236,4 @@ def test_compiled_backward_takes_short_batches_of_any_size():
             grads.append([out] + [t.grad for t in leaves])
         for got, want in zip(*grads):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=lambda m: f"T {T}, B {B}: {m}")
+    assert compiling.cache_entries(conv) == 1

@@ -99,7 +99,7 @@ class DynamicConvolution(torch.autograd.Function):
         gs = None if gates is None else (gates.to(acc) * scale if keep is not None else gates.to(acc))
         weight = DynamicConvolution._mixed(probs, keeps, gs, scale, offsets, K)
         padded = F.pad(x, (0, 0, 0, 0, padding_l, K - 1 - padding_l)).view(T + K - 1, B, H, C // H)
-        out = (padded.unfold(0, K, 1) * weight.unsqueeze(3)).sum(-1)
+        out = (_laid_out(padded.unfold(0, K, 1)) * weight.unsqueeze(3)).sum(-1)
         return out.view(T, B, C).to(x.dtype), probs, gs
 
     @staticmethod
@@ -177,7 +177,7 @@ class DynamicConvolution(torch.autograd.Function):
         grad_gates = None
         grad_logits = [None] * n
         if any(ctx.needs_input_grad[7:]) or ctx.needs_input_grad[1]:
-            windows = DynamicConvolution._backward_windows(x, ctx.padding_l, K, H)
+            windows = _laid_out(DynamicConvolution._backward_windows(x, ctx.padding_l, K, H))
             grad_weight = (windows * g.unsqueeze(-1)).sum(3)  # T x B x H x K
             if n == 1:
                 d = grad_weight if keeps[0] is None else (grad_weight * keeps[0]).mul_(scale)
@@ -195,6 +195,24 @@ class DynamicConvolution(torch.autograd.Function):
                     grad_logits[i] = torch._softmax_backward_data(d, pr, -1, acc)
             grad_logits = [None if gl is None else gl.to(dt) for gl, dt in zip(grad_logits, ctx.logit_dtypes)]
         return (grad_x, grad_gates, None, None, None, None, None, *grad_logits)
+
+
+def _laid_out(windows: Tensor) -> Tensor:
+    """The T x B x H x R x K window view for a product with it: itself in eager code; contiguous under torch.compile.
+
+    The view's time and tap dimensions have equal strides, and torch settles the layout of an elementwise product
+    with such a tensor by comparing their sizes, T against K (``compute_elementwise_output_logical_to_physical_perm``
+    in ``torch._prims_common``). Traced with dynamic shapes, that comparison became a guard: one compiled program for
+    sources shorter than the widest kernel and one for the others, in the forward and in the backward (a second
+    compile of every Prime layer class, some thousand updates into a run). Contiguous, the product has one layout.
+    Inductor reads the view's elements inside the product's kernel, so this adds no kernel and no buffer; eager
+    code keeps the view (a copy there would be a K x copy of the input and one more kernel)."""
+    return windows.contiguous() if _compiling() else windows
+
+
+def _compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and compiler.is_compiling())
 
 
 def multi_dynamic_convolution(x: Tensor, logits: Sequence[Tensor], paddings: Sequence[int],
