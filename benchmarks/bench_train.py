@@ -384,7 +384,7 @@ def main(argv=None):
     p.add_argument("--timeout", type=int, default=600, help="seconds for each of the two processes")
     p.add_argument("--deadline", type=int, default=None,
                    help="seconds for the whole command (a caller's budget): the stock process gets at most "
-                        f"{STOCK_SHARE:.0%} of them, the plugin process the rest, less {DEADLINE_RESERVE} s kept "
+                        f"{STOCK_SHARE:.0%}% of them, the plugin process the rest, less {DEADLINE_RESERVE} s kept "
                         "for the FLOP counts and writing the results; rows finished by then are kept")
     p.add_argument("--work", default=None, help="scratch folder (plans, per-process logs)")
     p.add_argument("--json", default=None)
