@@ -66,3 +66,17 @@ def toy_databin(toy_raw, tmp_path_factory, worker_id):
     import e2e
 
     return built_once(tmp_path_factory, worker_id, "toy_databin", lambda d: e2e.binarize(toy_raw, d))
+
+
+@pytest.fixture(scope="session")
+def multi30k_standin(tmp_path_factory, worker_id):
+    """scripts/prepare-multi30k.sh on the first lines of the Multi30k raw files (the toy corpus under their names
+    where ../shared is absent), spaCy parser: the dict of tests/recipe_toy.py's ``multi30k_standin``. Read-only:
+    a test that changes it works on a copy."""
+    pytest.importorskip("spacy")
+    import e2e
+    import recipe_toy
+
+    top = built_once(tmp_path_factory, worker_id, "multi30k_standin",
+                     lambda d: recipe_toy.prepare_multi30k_standin(d, e2e.cli_env()))
+    return recipe_toy.multi30k_standin(top)

@@ -77,23 +77,14 @@ def recipe_env(sources):
 
 
 @pytest.fixture(scope="module")
-def m30k(tmp_path_factory):
-    pytest.importorskip("spacy")
-    top = tmp_path_factory.mktemp("inference")
-    raw, work = top / "raw", top / "work"
-    origin, _ = recipe_toy.write_multi30k_standin(str(raw))
-    sources = recipe_toy.write_multi30k_sources(top / "sources.txt", str(raw))
-    cmd = ["bash", os.path.join(ROOT, "scripts", "prepare-multi30k.sh"), "--raw-dir", str(raw), "--work-dir",
-           str(work), "--bpe-merges", str(MERGES), "--parser", "spacy", "--parser-args",
-           "--parser-model en_core_web_md", "--workers", "1"]
-    proc = subprocess.run(cmd, env=recipe_env(sources), cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    databin = str(work / "data-bin" / f"multi30k_en_de_bpe{MERGES}")
-    test_raw = recipe_toy.read_gz(str(raw / TEST_RAW))
+def m30k(multi30k_standin):
+    """The recipe's data-bin (built once per test run: tests/conftest.py's ``multi30k_standin``, which
+    test_recipes.py reads too), its raw test sources, and a sentence to probe."""
+    assert recipe_toy.MULTI30K_MERGES == MERGES
+    test_raw = recipe_toy.read_gz(os.path.join(multi30k_standin["raw"], TEST_RAW))
     # the issue's sentence on real captions; on the toy stand-in (no ../shared) a test source, capitalised
-    probe = DOGS if origin == "shared" else test_raw[0][:1].upper() + test_raw[0][1:]
-    return dict(raw=str(raw), work=str(work), databin=databin, origin=origin, cmd=cmd, sources=sources,
-                log=proc.stderr, test_raw=test_raw, probe=probe)
+    probe = DOGS if multi30k_standin["origin"] == "shared" else test_raw[0][:1].upper() + test_raw[0][1:]
+    return dict(multi30k_standin, test_raw=test_raw, probe=probe)
 
 
 @pytest.fixture(scope="module")
@@ -202,10 +193,13 @@ def test_tokenize_without_sacremoses_stops_with_a_clear_error(tmp_path):
     assert not out.exists() and not os.path.exists(str(out) + ".tmp")
 
 
-def test_rerunning_the_recipe_records_an_older_databin(m30k):
+def test_rerunning_the_recipe_records_an_older_databin(m30k, tmp_path):
     """A data-bin made before records existed: re-running the recipe with the same arguments skips every
-    stage and writes the record, the parser's included (and the no-parse variant's own record)."""
-    db = m30k["databin"]
+    stage and writes the record, the parser's included (and the no-parse variant's own record). (On a copy of
+    the work dir: the test run's other tests read the original.)"""
+    work = tmp_path / "work"
+    shutil.copytree(m30k["work"], work, symlinks=True)
+    db = os.path.join(work, os.path.relpath(m30k["databin"], m30k["work"]))
     record = os.path.join(db, textprep.RECORD_NAME)
     with open(record, encoding="utf-8") as f:
         before = f.read()
@@ -213,7 +207,9 @@ def test_rerunning_the_recipe_records_an_older_databin(m30k):
     os.remove(os.path.join(db + "_noparse", textprep.RECORD_NAME))
     # parsed before umst-preprocess recorded its parser too: the re-run writes that record without parsing
     os.remove(os.path.join(db, "source-parse.json"))
-    proc = subprocess.run(m30k["cmd"], env=recipe_env(m30k["sources"]), cwd=ROOT, capture_output=True, text=True)
+    cmd = list(m30k["cmd"])
+    cmd[cmd.index("--work-dir") + 1] = str(work)
+    proc = subprocess.run(cmd, env=recipe_env(m30k["sources"]), cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for stage in ("extract", "tokenize", "clean", "binarize", "no-parse variant"):
         assert re.search(rf"\] {stage}[^\n]*: done before", proc.stderr), (stage, proc.stderr[-3000:])

@@ -75,9 +75,10 @@ PREPARE = {"wmt14-en-de": ("prepare-wmt14-en-de.sh", "wmt14_en_de", "de"),
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    """The WMT prepare scripts on toy stand-in data and the Multi30k one on a few hundred lines of
-    the shared raw files (spaCy parser), run concurrently."""
+def prepared(tmp_path_factory, multi30k_standin):
+    """The WMT prepare scripts on toy stand-in data, run concurrently, and the Multi30k one on a few hundred lines
+    of the shared raw files (spaCy parser; built once per test run, tests/conftest.py's ``multi30k_standin``:
+    test_inference.py reads the same data-bin)."""
     top = tmp_path_factory.mktemp("recipes")
     jobs, out = {}, {}
     for dataset, (script, name, tgt) in PREPARE.items():
@@ -90,16 +91,8 @@ def prepared(tmp_path_factory):
         out[dataset] = dict(work=str(work), databin=str(work / "data-bin" / f"{name}_bpe{MERGES}"), kept=kept,
                             tgt=tgt, cmd=cmd)
     # Multi30k: the first lines of the real raw files (toy corpus where ../shared is absent), real parser.
-    raw, work = top / "multi30k-raw", top / "multi30k-work"
-    origin, counts = recipe_toy.write_multi30k_standin(str(raw))
-    sources = recipe_toy.write_multi30k_sources(top / "multi30k-sources.txt", str(raw))
-    cmd = ["bash", os.path.join(SCRIPTS, "prepare-multi30k.sh"), "--raw-dir", raw, "--work-dir", work,
-           "--bpe-merges", MERGES, "--parser", "spacy", "--parser-args", "--parser-model en_core_web_md",
-           "--workers", "1"]
-    jobs["multi30k"] = (subprocess.Popen(list(map(str, cmd)), env={**env(), "MULTI30K_SOURCES": sources}, cwd=ROOT,
-                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), cmd)
-    out["multi30k"] = dict(work=str(work), databin=str(work / "data-bin" / f"multi30k_en_de_bpe{MERGES}"),
-                           raw=str(raw), sources=sources, origin=origin, counts=counts, tgt="de", cmd=cmd)
+    assert recipe_toy.MULTI30K_MERGES == MERGES
+    out["multi30k"] = dict(multi30k_standin, tgt="de")
     for dataset, (proc, cmd) in jobs.items():
         log, _ = proc.communicate()
         assert proc.returncode == 0, f"{' '.join(map(str, cmd))}\n{log[-6000:]}"
