@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from umst_plugin.modules.common.tracing import compiling
+
 # "infinite" divisor / reach: larger than any sequence, small enough that FAR + T fits in int64.
 # (Reaches are compared after ``remainder(FAR)``: causal keys after the query land at FAR - (j - i) > FAR / 2.)
 FAR = 2 ** 40
@@ -58,11 +60,6 @@ def half_width_constants(head_scales: Sequence) -> Tuple[List[int], List[int]]:
             divisors.append(FAR)
             constants.append(GLOBAL_REACH)
     return divisors, constants
-
-
-def compiling() -> bool:
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and compiler.is_compiling())
 
 
 def window_bias(head_scales: Sequence, key_padding_mask: Optional[Tensor], length: int, causal: bool,

@@ -58,7 +58,8 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from umst_plugin.modules.common.attention import additive_mask, attention
-from umst_plugin.modules.msmsa.window_bias import WindowMasks, compiling, half_width_constants, window_bias
+from umst_plugin.modules.common.tracing import compiling
+from umst_plugin.modules.msmsa.window_bias import WindowMasks, half_width_constants, window_bias
 
 DEFAULT_SCALES = "1,3,N/16,N/8,N/4"
 # longest (padded) sequence computed in one fused call with a dense window bias; longer ones go banded

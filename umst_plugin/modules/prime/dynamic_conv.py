@@ -40,6 +40,7 @@ from torch.autograd.function import once_differentiable
 
 from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward
 from umst_plugin.modules.common.segment_ops import accumulation_dtype
+from umst_plugin.modules.common.tracing import compiling
 
 
 def combined_window(kernel_sizes: Sequence[int], paddings: Sequence[int]) -> Tuple[int, int, List[int]]:
@@ -207,12 +208,7 @@ def _laid_out(windows: Tensor) -> Tensor:
     compile of every Prime layer class, some thousand updates into a run). Contiguous, the product has one layout.
     Inductor reads the view's elements inside the product's kernel, so this adds no kernel and no buffer; eager
     code keeps the view (a copy there would be a K x copy of the input and one more kernel)."""
-    return windows.contiguous() if _compiling() else windows
-
-
-def _compiling() -> bool:
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and compiler.is_compiling())
+    return windows.contiguous() if compiling() else windows
 
 
 def multi_dynamic_convolution(x: Tensor, logits: Sequence[Tensor], paddings: Sequence[int],

@@ -59,7 +59,8 @@ from torch.autograd.function import once_differentiable
 
 from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward, autocast_cast
 from umst_plugin.modules.common.attention import additive_mask, attention
-from umst_plugin.modules.prime.multi_kernel_conv import MultiKernelConv, _compiling
+from umst_plugin.modules.common.tracing import compiling
+from umst_plugin.modules.prime.multi_kernel_conv import MultiKernelConv
 from umst_plugin.modules.common.segment_ops import upcast_half
 
 IncrementalState = Optional[Dict[str, Dict[str, Optional[Tensor]]]]
@@ -606,7 +607,7 @@ class _MaskMemo:
         self._entries: Dict[str, tuple] = {}
 
     def get(self, name: str, inputs: Tuple[Optional[Tensor], ...], args: tuple, build: Callable[[], Tensor]):
-        if _compiling():
+        if compiling():
             return build()
         # (inference tensors keep no version counter: identity alone)
         versions = tuple(None if t is None else (-1 if t.is_inference() else t._version) for t in inputs)

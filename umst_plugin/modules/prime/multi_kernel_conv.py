@@ -39,6 +39,7 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
 
 from umst_plugin.modules.common.amp_functions import autocast_cast
+from umst_plugin.modules.common.tracing import compiling
 from umst_plugin.modules.prime.dynamic_conv import (DynamicConv1d, combined_window, multi_dynamic_convolution,
                                                     step_dynamic_convolution)
 
@@ -235,7 +236,7 @@ class MultiKernelConv(nn.Module):
         """B x C -> the B x H x K kernel sum_i g_i softmax(x W_i) (cells zero-padded to the causal window)."""
         B = x.size(0)
         H, n, K = self.cells[0].num_heads, len(self.cells), self.window
-        if torch.is_grad_enabled() or (self.training and self.cells[0].weight_dropout > 0) or _compiling():
+        if torch.is_grad_enabled() or (self.training and self.cells[0].weight_dropout > 0) or compiling():
             gates = None if self.gate_logits is None else torch.softmax(self.gate_logits, dim=0)
             weight = None
             for i, (cell, o) in enumerate(zip(self.cells, self.offsets)):
@@ -282,8 +283,3 @@ class MultiKernelConv(nn.Module):
         buffer = self.get_incremental_state(incremental_state, "input_buffer")
         if buffer is not None:
             self.set_incremental_state(incremental_state, "input_buffer", buffer.index_select(1, new_order))
-
-
-def _compiling() -> bool:
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and compiler.is_compiling())
