@@ -74,9 +74,7 @@ def multi30k_standin(tmp_path_factory, worker_id):
     where ../shared is absent), spaCy parser: the dict of tests/recipe_toy.py's ``multi30k_standin``. Read-only:
     a test that changes it works on a copy."""
     pytest.importorskip("spacy")
-    import e2e
     import recipe_toy
 
-    top = built_once(tmp_path_factory, worker_id, "multi30k_standin",
-                     lambda d: recipe_toy.prepare_multi30k_standin(d, e2e.cli_env()))
+    top = built_once(tmp_path_factory, worker_id, "multi30k_standin", recipe_toy.prepare_multi30k_standin)
     return recipe_toy.multi30k_standin(top)

@@ -23,6 +23,16 @@ def cli_env():
     return env
 
 
+def recipe_env(**extra):
+    """cli_env() for the recipe scripts (bash): PYTHON this interpreter, its bin first on PATH; plus ``extra``
+    (e.g. MULTI30K_SOURCES)."""
+    env = cli_env()
+    env["PYTHON"] = sys.executable
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
 def run(cmd, input=None, check=True):
     proc = subprocess.run(cmd, env=cli_env(), input=input, capture_output=True, text=True, cwd=ROOT)
     if check and proc.returncode != 0:

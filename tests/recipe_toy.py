@@ -142,25 +142,23 @@ MULTI30K_MERGES = 300  # toy BPE of the stand-in data-bin
 STANDIN_RECORD = "standin.json"
 
 
-def prepare_multi30k_standin(top, env):
+def prepare_multi30k_standin(top):
     """scripts/prepare-multi30k.sh (lowercased, spaCy parser, 300 BPE merges) on the stand-in raw files written into
     ``top``/raw (``write_multi30k_standin``), work dir ``top``/work; what the tests read about the run (origin,
     counts, command, log) goes to ``top``/standin.json. Returns ``top``. Built once per test run
     (tests/conftest.py, ``multi30k_standin``): tests that change the work dir copy it first."""
     import json
     import subprocess
-    import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    import e2e
+
     raw, work = os.path.join(top, "raw"), os.path.join(top, "work")
     origin, counts = write_multi30k_standin(raw)
     sources = write_multi30k_sources(os.path.join(top, "sources.txt"), raw)
-    cmd = ["bash", os.path.join(root, "scripts", "prepare-multi30k.sh"), "--raw-dir", raw, "--work-dir", work,
+    cmd = ["bash", os.path.join(e2e.ROOT, "scripts", "prepare-multi30k.sh"), "--raw-dir", raw, "--work-dir", work,
            "--bpe-merges", str(MULTI30K_MERGES), "--parser", "spacy", "--parser-args",
            "--parser-model en_core_web_md", "--workers", "1"]
-    env = {**env, "PYTHON": sys.executable, "MULTI30K_SOURCES": str(sources),
-           "PATH": os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")}
-    proc = subprocess.run(cmd, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(cmd, env=e2e.recipe_env(MULTI30K_SOURCES=sources), cwd=e2e.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-6000:]}"
     with open(os.path.join(top, STANDIN_RECORD), "w", encoding="utf-8") as f:
         json.dump(dict(origin=origin, counts=counts, sources=str(sources), cmd=cmd, log=proc.stdout), f)

@@ -70,10 +70,7 @@ def parser_flags(family):
 
 
 def recipe_env(sources):
-    env = e2e.cli_env()
-    env.update(PYTHON=sys.executable, MULTI30K_SOURCES=str(sources))
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    return env
+    return e2e.recipe_env(MULTI30K_SOURCES=sources)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ and a run that stops leaves no stage stamp and nothing under a final name (so no
 is taken for done). Tiny stand-in files, --parser none: each run stops before BPE and takes seconds."""
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -16,11 +15,7 @@ TINY = {"train": 12, "valid": 4, "test": 3, "test1": 3, "test2": 3}
 
 
 def env(sources):
-    e = e2e.cli_env()
-    e["PYTHON"] = sys.executable
-    e["PATH"] = os.path.dirname(sys.executable) + os.pathsep + e.get("PATH", "")
-    e["MULTI30K_SOURCES"] = str(sources)
-    return e
+    return e2e.recipe_env(MULTI30K_SOURCES=sources)
 
 
 def prepare(sources, work, raw=None, *extra):

@@ -54,10 +54,7 @@ TINY_FAMILY = {
 
 
 def env():
-    e = e2e.cli_env()
-    e["PYTHON"] = sys.executable
-    e["PATH"] = os.path.dirname(sys.executable) + os.pathsep + e.get("PATH", "")
-    return e
+    return e2e.recipe_env()
 
 
 def sh(*cmd, check=True):

@@ -396,7 +396,7 @@ class PrimeLayer(nn.Module):
         bias = self.out_proj_bias
         # compiled (--compile's eval programs): dynamo cannot trace the cache's data_ptr() key, and inside a
         # compiled graph the sum fuses into the product's epilogue anyway
-        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        if torch.is_grad_enabled() or compiling():
             return bias.sum(0)
         key = (bias.data_ptr(), bias._version, bias.dtype, bias.device)
         if getattr(self, "_fused_bias_key", None) != key:
