@@ -5,9 +5,10 @@ Every architecture's end-to-end test reuses these helpers.
 """
 import os
 import re
-import subprocess
+import subprocess  # noqa: F401  (callers use e2e.subprocess)
 import sys
 
+import forked_cli
 from umst_plugin import toy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,7 +35,9 @@ def recipe_env(**extra):
 
 
 def run(cmd, input=None, check=True):
-    proc = subprocess.run(cmd, env=cli_env(), input=input, capture_output=True, text=True, cwd=ROOT)
+    """``cmd`` with cli_env(); fairseq's tools and umst-preprocess fork from a server that imported fairseq once
+    (forked_cli.py says what that keeps and when it runs a real process instead)."""
+    proc = forked_cli.run(list(map(str, cmd)), cli_env(), ROOT, input=input)
     if check and proc.returncode != 0:
         raise AssertionError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n--- stdout\n"
                              f"{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}")

@@ -1,0 +1,197 @@
+"""fairseq's command-line tools, each run in its own process forked from a Python that has already imported
+fairseq: what fairseq's own tests/test_binaries.py gets by calling ``train.main`` in-process, without sharing
+the test's process.
+
+Why: importing torch, fairseq and everything fairseq imports (scikit-learn and SciPy for one audio task) takes
+about 5 s of CPU per process, and the suite runs over a hundred of these tools. A forked child pays nothing
+for it.
+
+What stays as in a fresh ``fairseq-train`` process: the imports and their order (the server imports the
+tool's module, as the console script does before calling its main: fairseq_cli/train.py sets up logging, then
+imports fairseq), the argv, the environment, the working directory, stdin / stdout / stderr (files), the exit
+status (``sys.exit(cli_main())``; a traceback and status 1 for an exception), the plugin (imported by
+``--user-dir`` in the child: its patches are the child's own), fresh torch / inductor state (the server only
+imports), non-daemon threads joined and atexit handlers run at exit. What differs: environment variables read at
+import time keep the server's values (it starts with the caller's environment, and a call with another one
+gets a real process); a traceback has two frames of this file where the console script has its own, and a
+warning whose stacklevel passes the script's frame names this file instead of ``sys:1``.
+A real process also runs for ``--compile`` (inductor's cache settings), for any command that is not a known
+entry point, and for every command when UMST_TEST_FRESH_PROCESSES=1.
+
+One server per tool and test process (the pytest-xdist worker), started at the tool's first use; requests are
+serial.
+"""
+import atexit
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+
+# console script -> (module, function), as fairseq's setup.py declares them
+ENTRY_POINTS = {
+    "fairseq-train": ("fairseq_cli.train", "cli_main"),
+    "fairseq-generate": ("fairseq_cli.generate", "cli_main"),
+    "fairseq-interactive": ("fairseq_cli.interactive", "cli_main"),
+    "fairseq-validate": ("fairseq_cli.validate", "cli_main"),
+    "fairseq-preprocess": ("fairseq_cli.preprocess", "cli_main"),
+}
+MODULES = ("umst_plugin.preprocess",)  # python -m MODULE
+
+
+def entry_point(cmd, python):
+    """("script", name) / ("module", name) when ``cmd`` runs a known entry point with ``python``, else None."""
+    name = os.path.basename(cmd[0])
+    if name in ENTRY_POINTS and os.path.dirname(cmd[0]) == os.path.dirname(python):
+        return ("script", name)
+    if len(cmd) > 2 and cmd[0] == python and cmd[1] == "-m" and cmd[2] in MODULES:
+        return ("module", cmd[2])
+    return None
+
+
+# ---- the server -------------------------------------------------------------------------------------------------
+
+def _child(request, protocol_fds):
+    """In the forked child: become the requested process, run it, exit with its status. Never returns."""
+    code = 1
+    try:
+        for fd in protocol_fds:
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        for fd, (path, mode) in enumerate([(request["stdin"], os.O_RDONLY),
+                                           (request["stdout"], os.O_WRONLY | os.O_TRUNC),
+                                           (request["stderr"], os.O_WRONLY | os.O_TRUNC)]):
+            opened = os.open(path, mode)
+            os.dup2(opened, fd)
+            os.close(opened)
+        sys.stdin = open(0, "r", closefd=False)
+        kind, name = request["entry"]
+        # sys.path[0] as python sets it: the script's folder (bin/ of a console script), the cwd for -m
+        sys.path[0] = os.path.dirname(request["argv0"]) if kind == "script" else os.getcwd()
+        if kind == "script":
+            module, function = ENTRY_POINTS[name]
+            sys.argv = [request["argv0"], *request["args"]]
+            code = _status_of(lambda: sys.exit(getattr(sys.modules[module], function)()))
+        else:
+            import runpy
+
+            sys.argv = [name, *request["args"]]  # runpy sets argv[0] to the module's file
+            code = _status_of(lambda: runpy.run_module(name, run_name="__main__", alter_sys=True))
+        threading._shutdown()  # as the interpreter does at exit: join non-daemon threads, then atexit
+        atexit._run_exitfuncs()
+    except BaseException:  # noqa: BLE001  (the harness itself failed: say so on the child's stderr)
+        sys.excepthook(*sys.exc_info())
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(code)
+
+
+def _status_of(run):
+    """The exit status Python gives a script that runs ``run``: SystemExit's code, 1 and a traceback for an
+    exception."""
+    try:
+        run()
+        return 0
+    except SystemExit as e:
+        if e.code is None:
+            return 0
+        if isinstance(e.code, int):
+            return e.code
+        print(e.code, file=sys.stderr)
+        return 1
+    except BaseException:  # noqa: BLE001
+        sys.excepthook(*sys.exc_info())
+        return 1
+
+
+def preload(entry):
+    """The module a real process of ``entry`` imports before its main: for fairseq's tools that is fairseq's
+    own order (fairseq_cli/train.py sets up logging, then imports fairseq; generate.py imports fairseq first)."""
+    kind, name = entry
+    return ENTRY_POINTS[name][0] if kind == "script" else name
+
+
+def serve(request_fd, answer_fd, kind, name):
+    """Import what a real ``kind`` ``name`` process imports first; then read requests (one JSON line each) on
+    ``request_fd``, fork a child per request, answer its status on ``answer_fd``."""
+    sys.path.remove(os.path.dirname(os.path.abspath(__file__)))  # tests/ is not on a real process's path
+    importlib.import_module(preload((kind, name)))
+    if threading.active_count() != 1:  # forking a threaded process is unsafe: refuse, the client falls back
+        os.write(answer_fd, b'{"error": "threads after the imports"}\n')
+        return
+    requests, answers = os.fdopen(request_fd, "r"), os.fdopen(answer_fd, "w")
+    answers.write('{"ready": true}\n')
+    answers.flush()
+    for line in requests:
+        request = json.loads(line)
+        sys.stdout.flush(), sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(request, (request_fd, answer_fd))
+        _, status = os.waitpid(pid, 0)
+        answers.write(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}) + "\n")
+        answers.flush()
+
+
+# ---- the client (in the test process) -----------------------------------------------------------------------------
+
+class _Server:
+    def __init__(self, entry, env, cwd):
+        req_r, self._req_w = os.pipe()
+        self._ans_r, ans_w = os.pipe()
+        code = ("import sys; sys.path.insert(0, %r); import forked_cli; forked_cli.serve(%d, %d, %r, %r)"
+                % (os.path.dirname(os.path.abspath(__file__)), req_r, ans_w, *entry))
+        self.proc = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=cwd, pass_fds=(req_r, ans_w),
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        os.close(req_r), os.close(ans_w)
+        self._requests, self._answers = os.fdopen(self._req_w, "w"), os.fdopen(self._ans_r, "r")
+        self.env = _import_relevant(env)
+        self.lock = threading.Lock()
+        hello = json.loads(self._answers.readline() or '{"error": "the server exited"}')
+        self.ready = hello.get("ready", False)
+
+    def run(self, entry, cmd, env, cwd, input):
+        with self.lock, tempfile.TemporaryDirectory(prefix="forked-cli-") as tmp:
+            paths = {k: os.path.join(tmp, k) for k in ("stdin", "stdout", "stderr")}
+            for k, p in paths.items():
+                with open(p, "w", encoding="utf-8") as f:
+                    f.write(input if k == "stdin" and input is not None else "")
+            self._requests.write(json.dumps(dict(entry=entry, argv0=cmd[0], args=list(cmd[1:] if entry[0] == "script"
+                                                                                     else cmd[3:]),
+                                                 env=env, cwd=cwd, **paths)) + "\n")
+            self._requests.flush()
+            answer = self._answers.readline()
+            if not answer:
+                raise RuntimeError("the forked-CLI server died")
+            out = [open(paths[k], encoding="utf-8", errors="replace").read() for k in ("stdout", "stderr")]
+            return subprocess.CompletedProcess(list(cmd), json.loads(answer)["returncode"], *out)
+
+
+_servers = {}  # entry -> _Server
+# set by pytest per test, read by nobody at import time
+_NOT_READ_AT_IMPORT = ("PYTEST_CURRENT_TEST",)
+
+
+def _import_relevant(env):
+    return {k: v for k, v in env.items() if k not in _NOT_READ_AT_IMPORT}
+
+
+def run(cmd, env, cwd, input=None):
+    """subprocess.run(cmd, env=env, cwd=cwd, input=input, capture_output=True, text=True), forked from the server
+    when ``cmd`` is a known entry point of this interpreter and ``env`` is the server's; else a real process."""
+    entry = entry_point(cmd, sys.executable)
+    if entry and "--compile" not in cmd and os.environ.get("UMST_TEST_FRESH_PROCESSES") != "1":
+        if entry not in _servers:
+            _servers[entry] = _Server(entry, env, cwd)
+        server = _servers[entry]
+        if server.ready and server.proc.poll() is None and _import_relevant(env) == server.env:
+            return server.run(entry, cmd, env, cwd, input)
+    return subprocess.run(cmd, env=env, input=input, capture_output=True, text=True, cwd=cwd)
