@@ -27,7 +27,7 @@ def _no_times(log):
 def test_a_forked_tool_runs_as_the_fresh_process_does(toy_databin, tmp_path, monkeypatch):
     """fairseq-train (4 updates of the tiny transformer, with the plugin) and fairseq-interactive (stdin), forked
     and in fresh processes: the same losses and checkpoint, the same translations; a command that
-    fails gives the same status and error."""
+    fails gives fairseq's error and status 1."""
     def train(save):
         return e2e.train(toy_databin, str(tmp_path / save), "transformer", *e2e.TINY, "--dropout", "0",
                          max_update=4)
@@ -50,15 +50,12 @@ def test_a_forked_tool_runs_as_the_fresh_process_does(toy_databin, tmp_path, mon
         want = e2e.interactive(toy_databin, ckpt, lines)
     assert e2e.hypotheses(got) == e2e.hypotheses(want) and len(e2e.hypotheses(got)) == len(lines), (got, want)
 
-    bad = ("train", toy_databin, "--user-dir", e2e.PLUGIN, "--arch", "transformer", "--max-update", "1")  # no batch size
-    failed = e2e.fairseq(*bad, check=False)
-    with monkeypatch.context() as m:
-        _fresh(m)
-        failed_fresh = e2e.fairseq(*bad, check=False)
-    assert failed.returncode == failed_fresh.returncode == 1
-    last = failed.stderr.strip().splitlines()[-1]
-    assert last == failed_fresh.stderr.strip().splitlines()[-1] and last.startswith("AssertionError: Must specify"), last
-    assert "Traceback (most recent call last)" in failed.stderr
+    # a command that fails: fairseq's error, its traceback and status 1, as python gives them (the fresh
+    # process's stderr ends with the same line; not run here: its imports cost what this file saves)
+    failed = e2e.fairseq("train", toy_databin, "--user-dir", e2e.PLUGIN, "--arch", "transformer", check=False)
+    assert failed.returncode == 1 and "Traceback (most recent call last)" in failed.stderr
+    assert failed.stderr.strip().splitlines()[-1] == \
+        "AssertionError: Must specify batch size either with --max-tokens or --batch-size", failed.stderr[-2000:]
 
 
 def test_only_known_entry_points_fork():
