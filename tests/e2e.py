@@ -5,7 +5,6 @@ Every architecture's end-to-end test reuses these helpers.
 """
 import os
 import re
-import subprocess  # noqa: F401  (callers use e2e.subprocess)
 import sys
 
 import forked_cli

@@ -149,6 +149,7 @@ class _Server:
         self._ans_r, ans_w = os.pipe()
         code = ("import sys; sys.path.insert(0, %r); import forked_cli; forked_cli.serve(%d, %d, %r, %r)"
                 % (os.path.dirname(os.path.abspath(__file__)), req_r, ans_w, *entry))
+        self.entry = entry
         self.proc = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=cwd, pass_fds=(req_r, ans_w),
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         os.close(req_r), os.close(ans_w)
@@ -158,15 +159,15 @@ class _Server:
         hello = json.loads(self._answers.readline() or '{"error": "the server exited"}')
         self.ready = hello.get("ready", False)
 
-    def run(self, entry, cmd, env, cwd, input):
+    def run(self, cmd, env, cwd, input):
         with self.lock, tempfile.TemporaryDirectory(prefix="forked-cli-") as tmp:
             paths = {k: os.path.join(tmp, k) for k in ("stdin", "stdout", "stderr")}
             for k, p in paths.items():
                 with open(p, "w", encoding="utf-8") as f:
                     f.write(input if k == "stdin" and input is not None else "")
-            self._requests.write(json.dumps(dict(entry=entry, argv0=cmd[0], args=list(cmd[1:] if entry[0] == "script"
-                                                                                     else cmd[3:]),
-                                                 env=env, cwd=cwd, **paths)) + "\n")
+            args = cmd[1:] if self.entry[0] == "script" else cmd[3:]  # after "python -m MODULE"
+            self._requests.write(json.dumps(dict(entry=self.entry, argv0=cmd[0], args=list(args), env=env, cwd=cwd,
+                                                 **paths)) + "\n")
             self._requests.flush()
             answer = self._answers.readline()
             if not answer:
@@ -193,5 +194,5 @@ def run(cmd, env, cwd, input=None):
             _servers[entry] = _Server(entry, env, cwd)
         server = _servers[entry]
         if server.ready and server.proc.poll() is None and _import_relevant(env) == server.env:
-            return server.run(entry, cmd, env, cwd, input)
+            return server.run(cmd, env, cwd, input)
     return subprocess.run(cmd, env=env, input=input, capture_output=True, text=True, cwd=cwd)
