@@ -18,7 +18,6 @@ import torch.nn.functional as F
 import e2e
 import umst_plugin  # noqa: F401  (installs the patches)
 from umst_plugin import compile as compiling
-from umst_plugin import dev
 
 NO_DROPOUT = ("--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0")
 # the paper's kernels (prime_base's default 3,15: sources and targets of the toy corpus are shorter and longer
@@ -125,41 +124,71 @@ def test_prime_trains_compiled_over_the_toy_corpus_resumes_from_its_cache_and_de
 
 # ---- a compile that fails ---------------------------------------------------------------------------------------
 
-TINY = dict(encoder_layers=1, decoder_layers=1, encoder_embed_dim=16, decoder_embed_dim=16, encoder_ffn_embed_dim=32,
-            decoder_ffn_embed_dim=32, encoder_attention_heads=2, decoder_attention_heads=2, dropout=0.0,
-            encoder_normalize_before=True, decoder_normalize_before=True)
+def _relu_layers(dim=16):
+    """An encoder and a decoder layer class that --compile compiles (subclasses of fairseq's transformer layers),
+    reduced to a relu FFN with fairseq's argument names: inductor's fault injection breaks the C++ of a relu, and
+    graphs this small compile in seconds (the real layers' compiled graphs: tests/test_compile.py)."""
+    from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
+    def ffn(self, x):
+        return x + self.fc2(torch.relu(self.fc1(x)))
 
-def _loss(model, sample):
-    logits = model(**dev.model_inputs(model, sample))[0]
-    return F.cross_entropy(logits.view(-1, logits.size(-1)), sample["target"].view(-1),
-                           ignore_index=model.decoder.dictionary.pad(), reduction="sum")
+    def build(self):
+        torch.nn.Module.__init__(self)
+        self.fc1, self.fc2 = torch.nn.Linear(dim, 2 * dim), torch.nn.Linear(2 * dim, dim)
+
+    class EncoderLayer(TransformerEncoderLayerBase):
+        __init__ = build
+
+        def forward(self, x, encoder_padding_mask):
+            return ffn(self, x).masked_fill(encoder_padding_mask.t().unsqueeze(-1), 0.0)
+
+    class DecoderLayer(TransformerDecoderLayerBase):
+        __init__ = build
+
+        def forward(self, x, encoder_out=None, incremental_state=None):
+            return ffn(self, x) + encoder_out.mean(dim=0)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder, self.decoder = EncoderLayer(), DecoderLayer()
+
+        def forward(self, src, padding_mask, tgt):  # time-first: T x B x dim
+            return self.decoder(tgt, encoder_out=self.encoder(src, encoder_padding_mask=padding_mask))
+    return Model
 
 
 def test_a_failing_compile_at_start_up_or_at_a_recompile_runs_that_variant_eager(caplog, monkeypatch):
     """Inductor's own fault injection (``cpp.inject_relu_bug_TESTING_ONLY = "compile_error"``: the C++ it generates
-    for a relu does not compile) in fairseq's transformer layers (relu FFN). At start-up: the first forward of each
-    layer class fails to compile; it warns naming the class and the shapes and runs eager (the eager model's
-    loss and gradients exactly). At a recompile: compiled on a batch of 3 sentences, the compiler then broken, a
-    batch of one sentence (a size torch specialises: a new variant) fails to compile and runs eager; a batch of 4
-    still runs the compiled program, and the next one-sentence batch runs eager without compiling again."""
+    for a relu does not compile) in an encoder and a decoder layer class --compile compiles (relu FFNs). At
+    start-up: the first forward of each layer class fails to compile; it warns naming the class and the shapes and
+    runs eager (the eager model's outputs exactly). At a recompile: compiled on a batch of 3 sentences, the compiler
+    then broken, a batch of one sentence (a size torch specialises: a new variant) fails to compile and runs
+    eager, with the eager loss and gradients; a batch of 4 still runs the compiled program, and the next
+    one-sentence batch runs eager without compiling again."""
     import copy
 
     import torch._inductor.config as inductor_config
 
     monkeypatch.setattr(compiling, "_eager_variants", {})
-    model, task = dev.build_model("transformer", TINY)
-    model.train()
+    torch.manual_seed(0)
+    model = _relu_layers()()
     eager = copy.deepcopy(model)
+    assert [type(m).__name__ for _, m in compiling.find_layers(model)] == ["EncoderLayer", "DecoderLayer"]
     compiling.compile_layers(model)
-    def batch(src, tgt, seed):  # padded sources, targets of one length (the decoder then passes no padding mask)
-        return dev.collate(dev.dataset_of_lengths(task, src, tgt, seed=seed), range(len(src)))
-    sample = batch([6, 4, 5], [5, 5, 5], 0)
+
+    def batch(src_len, tgt_len, bsz, seed):  # sources padded at the end of the first sentence's
+        g = torch.Generator().manual_seed(seed)
+        mask = torch.zeros(bsz, src_len, dtype=torch.bool)
+        mask[0, src_len - 2:] = src_len > 2
+        return torch.randn(src_len, bsz, 16, generator=g), mask, torch.randn(tgt_len, bsz, 16, generator=g)
+    sample = batch(6, 5, 3, 0)
 
     def both(sample):
         for m in (model, eager):
             m.zero_grad(set_to_none=True)
-        losses = [_loss(m, sample) for m in (model, eager)]
+        losses = [m(*sample).square().sum() for m in (model, eager)]
         for loss in losses:
             loss.backward()
         return losses
@@ -168,13 +197,13 @@ def test_a_failing_compile_at_start_up_or_at_a_recompile_runs_that_variant_eager
     model.eval(), eager.eval()
     with inductor_config.patch({"cpp.inject_relu_bug_TESTING_ONLY": "compile_error", "fx_graph_cache": False}), \
             caplog.at_level(logging.WARNING, logger="umst_plugin.compile"), torch.no_grad():
-        got, want = _loss(model, sample), _loss(eager, sample)
+        got, want = model(*sample), eager(*sample)
     assert torch.equal(got, want)
     warned = [r.getMessage() for r in caplog.records if r.name == "umst_plugin.compile"]
-    assert any(re.search(r"compiled forward of TransformerEncoderLayerBase failed \(evaluation, no autograd; inputs "
-                         r"\d+x3x16 float32, encoder_padding_mask=3x\d+ bool\): InductorError: CppCompileError", w)
-               for w in warned), warned
-    assert any("TransformerDecoderLayerBase" in w for w in warned), warned
+    assert any(re.search(r"compiled forward of EncoderLayer failed \(evaluation, no autograd; inputs 6x3x16 float32, "
+                         r"encoder_padding_mask=3x6 bool\): InductorError: CppCompileError", w) for w in warned), warned
+    assert any(re.search(r"compiled forward of DecoderLayer failed \(evaluation, no autograd; inputs 5x3x16 float32, "
+                         r"encoder_out=6x3x16 float32\)", w) for w in warned), warned
     caplog.clear()
 
     # a recompile: training compiles for 3 sentences, then the compiler breaks
@@ -182,20 +211,21 @@ def test_a_failing_compile_at_start_up_or_at_a_recompile_runs_that_variant_eager
     both(sample)
     with inductor_config.patch({"cpp.inject_relu_bug_TESTING_ONLY": "compile_error", "fx_graph_cache": False}), \
             caplog.at_level(logging.WARNING, logger="umst_plugin.compile"):
-        one = batch([7], [4], 1)
+        one = batch(7, 4, 1, 1)
         got, want = both(one)
         assert torch.equal(got, want)
         for (name, p), q in zip(model.named_parameters(), eager.parameters()):
             assert p.grad is None and q.grad is None or torch.equal(p.grad, q.grad), name
         warned = [r.getMessage() for r in caplog.records if r.name == "umst_plugin.compile"]
-        assert any(re.search(r"compiled forward of TransformerEncoderLayerBase failed \(training, autograd; inputs "
-                             r"\d+x1x16 float32\): InductorError: CppCompileError", w) for w in warned), warned
+        assert any(re.search(r"compiled forward of EncoderLayer failed \(training, autograd; inputs 7x1x16 float32, "
+                             r"encoder_padding_mask=1x7 bool\): InductorError: CppCompileError", w)
+                   for w in warned), warned
         caplog.clear()
         graphs = compiling.compiled_graphs()
-        got, want = both(batch([8, 6, 7, 5], [6, 6, 6, 6], 2))  # compiled, as before
+        got, want = both(batch(8, 6, 4, 2))  # compiled, as before
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         assert compiling.compiled_graphs() == graphs
-        got, want = both(batch([5], [3], 3))  # eager, nothing compiled
+        got, want = both(batch(5, 3, 1, 3))  # eager, nothing compiled
         assert torch.equal(got, want) and compiling.compiled_graphs() == graphs
     assert not [r for r in caplog.records if r.name == "umst_plugin.compile"], caplog.text
     variants = compiling.eager_variants()
