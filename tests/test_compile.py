@@ -44,9 +44,14 @@ TINY = dict(encoder_layers=2, decoder_layers=1, encoder_embed_dim=24, decoder_em
             decoder_ffn_embed_dim=48, encoder_attention_heads=2, decoder_attention_heads=2)
 MAX_COMPILED_LAUNCHES = 0.8  # compiled / eager launches of a forward + backward of the tiny models (measured 0.52-0.71)
 DROPOUT = dict(dropout=0.1, attention_dropout=0.1, activation_dropout=0.1)
+TRANSFORMER = dict(encoder_normalize_before=True, decoder_normalize_before=True)
+# dropout masks from torch's generator in the compiled code too (in the order eager code draws them), so the
+# compiled layers can be compared with eager ones in training mode with dropout, recomputation included; and the
+# profiler sees inductor's C++ kernels, so the launches of the compiled layers can be counted
+COMPARED = {"fallback_random": True, "cpp.enable_kernel_profile": True}
 FAST = dict(fast_embed_dim=8, fast_ffn_embed_dim=16, fast_attention_heads=2)
 ARCHS = [
-    pytest.param("transformer", dict(encoder_normalize_before=True, decoder_normalize_before=True), id="transformer"),
+    pytest.param("transformer", TRANSFORMER, id="transformer"),
     pytest.param("umst_base", {}, id="umst_base"),
     pytest.param("transformer_sf_base", FAST, id="transformer_sf_base"),
     pytest.param("msc_base", dict(encoder_blocks=1, encoder_layers_per_block=2), id="msc_base"),
@@ -116,10 +121,7 @@ def _graph_state(forwards):
 def test_compiled_layers_match_eager_share_graphs_and_do_not_recompile(arch, overrides):
     import torch._inductor.config as inductor_config
 
-    # dropout masks from torch's generator in the compiled code too (in the order eager code draws them), so the
-    # compiled layers can be compared with eager ones in training mode with dropout, recomputation included
-    # and the profiler sees inductor's C++ kernels, so the launches of the compiled layers can be counted
-    with inductor_config.patch({"fallback_random": True, "cpp.enable_kernel_profile": True}):
+    with inductor_config.patch(COMPARED):
         _check_compiled_layers(arch, overrides)
 
 
@@ -360,7 +362,10 @@ def test_the_trainer_retries_an_update_whose_compiled_backward_failed_and_goes_o
     AssertionError raised where AOTAutograd calls a compiled layer's backward, as inductor's ``assert_size_stride``
     did for Prime: the real failure is test_compile_stream's layer-level test). The update is retried with that
     layer variant eager (a warning naming the update), the run goes on, and its weights equal an eager trainer's:
-    the failed attempt left no gradient and no optimizer step behind (one Adam step moves weights by ~1e-3)."""
+    the failed attempt left no gradient and no optimizer step behind (one Adam step moves weights by ~1e-3).
+    The model is the transformer of the compiled-layers test above, dropout included, under its inductor settings
+    (dropout masks from torch's generator; fairseq's Trainer seeds every update, the retried one too): its layers
+    run the programs that test compiled (dynamo keeps them on the layer classes' code) instead of compiling again."""
     from fairseq import tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
@@ -382,12 +387,15 @@ def test_the_trainer_retries_an_update_whose_compiled_backward_failed_and_goes_o
     d = dev.make_dictionary()
 
     def run(*flags):
-        args = dev.parse_args("transformer", dict(TINY, encoder_normalize_before=True, cpu=True, optimizer="adam",
-                                                  lr="1e-3", max_tokens=1000, seed=3, dropout=0.0, **{f: True for f in flags}))
+        args = dev.parse_args("transformer", dict(TINY, **DROPOUT, **TRANSFORMER, cpu=True, optimizer="adam",
+                                                  lr="1e-3", max_tokens=1000, seed=3, **{f: True for f in flags}))
         cfg = convert_namespace_to_omegaconf(args)
         task = tasks.TASK_REGISTRY["multiscale_translation"](cfg.task, d, d)
         torch.manual_seed(3)
         model = task.build_model(cfg.model)
+        if not flags:  # the eager layers take their inputs as the compiled ones do (the same dropout masks)
+            for _, layer in compiling.find_layers(model):
+                layer.forward = types.MethodType(_plain_inputs_forward, layer)
         trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
         for update, shape in enumerate(((4, 9, 7), (3, 6, 5), (5, 11, 8)), 1):
             if flags and update == 2:
@@ -396,8 +404,12 @@ def test_the_trainer_retries_an_update_whose_compiled_backward_failed_and_goes_o
         assert trainer.get_num_updates() == 3
         return trainer.model
 
-    with caplog.at_level(logging.WARNING):
+    import torch._inductor.config as inductor_config
+
+    with caplog.at_level(logging.WARNING), inductor_config.patch(COMPARED):
+        graphs = compiling.compiled_graphs()
         compiled = run("compile")
+        print(f"graphs compiled by the trainer: {compiling.compiled_graphs() - graphs}")
     assert failing["update"] is None, "the injected failure did not happen"
     assert "retrying update 2 (the same batches) with that variant eager" in caplog.text, caplog.text
     (why,) = compiling.eager_variants().values()
