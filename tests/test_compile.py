@@ -98,6 +98,13 @@ def _plain_inputs_forward(self, *args, **kwargs):
     return type(self).forward(self, *args, **kwargs)
 
 
+def _take_plain_inputs(model):
+    """The eager layers of MODEL get their tensor arguments as the compiled ones do, plain and contiguous
+    (compile.py, ``_plain``): a dropout mask drawn for a transposed view then falls on the same elements."""
+    for _, layer in compiling.find_layers(model):
+        layer.forward = types.MethodType(_plain_inputs_forward, layer)
+
+
 def _profiled_launches(model, sample):
     """Kernel launches of one forward + backward (op_counts.profiled_launches) and how many of them are kernels
     inductor generated."""
@@ -131,10 +138,7 @@ def _check_compiled_layers(arch, overrides):
     model, task = dev.build_model(arch, {**TINY, **DROPOUT, **overrides})
     model.train()
     eager = copy.deepcopy(model)
-    for _, layer in compiling.find_layers(eager):
-        # the compiled layers get their tensor arguments as plain contiguous tensors (compile.py, _plain); the eager
-        # ones the same, so a dropout mask drawn for a transposed view falls on the same elements
-        layer.forward = types.MethodType(_plain_inputs_forward, layer)
+    _take_plain_inputs(eager)
     names = compiling.compile_layers(model)
     # two encoder layers, one decoder layer (and TranSFormer's encoder input region, SlowFastInput)
     assert len(names) == 3 + arch.startswith("transformer_sf"), names
@@ -393,9 +397,8 @@ def test_the_trainer_retries_an_update_whose_compiled_backward_failed_and_goes_o
         task = tasks.TASK_REGISTRY["multiscale_translation"](cfg.task, d, d)
         torch.manual_seed(3)
         model = task.build_model(cfg.model)
-        if not flags:  # the eager layers take their inputs as the compiled ones do (the same dropout masks)
-            for _, layer in compiling.find_layers(model):
-                layer.forward = types.MethodType(_plain_inputs_forward, layer)
+        if not flags:  # the same dropout masks as the compiled layers
+            _take_plain_inputs(model)
         trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
         for update, shape in enumerate(((4, 9, 7), (3, 6, 5), (5, 11, 8)), 1):
             if flags and update == 2:

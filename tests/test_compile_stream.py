@@ -178,7 +178,7 @@ def test_a_failing_compile_at_start_up_or_at_a_recompile_runs_that_variant_eager
     assert [type(m).__name__ for _, m in compiling.find_layers(model)] == ["EncoderLayer", "DecoderLayer"]
     compiling.compile_layers(model)
 
-    def batch(src_len, tgt_len, bsz, seed):  # sources padded at the end of the first sentence's
+    def batch(src_len, tgt_len, bsz, seed):  # the first sentence's source ends in 2 pads (none at 2 tokens)
         g = torch.Generator().manual_seed(seed)
         mask = torch.zeros(bsz, src_len, dtype=torch.bool)
         mask[0, src_len - 2:] = src_len > 2
