@@ -67,6 +67,7 @@ SENTENCES, MAX_LEN = 32, 25
 PHASES = ("forward", "backward", "amp", "grad norm", "optimizer", "zero grad", "rest")
 FWD_BWD = ("forward", "backward")
 COMPILE_WARMUP = 2  # --compile: updates that compile the layers (training variants) before the counted one
+COMPILE_BACKEND = "inductor"  # --compile's backend, fairseq-train --compile's
 PRENORM = dict(encoder_normalize_before=True, decoder_normalize_before=True)
 # name -> (arch, overrides): the plugin's rows (the plugin loaded); "stock" runs in its own process
 ARCHS = {
@@ -257,7 +258,7 @@ def compile_and_count(trainer, sample, row, device):
     from umst_plugin import compile as compiling
 
     eager, _ = profiled_update(trainer, sample)
-    compiling.compile_layers(trainer.model, device=device)
+    compiling.compile_layers(trainer.model, device=device, backend=COMPILE_BACKEND)
     before = compiling.compile_seconds()
     for _ in range(COMPILE_WARMUP):
         trainer.train_step([sample])
@@ -268,6 +269,9 @@ def compile_and_count(trainer, sample, row, device):
     row["profiled_compiled"] = {p: compiled[p] for p in FWD_BWD}
     row["generated_kernels"] = by_op.get("generated", 0)
     row["compiled_top_ops"] = by_op.most_common(25)
+    # a layer variant whose compile failed runs eager (umst_plugin.compile.fall_back): its kernels are eager ones,
+    # so the row says which, and why (main() silences the logged warning with the start-up chatter)
+    row["eager_fallbacks"] = compiling.eager_fallbacks(trainer.model)
     for p in FWD_BWD:
         row["by_phase"][p] = compiled[p]
     row["launches"] = sum(row["by_phase"].values())
@@ -371,7 +375,8 @@ def markdown(result):
         head += ["CUDA kernels", "kernels / count", "update ms", "GPU busy"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in result["rows"]:
-        cells = [LABELS.get(r["name"], r["arch"]), f"{r['flops'] / 1e9:.0f}", f"{r['launches']:,}"]
+        label = LABELS.get(r["name"], r["arch"]) + (" (partly eager: below)" if r.get("eager_fallbacks") else "")
+        cells = [label, f"{r['flops'] / 1e9:.0f}", f"{r['launches']:,}"]
         cells += [f"{r['by_phase'][p]:,}" for p in phases]
         if compiled:
             cells += ([f"{r['eager_launches']:,}", f"{r['compiled_vs_eager']:.2f}", f"{r['compiled_vs_eager_fwd_bwd']:.2f}",
@@ -384,6 +389,10 @@ def markdown(result):
             cells += [f"{c['kernels']:,}", f"{c['kernels'] / r['launches']:.2f}", f"{c['wall_ms']:.1f}",
                       f"{c['busy']:.2f}"] if c else ["-"] * 4
         lines.append("| " + " | ".join(cells) + " |")
+    fallbacks = [(LABELS.get(r["name"], r["arch"]), f) for r in result["rows"] for f in r.get("eager_fallbacks") or []]
+    if fallbacks:
+        lines += ["", "Compiled layers that fell back to eager (their kernels above are eager ones):", ""]
+        lines += [f"* {label}: {f}" for label, f in fallbacks]
     return "\n".join(lines)
 
 
@@ -435,7 +444,7 @@ def main(argv=None):
         return 0
     start = time.time()
     rows = [stock_row(args.precision, args.quick, args.device)]
-    if args.compile and not args.device.startswith("cuda"):
+    if args.compile and not args.device.startswith("cuda") and COMPILE_BACKEND == "inductor":
         # the profiler sees inductor's C++ kernels only when they are compiled to report themselves (on a GPU
         # Triton's launches report themselves; leaving the setting alone there keeps inductor's cache of the other
         # benchmarks' programs valid: the setting is part of its key)
@@ -460,7 +469,8 @@ def main(argv=None):
         rows.append(measure(name, arch, overrides, args.precision, True, args.quick, args.device, args.compile))
         print(f"  {name}: {rows[-1]['launches']:,} launches, {rows[-1]['flops'] / 1e9:.1f} GFLOP"
               + (f", compiled in {rows[-1]['compile_s']:.0f} s (eager {rows[-1]['eager_launches']:,})"
-                 if args.compile else ""), flush=True)
+                 if args.compile else "")
+              + "".join(f"\n    FELL BACK TO EAGER: {f}" for f in rows[-1].get("eager_fallbacks") or []), flush=True)
         partial = result_so_far()  # after every row: a run stopped at a time limit keeps the rows it counted
         common.write_results(partial, markdown(partial), args.json, args.markdown)
     result = result_so_far()

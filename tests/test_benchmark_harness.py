@@ -154,13 +154,23 @@ def test_bench_train_runs_fairseq_train_for_stock_and_plugin_rows(toy_databin, t
     assert "| INFO |" not in printed  # fairseq's own log stays in the child's log file
 
 
-def test_bench_launches_keeps_the_rows_counted_before_it_was_stopped(tmp_path, monkeypatch):
+def test_bench_launches_keeps_the_rows_counted_before_it_was_stopped_and_names_eager_fallbacks(tmp_path, monkeypatch):
     """bench_launches writes its JSON and table after every row: the GPU check's compile step stops it at the
     step's budget, and the rows counted by then (on an H200, minutes of compiling each) must not be lost. The
-    stock row and the first arch are real counts; the second arch's count is stopped (raises) as a limit would."""
+    stock row and the first arch are real counts; the second arch's count is stopped (raises) as a limit would.
+
+    With --compile, a layer whose compile fails runs eager (umst_plugin.compile.fall_back) and its kernels are
+    eager ones: the row must say so, in the JSON and the table, not only in a log warning the benchmark silences
+    (an H200's TranSFormer row once counted its encoder's eager kernels as compiled). Here dynamo's backend fails
+    for the layers' graphs (a backend that raises: dynamo's real failure path, no inductor needed)."""
     import json
 
     from benchmarks import bench_launches
+
+    def failing_backend(gm, example_inputs):
+        if len(gm.graph.nodes) > 8:  # a layer's graph, not compile.check_available's three-op smoke test
+            raise RuntimeError("planted: this backend cannot compile a layer")
+        return gm.forward
 
     real_measure = bench_launches.measure
 
@@ -170,13 +180,24 @@ def test_bench_launches_keeps_the_rows_counted_before_it_was_stopped(tmp_path, m
         return real_measure(name, *args, **kwargs)
 
     monkeypatch.setattr(bench_launches, "measure", measure_then_stop)
+    monkeypatch.setattr(bench_launches, "COMPILE_BACKEND", failing_backend)
+    from umst_plugin import compile as compiling
+
+    monkeypatch.setattr(compiling, "_eager_variants", {})  # this process's other tests compile these classes
     out, table = tmp_path / "launches.json", tmp_path / "launches.md"
     with pytest.raises(KeyboardInterrupt):
-        bench_launches.main(["--quick", "--archs", "transformer,msmsa", "--json", str(out), "--markdown", str(table)])
+        bench_launches.main(["--quick", "--compile", "--archs", "transformer,msmsa", "--json", str(out),
+                             "--markdown", str(table)])
     rows = json.loads(out.read_text())["rows"]
     assert [r["name"] for r in rows] == ["stock", "transformer"]
     assert rows[1]["launches"] > 0 and rows[1]["launches_per_flop_ratio"] > 0
-    assert "| transformer (plugin loaded) |" in table.read_text()
+    fallbacks = rows[1]["eager_fallbacks"]
+    assert any(f.startswith("TransformerEncoderLayerBase.forward (training, autograd): forward:") for f in fallbacks)
+    assert all("planted: this backend cannot compile a layer" in f for f in fallbacks), fallbacks
+    assert rows[1]["generated_kernels"] == 0
+    text = table.read_text()
+    assert "| transformer (plugin loaded) (partly eager: below) |" in text
+    assert "* transformer (plugin loaded): TransformerEncoderLayerBase.forward (training, autograd)" in text
 
 
 def test_bench_train_shows_where_its_runs_were_when_they_hit_the_time_limit(tmp_path, capsys):

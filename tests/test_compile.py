@@ -196,6 +196,54 @@ def _check_compiled_layers(arch, overrides):
     assert max(variants) == (2 if arch in DISTINCT_ENCODER_LAYERS else 1), (arch, variants)
 
 
+# On a GPU inductor generates Triton, not C++: the layers that compile on the CPU may not. An H200's compiled
+# TranSFormer update once ran its encoder layers eager (docs/compile.md, "On a GPU"); Prime has the other target.
+CUDA_ARCHS = [p for p in ARCHS if p.id in ("transformer_sf_base", "prime_base")]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("arch,overrides", CUDA_ARCHS)
+def test_compiled_layers_on_cuda_do_not_fall_back_and_match_eager(arch, overrides, monkeypatch):
+    """The layers compile on CUDA, in fp32 and under bf16 autocast (the GPU check's and fairseq ``--amp``'s
+    precision), with no variant falling back to eager; fp32 outputs and gradients are eager's (dropout masks from
+    torch's generator, as on the CPU). A fallback fails the test with its error (``eager_fallbacks``), which is
+    what the GPU check's report then carries."""
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(compiling, "_eager_variants", {})  # this test's fallbacks only
+    model, task = dev.build_model(arch, {**TINY, **DROPOUT, **overrides})
+    model = model.cuda().train()
+    eager = copy.deepcopy(model)
+    _take_plain_inputs(eager)
+    compiling.compile_layers(model)
+    batches = [dev.move_sample(b, "cuda") for b in _batches(task, 3)]
+    with inductor_config.patch({"fallback_random": True}):
+        torch.manual_seed(1)
+        out, loss = _loss(model, batches[0])
+        loss.backward()
+        torch.manual_seed(1)
+        ref_out, ref_loss = _loss(eager, batches[0])
+        ref_loss.backward()
+        assert compiling.eager_fallbacks(model) == [], compiling.eager_fallbacks(model)
+        torch.testing.assert_close(out, ref_out, atol=ATOL, rtol=RTOL, msg=lambda m: f"{arch}: outputs differ: {m}")
+        grads = dict(model.named_parameters())
+        for name, p in eager.named_parameters():
+            if p.grad is not None:
+                torch.testing.assert_close(grads[name].grad, p.grad, atol=ATOL, rtol=RTOL,
+                                           msg=lambda m: f"{arch}: gradient of {name} differs: {m}")
+        for sample in batches[1:]:  # other shapes, then bf16 autocast
+            model.zero_grad(set_to_none=True)
+            _loss(model, sample)[1].backward()
+        for sample in batches:
+            model.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits, loss = _loss(model, sample)
+            loss.backward()
+            assert logits.dtype == torch.bfloat16 and torch.isfinite(loss)
+    assert compiling.eager_fallbacks(model) == [], compiling.eager_fallbacks(model)
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+
+
 def test_the_decoder_layers_of_a_stack_share_one_compiled_program(monkeypatch):
     """fairseq's decoder layer reads its self-attention's per-instance state key on every call; without
     patches/incremental_state_lookup.py dynamo guarded on it and compiled each layer of a decoder for itself. With

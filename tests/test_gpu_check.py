@@ -42,6 +42,7 @@ def test_results_are_written_after_every_step_and_render(tmp_path):
                   steps=[dict(name="install", budget_s=60, what="w", status="ok", seconds=1.0),
                          dict(name="tests", budget_s=90, what="t", status="failed (rc 1)", seconds=9.0,
                               summary={"failed": 1, "passed": 3}, failures=["tests/x.py::y"],
+                              failure_messages=["tests/x.py::y - AssertionError: fell back to eager"],
                               concurrent_with=["data"])],
                   env=dict(device="NVIDIA H100 80GB HBM3", torch="2.11", cuda="13.0", python="3.12", fairseq="0.12"),
                   tables={"bench-4096": "| arch | time/FLOP |\n|---|---|\n| umst_base | 1.10 |"},
@@ -56,6 +57,7 @@ def test_results_are_written_after_every_step_and_render(tmp_path):
     assert data["compile_loss_within_1pct"] is False  # 4.05 against 4.0: 1.2%
     md = open(base + ".md").read()
     assert "# GPU check: NVIDIA H100 80GB HBM3" in md and "`tests/x.py::y`" in md and "1.25%" in md
+    assert "* tests/x.py::y - AssertionError: fell back to eager" in md
     assert "| umst_base | 1.10 |" in md and "(beside data)" in md and "NOT within 1%" in md
     assert sorted(os.listdir(tmp_path)) == ["gpu-nvidia-h100-80gb-hbm3.json", "gpu-nvidia-h100-80gb-hbm3.md"]
 

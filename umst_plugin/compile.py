@@ -278,6 +278,12 @@ def _out_of_memory(e):
 
 
 def _reason(e):
+    """One line: the exception and its message's first line; for dynamo's wrapper of a backend's error
+    (``BackendCompilerFailed``, whose own first line is only "backend='inductor' raised:") the wrapped error too,
+    which is the one that says what failed."""
+    inner = getattr(e, "inner_exception", None)
+    if isinstance(inner, BaseException):
+        return f"{type(e).__name__} ({getattr(e, 'backend_name', 'backend')}): {_reason(inner)}"
     text = str(e).strip()
     first = next((line for line in text.splitlines() if line.strip()), "")
     return f"{type(e).__name__}: {first[:300]}"
@@ -298,6 +304,16 @@ def fall_back(layer, eager, key, shapes, where, error):
 def eager_variants():
     """{(layer forward's qualified name, variant): why} for the variants that fell back to eager in this process."""
     return {(f.__qualname__, key): why for (f, key), why in _eager_variants.items()}
+
+
+def eager_fallbacks(model):
+    """The variants of ``model``'s compiled layer classes that fell back to eager in this process, one line each
+    ("Class.forward (training, autograd): forward: RuntimeError: ..."): what a benchmark of compiled layers must
+    report beside its numbers, which otherwise count those layers' eager kernels as compiled ones."""
+    forwards = compiled_forwards(model)
+    return [f"{eager.__qualname__} ({'training' if key[1] else 'evaluation'}"
+            f"{', autograd' if key[2] else ', no autograd'}): {why}"
+            for (eager, key), why in _eager_variants.items() if eager in forwards]
 
 
 # The compiled layer whose backward runs now: a hook on a compiled layer's output fires when that output's
