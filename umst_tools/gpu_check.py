@@ -9,9 +9,10 @@ CUDA device, no check). Steps (``STEPS``), each with a time budget (its timeout)
   install      wheels -> ``<work>/site`` (``pip --no-index --no-deps --target``); fairseq-fixed's sdist
                unpacked and its three light extensions compiled in place (``fairseq_source``)
   env          Python, torch, CUDA, the device, fairseq, the plugin's archs registered
-  data, tests, op-counts   at the same time (none of them times anything):
+  data, tests, compile-tests, op-counts   at the same time (none of them times anything):
                ``benchmarks/synthetic_corpus.py`` (29,000 random pairs of Multi30k lengths, binarized, side files);
-               the tests marked ``cuda`` (the model checks on the GPU, fp32/fp16/bf16); ``bench_op_counts.py``
+               the tests marked ``cuda`` (the model checks on the GPU, fp32/fp16/bf16; then, a step of its own,
+               TranSFormer's and Prime's layers compiled, failing on any fallback to eager); ``bench_op_counts.py``
                (fp32-only backward matmuls under bf16, host syncs per step)
   bench        ``bench_archs.py --profile``, bf16, eager, 4,096 and 16,384 tokens: time, kernels and GPU busy per
                training step against the transformer
@@ -68,7 +69,9 @@ STEPS = [
     ("install", 40, "wheels into <work>/site; fairseq-fixed's sdist unpacked, its light extensions compiled"),
     ("env", 20, "Python, torch, CUDA, device, fairseq; the plugin's archs register"),
     ("data", 40, "the synthetic corpus of Multi30k lengths (29,000 pairs), fairseq-preprocess, umst-preprocess"),
-    ("tests", 110, "pytest -m cuda: the model checks on the GPU, compiled TranSFormer and Prime among them (runs beside data and op-counts)"),
+    ("tests", 75, "pytest -m cuda: the model checks on the GPU (runs beside data, compile-tests and op-counts)"),
+    ("compile-tests", 110, "pytest -m cuda tests/test_compile.py: TranSFormer's and Prime's layers compiled on the GPU "
+                           "at tiny widths, fp32 and bf16, with no fallback to eager (beside data, tests and op-counts)"),
     ("op-counts", 40, "bench_op_counts.py on CUDA: fp32-only backward matmuls under bf16, host syncs per step "
                       "(beside data and tests)"),
     ("bench", 80, "bench_archs.py, bf16 autocast, eager, 4,096 and 16,384 tokens: time, kernels and GPU busy "
@@ -83,7 +86,7 @@ STEPS = [
                      f"umst_base's loss over {LOSS_UPDATES} updates against eager, bench_archs.py at 16,384 tokens"),
 ]
 # steps that run at the same time (none of them times anything)
-CONCURRENT = [("data", "tests", "op-counts")]
+CONCURRENT = [("data", "tests", "compile-tests", "op-counts")]
 # what a plain call runs (by its budgets, at most 470 s); the rest is a second call, --only compile, whose results
 # join the first's report
 SECOND_CALL = ("compile",)
@@ -112,8 +115,11 @@ def commands(py, work, out):
         "env": [[py, "-m", "umst_tools.gpu_check", "--report-env"]],
         "data": [[py, os.path.join(BENCH, "synthetic_corpus.py"), synth, "--workers", "8"]],
         "tests": [[py, "-m", "pytest", "-m", "cuda", "-q", "-n", "12", "-p", "no:cacheprovider",
-                   "--junitxml", os.path.join(work, "gpu-tests.xml"), "tests/test_model_checks.py",
-                   "tests/test_compile.py"]],
+                   "--junitxml", os.path.join(work, "gpu-tests.xml"), "tests/test_model_checks.py"]],
+        # a step of its own: the model checks' results stand if compiling runs out of time, and a failing model
+        # check does not stop the compiled layers' test (a step's commands stop at the first that fails)
+        "compile-tests": [[py, "-m", "pytest", "-m", "cuda", "-q", "-n", "2", "-p", "no:cacheprovider",
+                           "--junitxml", os.path.join(work, "gpu-compile-tests.xml"), "tests/test_compile.py"]],
         "op-counts": [bench("bench_op_counts.py") + ["--device", "cuda", "--json", os.path.join(work, "op-counts.json"),
                                                      "--markdown", os.path.join(work, "op-counts.md")]],
         "bench": [archs_bench(tokens, f"bench-{tokens}") for tokens in (4096, 16384)],
@@ -499,8 +505,8 @@ def collect(name, entry, output, work, result):
         m = re.search(r"^GPUCHECK-ENV (\{.*\})$", output, flags=re.M)
         if m:
             result["env"] = json.loads(m.group(1))
-    elif name == "tests":
-        xml = os.path.join(work, "gpu-tests.xml")
+    elif name in ("tests", "compile-tests"):
+        xml = os.path.join(work, "gpu-tests.xml" if name == "tests" else "gpu-compile-tests.xml")
         if os.path.exists(xml):
             entry["summary"] = junit_summary(xml)
         else:  # the run died before writing it: the last summary line pytest printed
