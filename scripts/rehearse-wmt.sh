@@ -11,9 +11,10 @@
 #      prepare again, which merges the shards;
 #   2. umst-t2-umst-base on 2 nodes (train-2nodes.sbatch), the transformer baseline umst-t2-transformer-base on 2
 #      nodes, and umst-t2-umst-base on 1 node (train-1node.sbatch) as the uninterrupted reference;
-#   3. once the 2-node UMST run is at update N/4, its time limit is shortened (scontrol update, as an
-#      administrator can) so that Slurm's warning (--signal=B:USR1@180 of the sbatch script) comes mid-epoch:
-#      training saves checkpoint_last.pt and the job requeues itself; the requeued run resumes from it;
+#   3. once the 2-node UMST run is at update N/2 (in its second epoch, where a real run's preemptions mostly come),
+#      its time limit is shortened (scontrol update, as an administrator can) so that Slurm's warning
+#      (--signal=B:USR1@180 of the sbatch script) comes mid-epoch: training saves checkpoint_last.pt and the job
+#      requeues itself; the requeued run resumes from it;
 #   4. the resumed run's losses against the reference's, every update (umst_tools.rehearsal compare; the
 #      reference is one process with the same batch as the 2 nodes' two, so this is also the check that 2 nodes
 #      train as 1);
@@ -22,12 +23,13 @@
 # Any step that fails stops the rehearsal with its log named. Output: WORK/rehearsal.json (what each step
 # measured and how long it took), WORK/logs/ (every job's log), WORK/results.md (the table).
 # Defaults: --work-dir a new directory under ${TMPDIR:-/tmp}; --multi30k ../shared/data/multi30k (Multi30k's raw
-# *.gz files: scripts/prepare-multi30k.sh downloads them into data/multi30k/raw); --updates 36 (an epoch is 31).
+# *.gz files: scripts/prepare-multi30k.sh downloads them into data/multi30k/raw); --updates 72 (an epoch is 31: the
+# stop comes in the second, and the signal's way through the stand-in Slurm leaves it room on a fast machine).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-usage() { sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
-WORK=""; MULTI30K=""; UPDATES=36
+WORK=""; MULTI30K=""; UPDATES=72
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --work-dir) WORK="$2"; shift 2 ;;
@@ -105,7 +107,7 @@ BASELINE=$("${SUBMIT[@]}" --job-name=transformer-2nodes scripts/slurm/train-2nod
 UMST_LOG="$LOGS/umst-2nodes-$UMST.out"
 
 # ---- 3. the time limit, mid-epoch: Slurm's warning 180 s before it comes now --------------------------------------
-STOP_AT=$(( UPDATES / 4 ))
+STOP_AT=$(( UPDATES / 2 ))
 python3 -m umst_tools.rehearsal wait-for-update "$UMST_LOG" "$STOP_AT" --timeout 300 >/dev/null \
     || fail "the 2-node run did not reach update $STOP_AT ($UMST_LOG)"
 RUN=$(job_field "$UMST" RunTime); IFS=: read -r h m s <<< "$RUN"

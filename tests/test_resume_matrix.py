@@ -18,6 +18,10 @@ process) on the toy corpus, fairseq's own ``--task translation --arch transforme
 A control cell resumes with ``--reset-optimizer`` (Adam's moments lost): its losses part from the uninterrupted
 run by far more than the tolerance, so a resume that dropped the optimizer's state would fail here.
 
+A resume 5 batches into epoch 2 (the 50-update runs' checkpoint at update 12): with the plugin every later loss
+is the uninterrupted run's, bit for bit; stock fairseq parts from its own uninterrupted run at the first update,
+having cut its batches from another example order (the fairseq bug of ``patches/resume_batch_order.py``).
+
 ``test_stock_run_unchanged``: stock fairseq's fp32 transformer, 50 updates, in a process without the plugin and in
 one with ``--user-dir umst_plugin``: the same losses (the plugin's patches that touch this run -- the fused adam,
 the grad norm -- compute fairseq's numbers to float32 rounding).
@@ -33,6 +37,9 @@ import pytest
 import e2e
 
 K, N, STOCK_UPDATES = 4, 8, 50
+# a resume in epoch 2: the toy corpus makes 7 batches an epoch at --max-tokens 1000, so the 50-update runs'
+# checkpoint at update 12 is 5 batches into epoch 2 (patches/resume_batch_order.py; asserted from the checkpoint)
+K_EPOCH_2, EPOCH_2_POSITION = 12, {"epoch": 2, "iterations_in_epoch": 5}
 WHO = ("stock", "old", "plugin")
 PRECISIONS = {"fp32": [], "amp-fp16": ["--amp"], "amp-bf16": ["--amp", "--amp-dtype", "bfloat16"]}
 # relative, of each loss, where saver and resumer differ (the same one resumes bit for bit); measured on the
@@ -129,13 +136,26 @@ def matrix(toy_databin, tmp_path_factory):
     lost = _without_optimizer_state(stock_checkpoint, os.path.join(tmp, "lost-optimizer-state.pt"))
     plugin_resumes = [resume_run(p, s, r) for p, s, r in _cells() if r != "stock"]
     plugin_resumes.append(resume_run("fp32", "stock", "plugin", checkpoint=lost, name="lost optimizer state"))
+
+    def epoch_2_resume(who):  # the 50-update run, stopped 5 batches into epoch 2 and resumed by the same
+        checkpoint = "glob:" + os.path.join(save_dir("fp32", who), f"checkpoint_*_{K_EPOCH_2}.pt")
+        return {"name": f"{who} resumes in epoch 2", "argv": _common(toy_databin, STOCK_UPDATES) + _who_args(who) + [
+            "--restore-file", checkpoint, "--save-dir", os.path.join(tmp, "unused"), "--no-save"]}
+
+    plugin_resumes.append(epoch_2_resume("plugin"))
     # stock fairseq 0.12 cannot resume any checkpoint of a legacy arch (its own included) under torch>=2.6
     # without torch's escape hatch: the model config is an argparse.Namespace, which weights_only refuses
     # (the plugin allow-lists that one class: patches/checkpoint_classes.py)
     results.update(_drive(tmp, {
         "plugin-resumes": (plugin_resumes, None),
-        "stock-resumes": ([resume_run(p, s, r) for p, s, r in _cells() if r == "stock"],
+        "stock-resumes": ([resume_run(p, s, r) for p, s, r in _cells() if r == "stock"] + [epoch_2_resume("stock")],
                           {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})}))
+    import torch
+
+    for who in ("stock", "plugin"):
+        (checkpoint,) = glob.glob(os.path.join(save_dir("fp32", who), f"checkpoint_*_{K_EPOCH_2}.pt"))
+        position = torch.load(checkpoint, map_location="cpu", weights_only=False)["extra_state"]["train_iterator"]
+        results[f"{who} epoch 2 checkpoint"] = {k: position[k] for k in EPOCH_2_POSITION}
     return results
 
 
@@ -177,3 +197,26 @@ def test_stock_run_unchanged(matrix):
     assert len(stock["losses"]) == STOCK_UPDATES == len(plugin["losses"])
     for a, b in zip(plugin["losses"], stock["losses"]):
         assert a == pytest.approx(b, rel=1e-5), (plugin["losses"], stock["losses"])
+
+
+@pytest.mark.slow
+def test_a_resume_in_epoch_2_gives_the_uninterrupted_losses(matrix):
+    """fairseq orders a resumed process's training examples with the resume epoch's seed (the uninterrupted process
+    built its batches in epoch 1 and reuses them): with the plugin (patches/resume_batch_order.py) the run resumed
+    5 batches into epoch 2 trains on the uninterrupted run's batches, every loss bit for bit, to update 50."""
+    assert matrix["plugin epoch 2 checkpoint"] == EPOCH_2_POSITION
+    full, resumed = matrix["plugin fp32 50"], matrix["plugin resumes in epoch 2"]
+    assert resumed["error"] is None and len(resumed["losses"]) == STOCK_UPDATES - K_EPOCH_2
+    assert resumed["losses"] == full["losses"][K_EPOCH_2:]
+
+
+@pytest.mark.slow
+def test_stock_fairseq_resumed_in_epoch_2_trains_on_other_batches(matrix):
+    """The fairseq bug the patch fixes, at the command line: stock fairseq resumed from its own checkpoint 5 batches
+    into epoch 2 parts from its uninterrupted run at the first update (when this fails, fairseq has been fixed:
+    the patch can go)."""
+    assert matrix["stock epoch 2 checkpoint"] == EPOCH_2_POSITION
+    full, resumed = matrix["stock fp32 50"], matrix["stock resumes in epoch 2"]
+    assert resumed["error"] is None and len(resumed["losses"]) == STOCK_UPDATES - K_EPOCH_2
+    first, want = resumed["losses"][0], full["losses"][K_EPOCH_2]
+    assert abs(first - want) / want > 100 * TOLERANCE["fp32"], (first, want)

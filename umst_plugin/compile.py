@@ -279,10 +279,10 @@ def _out_of_memory(e):
 
 def _reason(e):
     """One line: the exception and its message's first line; for dynamo's wrapper of a backend's error
-    (``BackendCompilerFailed``, whose own first line is only "backend='inductor' raised:") the wrapped error too,
+    (``BackendCompilerFailed``, whose own first line is only "backend='...' raised:") the wrapped error too,
     which is the one that says what failed."""
     inner = getattr(e, "inner_exception", None)
-    if isinstance(inner, BaseException):
+    if type(e).__name__ == "BackendCompilerFailed" and isinstance(inner, BaseException):
         return f"{type(e).__name__} ({getattr(e, 'backend_name', 'backend')}): {_reason(inner)}"
     text = str(e).strip()
     first = next((line for line in text.splitlines() if line.strip()), "")

@@ -38,6 +38,7 @@ PATCHES = (
     "fused_adam",
     "grad_norm",
     "pair_dataset_sizes",
+    "resume_batch_order",
     "incremental_state_lookup",
     "compile_flags",
     "broadcast_checkpoint_load",
@@ -70,6 +71,9 @@ STOCK_NUMBERS = {
                   "2.3e-7 relative over 50 updates); --use-old-adam gives fairseq's loop",
     "grad_norm": "no: the same per-tensor float32 norms and clip coefficient, summed in another order (rounding)",
     "pair_dataset_sizes": "no: the same sizes, without numpy's warning",
+    "resume_batch_order": "yes for a run resumed in epoch 2 or later, because fairseq cut its batches from another "
+                          "example order than the run it resumes (some sentences twice in the epoch, others not "
+                          "at all); no for uninterrupted runs and resumes in epoch 1",
     "incremental_state_lookup": "no: the same lookup result, tested for a missing state first",
     "compile_flags": "no unless --compile or --tf32 is given (both off by default)",
     "broadcast_checkpoint_load": "no: the same bytes loaded on every rank (without it, a multi-rank resume stopped)",
