@@ -294,6 +294,7 @@ def measure(names, width, precisions, device, max_tokens, repeats, warmup, quick
         row["target_tokens"] = int(sample["ntokens"])
         if compile:  # layer variants whose compile failed run eager (umst_plugin.compile.fall_back): say which
             row["eager_fallbacks"] = compiling.eager_fallbacks(model)
+            row["eager_fallback_tracebacks"] = compiling.fallback_tracebacks(model)  # the JSON's, for a bug report
         rows[name] = row
         log(f"  {name} ({arch}): {row['params'] / 1e6:.1f}M parameters, {row['flops'] / 1e9:.1f} GFLOP"
             + "".join(f", saved {p} {row['saved'][p] / 2**20:.0f} MiB" for p in precisions if memory)

@@ -272,6 +272,7 @@ def compile_and_count(trainer, sample, row, device):
     # a layer variant whose compile failed runs eager (umst_plugin.compile.fall_back): its kernels are eager ones,
     # so the row says which, and why (main() silences the logged warning with the start-up chatter)
     row["eager_fallbacks"] = compiling.eager_fallbacks(trainer.model)
+    row["eager_fallback_tracebacks"] = compiling.fallback_tracebacks(trainer.model)  # the JSON's, for a bug report
     for p in FWD_BWD:
         row["by_phase"][p] = compiled[p]
     row["launches"] = sum(row["by_phase"].values())

@@ -184,6 +184,7 @@ def test_bench_launches_keeps_the_rows_counted_before_it_was_stopped_and_names_e
     from umst_plugin import compile as compiling
 
     monkeypatch.setattr(compiling, "_eager_variants", {})  # this process's other tests compile these classes
+    monkeypatch.setattr(compiling, "_fallback_tracebacks", {})
     out, table = tmp_path / "launches.json", tmp_path / "launches.md"
     with pytest.raises(KeyboardInterrupt):
         bench_launches.main(["--quick", "--compile", "--archs", "transformer,msmsa", "--json", str(out),
@@ -195,6 +196,8 @@ def test_bench_launches_keeps_the_rows_counted_before_it_was_stopped_and_names_e
     assert any(f.startswith("TransformerEncoderLayerBase.forward (training, autograd): forward:") for f in fallbacks)
     assert all("planted: this backend cannot compile a layer" in f for f in fallbacks), fallbacks
     assert rows[1]["generated_kernels"] == 0
+    tracebacks = rows[1]["eager_fallback_tracebacks"]
+    assert len(tracebacks) == len(fallbacks) and all("failing_backend" in t and "planted" in t for t in tracebacks)
     text = table.read_text()
     assert "| transformer (plugin loaded) (partly eager: below) |" in text
     assert "* transformer (plugin loaded): TransformerEncoderLayerBase.forward (training, autograd)" in text

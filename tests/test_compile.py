@@ -211,6 +211,12 @@ def test_compiled_layers_on_cuda_do_not_fall_back_and_match_eager(arch, override
     import torch._inductor.config as inductor_config
 
     monkeypatch.setattr(compiling, "_eager_variants", {})  # this test's fallbacks only
+    monkeypatch.setattr(compiling, "_fallback_tracebacks", {})
+
+    def no_fallback():  # the message: each fallback's line, then its traceback (the GPU check's log keeps them)
+        assert compiling.eager_fallbacks(model) == [], "\n".join(compiling.eager_fallbacks(model)
+                                                                  + compiling.fallback_tracebacks(model))
+
     model, task = dev.build_model(arch, {**TINY, **DROPOUT, **overrides})
     model = model.cuda().train()
     eager = copy.deepcopy(model)
@@ -224,7 +230,7 @@ def test_compiled_layers_on_cuda_do_not_fall_back_and_match_eager(arch, override
         torch.manual_seed(1)
         ref_out, ref_loss = _loss(eager, batches[0])
         ref_loss.backward()
-        assert compiling.eager_fallbacks(model) == [], compiling.eager_fallbacks(model)
+        no_fallback()
         torch.testing.assert_close(out, ref_out, atol=ATOL, rtol=RTOL, msg=lambda m: f"{arch}: outputs differ: {m}")
         grads = dict(model.named_parameters())
         for name, p in eager.named_parameters():
@@ -240,7 +246,7 @@ def test_compiled_layers_on_cuda_do_not_fall_back_and_match_eager(arch, override
                 logits, loss = _loss(model, sample)
             loss.backward()
             assert logits.dtype == torch.bfloat16 and torch.isfinite(loss)
-    assert compiling.eager_fallbacks(model) == [], compiling.eager_fallbacks(model)
+    no_fallback()
     assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
 
 

@@ -46,6 +46,7 @@ Outside fairseq: ``compile_layers(model)`` compiles a built model the same way (
 import logging
 import os
 import time
+import traceback
 import types
 
 import torch
@@ -236,6 +237,7 @@ class CompileFailure(RuntimeError):
 
 
 _eager_variants = {}  # (eager forward function, variant) -> why it runs eager
+_fallback_tracebacks = {}  # the same keys -> the end of the failure's traceback (for a bug report, not the log)
 
 
 def _describe(value):
@@ -295,6 +297,9 @@ def fall_back(layer, eager, key, shapes, where, error):
     name = eager.__qualname__
     mode = ("training" if key[1] else "evaluation") + (", autograd" if key[2] else ", no autograd")
     _eager_variants[(eager, key)] = f"{where}: {_reason(error)}"
+    inner = getattr(error, "inner_exception", None)  # dynamo's wrapper drops the backend's own traceback
+    _fallback_tracebacks[(eager, key)] = "".join(traceback.format_exception(error) + (
+        traceback.format_exception(inner) if isinstance(inner, BaseException) else []))[-6000:]
     logger.warning("--compile: the compiled %s of %s failed (%s; inputs %s): %s. This variant of %s (same mode, "
                    "argument ranks and dtypes, any sizes other than 0 and 1) runs eager from now on, with the same "
                    "results; the other layers and variants stay compiled", where, type(layer).__name__, mode, shapes,
@@ -304,6 +309,13 @@ def fall_back(layer, eager, key, shapes, where, error):
 def eager_variants():
     """{(layer forward's qualified name, variant): why} for the variants that fell back to eager in this process."""
     return {(f.__qualname__, key): why for (f, key), why in _eager_variants.items()}
+
+
+def fallback_tracebacks(model):
+    """The tracebacks (their last 6,000 characters) of the failures behind :func:`eager_fallbacks`, in its order:
+    what a report of a failed compile needs beyond the one line the warning gives."""
+    forwards = compiled_forwards(model)
+    return [_fallback_tracebacks.get((eager, key), "") for (eager, key) in _eager_variants if eager in forwards]
 
 
 def eager_fallbacks(model):
