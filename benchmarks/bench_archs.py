@@ -293,13 +293,12 @@ def measure(names, width, precisions, device, max_tokens, repeats, warmup, quick
             steps[(name, p)] = step
         row["target_tokens"] = int(sample["ntokens"])
         if compile:  # layer variants whose compile failed run eager (umst_plugin.compile.fall_back): say which
-            row["eager_fallbacks"] = compiling.eager_fallbacks(model)
-            row["eager_fallback_tracebacks"] = compiling.fallback_tracebacks(model)  # the JSON's, for a bug report
+            row.update(compiling.fallback_record(model))
         rows[name] = row
         log(f"  {name} ({arch}): {row['params'] / 1e6:.1f}M parameters, {row['flops'] / 1e9:.1f} GFLOP"
             + "".join(f", saved {p} {row['saved'][p] / 2**20:.0f} MiB" for p in precisions if memory)
             + "".join(f", compiled {p} in {row['compile_s'][p]:.1f} s" for p in precisions if compile)
-            + "".join(f"\n    FELL BACK TO EAGER: {f}" for f in row.get("eager_fallbacks") or []))
+            + common.fell_back(row))
         rows[name]["_model"] = model
     for p in precisions:
         fns = {name: steps[(name, p)] for name in names}
@@ -382,7 +381,7 @@ def markdown(result):
     by_name = {r["name"]: r for r in result["rows"]}
     for ratio in result.get("ratios") or ratios(result):  # as recorded: older runs had one baseline
         r = by_name[ratio["name"]]
-        label = r["arch"] + LABELS.get(r["name"], "") + (" (partly eager: below)" if r.get("eager_fallbacks") else "")
+        label = r["arch"] + LABELS.get(r["name"], "") + common.partly_eager(r)
         cells = [label, ratio.get("baseline", "transformer").replace("transformer_dropout", "tf dropout 0.1").replace(
             "transformer", "tf"), f"{r['params'] / 1e6:.1f}M", f"{r['flops'] / 1e9:.1f}", f"{ratio['flops']:.2f}x"]
         for p in precisions:
@@ -397,10 +396,8 @@ def markdown(result):
                 cells += [f"{prof['kernels']:,}", f"{ratio[p]['kernels_per_flop']:.2f}", f"{prof['busy']:.2f}"] \
                     if prof else ["-"] * 3
         lines.append("| " + " | ".join(cells) + " |")
-    fallbacks = [(r["arch"] + LABELS.get(r["name"], ""), f) for r in result["rows"] for f in r.get("eager_fallbacks") or []]
-    if fallbacks:
-        lines += ["", "Compiled layers that fell back to eager (their kernels and times above are eager ones):", ""]
-        lines += [f"* {label}: {f}" for label, f in fallbacks]
+    lines += common.eager_fallback_lines([(r["arch"] + LABELS.get(r["name"], ""), r) for r in result["rows"]],
+                                         "kernels and times")
     return "\n".join(lines)
 
 

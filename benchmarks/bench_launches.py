@@ -271,8 +271,7 @@ def compile_and_count(trainer, sample, row, device):
     row["compiled_top_ops"] = by_op.most_common(25)
     # a layer variant whose compile failed runs eager (umst_plugin.compile.fall_back): its kernels are eager ones,
     # so the row says which, and why (main() silences the logged warning with the start-up chatter)
-    row["eager_fallbacks"] = compiling.eager_fallbacks(trainer.model)
-    row["eager_fallback_tracebacks"] = compiling.fallback_tracebacks(trainer.model)  # the JSON's, for a bug report
+    row.update(compiling.fallback_record(trainer.model))
     for p in FWD_BWD:
         row["by_phase"][p] = compiled[p]
     row["launches"] = sum(row["by_phase"].values())
@@ -376,8 +375,8 @@ def markdown(result):
         head += ["CUDA kernels", "kernels / count", "update ms", "GPU busy"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in result["rows"]:
-        label = LABELS.get(r["name"], r["arch"]) + (" (partly eager: below)" if r.get("eager_fallbacks") else "")
-        cells = [label, f"{r['flops'] / 1e9:.0f}", f"{r['launches']:,}"]
+        cells = [LABELS.get(r["name"], r["arch"]) + benchmark_common().partly_eager(r), f"{r['flops'] / 1e9:.0f}",
+                 f"{r['launches']:,}"]
         cells += [f"{r['by_phase'][p]:,}" for p in phases]
         if compiled:
             cells += ([f"{r['eager_launches']:,}", f"{r['compiled_vs_eager']:.2f}", f"{r['compiled_vs_eager_fwd_bwd']:.2f}",
@@ -390,10 +389,7 @@ def markdown(result):
             cells += [f"{c['kernels']:,}", f"{c['kernels'] / r['launches']:.2f}", f"{c['wall_ms']:.1f}",
                       f"{c['busy']:.2f}"] if c else ["-"] * 4
         lines.append("| " + " | ".join(cells) + " |")
-    fallbacks = [(LABELS.get(r["name"], r["arch"]), f) for r in result["rows"] for f in r.get("eager_fallbacks") or []]
-    if fallbacks:
-        lines += ["", "Compiled layers that fell back to eager (their kernels above are eager ones):", ""]
-        lines += [f"* {label}: {f}" for label, f in fallbacks]
+    lines += benchmark_common().eager_fallback_lines([(LABELS.get(r["name"], r["arch"]), r) for r in result["rows"]])
     return "\n".join(lines)
 
 
@@ -471,7 +467,7 @@ def main(argv=None):
         print(f"  {name}: {rows[-1]['launches']:,} launches, {rows[-1]['flops'] / 1e9:.1f} GFLOP"
               + (f", compiled in {rows[-1]['compile_s']:.0f} s (eager {rows[-1]['eager_launches']:,})"
                  if args.compile else "")
-              + "".join(f"\n    FELL BACK TO EAGER: {f}" for f in rows[-1].get("eager_fallbacks") or []), flush=True)
+              + common.fell_back(rows[-1]), flush=True)
         partial = result_so_far()  # after every row: a run stopped at a time limit keeps the rows it counted
         common.write_results(partial, markdown(partial), args.json, args.markdown)
     result = result_so_far()

@@ -149,6 +149,27 @@ def n_params(model):
     return sum(p.numel() for p in model.parameters())
 
 
+def eager_fallback_lines(labelled_rows, what="kernels"):
+    """Markdown beneath a table of compiled rows: each layer variant that fell back to eager (a row's
+    ``eager_fallbacks``, ``umst_plugin.compile.fallback_record``), after the row's label; none without one.
+    ``labelled_rows``: (label, row) pairs; ``what``: what the table's numbers for such a row are."""
+    fallbacks = [(label, f) for label, r in labelled_rows for f in r.get("eager_fallbacks") or []]
+    if not fallbacks:
+        return []
+    return (["", f"Compiled layers that fell back to eager (their {what} above are eager ones):", ""]
+            + [f"* {label}: {f}" for label, f in fallbacks])
+
+
+def partly_eager(row):
+    """The mark after a compiled row's label whose layers partly ran eager (see :func:`eager_fallback_lines`)."""
+    return " (partly eager: below)" if row.get("eager_fallbacks") else ""
+
+
+def fell_back(row):
+    """The lines a benchmark prints under a row's summary for its fallbacks to eager."""
+    return "".join(f"\n    FELL BACK TO EAGER: {f}" for f in row.get("eager_fallbacks") or [])
+
+
 def write_results(result, table, json_path=None, markdown_path=None):
     """A benchmark's result as JSON (``--json``) and its markdown table (``--markdown``), each where asked, their
     folders made as needed."""

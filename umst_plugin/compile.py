@@ -295,7 +295,7 @@ def fall_back(layer, eager, key, shapes, where, error):
     """Run ``layer``'s class eagerly for the variant ``key`` from now on, with a warning naming the class, the
     shapes and the error. The eager forward computes the same function, so results do not change."""
     name = eager.__qualname__
-    mode = ("training" if key[1] else "evaluation") + (", autograd" if key[2] else ", no autograd")
+    mode = _mode_words(key)
     _eager_variants[(eager, key)] = f"{where}: {_reason(error)}"
     inner = getattr(error, "inner_exception", None)  # dynamo's wrapper drops the backend's own traceback
     _fallback_tracebacks[(eager, key)] = "".join(traceback.format_exception(error) + (
@@ -311,11 +311,9 @@ def eager_variants():
     return {(f.__qualname__, key): why for (f, key), why in _eager_variants.items()}
 
 
-def fallback_tracebacks(model):
-    """The tracebacks (their last 6,000 characters) of the failures behind :func:`eager_fallbacks`, in its order:
-    what a report of a failed compile needs beyond the one line the warning gives."""
-    forwards = compiled_forwards(model)
-    return [_fallback_tracebacks.get((eager, key), "") for (eager, key) in _eager_variants if eager in forwards]
+def _mode_words(key):
+    """A variant's mode as the warnings say it: "training, autograd", "evaluation, no autograd", ..."""
+    return ("training" if key[1] else "evaluation") + (", autograd" if key[2] else ", no autograd")
 
 
 def eager_fallbacks(model):
@@ -323,9 +321,21 @@ def eager_fallbacks(model):
     ("Class.forward (training, autograd): forward: RuntimeError: ..."): what a benchmark of compiled layers must
     report beside its numbers, which otherwise count those layers' eager kernels as compiled ones."""
     forwards = compiled_forwards(model)
-    return [f"{eager.__qualname__} ({'training' if key[1] else 'evaluation'}"
-            f"{', autograd' if key[2] else ', no autograd'}): {why}"
+    return [f"{eager.__qualname__} ({_mode_words(key)}): {why}"
             for (eager, key), why in _eager_variants.items() if eager in forwards]
+
+
+def fallback_tracebacks(model):
+    """The tracebacks (their last 6,000 characters) of the failures behind :func:`eager_fallbacks`, in its order:
+    what a report of a failed compile needs beyond the one line the warning gives."""
+    forwards = compiled_forwards(model)
+    return [_fallback_tracebacks.get((eager, key), "") for (eager, key) in _eager_variants if eager in forwards]
+
+
+def fallback_record(model):
+    """What a benchmark row of ``model`` compiled records of its fallbacks: ``eager_fallbacks`` (one line each,
+    for the table) and ``eager_fallback_tracebacks`` (for a bug report)."""
+    return dict(eager_fallbacks=eager_fallbacks(model), eager_fallback_tracebacks=fallback_tracebacks(model))
 
 
 # The compiled layer whose backward runs now: a hook on a compiled layer's output fires when that output's

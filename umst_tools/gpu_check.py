@@ -73,7 +73,7 @@ STEPS = [
     ("compile-tests", 110, "pytest -m cuda tests/test_compile.py: TranSFormer's and Prime's layers compiled on the GPU "
                            "at tiny widths, fp32 and bf16, with no fallback to eager (beside data, tests and op-counts)"),
     ("op-counts", 40, "bench_op_counts.py on CUDA: fp32-only backward matmuls under bf16, host syncs per step "
-                      "(beside data and tests)"),
+                      "(beside data, tests and compile-tests)"),
     ("bench", 80, "bench_archs.py, bf16 autocast, eager, 4,096 and 16,384 tokens: time, kernels and GPU busy "
                   "per step against the transformer"),
     ("train-speed", 125, f"bench_train.py: fairseq-train words/s, every arch in fp32 and bf16 --amp, stock fairseq's "
