@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Create (or reuse) .venv with torch, fairseq-fixed and this plugin installed.
 #   bash scripts/setup_env.sh [--cuda] [--dry-run]
-# Idempotent: a second run only checks. VENV overrides the location, PYTHON the interpreter it is made from.
+# Idempotent: a second run only checks. VENV overrides the location, PYTHON the interpreter it is made from,
+# TORCH_VERSION the torch (2.13.0, a CPU build; e.g. 2.11.0, the GPU machines' torch, to run the suite under it
+# on a CPU: PyPI has it as a CUDA build, some GB, which runs on a CPU too).
 # Every step prints one line; pip's own output goes to $VENV/setup.log and is shown only when a step fails.
-#   --cuda     a CUDA build of torch: keep the one installed if it has CUDA, else install torch==2.13.0 from
+#   --cuda     a CUDA build of torch: keep the one installed if it has CUDA, else install torch==$TORCH_VERSION from
 #              PyPI (whose Linux x86_64 wheels are CUDA builds) or from TORCH_INDEX_URL (e.g.
 #              https://download.pytorch.org/whl/cu128 for another CUDA version); checked after installing.
-#              Without --cuda: keep any torch present (GPU users), else the CPU build of torch==2.13.0.
+#              Without --cuda: keep any torch present (GPU users), else torch==$TORCH_VERSION.
 #   --dry-run  print the steps and pip commands it would run; change nothing.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
 PY="${PYTHON:-python3}"
-TORCH_VERSION="2.13.0"
+TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 CUDA=0; DRY=0
 for arg in "$@"; do
   case "$arg" in
@@ -63,7 +65,7 @@ step "upgrading pip (pip's output: $LOG)"
 pip_quiet install --upgrade pip
 # torch: keep an existing one (GPU users); otherwise the CPU build, pinned so pip never pulls a multi-GB CUDA wheel.
 if ! has "import torch"; then
-  step "installing torch==$TORCH_VERSION (CPU build)"
+  step "installing torch==$TORCH_VERSION$([ "$TORCH_VERSION" = 2.13.0 ] && echo ' (CPU build)')"
   pip_quiet install "torch==$TORCH_VERSION"
 fi
 # fairseq-fixed builds from source and needs torch/numpy/cython at build time;

@@ -198,6 +198,48 @@ def test_boundary_relative_attention_gradcheck():
     assert torch.autograd.gradcheck(fn, args)
 
 
+class _SizesWatched(torch.Tensor):
+    """A tensor (and every tensor computed from it) that records each read of its sizes."""
+    reads = []
+    NAMES = {torch.Tensor.size: "size", torch.Tensor.shape.__get__: "shape", torch.Tensor.dim: "dim",
+             torch.Tensor.ndim.__get__: "ndim"}
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in cls.NAMES:
+            cls.reads.append(cls.NAMES[func])
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_boundary_relative_attention_reads_no_size_of_the_band_indices():
+    """The autograd function takes batch, length and 2k + 1 from the padding mask, ``heads`` and the relative
+    tables, never from ``cols`` or what is computed from it (the band's columns, the gathered band). Under
+    ``--compile`` (dynamic shapes) cols' last size is a symbol that the products with the tables fix to 2k + 1;
+    torch 2.11's dynamo (the H200's torch) fails on such a size computed in an autograd function's forward
+    (symbolic when traced, a constant when replayed: an AssertionError in ``overwrite_tensor_vt_proxy``), and
+    every TranSFormer encoder layer then ran eager on the GPU. torch 2.13 traces either, so this checks the cause
+    on any torch: each read of a size of cols or its descendants is recorded, forward and backward."""
+    torch.manual_seed(5)
+    batch, length, dim, heads = 2, 7, 4, 2
+    pad = padding_mask(batch, length, seed=3)
+    groups = (torch.arange(length)[None, :] // 2 + 1).expand(batch, -1).masked_fill(pad, 0)
+    cols, valid = boundary_band(groups, 2)
+    args = [torch.randn(length * batch, dim, **F64), 1 + 0.1 * torch.randn(dim, **F64), 0.1 * torch.randn(dim, **F64),
+            torch.randn(3 * dim, dim, **F64) / 2, torch.randn(3 * dim, **F64) / 4, torch.randn(5, dim // heads, **F64),
+            torch.randn(5, dim // heads, **F64)]
+    args = [a.requires_grad_() for a in args]
+    x, ln_w, ln_b, w, b, rel_k, rel_v = args
+    watched = cols.as_subclass(_SizesWatched)
+    _SizesWatched.reads = []
+    out = BoundaryRelativeAttention.apply(x, ln_w, ln_b, 1e-5, w, b, rel_k, rel_v, watched, valid, pad, heads, 0.7,
+                                          0.3)
+    torch.as_tensor(out).sum().backward()
+    assert _SizesWatched.reads == [], f"sizes of the band indices read: {_SizesWatched.reads}"
+    _SizesWatched.reads = []
+    watched.size(-1)  # (the recording itself works)
+    assert _SizesWatched.reads == ["size"]
+
+
 @pytest.mark.parametrize("embed,kv_dim,heads", [(64, 4, 4), (32, 4, 4), (8, 32, 2), (16, 8, 2)],
                          ids=["reassociated-premultiplied", "reassociated", "plain", "reassociated-equal-cost"])
 def test_cross_granularity_fusion_lean_equals_reference(embed, kv_dim, heads):

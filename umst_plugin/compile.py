@@ -287,8 +287,34 @@ def _reason(e):
     if type(e).__name__ == "BackendCompilerFailed" and isinstance(inner, BaseException):
         return f"{type(e).__name__} ({getattr(e, 'backend_name', 'backend')}): {_reason(inner)}"
     text = str(e).strip()
-    first = next((line for line in text.splitlines() if line.strip()), "")
-    return f"{type(e).__name__}: {first[:300]}"
+    own = text.split("from user code:")[0].strip()  # dynamo appends the user's frames to its errors' messages
+    first = next((line for line in own.splitlines() if line.strip()), "")
+    if first:
+        return f"{type(e).__name__}: {first[:300]}"
+    # no message of its own (a bare ``assert`` in torch): where it was raised, and the user's line that dynamo
+    # was tracing then
+    frames = traceback.extract_tb(e.__traceback__)
+    where = f" in {_short_path(frames[-1].filename)}:{frames[-1].lineno} ({frames[-1].name})" if frames else ""
+    user = [line.strip() for line in text.split("from user code:")[-1].splitlines() if line.strip().startswith("File")]
+    return f"{type(e).__name__} (no message){where}" + (f"; tracing {_user_frame(user[-1])}" if user and
+                                                         "from user code:" in text else "")
+
+
+def _short_path(path):
+    """A source path from its package on (``torch/_dynamo/...``, ``umst_plugin/...``), or its file name."""
+    path = path.replace("\\", "/")
+    for root in ("/torch/", "/umst_plugin/", "/fairseq/"):
+        if root in path:
+            return root[1:] + path.split(root, 1)[1]
+    return os.path.basename(path)
+
+
+def _user_frame(line):
+    """'umst_plugin/x.py:140 (f)' from a traceback line 'File "/.../umst_plugin/x.py", line 140, in f'."""
+    import re
+
+    match = re.match(r'File "(.*)", line (\d+), in (.*)', line)
+    return f"{_short_path(match.group(1))}:{match.group(2)} ({match.group(3)})" if match else line
 
 
 def fall_back(layer, eager, key, shapes, where, error):

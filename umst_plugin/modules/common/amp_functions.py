@@ -49,3 +49,14 @@ def amp_backward(backward):
         with torch.autocast(ctx.amp_device_type, dtype=ctx.amp_dtype, enabled=ctx.amp_enabled):
             return backward(ctx, *grads)
     return wrapper
+
+
+def distinct_output(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a custom autograd function's forward returns it when ``t`` is what an op that returns its own input
+    gave: an in-place op (``zeros(...).index_add_(...)``) or ``.to`` the dtype ``t`` already has. A view (no
+    kernel, no copy) gives the output a tensor of its own. torch 2.11's dynamo traces an autograd function's
+    forward with its intermediates as extra outputs; the tensor before such an op is the returned tensor itself,
+    and autograd then routes the output's gradient to the extra output's slot: under ``--compile`` the function's
+    gradients were silently wrong (pytorch/pytorch#180642, a regression of 2.11, fixed in 2.12; Prime's
+    convolution on the H200's torch 2.11). Eager code and torch 2.12+ give the same values either way."""
+    return t.view_as(t)

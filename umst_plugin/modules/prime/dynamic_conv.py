@@ -38,7 +38,7 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward
+from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward, distinct_output
 from umst_plugin.modules.common.segment_ops import accumulation_dtype
 from umst_plugin.modules.common.tracing import compiling
 
@@ -85,7 +85,7 @@ class DynamicConvolution(torch.autograd.Function):
         ctx.save_for_backward(x, keep, gs, *(probs if ctx.kept_probs else logits))
         ctx.p, ctx.padding_l, ctx.offsets, ctx.kernel_size = p, padding_l, offsets, kernel_size
         ctx.logit_dtypes = [lg.dtype for lg in logits]
-        return out
+        return distinct_output(out)  # (fp32: out is convolve's ``.to`` of a tensor already fp32)
 
     @staticmethod
     def convolve(x, gates, keep, p, padding_l, offsets, kernel_size, logits):
@@ -255,7 +255,7 @@ class _LoopDynamicConvolution(torch.autograd.Function):
             out.addcmul_(padded[k:k + T], weight[..., k:k + 1])
         ctx.save_for_backward(x, logits, keep)
         ctx.p, ctx.padding_l = p, padding_l
-        return out.view(T, B, C).to(x.dtype)
+        return distinct_output(out.view(T, B, C).to(x.dtype))
 
     @staticmethod
     def _kernels(logits, keep, p, acc):

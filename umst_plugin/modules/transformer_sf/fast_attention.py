@@ -182,8 +182,8 @@ class BoundaryRelativeAttention(torch.autograd.Function):
         return normed, mean, rstd, qkv.permute(2, 1, 3, 0, 4).contiguous()  # 3 x B x H x L x d
 
     @staticmethod
-    def _probs(q3, k3, q_flat, rel_keys, band_cols, valid, key_padding_mask, scale):
-        batch, heads, length, _ = band_cols.shape
+    def _probs(q3, k3, q_flat, rel_keys, band_cols, valid, key_padding_mask, scale, heads):
+        batch, length = key_padding_mask.shape  # (not band_cols.shape, whose last size is 2k + 1: see forward)
         logits = upcast_half(torch.baddbmm(q3.new_empty(()), q3, k3.transpose(1, 2), beta=0.0, alpha=scale))
         rel = upcast_half(torch.addmm(q_flat.new_empty(()), q_flat, rel_keys.t(), beta=0.0, alpha=scale))
         rel = rel.view(batch, heads, length, -1).mul_(valid.unsqueeze(1))
@@ -202,13 +202,18 @@ class BoundaryRelativeAttention(torch.autograd.Function):
         q3, k3, v3 = qkv.view(3, batch * heads, length, head_dim).unbind(0)
         band_cols = cols.unsqueeze(1).expand(-1, heads, -1, -1)
         probs = BoundaryRelativeAttention._probs(q3, k3, q3.reshape(-1, head_dim), rel_keys, band_cols, valid,
-                                                 key_padding_mask, scale)
+                                                 key_padding_mask, scale, heads)
         mask = None
         if dropout > 0:
             probs, mask = torch.native_dropout(probs, dropout, True)
         out = torch.bmm(probs.view(batch * heads, length, length).to(v3.dtype), v3)
         band = torch.gather(probs, -1, band_cols).mul_(valid.unsqueeze(1))
-        out = torch.addmm(out.view(-1, head_dim), band.view(-1, band.size(-1)).to(v3.dtype), rel_values)
+        # 2k + 1 read from the tables (a parameter's static size), not from ``band``: under torch.compile with
+        # dynamic shapes band's last size is a symbol of the input ``cols`` that the products then fix to 2k + 1,
+        # and torch 2.11's dynamo fails on a size computed in an autograd function's forward that is a symbol
+        # when traced and a constant when replayed (an AssertionError in overwrite_tensor_vt_proxy; the layer
+        # then ran eager on the H200's torch 2.11). torch 2.13 compiles either.
+        out = torch.addmm(out.view(-1, head_dim), band.view(-1, rel_values.size(0)).to(v3.dtype), rel_values)
         ctx.save_for_backward(x, ln_weight, ln_bias, weight, bias, mean, rstd, rel_keys, rel_values, cols, valid,
                               key_padding_mask, mask)
         ctx.eps, ctx.heads, ctx.scale, ctx.dropout = eps, heads, scale, dropout
@@ -230,7 +235,7 @@ class BoundaryRelativeAttention(torch.autograd.Function):
         band_cols = cols.unsqueeze(1).expand(-1, heads, -1, -1)
         valid_h = valid.unsqueeze(1)
         probs = BoundaryRelativeAttention._probs(q3, k3, q_flat, rel_keys, band_cols, valid, key_padding_mask,
-                                                 scale)  # recomputed
+                                                 scale, heads)  # recomputed
         keep_scale = 1.0 / (1.0 - ctx.dropout) if mask is not None else 1.0
         dropped = probs if mask is None else torch.ops.aten.native_dropout_backward(probs, mask, keep_scale)
         grad3 = grad.contiguous().view(bh, length, head_dim)
@@ -240,7 +245,7 @@ class BoundaryRelativeAttention(torch.autograd.Function):
         grad_rel_values = None
         if need[7]:
             band = torch.gather(dropped, -1, band_cols).mul_(valid_h)
-            grad_rel_values = torch.mm(band.view(-1, band.size(-1)).t().to(grad.dtype), grad_flat)
+            grad_rel_values = torch.mm(band.view(-1, rel_values.size(0)).t().to(grad.dtype), grad_flat)
         grad_w = upcast_half(torch.bmm(grad3, v3.transpose(1, 2))).view(batch, heads, length, length)
         grad_band = upcast_half(torch.mm(grad_flat, rel_values.t())).view(batch, heads, length, -1).mul_(valid_h)
         grad_w.scatter_add_(-1, band_cols, grad_band)
@@ -248,7 +253,7 @@ class BoundaryRelativeAttention(torch.autograd.Function):
             grad_w = torch.ops.aten.native_dropout_backward(grad_w, mask, keep_scale)
         grad_logits = torch._softmax_backward_data(grad_w, probs, -1, probs.dtype)
         # logits = s q k^T + band(s q a^K^T)
-        grad_rel = torch.gather(grad_logits, -1, band_cols).mul_(valid_h).view(-1, band_cols.size(-1))
+        grad_rel = torch.gather(grad_logits, -1, band_cols).mul_(valid_h).view(-1, rel_keys.size(0))
         grad_logits3 = grad_logits.view(bh, length, length).to(q3.dtype)
         grad_q = torch.baddbmm(q3.new_empty(()), grad_logits3, k3, beta=0.0, alpha=scale)
         grad_q = grad_q.view(-1, head_dim).addmm_(grad_rel.to(grad_q.dtype), rel_keys.to(grad_q.dtype), alpha=scale)

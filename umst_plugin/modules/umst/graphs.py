@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from umst_plugin.data.side_inputs import check_side_input_shapes, check_side_inputs
-from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward
+from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward, distinct_output
 from umst_plugin.modules.common.attention import additive_mask
 from umst_plugin.modules.umst.group_gcn import normalized_group_adjacency  # noqa: F401  (re-exported for tests)
 from umst_plugin.modules.common.segment_ops import accumulation_dtype, segment_sum
@@ -339,7 +339,7 @@ class _SegmentSum(torch.autograd.Function):
     def forward(ctx, source: Tensor, index: Tensor, n_rows: int, dtype: torch.dtype) -> Tensor:
         ctx.save_for_backward(index)
         ctx.source_dtype = source.dtype
-        return segment_sum(source, index, n_rows, dtype)
+        return distinct_output(segment_sum(source, index, n_rows, dtype))  # (an index_add_ on zeros)
 
     @staticmethod
     @amp_backward
