@@ -386,7 +386,9 @@ def main(argv=None):
                    help="seconds for the whole command (a caller's budget): the stock process gets at most "
                         f"{STOCK_SHARE:.0%}% of them, the plugin process the rest, less {DEADLINE_RESERVE} s kept "
                         "for the FLOP counts and writing the results; rows finished by then are kept")
-    p.add_argument("--work", default=None, help="scratch folder (plans, per-process logs)")
+    p.add_argument("--work", default="bench-train-work",
+                   help="scratch folder (plans, per-process logs; default ./bench-train-work, not beside --json, "
+                        "which is often docs/results/)")
     p.add_argument("--json", default=None)
     p.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
     p.add_argument("--quick", action="store_true", help="tiny widths (1+1 layers, d 32): a smoke run")
@@ -417,7 +419,7 @@ def main(argv=None):
         return 0
     import torch
 
-    work = args.work or os.path.join(os.path.dirname(os.path.abspath(args.json or ".")), "bench-train-work")
+    work = os.path.abspath(args.work)
     os.makedirs(work, exist_ok=True)
     start = time.time()
 
