@@ -63,3 +63,19 @@ def test_profiled_count_sees_the_compiled_kernels_and_the_ops_compiled_code_call
     # the matmuls stay library calls (one forward, two backward; inductor may fold the residual's gradient into one)
     assert by_op["addmm"] + by_op["mm"] == 3, dict(by_op)
     assert sum(by_phase.values()) < eager.total, (dict(by_op), dict(collections.Counter(eager.ops)))
+
+
+def test_named_tensor_overloads_do_not_make_an_op_look_decomposed():
+    """torch 2.11 (the GPU machines' torch) registers named-tensor overloads (``sum.dim_DimnameList``,
+    ``cat.names``, ``mean.names_dim``) as composite: taken for the op, they made the profiled count skip every
+    ``sum``, ``cat``, ``mean``, ``gather`` ... of an update (182 dispatched forward ops profiled as 177 there). The
+    overloads the GPU's torch has, by name; and on this torch the ops count as kernels."""
+    from umst_plugin.op_counts import _aten_kind, _named_tensor_overload
+
+    named = ["dim_DimnameList", "DimnameList_out", "names", "names_out", "dimname", "dimname_out", "names_dim"]
+    plain = ["default", "dim_IntList", "IntList_out", "out", "Tensor", "int", "memory_format", "dtype", "src"]
+    assert all(map(_named_tensor_overload, named)) and not any(map(_named_tensor_overload, plain))
+    for op in ("sum", "cat", "mean", "gather", "index_select", "cumsum", "any", "all", "scatter_add"):
+        assert _aten_kind(op) == "count", op
+    for op in ("to", "linear", "dropout"):
+        assert _aten_kind(op) == "composite", op

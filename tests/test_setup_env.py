@@ -3,13 +3,17 @@ import os
 import subprocess
 import sys
 
+import pytest
+import torch
+
 import e2e
 
 SETUP = os.path.join(e2e.ROOT, "scripts", "setup_env.sh")
 
 
 def setup(*args, **environ):
-    env = {**os.environ, **environ}
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_VERSION"}  # (the script's default, 2.13.0)
+    env.update(environ)
     return subprocess.run(["bash", SETUP, *args], env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -26,6 +30,8 @@ def test_dry_run_on_a_fresh_machine_plans_every_step_and_touches_nothing(tmp_pat
 
 def test_cuda_option_replaces_a_cpu_torch(tmp_path):
     """With --cuda, a venv whose torch has no CUDA (this machine's) gets a CUDA torch planned even when set up."""
+    if torch.version.cuda is not None:
+        pytest.skip(f"this venv's torch ({torch.__version__}) is a CUDA build: --cuda keeps it")
     venv = os.path.dirname(os.path.dirname(sys.executable))
     proc = setup("--dry-run", "--cuda", VENV=venv)
     assert proc.returncode == 0, proc.stderr
@@ -44,3 +50,9 @@ def test_pip_output_goes_to_the_log_and_is_shown_when_a_step_fails(tmp_path):
     assert "FAILED: pip install --upgrade pip" in proc.stderr
     assert "No module named pip" in proc.stderr  # the log's end, shown because the step failed
     assert "No module named pip" in (venv / "setup.log").read_text()
+
+
+def test_torch_version_picks_the_torch(tmp_path):
+    proc = setup("--dry-run", VENV=str(tmp_path / "venv"), TORCH_VERSION="2.11.0")
+    assert proc.returncode == 0, proc.stderr
+    assert "installing torch==2.11.0\n" in proc.stdout and "pip install torch==2.11.0" in proc.stdout, proc.stdout

@@ -283,7 +283,9 @@ _register_missing_flop_formulas()
 # what torch.compile's inductor names the kernels it generates: C++ on a CPU (seen by the profiler with inductor's
 # ``cpp.enable_kernel_profile``, see :func:`count_generated_kernels`), Triton on a GPU
 GENERATED_KERNEL_MARKS = ("cpp_fused", "triton_", "triton kernel")  # the last: a Triton launch without a name
-NO_KERNEL_NAMES = {"detach_"}  # autograd metadata on a tensor, no kernel (the dispatch mode never sees it)
+# autograd metadata on a tensor, no kernel (the dispatch mode never sees it); a tensor's metadata queries (composite
+# in torch 2.13, kernels of their own in torch 2.11)
+NO_KERNEL_NAMES = {"detach_", "dim", "is_contiguous", "numel", "storage_offset"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -294,7 +296,10 @@ def _aten_kind(name):
     packet = getattr(_aten, name, None)
     if packet is None:
         return "composite"  # not an aten operator torch knows by that name: look below it
-    overloads = [getattr(packet, o) for o in packet.overloads()]
+    # (a named-tensor overload -- ``sum.dim_DimnameList``, ``cat.names`` -- is composite in torch 2.11, the GPU
+    # machines' torch, and would make ``sum``, ``cat``, ``mean``, ``gather``, ... look decomposed: the kernel op
+    # the event ran is another overload; torch 2.13 has none of these overloads)
+    overloads = [getattr(packet, o) for o in packet.overloads() if not _named_tensor_overload(o)]
     if name in NO_KERNEL_NAMES:
         return "skip"
     if any(_is_composite_implicit(o) for o in overloads):  # first: ``to`` and ``contiguous`` may alias
@@ -302,6 +307,11 @@ def _aten_kind(name):
     if any(o.is_view or o in NO_KERNEL_OPS for o in overloads):
         return "skip"
     return "count"
+
+
+def _named_tensor_overload(overload_name):
+    """Whether an overload takes dimension names ('dim_DimnameList', 'dimname_out', 'names', 'names_dim')."""
+    return "dimname" in overload_name.lower() or "names" in overload_name.split("_")
 
 
 def _is_composite_implicit(overload):
