@@ -181,7 +181,9 @@ def test_boundary_relative_attention_function_equals_reference(recompute, use_bo
     assert_same(*results)
 
 
-def test_boundary_relative_attention_gradcheck():
+def _band_function_inputs():
+    """(padding mask, cols, valid, heads, [x, ln_w, ln_b, w, b, rel_k, rel_v]) of a small float64 case of
+    :class:`BoundaryRelativeAttention` (k = 2, two heads), the tensors requiring gradients."""
     torch.manual_seed(5)
     batch, length, dim, heads = 2, 7, 4, 2
     pad = padding_mask(batch, length, seed=3)
@@ -190,7 +192,11 @@ def test_boundary_relative_attention_gradcheck():
     args = [torch.randn(length * batch, dim, **F64), 1 + 0.1 * torch.randn(dim, **F64), 0.1 * torch.randn(dim, **F64),
             torch.randn(3 * dim, dim, **F64) / 2, torch.randn(3 * dim, **F64) / 4, torch.randn(5, dim // heads, **F64),
             torch.randn(5, dim // heads, **F64)]
-    args = [a.requires_grad_() for a in args]
+    return pad, cols, valid, heads, [a.requires_grad_() for a in args]
+
+
+def test_boundary_relative_attention_gradcheck():
+    pad, cols, valid, heads, args = _band_function_inputs()
 
     def fn(x, ln_w, ln_b, w, b, rel_k, rel_v):
         return BoundaryRelativeAttention.apply(x, ln_w, ln_b, 1e-5, w, b, rel_k, rel_v, cols, valid, pad, heads,
@@ -219,15 +225,7 @@ def test_boundary_relative_attention_reads_no_size_of_the_band_indices():
     (symbolic when traced, a constant when replayed: an AssertionError in ``overwrite_tensor_vt_proxy``), and
     every TranSFormer encoder layer then ran eager on the GPU. torch 2.13 traces either, so this checks the cause
     on any torch: each read of a size of cols or its descendants is recorded, forward and backward."""
-    torch.manual_seed(5)
-    batch, length, dim, heads = 2, 7, 4, 2
-    pad = padding_mask(batch, length, seed=3)
-    groups = (torch.arange(length)[None, :] // 2 + 1).expand(batch, -1).masked_fill(pad, 0)
-    cols, valid = boundary_band(groups, 2)
-    args = [torch.randn(length * batch, dim, **F64), 1 + 0.1 * torch.randn(dim, **F64), 0.1 * torch.randn(dim, **F64),
-            torch.randn(3 * dim, dim, **F64) / 2, torch.randn(3 * dim, **F64) / 4, torch.randn(5, dim // heads, **F64),
-            torch.randn(5, dim // heads, **F64)]
-    args = [a.requires_grad_() for a in args]
+    pad, cols, valid, heads, args = _band_function_inputs()
     x, ln_w, ln_b, w, b, rel_k, rel_v = args
     watched = cols.as_subclass(_SizesWatched)
     _SizesWatched.reads = []
