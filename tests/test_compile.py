@@ -545,3 +545,20 @@ def test_train_sh_and_the_slurm_scripts_pass_compile_and_tf32(tmp_path):
     assert len(commands) == 2 and all("+common.compile=true" in c and "checkpoint.save_dir=/ckpt" in c
                                       for c in commands), commands
 
+
+
+def test_a_fallback_names_where_an_error_without_a_message_was_raised():
+    """A bare ``assert`` in torch (torch 2.11's dynamo failing on TranSFormer's relative attention) has no message;
+    dynamo appends the user's frames to it. The fallback's reason names the line that raised it and the user's line
+    dynamo was tracing, not "AssertionError: from user code:"; a message of its own stays the reason."""
+    user = '   File "/venv/umst_plugin/modules/prime/dynamic_conv.py", line 231, in multi_dynamic_convolution\n'
+    try:
+        assert False  # noqa: B011 -- an assertion without a message, as torch's
+    except AssertionError as e:
+        e.args = (f"\n\nfrom user code:\n{user}    return DynamicConvolution.apply(...)\n",)
+        reason = compiling._reason(e)
+    assert re.fullmatch(r"AssertionError \(no message\) in test_compile\.py:\d+ "
+                        r"\(test_a_fallback_names_where_an_error_without_a_message_was_raised\); tracing "
+                        r"umst_plugin/modules/prime/dynamic_conv\.py:231 \(multi_dynamic_convolution\)", reason), reason
+    error = RuntimeError(f"shapes do not match\n\nfrom user code:\n{user}")
+    assert compiling._reason(error) == "RuntimeError: shapes do not match"
