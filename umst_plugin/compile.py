@@ -286,8 +286,7 @@ def _reason(e):
     inner = getattr(e, "inner_exception", None)
     if type(e).__name__ == "BackendCompilerFailed" and isinstance(inner, BaseException):
         return f"{type(e).__name__} ({getattr(e, 'backend_name', 'backend')}): {_reason(inner)}"
-    text = str(e).strip()
-    own = text.split("from user code:")[0].strip()  # dynamo appends the user's frames to its errors' messages
+    own, _, traced = str(e).strip().partition("from user code:")  # dynamo appends the user's frames to its messages
     first = next((line for line in own.splitlines() if line.strip()), "")
     if first:
         return f"{type(e).__name__}: {first[:300]}"
@@ -295,9 +294,8 @@ def _reason(e):
     # was tracing then
     frames = traceback.extract_tb(e.__traceback__)
     where = f" in {_short_path(frames[-1].filename)}:{frames[-1].lineno} ({frames[-1].name})" if frames else ""
-    user = [line.strip() for line in text.split("from user code:")[-1].splitlines() if line.strip().startswith("File")]
-    return f"{type(e).__name__} (no message){where}" + (f"; tracing {_user_frame(user[-1])}" if user and
-                                                         "from user code:" in text else "")
+    user = [line.strip() for line in traced.splitlines() if line.strip().startswith("File")]
+    return f"{type(e).__name__} (no message){where}" + (f"; tracing {_user_frame(user[-1])}" if user else "")
 
 
 def _short_path(path):
