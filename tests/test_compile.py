@@ -562,3 +562,39 @@ def test_a_fallback_names_where_an_error_without_a_message_was_raised():
                         r"umst_plugin/modules/prime/dynamic_conv\.py:231 \(multi_dynamic_convolution\)", reason), reason
     error = RuntimeError(f"shapes do not match\n\nfrom user code:\n{user}")
     assert compiling._reason(error) == "RuntimeError: shapes do not match"
+
+
+def _failing_backend(gm, example_inputs):
+    if len(gm.graph.nodes) > 8:  # a layer's graph, not compile.check_available's three-op smoke test
+        raise RuntimeError("planted: this backend cannot compile a layer")
+    return gm.forward
+
+
+@pytest.mark.parametrize("arch,overrides", ARCHS)
+def test_every_arch_falls_back_to_eager_where_its_layers_fail_to_compile(arch, overrides, monkeypatch, caplog):
+    """Dynamo's real failure path (a backend that raises; no inductor) for each arch's own layer arguments: the
+    warning names the inputs' shapes (a list of side inputs with None in it once raised a TypeError inside the
+    handler, on UMST: the failure the fallback exists to absorb ended the run), and the update equals eager."""
+    monkeypatch.setattr(compiling, "_eager_variants", {})  # other tests compile these classes: start clean
+    monkeypatch.setattr(compiling, "_fallback_tracebacks", {})
+    model, task = dev.build_model(arch, {**TINY, **overrides})
+    model.train()
+    eager = copy.deepcopy(model)
+    _take_plain_inputs(eager)  # as the fallen-back layers get them
+    compiling.compile_layers(model, backend=_failing_backend)
+    sample = next(_batches(task, 1))
+    with caplog.at_level(logging.WARNING):
+        torch.manual_seed(1)
+        out, loss = _loss(model, sample)
+        loss.backward()
+    torch.manual_seed(1)
+    ref_out, ref_loss = _loss(eager, sample)
+    ref_loss.backward()
+    torch.testing.assert_close(out, ref_out, atol=0, rtol=0)
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=0, rtol=0, msg=lambda m: f"{name}: {m}")
+    fallbacks = compiling.eager_fallbacks(model)
+    assert len(fallbacks) >= 2 and all("planted: this backend cannot compile a layer" in f for f in fallbacks)
+    warnings = [r.getMessage() for r in caplog.records if "runs eager from now on" in r.getMessage()]
+    assert len(warnings) == len(fallbacks) and all(re.search(r"inputs [^;]*\d+x\d+ (float32|int64|bool)", w)
+                                                   for w in warnings), warnings

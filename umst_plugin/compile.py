@@ -265,11 +265,13 @@ def variant(layer, args, kwargs, modes=None):
 
 
 def _shapes(args, kwargs):
+    """The tensor arguments' shapes and dtypes for a warning: "2x7x64 float32, [2x7 bool, None]"."""
     def one(v):
         if isinstance(v, torch.Tensor):
             return "x".join(map(str, v.shape)) + f" {str(v.dtype).replace('torch.', '')}"
         if isinstance(v, (list, tuple)) and any(isinstance(u, torch.Tensor) for u in v):
-            return "[" + ", ".join(one(u) for u in v) + "]"
+            # a list may hold other things beside its tensors (UMST's side inputs: None where a scale has none)
+            return "[" + ", ".join(one(u) or type(u).__name__.replace("NoneType", "None") for u in v) + "]"
         return None
     parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items() if one(v) is not None]
     return ", ".join(p for p in parts if p is not None)
