@@ -41,6 +41,13 @@ real one). The stock row stays eager: what a user gets without the plugin.
     python benchmarks/bench_launches.py --quick               # tiny widths: a smoke run
     python benchmarks/bench_launches.py --compile --archs transformer,umst   # compiled layers (minutes per arch)
     python benchmarks/bench_launches.py --compile --floor --archs prime      # and a transformer of Prime's shape
+    python benchmarks/bench_launches.py --compile --simulate-gpu h200 --precision bf16 --archs transformer
+
+``--simulate-gpu h200`` (with ``--compile``, on a CPU, under a CUDA build of torch with Triton: the GPU machines'
+torch runs on a CPU): the compiled layers' forward and backward are counted as inductor's GPU program, Triton
+kernels and library calls, generated on this CPU for a simulated H200 and not run
+(``umst_plugin/simulated_gpu.py``); the graphs run eagerly for the numbers. Fused attention counts as the GPU's one
+kernel each way. The eager rows and phases stay this CPU's count.
 
 ``--floor``: Prime's 12+12 layers at d 384 launch more per FLOP than the 6+6 transformer at d 512 whatever their
 layers do; the ``transformer_prime_shape`` row (fairseq's post-norm transformer at prime_base's sizes) is what
@@ -68,6 +75,7 @@ PHASES = ("forward", "backward", "amp", "grad norm", "optimizer", "zero grad", "
 FWD_BWD = ("forward", "backward")
 COMPILE_WARMUP = 2  # --compile: updates that compile the layers (training variants) before the counted one
 COMPILE_BACKEND = "inductor"  # --compile's backend, fairseq-train --compile's
+SIMULATED = []  # --simulate-gpu: the simulated_gpu.Backend in use (compile_and_count counts under fused attention)
 PRENORM = dict(encoder_normalize_before=True, decoder_normalize_before=True)
 # name -> (arch, overrides): the plugin's rows (the plugin loaded); "stock" runs in its own process
 ARCHS = {
@@ -258,11 +266,24 @@ def compile_and_count(trainer, sample, row, device):
     from umst_plugin import compile as compiling
 
     eager, _ = profiled_update(trainer, sample)
-    compiling.compile_layers(trainer.model, device=device, backend=COMPILE_BACKEND)
-    before = compiling.compile_seconds()
-    for _ in range(COMPILE_WARMUP):
-        trainer.train_step([sample])
-    compiled, by_op = profiled_update(trainer, sample)
+    import contextlib
+
+    if SIMULATED:  # the compiled layers' attention as a GPU's fused kernel (umst_plugin/simulated_gpu.py)
+        from umst_plugin.simulated_gpu import fused_attention
+        counted_as_gpu = fused_attention()
+        graphs_before = len(SIMULATED[0].graphs)
+    else:
+        counted_as_gpu = contextlib.nullcontext()
+    with counted_as_gpu:
+        compiling.compile_layers(trainer.model, device=device, backend=COMPILE_BACKEND)
+        before = compiling.compile_seconds()
+        for _ in range(COMPILE_WARMUP):
+            trainer.train_step([sample])
+        compiled, by_op = profiled_update(trainer, sample)
+    if SIMULATED:
+        row["simulated_gpu"] = SIMULATED[0].device
+        row["simulated_graphs"] = [(kind, dict(counts)) for kind, counts in SIMULATED[0].graphs[graphs_before:]]
+        row["simulated_library_calls"] = by_op.get("simulated library calls", 0)
     row["compile_s"] = round(compiling.compile_seconds() - before, 1)
     row["eager_by_phase"], row["eager_launches"] = dict(row["by_phase"]), row["launches"]
     row["profiled_eager"] = {p: eager[p] for p in FWD_BWD}
@@ -407,6 +428,10 @@ def main(argv=None):
                    help="also compile each plugin row's layers as fairseq-train --compile does and count a compiled "
                         "update (forward and backward from the profiler, the generated kernels included); the stock "
                         "row stays eager, as without the plugin")
+    p.add_argument("--simulate-gpu", metavar="DEVICE", choices=("h200",), default=None,
+                   help="with --compile on a CPU: count the compiled layers as inductor's GPU program for this device "
+                        "(Triton kernels and library calls, generated here and not run; needs a CUDA build of torch "
+                        "with Triton, umst_plugin/simulated_gpu.py); eager parts stay this CPU's count")
     p.add_argument("--floor", action="store_true",
                    help="also count a transformer of the same shape as each row that has one (prime, prime_simple: "
                         "transformer_prime_shape, 12+12 layers at prime_base's sizes; transformer_sf: "
@@ -436,6 +461,18 @@ def main(argv=None):
         p.error(f"unknown arch(s) {unknown}; choices: {', '.join(ARCHS)}")
     if args.floor:
         names += [f for f in dict.fromkeys(FLOORS[n] for n in names if n in FLOORS) if f not in names]
+    if args.simulate_gpu:
+        if not args.compile or args.device != "cpu":
+            p.error("--simulate-gpu counts compiled layers on a CPU: give --compile and leave --device cpu")
+        import umst_plugin  # noqa: F401  (the archs, before the backend)
+        from umst_plugin import simulated_gpu
+
+        why = simulated_gpu.unavailable()
+        if why:
+            p.error(f"--simulate-gpu: {why}; run it under a CUDA build of torch (docs/compile.md)")
+        global COMPILE_BACKEND
+        COMPILE_BACKEND = simulated_gpu.Backend(args.simulate_gpu)
+        SIMULATED[:] = [COMPILE_BACKEND]
     if args.dry_run:
         print(f"bench_launches: would count one update of stock and {names} in {args.precision} on {args.device}")
         return 0
@@ -458,6 +495,7 @@ def main(argv=None):
 
     def result_so_far():
         return dict(device=device_name(args.device), torch=torch.__version__, precision=args.precision,
+                    simulated_gpu=args.simulate_gpu,
                     quick=args.quick, compile=args.compile, sentences=SENTENCES, max_len=MAX_LEN, rows=ratios(rows),
                     seconds=round(time.time() - start, 1))
 
@@ -472,7 +510,8 @@ def main(argv=None):
         common.write_results(partial, markdown(partial), args.json, args.markdown)
     result = result_so_far()
     table = markdown(result)
-    print(f"\n{result['device']}, torch {result['torch']}, {args.precision}{', layers compiled' if args.compile else ''}, one update of {SENTENCES} sentences "
+    simulated = f" (counted as inductor's program for a simulated {args.simulate_gpu})" if args.simulate_gpu else ""
+    print(f"\n{result['device']}, torch {result['torch']}, {args.precision}{', layers compiled' if args.compile else ''}{simulated}, one update of {SENTENCES} sentences "
           f"of up to {MAX_LEN} tokens\n\n{table}")
     if args.top:
         for r in rows:

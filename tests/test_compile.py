@@ -170,6 +170,8 @@ def _check_compiled_layers(arch, overrides):
     # whole updates at base width)
     compiled_launches, generated = _profiled_launches(model, sample)
     eager_launches, _ = _profiled_launches(eager, sample)
+    assert compiling.eager_fallbacks(model) == [], "\n".join(compiling.eager_fallbacks(model)
+                                                             + compiling.fallback_tracebacks(model))
     print(f"{arch}: forward + backward launch {compiled_launches} kernels compiled ({generated} generated), "
           f"{eager_launches} eager")
     assert generated > 0 and compiled_launches <= MAX_COMPILED_LAUNCHES * eager_launches, (
@@ -197,8 +199,10 @@ def _check_compiled_layers(arch, overrides):
 
 
 # On a GPU inductor generates Triton, not C++: the layers that compile on the CPU may not. An H200's compiled
-# TranSFormer update once ran its encoder layers eager (docs/compile.md, "On a GPU"); Prime has the other target.
-CUDA_ARCHS = [p for p in ARCHS if p.id in ("transformer_sf_base", "prime_base")]
+# TranSFormer update once ran its encoder layers eager (docs/compile.md, "On a GPU"); Prime has the other target;
+# UMST's encoder layer fails AOTAutograd's partition under torch 2.11 on a CPU (docs/compile.md, "torch 2.11"),
+# on a graph the GPU's differs from (its fused attention, CUDA autocast's casts).
+CUDA_ARCHS = [p for p in ARCHS if p.id in ("transformer_sf_base", "prime_base", "umst_base")]
 
 
 @pytest.mark.cuda

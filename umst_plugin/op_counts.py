@@ -283,6 +283,9 @@ _register_missing_flop_formulas()
 # what torch.compile's inductor names the kernels it generates: C++ on a CPU (seen by the profiler with inductor's
 # ``cpp.enable_kernel_profile``, see :func:`count_generated_kernels`), Triton on a GPU
 GENERATED_KERNEL_MARKS = ("cpp_fused", "triton_", "triton kernel")  # the last: a Triton launch without a name
+# a profiler range around a compiled graph that ran eagerly on a CPU, named with the kernels inductor generated for
+# it for a simulated GPU (umst_plugin.simulated_gpu): "simulated_gpu:<launches>:<generated kernels>"
+SIMULATED_GPU_PREFIX = "simulated_gpu:"
 # autograd metadata on a tensor, no kernel (the dispatch mode never sees it); a tensor's metadata queries (composite
 # in torch 2.13, kernels of their own in torch 2.11)
 NO_KERNEL_NAMES = {"detach_", "dim", "is_contiguous", "numel", "storage_offset"}
@@ -347,6 +350,12 @@ def profiled_launches(events, phase_prefix="phase:"):
         name = event.name
         if name.startswith(phase_prefix):
             phase = name[len(phase_prefix):]
+        if name.startswith(SIMULATED_GPU_PREFIX):  # a compiled graph run eagerly, counted as its GPU program
+            launches, generated = (int(n) for n in name[len(SIMULATED_GPU_PREFIX):].split(":"))
+            by_phase[phase] += launches
+            by_op["generated"] += generated
+            by_op["simulated library calls"] += launches - generated
+            continue
         if any(mark in name for mark in GENERATED_KERNEL_MARKS):
             by_phase[phase] += 1
             by_op["generated"] += 1

@@ -70,7 +70,7 @@ STEPS = [
     ("env", 20, "Python, torch, CUDA, device, fairseq; the plugin's archs register"),
     ("data", 40, "the synthetic corpus of Multi30k lengths (29,000 pairs), fairseq-preprocess, umst-preprocess"),
     ("tests", 75, "pytest -m cuda: the model checks on the GPU (runs beside data, compile-tests and op-counts)"),
-    ("compile-tests", 110, "pytest -m cuda tests/test_compile.py: TranSFormer's and Prime's layers compiled on the GPU "
+    ("compile-tests", 110, "pytest -m cuda tests/test_compile.py: TranSFormer's, Prime's and UMST's layers compiled on the GPU "
                            "at tiny widths, fp32 and bf16, with no fallback to eager (beside data, tests and op-counts)"),
     ("op-counts", 40, "bench_op_counts.py on CUDA: fp32-only backward matmuls under bf16, host syncs per step "
                       "(beside data, tests and compile-tests)"),
@@ -118,7 +118,8 @@ def commands(py, work, out):
                    "--junitxml", os.path.join(work, "gpu-tests.xml"), "tests/test_model_checks.py"]],
         # a step of its own: the model checks' results stand if compiling runs out of time, and a failing model
         # check does not stop the compiled layers' test (a step's commands stop at the first that fails)
-        "compile-tests": [[py, "-m", "pytest", "-m", "cuda", "-q", "-n", "2", "-p", "no:cacheprovider",
+        # one worker per arch compiled (tests/test_compile.py, CUDA_ARCHS): they compile at the same time
+        "compile-tests": [[py, "-m", "pytest", "-m", "cuda", "-q", "-n", "3", "-p", "no:cacheprovider",
                            "--junitxml", os.path.join(work, "gpu-compile-tests.xml"), "tests/test_compile.py"]],
         "op-counts": [bench("bench_op_counts.py") + ["--device", "cuda", "--json", os.path.join(work, "op-counts.json"),
                                                      "--markdown", os.path.join(work, "op-counts.md")]],

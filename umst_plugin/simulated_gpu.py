@@ -1,0 +1,327 @@
+"""What inductor would launch on a GPU, counted on a machine without one.
+
+``torch.compile`` on a GPU turns each graph into Triton kernels plus library calls (matrix products, fused
+attention); on a CPU it generates C++ loops, fused differently (on an H200 the Triton backward of the same
+transformer update came in 666 kernels where the C++ one has 355). This module lets inductor generate the GPU
+program on the CPU, without compiling or running it:
+
+* each graph a compiled layer hands to inductor (forward and backward, after AOTAutograd's partition, which
+  does not depend on the device) is copied onto fake CUDA tensors and lowered by inductor's own CUDA path,
+  against the properties of a simulated device (:data:`DEVICES`); the Python wrapper it generates is kept and
+  its ``call`` is read: every Triton kernel launch, library call (``extern_kernels.mm``, ...) and aten fallback
+  is one kernel (:func:`count_launches`);
+* the graph itself runs eagerly on the CPU inside a profiler range named with that count
+  (:data:`umst_plugin.op_counts.SIMULATED_GPU_PREFIX`), so ``op_counts.profiled_launches`` counts a compiled
+  update as the GPU would launch it, the eager ops around the layers as it counts them anyway.
+
+It needs what a GPU machine's torch has and a CPU wheel lacks: a CUDA build of torch and Triton (on a machine
+without a driver: ``VENV=/tmp/venv-cu TORCH_VERSION=2.11.0 bash scripts/setup_env.sh``, the GPU machines'
+torch). :func:`unavailable` says why not, else None.
+
+Two things differ from a real GPU run, and both are handled where they would change the count:
+
+* ``F.scaled_dot_product_attention`` picks its kernel by device: on a CPU with dropout its math path (a dozen
+  ops in the graph), on a GPU one fused kernel (memory-efficient attention) forward and one backward. While
+  counting, :func:`fused_attention` stands in for it: one custom op each way (inductor calls it as one kernel),
+  computing the same function on the CPU; its dropout mask is drawn from a seed it returns, as the GPU's kernel
+  returns its Philox seed, so the backward sees the forward's mask.
+* Autocast's casts in the graph are the CPU's policy (the graph is traced on the CPU); casts are pointwise and
+  fuse into the neighbouring Triton kernels, so they move the count little.
+
+Validated against the profiler on an H200 (docs/compile.md, "A GPU's compiled kernels counted on a CPU").
+"""
+import collections
+import contextlib
+import copy
+import hashlib
+import re
+import types
+from unittest import mock
+
+import torch
+
+# the simulated device: what inductor reads of a GPU when it lowers a graph (hints.DeviceProperties) and what its
+# heuristics ask torch.cuda for
+DEVICES = {
+    "h200": dict(name="NVIDIA H200 (simulated)", major=9, minor=0, multi_processor_count=132,
+                 total_memory=150_000_000_000, regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048,
+                 max_threads_per_block=1024, warp_size=32, L2_cache_size=60 * 2**20,
+                 shared_memory_per_block_optin=232448, shared_memory_per_multiprocessor=233472,
+                 shared_memory_per_block=49152, gcnArchName=""),
+}
+# wrapper-code calls that launch nothing: allocation, views, checks, streams
+_NO_KERNEL = {"empty_strided_cuda", "empty_strided", "reinterpret_tensor", "assert_size_stride", "assert_alignment",
+              "get_raw_stream", "torch.cuda.set_device", "torch.cuda._DeviceGuard", "args.clear", "len",
+              "as_strided", "alloc_from_pool", "torch._check", "torch._check_is_size"}
+_CALL = re.compile(r"^(?:[\w, ]+ = )?([\w.]+)\(")
+
+
+def unavailable():
+    """Why the simulation cannot run with this torch (a reason), or None."""
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU build: inductor's CUDA path needs a CUDA build of torch"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "Triton is not installed (a CUDA build of torch from PyPI brings it)"
+    return None
+
+
+def count_launches(wrapper_code):
+    """Kernels one call of an inductor-generated GPU wrapper launches, by kind: ``triton`` (a generated kernel),
+    ``extern:<name>`` (a library call: mm, bmm, addmm, ...), ``fallback:<op>`` (an aten op inductor did not
+    lower), ``other:<call>`` (anything else the wrapper calls, counted as one launch so it is seen)."""
+    start = wrapper_code.index("def call(")
+    end = wrapper_code.find("\nrunner = ", start)  # torch 2.11: the call method of a Runner, then module code
+    body = wrapper_code[start:end if end > 0 else None].splitlines()[1:]
+    counts = collections.Counter()
+    for line in body:
+        match = _CALL.match(line.strip())
+        if not match:
+            continue
+        fn = match.group(1)
+        if fn in _NO_KERNEL or fn.endswith((".size", ".stride", ".storage_offset", ".numel", ".item")):
+            continue
+        if fn.endswith(".run"):
+            counts["triton"] += 1
+        elif fn.startswith("extern_kernels."):
+            counts["extern:" + fn[len("extern_kernels."):]] += 1
+        elif fn.startswith(("torch.ops.", "aten.")):
+            counts["fallback:" + fn.split("ops.", 1)[-1].replace("aten.", "", 1)] += 1
+        else:
+            counts["other:" + fn] += 1
+    return counts
+
+
+@contextlib.contextmanager
+def simulated_device(device="h200"):
+    """torch.cuda and inductor see one GPU of kind ``device`` (:data:`DEVICES`); Triton targets its architecture
+    without a driver. Only for lowering and code generation: nothing may run on it."""
+    from torch._dynamo import device_interface
+    from torch._inductor.runtime import hints
+    from torch.utils import _triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+
+    props = types.SimpleNamespace(**DEVICES[device])
+    hint = hints.DeviceProperties(type="cuda", index=0, multi_processor_count=props.multi_processor_count,
+                                  cc=props.major * 10 + props.minor, major=props.major,
+                                  regs_per_multiprocessor=props.regs_per_multiprocessor,
+                                  max_threads_per_multi_processor=props.max_threads_per_multi_processor,
+                                  max_threads_per_block=props.max_threads_per_block, warp_size=props.warp_size)
+    backend = make_backend(GPUTarget("cuda", props.major * 10 + props.minor, props.warp_size))
+    backend_hash = hashlib.sha256(f"simulated {device} {backend.hash()}".encode()).hexdigest().upper()
+    cuda, interface = torch.cuda, device_interface.CudaInterface
+    patches = [
+        (hints.DeviceProperties, "create", classmethod(lambda cls, d: hint)),
+        (cuda, "is_available", lambda: True),
+        (cuda, "device_count", lambda: 1),
+        (cuda, "current_device", lambda: 0),
+        (cuda, "set_device", lambda d: None),
+        (cuda, "synchronize", lambda d=None: None),
+        (cuda, "_exchange_device", lambda d: 0),
+        (cuda, "_maybe_exchange_device", lambda d: 0),
+        (cuda, "get_device_capability", lambda d=None: (props.major, props.minor)),
+        (cuda, "get_device_properties", lambda d=None: props),
+        (cuda, "get_device_name", lambda d=None: props.name),
+        (cuda, "get_rng_state", lambda device="cuda": torch.zeros(16, dtype=torch.uint8)),
+        (cuda, "set_rng_state", lambda state, device="cuda": None),
+        (interface, "is_available", staticmethod(lambda: True)),
+        (interface, "device_count", staticmethod(lambda: 1)),
+        (interface, "current_device", staticmethod(lambda: 0)),
+        (interface, "get_compute_capability", staticmethod(lambda d=None: props.major * 10 + props.minor)),
+        (interface.Worker, "get_device_properties", staticmethod(lambda d=None: props)),
+        (interface.Worker, "current_device", staticmethod(lambda: 0)),
+        (_triton, "triton_backend", lambda: backend),
+        (_triton, "triton_hash_with_backend", lambda: backend_hash),
+    ]
+    with contextlib.ExitStack() as stack:
+        for owner, name, value in patches:
+            stack.enter_context(mock.patch.object(owner, name, value))
+        _triton.has_triton.cache_clear()  # cached False on a machine without a GPU; True while simulated
+        stack.callback(_triton.has_triton.cache_clear)
+        yield
+
+
+class _Generated(Exception):
+    """Raised once inductor has written the wrapper: nothing is compiled or loaded."""
+
+    def __init__(self, code):
+        super().__init__("wrapper generated")
+        self.code = code
+
+
+def _on_cuda(gm):
+    """A copy of ``gm`` whose CPU device arguments name the simulated GPU."""
+    gm = copy.deepcopy(gm)
+    cuda = torch.device("cuda", 0)
+
+    def moved(value):
+        return cuda if isinstance(value, torch.device) and value.type == "cpu" else value
+
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            node.args = tuple(moved(a) for a in node.args)
+            node.kwargs = {k: moved(v) for k, v in node.kwargs.items()}
+    gm.recompile()
+    return gm
+
+
+def gpu_wrapper_code(gm, example_inputs, device="h200", **inner_kwargs):
+    """The Python wrapper inductor generates for ``gm`` (an AOTAutograd forward or backward graph, traced on the
+    CPU) on the simulated ``device``."""
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.graph import GraphLowering
+
+    fake_mode = torch._guards.detect_fake_mode(example_inputs)
+    with fake_mode:
+        inputs = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda")
+                  if isinstance(t, torch.Tensor) else t for t in example_inputs]
+
+    def generate_only(self):
+        wrapper, _ = self.codegen()
+        raise _Generated(getattr(wrapper, "value", wrapper))
+
+    try:
+        with simulated_device(device), mock.patch.object(GraphLowering, "compile_to_module", generate_only):
+            compile_fx_inner(_on_cuda(gm), inputs, **inner_kwargs)
+    except Exception as e:  # inductor wraps what its code generation raised
+        cause = e
+        while cause is not None and not isinstance(cause, _Generated):
+            cause = getattr(cause, "inner_exception", None) or cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        return cause.code
+    raise RuntimeError("inductor compiled the graph without generating a wrapper")
+
+
+class Backend:
+    """A ``torch.compile`` backend: AOTAutograd and inductor's graph passes as ``"inductor"``, then each forward
+    and backward graph counted as the simulated GPU would launch it (:func:`gpu_wrapper_code`) and run eagerly
+    on the CPU inside a profiler range that carries the count. ``graphs``: (forward/backward, counts) per graph."""
+
+    def __init__(self, device="h200"):
+        self.device = device
+        self.graphs = []
+        self.__name__ = f"simulated_{device}"
+
+    def __call__(self, gm, example_inputs):
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx(gm, example_inputs, inner_compile=self._inner)
+
+    def _inner(self, gm, example_inputs, **kwargs):
+        counts = count_launches(gpu_wrapper_code(gm, example_inputs, self.device, **kwargs))
+        self.graphs.append(("backward" if kwargs.get("is_backward") else "forward", counts))
+        from umst_plugin.op_counts import SIMULATED_GPU_PREFIX
+
+        label = f"{SIMULATED_GPU_PREFIX}{sum(counts.values())}:{counts['triton']}"
+        run = gm.forward
+
+        def call(args):
+            with torch.profiler.record_function(label):
+                return run(*args)
+        call._boxed_call = True  # AOTAutograd passes a list
+        return call
+
+
+# ---- fused attention, as a GPU runs it ----------------------------------------------------------------------
+
+_attention_ops = []
+
+
+def _register_attention():
+    """``umst_simulated::attention`` and its backward (once): one op each way, as a GPU's fused kernel."""
+    if _attention_ops:
+        return _attention_ops[0]
+    from typing import Optional
+
+    from torch import Tensor
+
+    def probabilities(q, k, mask, dropout_p, is_causal, scale, seed):
+        """softmax(q k^T scale + mask) and the dropout's scaled keep-mask, drawn from ``seed``."""
+        scale = q.size(-1) ** -0.5 if scale is None else scale
+        scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+        if mask is not None:
+            scores = scores + mask
+        if is_causal:
+            scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+        p = torch.softmax(scores, dim=-1)
+        keep = None
+        if dropout_p > 0:
+            generator = torch.Generator().manual_seed(int(seed))
+            keep = (torch.rand(p.shape, generator=generator) >= dropout_p).to(p.dtype) / (1 - dropout_p)
+        return p, keep, scale
+
+    @torch.library.custom_op("umst_simulated::attention", mutates_args=())
+    def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float, is_causal: bool,
+                  scale: Optional[float]) -> tuple[Tensor, Tensor]:
+        seed = torch.randint(0, 2**62, (1,), dtype=torch.int64)  # as the GPU's kernel returns its Philox seed
+        p, keep, _ = probabilities(q, k, mask, dropout_p, is_causal, scale, seed)
+        return laid_out_as(torch.matmul(p if keep is None else p * keep, v), q), seed
+
+    def laid_out_as(result, like):
+        """``result`` in the strides the fake implementation gives (the traced graph's views rely on them)."""
+        if result.shape != like.shape:
+            return result.contiguous()
+        return torch.empty_like(like).copy_(result)
+
+    @attention.register_fake
+    def _(q, k, v, mask, dropout_p, is_causal, scale):
+        shape = (*q.shape[:-1], v.shape[-1])
+        out = torch.empty_like(q) if tuple(q.shape) == shape else q.new_empty(shape)
+        return out, q.new_empty(1, dtype=torch.int64)
+
+    @torch.library.custom_op("umst_simulated::attention_backward", mutates_args=())
+    def attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], seed: Tensor,
+                           dropout_p: float, is_causal: bool, scale: Optional[float]) -> tuple[Tensor, Tensor, Tensor]:
+        p, keep, scale = probabilities(q, k, mask, dropout_p, is_causal, scale, seed)
+        dropped = p if keep is None else p * keep
+        dv = torch.matmul(dropped.transpose(-2, -1), grad)
+        dp = torch.matmul(grad, v.transpose(-2, -1))
+        if keep is not None:
+            dp = dp * keep
+        ds = p * (dp - (dp * p).sum(-1, keepdim=True)) * scale
+        return (laid_out_as(torch.matmul(ds, k), q), laid_out_as(torch.matmul(ds.transpose(-2, -1), q), k),
+                laid_out_as(dv, v))
+
+    @attention_backward.register_fake
+    def _(grad, q, k, v, mask, seed, dropout_p, is_causal, scale):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, mask, dropout_p, is_causal, scale = inputs
+        ctx.save_for_backward(q, k, v, mask, output[1])
+        ctx.options = (dropout_p, is_causal, scale)
+
+    def backward(ctx, grad, _seed_grad):
+        q, k, v, mask, seed = ctx.saved_tensors
+        dq, dk, dv = attention_backward(grad, q, k, v, mask, seed, *ctx.options)
+        return dq, dk, dv, None, None, None, None
+
+    attention.register_autograd(backward, setup_context=setup_context)
+    _attention_ops.append(attention)
+    return attention
+
+
+@contextlib.contextmanager
+def fused_attention():
+    """``F.scaled_dot_product_attention`` as one op forward and one backward, as on a GPU (see the module's
+    docstring): the same function of its inputs, its dropout mask from a seed of its own."""
+    import torch.nn.functional as F
+
+    op = _register_attention()
+    real = F.scaled_dot_product_attention
+
+    def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if enable_gqa:
+            return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                        enable_gqa=True)
+        if attn_mask is not None:  # the fused kernels take an additive mask in the inputs' dtype
+            if attn_mask.dtype == torch.bool:
+                attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(~attn_mask, float("-inf"))
+            attn_mask = attn_mask.to(q.dtype)
+        return op(q, k, v, attn_mask, dropout_p, is_causal, scale)[0]
+
+    with mock.patch.object(F, "scaled_dot_product_attention", attention):
+        yield
