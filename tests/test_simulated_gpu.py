@@ -76,7 +76,8 @@ def _inputs(batch=2, heads=2, length=5, other=6, dim=4):
 @pytest.mark.parametrize("mask_kind", ["none", "float", "bool"])
 def test_fused_attention_is_scaled_dot_product_attention(mask_kind):
     """Without dropout the stand-in's output and gradients are torch's (float64), for no mask, an additive mask
-    and a boolean one, causal and not, with a scale given."""
+    and a boolean one (made additive as the fused kernels take it), causal and not, with a scale given."""
+    op = simulated_gpu._register_attention()
     q, k, v = _inputs(length=6)
     mask = None
     if mask_kind == "float":
@@ -90,12 +91,24 @@ def test_fused_attention_is_scaled_dot_product_attention(mask_kind):
             continue  # torch takes one or the other
         expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
         expected_grads = torch.autograd.grad(expected.pow(2).sum(), (q, k, v))
-        with simulated_gpu.fused_attention():
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
+        out = op(q, k, v, simulated_gpu.additive_mask(mask, q.dtype), 0.0, is_causal, scale)[0]
         grads = torch.autograd.grad(out.pow(2).sum(), (q, k, v))
         torch.testing.assert_close(out, expected)
         for g, e in zip(grads, expected_grads):
             torch.testing.assert_close(g, e)
+        # the GPU kernel's layout: batch, length, heads, dim in memory
+        assert out.transpose(1, 2).is_contiguous() and all(g.transpose(1, 2).is_contiguous() for g in grads)
+
+
+def test_fused_attention_stands_in_only_where_a_cpu_would_decompose_it():
+    q, k, v = _inputs()
+    with simulated_gpu.fused_attention():
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            F.scaled_dot_product_attention(q, k, v)
+            torch.manual_seed(0)
+            F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+    names = [e.name for e in prof.events()]
+    assert names.count("umst_simulated::attention") == 1
 
 
 def test_fused_attention_with_dropout_has_an_exact_backward():
@@ -141,7 +154,9 @@ def test_inductor_generates_the_gpu_program_on_a_cpu():
     with simulated_gpu.fused_attention():
         torch.compile(attention, backend=backend, dynamic=True)(q, k, v).sum().backward()
     (_, forward), (_, backward) = backend.graphs
-    assert forward["fallback:umst_simulated.attention.default"] == 1
-    assert backward["fallback:umst_simulated.attention_backward.default"] == 1
+    # lowered as the GPU's memory-efficient attention, one kernel each way
+    assert forward["fallback:_scaled_dot_product_efficient_attention.default"] == 1, forward
+    assert backward["fallback:_scaled_dot_product_efficient_attention_backward.default"] == 1, backward
+    assert not any("umst_simulated" in kind for counts in (forward, backward) for kind in counts)
     assert q.grad is not None and torch.isfinite(q.grad).all()
     torch._dynamo.reset()

@@ -163,8 +163,52 @@ def _on_cuda(gm):
         if node.op == "call_function":
             node.args = tuple(moved(a) for a in node.args)
             node.kwargs = {k: moved(v) for k, v in node.kwargs.items()}
+    _as_gpu_attention(gm.graph)
     gm.recompile()
     return gm
+
+
+def _as_gpu_attention(graph):
+    """The fused-attention stand-in's nodes as the GPU's own: aten's memory-efficient attention forward and
+    backward, so inductor lowers them with their layout constraints (``sdpa_constraint``: the copies it makes
+    around them are the GPU program's). What the backward reads and the stand-in did not save (the output, the
+    log-sum-exp, Philox seed and offset) comes from allocations, which launch nothing; the program is only counted,
+    never run."""
+    aten = torch.ops.aten
+    forward_op = getattr(getattr(torch.ops, "umst_simulated", None), "attention", None)
+    if forward_op is None:
+        return
+    cuda = torch.device("cuda", 0)
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target is torch.ops.umst_simulated.attention.default:
+            q, k, v, mask, dropout_p, is_causal, scale = node.args
+            with graph.inserting_before(node):
+                fused = graph.call_function(aten._scaled_dot_product_efficient_attention.default,
+                                            (q, k, v, mask, True, dropout_p, is_causal), {"scale": scale})
+            for user in list(node.users):  # getitem 0: the output; 1: the seed (saved for the backward)
+                user.args = (fused, 0 if user.args[1] == 0 else 2)
+            graph.erase_node(node)
+        elif node.target is torch.ops.umst_simulated.attention_backward.default:
+            grad, q, k, v, mask, _seed, dropout_p, is_causal, scale = node.args
+            with graph.inserting_before(node):
+                # allocations shaped by q (no sizes read: they are symbols): the output in the kernel's layout,
+                # the log-sum-exp (batch, heads, length) in float32
+                by_length = graph.call_function(aten.permute.default, (q, [0, 2, 1, 3]))
+                out = graph.call_function(aten.empty_like.default, (by_length,),
+                                          {"dtype": grad.meta["val"].dtype, "memory_format": torch.contiguous_format})
+                out = graph.call_function(aten.permute.default, (out, [0, 2, 1, 3]))
+                lse = graph.call_function(aten.empty_like.default, (graph.call_function(aten.select.int, (q, -1, 0)),),
+                                          {"dtype": torch.float32, "memory_format": torch.contiguous_format})
+                seed, offset = (graph.call_function(aten.empty.memory_format, ([],), {"dtype": torch.int64,
+                                                                                     "device": cuda})
+                                for _ in range(2))
+                fused = graph.call_function(aten._scaled_dot_product_efficient_attention_backward.default,
+                                            (grad, q, k, v, mask, out, lse, seed, offset, dropout_p,
+                                             [True, True, True, False], is_causal), {"scale": scale})
+            node.replace_all_uses_with(fused)
+            graph.erase_node(node)
 
 
 def gpu_wrapper_code(gm, example_inputs, device="h200", **inner_kwargs):
@@ -182,9 +226,14 @@ def gpu_wrapper_code(gm, example_inputs, device="h200", **inner_kwargs):
         wrapper, _ = self.codegen()
         raise _Generated(getattr(wrapper, "value", wrapper))
 
+    gm = _on_cuda(gm)
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    with simulated_device(device):  # every node's value on the GPU (the attention nodes are new)
+        FakeTensorProp(gm, mode=fake_mode).propagate_dont_convert_inputs(*inputs)
     try:
         with simulated_device(device), mock.patch.object(GraphLowering, "compile_to_module", generate_only):
-            compile_fx_inner(_on_cuda(gm), inputs, **inner_kwargs)
+            compile_fx_inner(gm, inputs, **inner_kwargs)
     except Exception as e:  # inductor wraps what its code generation raised
         cause = e
         while cause is not None and not isinstance(cause, _Generated):
@@ -227,6 +276,16 @@ class Backend:
 
 # ---- fused attention, as a GPU runs it ----------------------------------------------------------------------
 
+def gpu_layout(shape, dtype, device=None):
+    """An empty tensor of ``shape`` (batch, heads, length, dim) laid out as the GPU's fused attention lays out its
+    outputs and gradients: batch, length, heads, dim in memory (aten's meta functions for memory-efficient
+    attention); other ranks contiguous."""
+    if len(shape) != 4:
+        return torch.empty(shape, dtype=dtype, device=device)
+    b, h, m, d = shape
+    return torch.empty(b, m, h, d, dtype=dtype, device=device).transpose(1, 2)
+
+
 _attention_ops = []
 
 
@@ -258,19 +317,17 @@ def _register_attention():
                   scale: Optional[float]) -> tuple[Tensor, Tensor]:
         seed = torch.randint(0, 2**62, (1,), dtype=torch.int64)  # as the GPU's kernel returns its Philox seed
         p, keep, _ = probabilities(q, k, mask, dropout_p, is_causal, scale, seed)
-        return laid_out_as(torch.matmul(p if keep is None else p * keep, v), q), seed
+        return laid_out_as(torch.matmul(p if keep is None else p * keep, v)), seed
 
-    def laid_out_as(result, like):
-        """``result`` in the strides the fake implementation gives (the traced graph's views rely on them)."""
-        if result.shape != like.shape:
-            return result.contiguous()
-        return torch.empty_like(like).copy_(result)
+    def laid_out_as(result):
+        """``result`` in the layout the GPU's fused kernel gives its outputs and gradients (batch, length, heads,
+        dim in memory, seen as batch, heads, length, dim): the traced graph's views rely on it, and the GPU's
+        lowering (``_as_gpu_attention``) must find the same."""
+        return gpu_layout(result.shape, result.dtype).copy_(result)
 
     @attention.register_fake
     def _(q, k, v, mask, dropout_p, is_causal, scale):
-        shape = (*q.shape[:-1], v.shape[-1])
-        out = torch.empty_like(q) if tuple(q.shape) == shape else q.new_empty(shape)
-        return out, q.new_empty(1, dtype=torch.int64)
+        return gpu_layout((*q.shape[:-1], v.shape[-1]), q.dtype, q.device), q.new_empty(1, dtype=torch.int64)
 
     @torch.library.custom_op("umst_simulated::attention_backward", mutates_args=())
     def attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], seed: Tensor,
@@ -282,12 +339,11 @@ def _register_attention():
         if keep is not None:
             dp = dp * keep
         ds = p * (dp - (dp * p).sum(-1, keepdim=True)) * scale
-        return (laid_out_as(torch.matmul(ds, k), q), laid_out_as(torch.matmul(ds.transpose(-2, -1), q), k),
-                laid_out_as(dv, v))
+        return laid_out_as(torch.matmul(ds, k)), laid_out_as(torch.matmul(ds.transpose(-2, -1), q)), laid_out_as(dv)
 
     @attention_backward.register_fake
     def _(grad, q, k, v, mask, seed, dropout_p, is_causal, scale):
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        return tuple(gpu_layout(t.shape, t.dtype, t.device) for t in (q, k, v))
 
     def setup_context(ctx, inputs, output):
         q, k, v, mask, dropout_p, is_causal, scale = inputs
@@ -304,24 +360,32 @@ def _register_attention():
     return attention
 
 
+def additive_mask(mask, dtype):
+    """An attention mask as the fused kernels take it: added to the scores, in the inputs' dtype (a boolean mask's
+    False is -inf)."""
+    if mask is None:
+        return None
+    if mask.dtype == torch.bool:
+        return torch.zeros_like(mask, dtype=dtype).masked_fill(~mask, float("-inf"))
+    return mask.to(dtype)
+
+
 @contextlib.contextmanager
 def fused_attention():
-    """``F.scaled_dot_product_attention`` as one op forward and one backward, as on a GPU (see the module's
-    docstring): the same function of its inputs, its dropout mask from a seed of its own."""
+    """``F.scaled_dot_product_attention`` with dropout as one op forward and one backward, as on a GPU (see the
+    module's docstring): the same function of its inputs, its dropout mask from a seed of its own. Without dropout
+    torch's own runs (on a CPU its flash kernel, one op each way: inductor's GPU lowering then matched an H200's
+    generated kernels exactly for the transformer's update)."""
     import torch.nn.functional as F
 
     op = _register_attention()
     real = F.scaled_dot_product_attention
 
     def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        if enable_gqa:
+        if enable_gqa or dropout_p == 0:  # without dropout a CPU runs its flash kernel: one op each way already
             return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                        enable_gqa=True)
-        if attn_mask is not None:  # the fused kernels take an additive mask in the inputs' dtype
-            if attn_mask.dtype == torch.bool:
-                attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(~attn_mask, float("-inf"))
-            attn_mask = attn_mask.to(q.dtype)
-        return op(q, k, v, attn_mask, dropout_p, is_causal, scale)[0]
+                        enable_gqa=enable_gqa)
+        return op(q, k, v, additive_mask(attn_mask, q.dtype), dropout_p, is_causal, scale)[0]
 
     with mock.patch.object(F, "scaled_dot_product_attention", attention):
         yield
