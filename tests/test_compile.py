@@ -602,3 +602,36 @@ def test_every_arch_falls_back_to_eager_where_its_layers_fail_to_compile(arch, o
     warnings = [r.getMessage() for r in caplog.records if "runs eager from now on" in r.getMessage()]
     assert len(warnings) == len(fallbacks) and all(re.search(r"inputs [^;]*\d+x\d+ (float32|int64|bool)", w)
                                                    for w in warnings), warnings
+
+
+def test_the_partition_patch_is_for_torch_before_2_13_only():
+    """patches/partition_symbols.py changes torch's AOTAutograd split only on torch < 2.13 (2.11: the GPU machines'
+    torch), and there only where the split raised; a newer torch is left as it is."""
+    from torch._functorch import partitioners
+
+    from umst_plugin.patches import partition_symbols
+
+    assert partition_symbols.applies("2.11.0+cu130") and partition_symbols.applies("2.12.1")
+    assert not partition_symbols.applies("2.13.0+cpu") and not partition_symbols.applies("2.14.0")
+    patched = getattr(partitioners._extract_fwd_bwd_modules, "_umst_patched", False)
+    assert patched == partition_symbols.applies(), torch.__version__
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch,overrides", [p for p in ARCHS if p.id in ("umst_base", "transformer_sf_base")])
+def test_layers_compile_under_bf16_autocast_on_a_cpu(arch, overrides, monkeypatch):
+    """Under bf16 autocast (fairseq --amp --amp-dtype bfloat16) the layers compile with no fallback to eager and
+    train to finite gradients. Under torch 2.11 AOTAutograd's split of both archs' encoder layers failed here
+    ('Node sum_30 was invalid, but is output') until patches/partition_symbols.py."""
+    monkeypatch.setattr(compiling, "_eager_variants", {})
+    monkeypatch.setattr(compiling, "_fallback_tracebacks", {})
+    model, task = dev.build_model(arch, {**TINY, **DROPOUT, **overrides})
+    model.train()
+    compiling.compile_layers(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, loss = _loss(model, next(_batches(task, 1)))
+    loss.backward()
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(loss)
+    assert compiling.eager_fallbacks(model) == [], "\n".join(compiling.eager_fallbacks(model)
+                                                             + compiling.fallback_tracebacks(model))
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())

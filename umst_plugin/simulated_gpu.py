@@ -164,8 +164,35 @@ def _on_cuda(gm):
             node.args = tuple(moved(a) for a in node.args)
             node.kwargs = {k: moved(v) for k, v in node.kwargs.items()}
     _as_gpu_attention(gm.graph)
+    _as_gpu_random(gm)
     gm.recompile()
     return gm
+
+
+def _as_gpu_random(gm):
+    """Random ops as AOTAutograd leaves them for a GPU: ``bernoulli`` (kept whole for a CPU, where inductor calls
+    torch's kernel) as ``rand < p``, then inductor's own pass to its generated random numbers
+    (``replace_random_passes``, which runs on the joint graph before the split)."""
+    from torch._inductor.fx_passes.replace_random import replace_random_passes
+
+    aten, graph = torch.ops.aten, gm.graph
+    # a size symbol's input, for shapes made of them (a product of symbols is left as a value: the graph fails)
+    symbols = {str(n.meta["val"]): n for n in graph.find_nodes(op="placeholder")
+               if isinstance(n.meta.get("val"), torch.SymInt)}
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is aten.bernoulli.p:
+            x, p = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
+            size = [symbols.get(str(d), d) if isinstance(d, torch.SymInt) else d for d in x.meta["val"].shape]
+            with graph.inserting_before(node):
+                uniform = graph.call_function(aten.rand.default, (size,), {"dtype": torch.float32,
+                                                                           "device": torch.device("cuda", 0)})
+                drawn = graph.call_function(aten.lt.Scalar, (uniform, p))
+                drawn = graph.call_function(torch.ops.prims.convert_element_type.default,
+                                            (drawn, node.meta["val"].dtype))
+            node.replace_all_uses_with(drawn)
+            graph.erase_node(node)
+    gm.recompile()
+    replace_random_passes(gm)
 
 
 def _as_gpu_attention(graph):
@@ -255,9 +282,15 @@ class Backend:
         self.__name__ = f"simulated_{device}"
 
     def __call__(self, gm, example_inputs):
+        import torch._functorch.config as functorch_config
+        import torch._inductor.config as inductor_config
         from torch._inductor.compile_fx import compile_fx
 
-        return compile_fx(gm, example_inputs, inner_compile=self._inner)
+        # nothing into or out of the caches: what this backend returns runs eagerly, and its graphs may hold the
+        # attention stand-in; a real compile in another process must never load either
+        with functorch_config.patch(enable_autograd_cache=False, enable_remote_autograd_cache=False), \
+                inductor_config.patch(fx_graph_cache=False, fx_graph_remote_cache=False):
+            return compile_fx(gm, example_inputs, inner_compile=self._inner)
 
     def _inner(self, gm, example_inputs, **kwargs):
         counts = count_launches(gpu_wrapper_code(gm, example_inputs, self.device, **kwargs))

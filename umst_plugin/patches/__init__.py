@@ -43,6 +43,7 @@ PATCHES = (
     "compile_flags",
     "broadcast_checkpoint_load",
     "preemption",
+    "partition_symbols",
 )
 
 
@@ -78,6 +79,8 @@ STOCK_NUMBERS = {
     "compile_flags": "no unless --compile or --tf32 is given (both off by default)",
     "broadcast_checkpoint_load": "no: the same bytes loaded on every rank (without it, a multi-rank resume stopped)",
     "preemption": "no: on SIGUSR1/SIGTERM a run saves and stops instead of dying; the updates are the same",
+    "partition_symbols": "no: only torch.compile's split of a graph that torch < 2.13 failed to split (a layer "
+                         "that fell back to eager is compiled instead); not installed on torch >= 2.13",
 }
 
 
