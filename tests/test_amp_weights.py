@@ -147,3 +147,43 @@ def test_a_parameter_unused_after_the_first_update_is_left_alone():
         states[on] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     for key, value in states[False].items():
         assert torch.equal(states[True][key], value), key
+
+
+def test_compiled_layers_read_the_weights_cast_once():
+    """fairseq-train --compile --amp: the cache is on under --compile too. It was off: every compiled layer cast
+    its weights inside its own graph, one kernel per weight and one per gradient on a GPU (docs/compile.md), where
+    the benchmarks, which compile after an eager update, had the cache on. The layers are compiled before the
+    first update, as fairseq-train does; dynamo's real tracing with a pass-through backend (no inductor) records
+    each compiled graph's inputs. The recording update runs the layers eager (compiled code refuses the recorder's
+    dispatch mode; nothing falls back); every later graph takes the weights already in bf16, one cast of all of
+    them; the weights after 4 updates equal those of --no-amp-weight-cache bit for bit."""
+    from umst_plugin import compile as compiling
+
+    def record_inputs(gm, example_inputs):  # each compiled graph's floating inputs: (dtype, shape)
+        graphs.append({(t.dtype, tuple(t.shape)) for t in example_inputs
+                       if isinstance(t, torch.Tensor) and t.is_floating_point()})
+        return gm.forward
+
+    states, cached_shapes = {}, None
+    for on in (True, False):
+        graphs = []
+        trainer, sample = bench_launches.build_trainer(
+            "transformer", dict(bench_launches.PRENORM, no_amp_weight_cache=not on), "bf16", plugin=True, quick=True)
+        compiling.compile_layers(trainer.model, backend=record_inputs, check=False)
+        trainer.train_step([sample])
+        assert not on or graphs == [], "the recording update compiled something"
+        for _ in range(3):
+            trainer.train_step([sample])
+        assert compiling.eager_fallbacks(trainer.model) == []
+        cache = trainer.model.__dict__.get("_umst_amp_weight_cache")
+        assert (cache is not None and bool(cache.names)) == on
+        if on:  # the shapes of the matrices the cache casts (no activation or mask here has one; layer norms'
+            # fp32 vectors share the biases' shapes)
+            cached_shapes = {tuple(p.shape) for n, p in trainer.model.named_parameters()
+                             if n in cache.names and p.dim() == 2}
+        weights = {(dtype, shape) for g in graphs for dtype, shape in g if shape in cached_shapes}
+        assert {dtype for dtype, _ in weights} == ({torch.bfloat16} if on else {torch.float32}), weights
+        states[on] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        torch._dynamo.reset()
+    for key, value in states[False].items():
+        assert torch.equal(states[True][key], value), key

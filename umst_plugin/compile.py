@@ -43,6 +43,7 @@ defaults are ``torch.backends.cuda.matmul.allow_tf32 = False`` (matmuls in full 
 Outside fairseq: ``compile_layers(model)`` compiles a built model the same way (``benchmarks/bench_archs.py
 --compile``); :func:`uncompile_layers` undoes it.
 """
+import contextlib
 import logging
 import os
 import time
@@ -199,6 +200,8 @@ def _dispatch(self, *args, **kwargs):
     """A compiled layer's ``forward``: its class's compiled forward, except for incremental decoding steps and for
     the variants whose compiling failed (run eager, see :func:`fall_back`)."""
     compiled, eager, index = self._umst_compiled
+    if _layers_eager[0]:
+        return eager(self, *args, **kwargs)
     if index is not None:
         state = kwargs.get("incremental_state") if "incremental_state" in kwargs else (
             args[index] if len(args) > index else None)
@@ -222,6 +225,22 @@ def _dispatch(self, *args, **kwargs):
     if torch.is_grad_enabled():
         _mark_backward(self, eager, args, kwargs, out)
     return out
+
+
+_layers_eager = [False]
+
+
+@contextlib.contextmanager
+def layers_eager():
+    """Inside, compiled layers run their eager forward (nothing is compiled, nothing falls back): for a pass under
+    a dispatch mode, which compiled code refuses (the first ``--amp`` update records autocast's casts with one,
+    ``amp_weights.WeightCache``)."""
+    before = _layers_eager[0]
+    _layers_eager[0] = True
+    try:
+        yield
+    finally:
+        _layers_eager[0] = before
 
 
 # ---- a compile that fails: that variant runs eager ----------------------------------------------------------------

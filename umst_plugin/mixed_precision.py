@@ -101,7 +101,8 @@ def amp_train_step(task, sample, model, criterion, optimizer, update_num, ignore
         usage = amp_weights.Usage()
         none_before = {id(p) for p in cache.parameters() if p.grad is None}
     with torch.autograd.profiler.record_function("forward"):
-        with cache.record(amp_dtype(dtype_name)) if recording else contextlib.nullcontext():
+        with cache.record(amp_dtype(dtype_name)) if recording else contextlib.nullcontext(), \
+                compiled_layers_eager(model) if recording else contextlib.nullcontext():
             with autocast(model, dtype_name, what="training"):
                 with amp_weights.cast_weights_once(model, amp_dtype(dtype_name), cache, usage):
                     loss, sample_size, logging_output = criterion(model, sample)
@@ -116,22 +117,26 @@ def amp_train_step(task, sample, model, criterion, optimizer, update_num, ignore
     return loss, sample_size, logging_output
 
 
+def compiled_layers_eager(model):
+    """The recording update runs compiled layers eager: compiled code refuses the recorder's dispatch mode (and
+    would take it for a failed compile)."""
+    from umst_plugin import compile as compiling
+
+    return compiling.layers_eager()
+
+
 def weight_cache(model, optimizer, dtype_name):
     """The model's :class:`amp_weights.WeightCache` (autocast's parameter casts in one kernel), or None where it
-    is off: ``--no-amp-weight-cache``, a device autocast does not cover, LayerDrop, ``--compile``."""
+    is off: ``--no-amp-weight-cache``, a device autocast does not cover, LayerDrop. Under ``--compile`` too: each
+    layer's graph would otherwise cast its weights one kernel each (on a GPU a quarter of a compiled update's
+    kernels, docs/compile.md)."""
     if not getattr(optimizer, "amp_weight_cache", True) or model_device_type(model) not in AUTOCAST_DEVICE_TYPES:
         return None
     cache = model.__dict__.get("_umst_amp_weight_cache")
     if cache is None:
-        from umst_plugin import compile as compiling
-
         if amp_weights.layerdrop(model):
             cache = False
             logger.info("autocast casts: LayerDrop leaves parameters unused in some updates; one cast each")
-        elif any(compiling.is_compiled(m) for m in model.modules()):
-            # compiled layers cast inside their graphs; views in place of parameters would cost them a second
-            # graph (another dtype) for nothing the compiler does not already see
-            cache = False
         else:
             cache = amp_weights.WeightCache(model)
         model.__dict__["_umst_amp_weight_cache"] = cache
