@@ -92,6 +92,15 @@ def _loss(model, sample):
                                    ignore_index=pad, reduction="sum")
 
 
+def _seeded_backward(model, sample, seed=1):
+    """The logits and loss of ``sample`` with torch's generator at ``seed`` (the same dropout masks for a compiled
+    model and its eager copy), the loss backpropagated."""
+    torch.manual_seed(seed)
+    logits, loss = _loss(model, sample)
+    loss.backward()
+    return logits, loss
+
+
 def _plain_inputs_forward(self, *args, **kwargs):
     args = [compiling._plain(a) if isinstance(a, torch.Tensor) else a for a in args]
     kwargs = {k: compiling._plain(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
@@ -149,12 +158,8 @@ def _check_compiled_layers(arch, overrides):
 
     # outputs and gradients, with the same dropout masks
     sample = next(batches)
-    torch.manual_seed(1)
-    out, loss = _loss(model, sample)
-    loss.backward()
-    torch.manual_seed(1)
-    ref_out, ref_loss = _loss(eager, sample)
-    ref_loss.backward()
+    out, _ = _seeded_backward(model, sample)
+    ref_out, _ = _seeded_backward(eager, sample)
     torch.testing.assert_close(out, ref_out, atol=ATOL, rtol=RTOL, msg=lambda m: f"{arch}: outputs differ: {m}")
     grads = {n: p.grad for n, p in model.named_parameters()}
     print(f"{arch}: max |compiled - eager| output {(out - ref_out).abs().max():.2e}, gradient "
@@ -228,12 +233,8 @@ def test_compiled_layers_on_cuda_do_not_fall_back_and_match_eager(arch, override
     compiling.compile_layers(model)
     batches = [dev.move_sample(b, "cuda") for b in _batches(task, 3)]
     with inductor_config.patch({"fallback_random": True}):
-        torch.manual_seed(1)
-        out, loss = _loss(model, batches[0])
-        loss.backward()
-        torch.manual_seed(1)
-        ref_out, ref_loss = _loss(eager, batches[0])
-        ref_loss.backward()
+        out, _ = _seeded_backward(model, batches[0])
+        ref_out, _ = _seeded_backward(eager, batches[0])
         no_fallback()
         torch.testing.assert_close(out, ref_out, atol=ATOL, rtol=RTOL, msg=lambda m: f"{arch}: outputs differ: {m}")
         grads = dict(model.named_parameters())
@@ -588,12 +589,8 @@ def test_every_arch_falls_back_to_eager_where_its_layers_fail_to_compile(arch, o
     compiling.compile_layers(model, backend=_failing_backend)
     sample = next(_batches(task, 1))
     with caplog.at_level(logging.WARNING):
-        torch.manual_seed(1)
-        out, loss = _loss(model, sample)
-        loss.backward()
-    torch.manual_seed(1)
-    ref_out, ref_loss = _loss(eager, sample)
-    ref_loss.backward()
+        out, _ = _seeded_backward(model, sample)
+    ref_out, _ = _seeded_backward(eager, sample)
     torch.testing.assert_close(out, ref_out, atol=0, rtol=0)
     for (name, p), q in zip(model.named_parameters(), eager.parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=0, rtol=0, msg=lambda m: f"{name}: {m}")
