@@ -58,6 +58,7 @@ transformer layers in that shape (``benchmarks/transformer_sf_shape.py``).
 """
 import argparse
 import collections
+import contextlib
 import json
 import os
 import random
@@ -266,8 +267,6 @@ def compile_and_count(trainer, sample, row, device):
     from umst_plugin import compile as compiling
 
     eager, _ = profiled_update(trainer, sample)
-    import contextlib
-
     if SIMULATED:  # the compiled layers' attention as a GPU's fused kernel (umst_plugin/simulated_gpu.py)
         from umst_plugin.simulated_gpu import fused_attention
         counted_as_gpu = fused_attention()

@@ -92,6 +92,19 @@ def _loss(model, sample):
                                    ignore_index=pad, reduction="sum")
 
 
+@pytest.fixture
+def fresh_fallbacks(monkeypatch):
+    """This test's fallbacks only: other tests of the process compile the same layer classes."""
+    monkeypatch.setattr(compiling, "_eager_variants", {})
+    monkeypatch.setattr(compiling, "_fallback_tracebacks", {})
+
+
+def _assert_no_fallback(model):
+    """No layer variant of ``model`` fell back to eager; the message: each fallback's line, then its traceback."""
+    assert compiling.eager_fallbacks(model) == [], "\n".join(compiling.eager_fallbacks(model)
+                                                             + compiling.fallback_tracebacks(model))
+
+
 def _seeded_backward(model, sample, seed=1):
     """The logits and loss of ``sample`` with torch's generator at ``seed`` (the same dropout masks for a compiled
     model and its eager copy), the loss backpropagated."""
@@ -175,8 +188,7 @@ def _check_compiled_layers(arch, overrides):
     # whole updates at base width)
     compiled_launches, generated = _profiled_launches(model, sample)
     eager_launches, _ = _profiled_launches(eager, sample)
-    assert compiling.eager_fallbacks(model) == [], "\n".join(compiling.eager_fallbacks(model)
-                                                             + compiling.fallback_tracebacks(model))
+    _assert_no_fallback(model)
     print(f"{arch}: forward + backward launch {compiled_launches} kernels compiled ({generated} generated), "
           f"{eager_launches} eager")
     assert generated > 0 and compiled_launches <= MAX_COMPILED_LAUNCHES * eager_launches, (
@@ -212,19 +224,12 @@ CUDA_ARCHS = [p for p in ARCHS if p.id in ("transformer_sf_base", "prime_base", 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("arch,overrides", CUDA_ARCHS)
-def test_compiled_layers_on_cuda_do_not_fall_back_and_match_eager(arch, overrides, monkeypatch):
+def test_compiled_layers_on_cuda_do_not_fall_back_and_match_eager(arch, overrides, fresh_fallbacks):
     """The layers compile on CUDA, in fp32 and under bf16 autocast (the GPU check's and fairseq ``--amp``'s
     precision), with no variant falling back to eager; fp32 outputs and gradients are eager's (dropout masks from
     torch's generator, as on the CPU). A fallback fails the test with its error (``eager_fallbacks``), which is
     what the GPU check's report then carries."""
     import torch._inductor.config as inductor_config
-
-    monkeypatch.setattr(compiling, "_eager_variants", {})  # this test's fallbacks only
-    monkeypatch.setattr(compiling, "_fallback_tracebacks", {})
-
-    def no_fallback():  # the message: each fallback's line, then its traceback (the GPU check's log keeps them)
-        assert compiling.eager_fallbacks(model) == [], "\n".join(compiling.eager_fallbacks(model)
-                                                                  + compiling.fallback_tracebacks(model))
 
     model, task = dev.build_model(arch, {**TINY, **DROPOUT, **overrides})
     model = model.cuda().train()
@@ -235,7 +240,7 @@ def test_compiled_layers_on_cuda_do_not_fall_back_and_match_eager(arch, override
     with inductor_config.patch({"fallback_random": True}):
         out, _ = _seeded_backward(model, batches[0])
         ref_out, _ = _seeded_backward(eager, batches[0])
-        no_fallback()
+        _assert_no_fallback(model)  # (the GPU check's log keeps its message)
         torch.testing.assert_close(out, ref_out, atol=ATOL, rtol=RTOL, msg=lambda m: f"{arch}: outputs differ: {m}")
         grads = dict(model.named_parameters())
         for name, p in eager.named_parameters():
@@ -251,7 +256,7 @@ def test_compiled_layers_on_cuda_do_not_fall_back_and_match_eager(arch, override
                 logits, loss = _loss(model, sample)
             loss.backward()
             assert logits.dtype == torch.bfloat16 and torch.isfinite(loss)
-    no_fallback()
+    _assert_no_fallback(model)
     assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
 
 
@@ -576,12 +581,10 @@ def _failing_backend(gm, example_inputs):
 
 
 @pytest.mark.parametrize("arch,overrides", ARCHS)
-def test_every_arch_falls_back_to_eager_where_its_layers_fail_to_compile(arch, overrides, monkeypatch, caplog):
+def test_every_arch_falls_back_to_eager_where_its_layers_fail_to_compile(arch, overrides, fresh_fallbacks, caplog):
     """Dynamo's real failure path (a backend that raises; no inductor) for each arch's own layer arguments: the
     warning names the inputs' shapes (a list of side inputs with None in it once raised a TypeError inside the
     handler, on UMST: the failure the fallback exists to absorb ended the run), and the update equals eager."""
-    monkeypatch.setattr(compiling, "_eager_variants", {})  # other tests compile these classes: start clean
-    monkeypatch.setattr(compiling, "_fallback_tracebacks", {})
     model, task = dev.build_model(arch, {**TINY, **overrides})
     model.train()
     eager = copy.deepcopy(model)
@@ -616,12 +619,10 @@ def test_the_partition_patch_is_for_torch_before_2_13_only():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch,overrides", [p for p in ARCHS if p.id in ("umst_base", "transformer_sf_base")])
-def test_layers_compile_under_bf16_autocast_on_a_cpu(arch, overrides, monkeypatch):
+def test_layers_compile_under_bf16_autocast_on_a_cpu(arch, overrides, fresh_fallbacks):
     """Under bf16 autocast (fairseq --amp --amp-dtype bfloat16) the layers compile with no fallback to eager and
     train to finite gradients. Under torch 2.11 AOTAutograd's split of both archs' encoder layers failed here
     ('Node sum_30 was invalid, but is output') until patches/partition_symbols.py."""
-    monkeypatch.setattr(compiling, "_eager_variants", {})
-    monkeypatch.setattr(compiling, "_fallback_tracebacks", {})
     model, task = dev.build_model(arch, {**TINY, **DROPOUT, **overrides})
     model.train()
     compiling.compile_layers(model)
@@ -629,6 +630,5 @@ def test_layers_compile_under_bf16_autocast_on_a_cpu(arch, overrides, monkeypatc
         logits, loss = _loss(model, next(_batches(task, 1)))
     loss.backward()
     assert logits.dtype == torch.bfloat16 and torch.isfinite(loss)
-    assert compiling.eager_fallbacks(model) == [], "\n".join(compiling.eager_fallbacks(model)
-                                                             + compiling.fallback_tracebacks(model))
+    _assert_no_fallback(model)
     assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())

@@ -23,6 +23,7 @@ import logging
 import torch
 
 from umst_plugin import amp_weights
+from umst_plugin import compile as compiling
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +102,10 @@ def amp_train_step(task, sample, model, criterion, optimizer, update_num, ignore
         usage = amp_weights.Usage()
         none_before = {id(p) for p in cache.parameters() if p.grad is None}
     with torch.autograd.profiler.record_function("forward"):
+        # the recording update runs compiled layers eager: compiled code refuses the recorder's dispatch mode
+        # (and would take it for a failed compile)
         with cache.record(amp_dtype(dtype_name)) if recording else contextlib.nullcontext(), \
-                compiled_layers_eager(model) if recording else contextlib.nullcontext():
+                compiling.layers_eager() if recording else contextlib.nullcontext():
             with autocast(model, dtype_name, what="training"):
                 with amp_weights.cast_weights_once(model, amp_dtype(dtype_name), cache, usage):
                     loss, sample_size, logging_output = criterion(model, sample)
@@ -117,19 +120,11 @@ def amp_train_step(task, sample, model, criterion, optimizer, update_num, ignore
     return loss, sample_size, logging_output
 
 
-def compiled_layers_eager(model):
-    """The recording update runs compiled layers eager: compiled code refuses the recorder's dispatch mode (and
-    would take it for a failed compile)."""
-    from umst_plugin import compile as compiling
-
-    return compiling.layers_eager()
-
-
 def weight_cache(model, optimizer, dtype_name):
     """The model's :class:`amp_weights.WeightCache` (autocast's parameter casts in one kernel), or None where it
     is off: ``--no-amp-weight-cache``, a device autocast does not cover, LayerDrop. Under ``--compile`` too: each
-    layer's graph would otherwise cast its weights one kernel each (on a GPU a quarter of a compiled update's
-    kernels, docs/compile.md)."""
+    layer's graph would otherwise cast its weights one kernel each (on a simulated H200, a fifth of the transformer's
+    compiled forward and backward kernels, docs/compile.md)."""
     if not getattr(optimizer, "amp_weight_cache", True) or model_device_type(model) not in AUTOCAST_DEVICE_TYPES:
         return None
     cache = model.__dict__.get("_umst_amp_weight_cache")

@@ -191,8 +191,7 @@ def _as_gpu_random(gm):
                                             (drawn, node.meta["val"].dtype))
             node.replace_all_uses_with(drawn)
             graph.erase_node(node)
-    gm.recompile()
-    replace_random_passes(gm)
+    replace_random_passes(gm)  # on the graph (_on_cuda recompiles the module after it)
 
 
 def _as_gpu_attention(graph):
@@ -201,10 +200,9 @@ def _as_gpu_attention(graph):
     around them are the GPU program's). What the backward reads and the stand-in did not save (the output, the
     log-sum-exp, Philox seed and offset) comes from allocations, which launch nothing; the program is only counted,
     never run."""
-    aten = torch.ops.aten
-    forward_op = getattr(getattr(torch.ops, "umst_simulated", None), "attention", None)
-    if forward_op is None:
+    if not _attention_ops:  # the stand-in never registered: no such node
         return
+    aten = torch.ops.aten
     cuda = torch.device("cuda", 0)
     for node in list(graph.nodes):
         if node.op != "call_function":
@@ -243,6 +241,7 @@ def gpu_wrapper_code(gm, example_inputs, device="h200", **inner_kwargs):
     CPU) on the simulated ``device``."""
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.graph import GraphLowering
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
     fake_mode = torch._guards.detect_fake_mode(example_inputs)
     with fake_mode:
@@ -254,8 +253,6 @@ def gpu_wrapper_code(gm, example_inputs, device="h200", **inner_kwargs):
         raise _Generated(getattr(wrapper, "value", wrapper))
 
     gm = _on_cuda(gm)
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
     with simulated_device(device):  # every node's value on the GPU (the attention nodes are new)
         FakeTensorProp(gm, mode=fake_mode).propagate_dont_convert_inputs(*inputs)
     try:
