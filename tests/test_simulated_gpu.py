@@ -5,6 +5,8 @@ simulated graph's range, and the fused-attention stand-in (the same function as 
 its backward exact in float64, dropout included). Inductor's CUDA code generation itself needs a CUDA build of
 torch with Triton (the GPU machines' torch, which runs on a CPU): that test skips elsewhere, saying why.
 """
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -109,6 +111,30 @@ def test_fused_attention_stands_in_only_where_a_cpu_would_decompose_it():
             F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
     names = [e.name for e in prof.events()]
     assert names.count("umst_simulated::attention") == 1
+
+
+def test_the_plugin_s_attention_takes_a_gpu_s_path_while_counted():
+    """bf16 with dropout, training: on a CPU the plugin's attention runs its explicit core (matrix products, softmax,
+    dropout) and recomputes it in backward; a GPU runs one fused kernel each way and keeps no recomputation. While
+    counted as a GPU, the trace has the GPU's: one stand-in op forward, one backward, no checkpoint. Outside, the
+    CPU's path is unchanged."""
+    from umst_plugin.modules.common.attention import attention
+
+    q, k, v = (t.to(torch.bfloat16).requires_grad_() for t in _inputs())
+
+    def ops(counted_as_gpu):
+        with counted_as_gpu, profile(activities=[ProfilerActivity.CPU]) as prof:
+            torch.manual_seed(0)
+            attention(q, k, v, None, dropout_p=0.1).float().sum().backward()
+        return [e.name for e in prof.events()]
+
+    on_gpu = ops(simulated_gpu.fused_attention())
+    assert on_gpu.count("umst_simulated::attention") == 1
+    assert on_gpu.count("umst_simulated::attention_backward") == 1
+    assert "aten::dropout" not in on_gpu  # (the stand-in draws its own mask, from its seed)
+    on_cpu = ops(contextlib.nullcontext())
+    assert "umst_simulated::attention" not in on_cpu
+    assert on_cpu.count("aten::dropout") == 2  # the explicit core's dropout, drawn again in backward
 
 
 def test_fused_attention_with_dropout_has_an_exact_backward():

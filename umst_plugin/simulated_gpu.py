@@ -403,7 +403,8 @@ def additive_mask(mask, dtype):
 @contextlib.contextmanager
 def fused_attention():
     """``F.scaled_dot_product_attention`` with dropout as one op forward and one backward, as on a GPU (see the
-    module's docstring): the same function of its inputs, its dropout mask from a seed of its own. Without dropout
+    module's docstring): the same function of its inputs, its dropout mask from a seed of its own; the plugin's
+    :func:`umst_plugin.modules.common.attention.attention` calls it wherever it would on a GPU. Without dropout
     torch's own runs (on a CPU its flash kernel, one op each way: inductor's GPU lowering then matched an H200's
     generated kernels exactly for the transformer's update)."""
     import torch.nn.functional as F
@@ -417,5 +418,11 @@ def fused_attention():
                         enable_gqa=enable_gqa)
         return op(q, k, v, additive_mask(attn_mask, q.dtype), dropout_p, is_causal, scale)[0]
 
-    with mock.patch.object(F, "scaled_dot_product_attention", attention):
+    from umst_plugin.modules.common import attention as plugin_attention
+
+    # the plugin's attention takes the GPU's path too: on a CPU, half precision with dropout would run its
+    # explicit core (three kernels and their copies each way) and every core with dropout would be recomputed in
+    # backward, neither of which a GPU does
+    with mock.patch.object(F, "scaled_dot_product_attention", attention), \
+            mock.patch.object(plugin_attention, "runs_cpu_kernels", lambda t: False):
         yield

@@ -33,8 +33,15 @@ def additive_mask(blocked: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill_(blocked, float("-inf"))
 
 
+def runs_cpu_kernels(t: Tensor) -> bool:
+    """Whether attention on ``t`` takes the CPU's path: the explicit core in half precision with dropout, the core
+    recomputed in backward. ``umst_plugin.simulated_gpu.fused_attention`` replaces it while it counts a GPU's
+    program on a CPU, so that the trace takes the path a GPU would."""
+    return t.device.type == "cpu"
+
+
 def _needs_explicit(q: Tensor, dropout_p: float) -> bool:
-    return dropout_p > 0 and q.device.type == "cpu" and q.dtype in _HALF
+    return dropout_p > 0 and runs_cpu_kernels(q) and q.dtype in _HALF
 
 
 def explicit_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, dropout_p: float = 0.0,
@@ -64,6 +71,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, dr
               scale: Optional[float] = None, recompute: bool = True) -> Tensor:
     """softmax(q k^T * scale + mask) v (B x H x L x d): fused, in the input dtype, and on a CPU with dropout
     recomputed in backward rather than kept (module docstring)."""
-    if recompute and dropout_p > 0 and q.device.type == "cpu" and torch.is_grad_enabled() and q.requires_grad:
+    if recompute and dropout_p > 0 and runs_cpu_kernels(q) and torch.is_grad_enabled() and q.requires_grad:
         return checkpoint(_core, q, k, v, mask, dropout_p, scale, use_reentrant=False)
     return _core(q, k, v, mask, dropout_p, scale)
