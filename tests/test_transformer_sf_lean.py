@@ -181,6 +181,37 @@ def test_boundary_relative_attention_function_equals_reference(recompute, use_bo
     assert_same(*results)
 
 
+def test_boundary_relative_attention_compiled_form_equals_reference():
+    """Traced by dynamo, the function's scaled products take their compiled form (``fast_attention._scaled``: the
+    product, then the scale, which inductor fuses; no beta-0 product on a scalar, which a GPU fills and expands in
+    two kernels of its own). Real tracing (AOTAutograd, no inductor), float64, padded, training with dropout:
+    the same output and gradients as the reference modules, and no such product left in either graph."""
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+
+    torch.manual_seed(4)
+    att = BoundaryRelativeSelfAttention(8, 2, dropout=0.3, max_distance=3).double().train()
+    norm = torch.nn.LayerNorm(8).double()
+    module = torch.nn.ModuleDict(dict(att=att, norm=norm))
+    x = torch.randn(13, 3, 8, **F64)
+    pad = padding_mask(3, 13, seed=8)
+    groups = (torch.arange(13)[None, :] // 3 + 1).expand(3, -1).masked_fill(pad, 0)
+    side = dict(fast_band=boundary_band(groups, 3), fast_padding_mask=pad)
+    backend = AotEagerAndRecordGraphs()
+    compiled = torch.compile(lambda a: att.forward_lean(a, norm, side), backend=backend, fullgraph=True)
+    results = []
+    torch._dynamo.reset()
+    try:
+        for fn in (lambda a: att(norm(a), pad, groups), compiled):
+            torch.manual_seed(9)
+            with logical_dropout():
+                results.append(grads_of(fn, [x], module))
+    finally:
+        torch._dynamo.reset()
+    assert_same(*results)
+    graphs = [str(g.graph) for g in backend.fw_graphs + backend.bw_graphs]
+    assert len(graphs) == 2 and all("baddbmm" not in g and "new_empty" not in g for g in graphs), graphs
+
+
 def _band_function_inputs():
     """(padding mask, cols, valid, heads, [x, ln_w, ln_b, w, b, rel_k, rel_v]) of a small float64 case of
     :class:`BoundaryRelativeAttention` (k = 2, two heads), the tensors requiring gradients."""

@@ -33,6 +33,7 @@ from torch.utils.checkpoint import checkpoint
 from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward
 from umst_plugin.modules.common.attention import attention
 from umst_plugin.modules.common.segment_ops import accumulation_dtype, upcast_half
+from umst_plugin.modules.common.tracing import compiling
 from umst_plugin.modules.transformer_sf import lean
 from umst_plugin.modules.transformer_sf.lean import _layer_norm_backward
 
@@ -160,6 +161,19 @@ class BoundaryRelativeSelfAttention(nn.Module):
         return out + torch.matmul(band_weights.to(v.dtype), self.rel_values)
 
 
+def _scaled(a, b, scale):
+    """``scale * (a @ b)`` (2-d or batched 3-d). Eager: one product with the scale in its epilogue (``baddbmm`` /
+    ``addmm`` with beta 0 on an unread scalar). Compiled: the product and a multiplication, which inductor fuses
+    into the kernel that reads the product next; the epilogue form would cost a GPU two kernels of its own (the
+    scalar's fill and its expansion to the output's shape). The same function: only the rounding of a half
+    product differs."""
+    if compiling():
+        return torch.matmul(a, b) * scale
+    if a.dim() == 3:
+        return torch.baddbmm(a.new_empty(()), a, b, beta=0.0, alpha=scale)
+    return torch.addmm(a.new_empty(()), a, b, beta=0.0, alpha=scale)
+
+
 class BoundaryRelativeAttention(torch.autograd.Function):
     """The layer norm, the input maps and ``_relative_core`` as one autograd function: for time-first rows
     ``x`` (L*B x C) and q, k, v = split(LN(x) W^T + b) (unscaled, B x H x L x d),
@@ -184,8 +198,8 @@ class BoundaryRelativeAttention(torch.autograd.Function):
     @staticmethod
     def _probs(q3, k3, q_flat, rel_keys, band_cols, valid, key_padding_mask, scale, heads):
         batch, length = key_padding_mask.shape  # (not band_cols.shape, whose last size is 2k + 1: see forward)
-        logits = upcast_half(torch.baddbmm(q3.new_empty(()), q3, k3.transpose(1, 2), beta=0.0, alpha=scale))
-        rel = upcast_half(torch.addmm(q_flat.new_empty(()), q_flat, rel_keys.t(), beta=0.0, alpha=scale))
+        logits = upcast_half(_scaled(q3, k3.transpose(1, 2), scale))
+        rel = upcast_half(_scaled(q_flat, rel_keys.t(), scale))
         rel = rel.view(batch, heads, length, -1).mul_(valid.unsqueeze(1))
         logits = logits.view(batch, heads, length, length).scatter_add_(-1, band_cols, rel)
         logits.masked_fill_(key_padding_mask.view(batch, 1, 1, length), float("-inf"))
@@ -255,11 +269,14 @@ class BoundaryRelativeAttention(torch.autograd.Function):
         # logits = s q k^T + band(s q a^K^T)
         grad_rel = torch.gather(grad_logits, -1, band_cols).mul_(valid_h).view(-1, rel_keys.size(0))
         grad_logits3 = grad_logits.view(bh, length, length).to(q3.dtype)
-        grad_q = torch.baddbmm(q3.new_empty(()), grad_logits3, k3, beta=0.0, alpha=scale)
-        grad_q = grad_q.view(-1, head_dim).addmm_(grad_rel.to(grad_q.dtype), rel_keys.to(grad_q.dtype), alpha=scale)
-        grad_k = torch.baddbmm(k3.new_empty(()), grad_logits3.transpose(1, 2), q3, beta=0.0, alpha=scale)
-        grad_rel_keys = (torch.addmm(q_flat.new_empty(()), grad_rel.t().to(q_flat.dtype), q_flat, beta=0.0, alpha=scale)
-                         if need[6] else None)
+        if compiling():  # one multiplication by the scale, fused (``_scaled``)
+            grad_q = (torch.bmm(grad_logits3, k3).view(-1, head_dim)
+                      + torch.mm(grad_rel.to(q3.dtype), rel_keys.to(q3.dtype))) * scale
+        else:
+            grad_q = _scaled(grad_logits3, k3, scale).view(-1, head_dim).addmm_(
+                grad_rel.to(q3.dtype), rel_keys.to(q3.dtype), alpha=scale)
+        grad_k = _scaled(grad_logits3.transpose(1, 2), q3, scale)
+        grad_rel_keys = _scaled(grad_rel.t().to(q_flat.dtype), q_flat, scale) if need[6] else None
         # the input maps and the layer norm
         grad_qkv = torch.stack([grad_q.view(bh, length, head_dim), grad_k, grad_v.to(grad_k.dtype)])
         grad_qkv = grad_qkv.view(3, batch, heads, length, head_dim).permute(3, 1, 0, 2, 4).reshape(
