@@ -163,12 +163,13 @@ class BoundaryRelativeSelfAttention(nn.Module):
 
 def _scaled(a, b, scale):
     """``scale * (a @ b)`` (2-d or batched 3-d). Eager: one product with the scale in its epilogue (``baddbmm`` /
-    ``addmm`` with beta 0 on an unread scalar). Compiled: the product and a multiplication, which inductor fuses
-    into the kernel that reads the product next; the epilogue form would cost a GPU two kernels of its own (the
-    scalar's fill and its expansion to the output's shape). The same function: only the rounding of a half
-    product differs."""
+    ``addmm`` with beta 0 on an unread scalar). Compiled: ``a`` scaled, then the product; inductor fuses the scaling
+    into the kernel that makes ``a``, where the epilogue form would cost a GPU two kernels of its own (the scalar's
+    fill and its expansion to the output's shape). Scaled before the product, as fairseq scales q, so a half
+    product has the epilogue form's range (an unscaled q k^T overflows fp16 where the scaled one does not). The
+    same function: only the rounding of half inputs differs."""
     if compiling():
-        return torch.matmul(a, b) * scale
+        return torch.matmul(a * scale, b)
     if a.dim() == 3:
         return torch.baddbmm(a.new_empty(()), a, b, beta=0.0, alpha=scale)
     return torch.addmm(a.new_empty(()), a, b, beta=0.0, alpha=scale)
@@ -269,9 +270,9 @@ class BoundaryRelativeAttention(torch.autograd.Function):
         # logits = s q k^T + band(s q a^K^T)
         grad_rel = torch.gather(grad_logits, -1, band_cols).mul_(valid_h).view(-1, rel_keys.size(0))
         grad_logits3 = grad_logits.view(bh, length, length).to(q3.dtype)
-        if compiling():  # one multiplication by the scale, fused (``_scaled``)
-            grad_q = (torch.bmm(grad_logits3, k3).view(-1, head_dim)
-                      + torch.mm(grad_rel.to(q3.dtype), rel_keys.to(q3.dtype))) * scale
+        if compiling():  # the left operands scaled, fused into the kernels that make them (``_scaled``)
+            grad_q = (torch.bmm(grad_logits3 * scale, k3).view(-1, head_dim)
+                      + torch.mm(grad_rel.to(q3.dtype) * scale, rel_keys.to(q3.dtype)))
         else:
             grad_q = _scaled(grad_logits3, k3, scale).view(-1, head_dim).addmm_(
                 grad_rel.to(q3.dtype), rel_keys.to(q3.dtype), alpha=scale)
