@@ -76,7 +76,6 @@ PHASES = ("forward", "backward", "amp", "grad norm", "optimizer", "zero grad", "
 FWD_BWD = ("forward", "backward")
 COMPILE_WARMUP = 2  # --compile: updates that compile the layers (training variants) before the counted one
 COMPILE_BACKEND = "inductor"  # --compile's backend, fairseq-train --compile's
-SIMULATED = []  # --simulate-gpu: the simulated_gpu.Backend in use (compile_and_count counts under fused attention)
 PRENORM = dict(encoder_normalize_before=True, decoder_normalize_before=True)
 # name -> (arch, overrides): the plugin's rows (the plugin loaded); "stock" runs in its own process
 ARCHS = {
@@ -267,10 +266,12 @@ def compile_and_count(trainer, sample, row, device):
     from umst_plugin import compile as compiling
 
     eager, _ = profiled_update(trainer, sample)
-    if SIMULATED:  # the compiled layers' attention as a GPU's fused kernel (umst_plugin/simulated_gpu.py)
-        from umst_plugin.simulated_gpu import fused_attention
-        counted_as_gpu = fused_attention()
-        graphs_before = len(SIMULATED[0].graphs)
+    from umst_plugin import simulated_gpu
+
+    simulated = isinstance(COMPILE_BACKEND, simulated_gpu.Backend)  # --simulate-gpu
+    if simulated:  # the compiled layers' attention as a GPU's fused kernel
+        counted_as_gpu = simulated_gpu.fused_attention()
+        graphs_before = len(COMPILE_BACKEND.graphs)
     else:
         counted_as_gpu = contextlib.nullcontext()
     with counted_as_gpu:
@@ -279,9 +280,9 @@ def compile_and_count(trainer, sample, row, device):
         for _ in range(COMPILE_WARMUP):
             trainer.train_step([sample])
         compiled, by_op = profiled_update(trainer, sample)
-    if SIMULATED:
-        row["simulated_gpu"] = SIMULATED[0].device
-        row["simulated_graphs"] = [(kind, dict(counts)) for kind, counts in SIMULATED[0].graphs[graphs_before:]]
+    if simulated:
+        row["simulated_gpu"] = COMPILE_BACKEND.device
+        row["simulated_graphs"] = [(kind, dict(counts)) for kind, counts in COMPILE_BACKEND.graphs[graphs_before:]]
         row["simulated_library_calls"] = by_op.get("simulated library calls", 0)
     row["compile_s"] = round(compiling.compile_seconds() - before, 1)
     row["eager_by_phase"], row["eager_launches"] = dict(row["by_phase"]), row["launches"]
@@ -471,7 +472,6 @@ def main(argv=None):
             p.error(f"--simulate-gpu: {why}; run it under a CUDA build of torch (docs/compile.md)")
         global COMPILE_BACKEND
         COMPILE_BACKEND = simulated_gpu.Backend(args.simulate_gpu)
-        SIMULATED[:] = [COMPILE_BACKEND]
     if args.dry_run:
         print(f"bench_launches: would count one update of stock and {names} in {args.precision} on {args.device}")
         return 0

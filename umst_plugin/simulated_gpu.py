@@ -393,10 +393,12 @@ def _register_attention():
 def additive_mask(mask, dtype):
     """An attention mask as the fused kernels take it: added to the scores, in the inputs' dtype (a boolean mask's
     False is -inf)."""
+    from umst_plugin.modules.common import attention as plugin_attention
+
     if mask is None:
         return None
     if mask.dtype == torch.bool:
-        return torch.zeros_like(mask, dtype=dtype).masked_fill(~mask, float("-inf"))
+        return plugin_attention.additive_mask(~mask, dtype)
     return mask.to(dtype)
 
 

@@ -270,12 +270,8 @@ class BoundaryRelativeAttention(torch.autograd.Function):
         # logits = s q k^T + band(s q a^K^T)
         grad_rel = torch.gather(grad_logits, -1, band_cols).mul_(valid_h).view(-1, rel_keys.size(0))
         grad_logits3 = grad_logits.view(bh, length, length).to(q3.dtype)
-        if compiling():  # the left operands scaled, fused into the kernels that make them (``_scaled``)
-            grad_q = (torch.bmm(grad_logits3 * scale, k3).view(-1, head_dim)
-                      + torch.mm(grad_rel.to(q3.dtype) * scale, rel_keys.to(q3.dtype)))
-        else:
-            grad_q = _scaled(grad_logits3, k3, scale).view(-1, head_dim).addmm_(
-                grad_rel.to(q3.dtype), rel_keys.to(q3.dtype), alpha=scale)
+        grad_q = _scaled(grad_logits3, k3, scale).view(-1, head_dim).addmm_(
+            grad_rel.to(q3.dtype), rel_keys.to(q3.dtype), alpha=scale)
         grad_k = _scaled(grad_logits3.transpose(1, 2), q3, scale)
         grad_rel_keys = _scaled(grad_rel.t().to(q_flat.dtype), q_flat, scale) if need[6] else None
         # the input maps and the layer norm
