@@ -1,45 +1,56 @@
 #!/usr/bin/env bash
-# Rehearse the WMT14 En-De recipe on this machine, as a cluster user runs it, before spending cluster hours:
-# the user's own commands from docs/wmt-on-gpus.md, through Slurm (a local stand-in: umst_tools/slurm_shim), on a
-# stand-in corpus (a few thousand Multi30k pairs in the WMT14 download's layout), at tiny width on CPUs.
+# Rehearse the WMT14 En-De recipe on this machine, as a cluster user runs it, before spending cluster hours: the
+# user's own commands from docs/wmt-on-gpus.md, through Slurm itself -- its daemons started here, a cluster of two
+# nodes with a slurm.conf of its own (umst_tools/local_slurm.py) -- on a stand-in corpus (a few thousand Multi30k
+# pairs in the WMT14 download's layout), at tiny width on CPUs.
 #
-#   bash scripts/rehearse-wmt.sh [--work-dir DIR] [--multi30k DIR] [--updates N]
+#   bash scripts/rehearse-wmt.sh [--work-dir DIR] [--multi30k DIR] [--train-seconds S]
 #
-# It starts from `env -i` (nothing active: no venv, no PYTHON, no PYTHONPATH), with the shim's sbatch, srun,
-# scontrol, squeue and scancel first on PATH, and runs:
-#   1. prepare-wmt14-en-de.sh --parse-shards 2; the parse as a Slurm array (scripts/slurm/parse-array.sbatch);
-#      prepare again, which merges the shards;
-#   2. umst-t2-umst-base on 2 nodes (train-2nodes.sbatch), the transformer baseline umst-t2-transformer-base on 2
-#      nodes, and umst-t2-umst-base on 1 node (train-1node.sbatch) as the uninterrupted reference;
-#   3. once the 2-node UMST run is at update N/2 (in its second epoch, where a real run's preemptions mostly come),
-#      its time limit is shortened (scontrol update, as an administrator can) so that Slurm's warning
-#      (--signal=B:USR1@180 of the sbatch script) comes mid-epoch: training saves checkpoint_last.pt and the job
-#      requeues itself; the requeued run resumes from it;
-#   4. the resumed run's losses against the reference's, every update (umst_tools.rehearsal compare; the
-#      reference is one process with the same batch as the 2 nodes' two, so this is also the check that 2 nodes
-#      train as 1);
+# Needs Slurm (Debian's slurm-wlm and munge; scripts/setup_env.sh installs them when run as root) and root (the
+# cluster's slurmd runs the jobs): where it cannot run, it says why in one line and exits 3.
+# It starts from `env -i` (nothing active: no venv, no PYTHON, no PYTHONPATH), starts munged, slurmctld and two
+# slurmd (nodes n1 and n2, this machine's CPUs each; WORK/slurm), stops them on exit however it exits, and runs:
+#   1. prepare-wmt14-en-de.sh --parse-shards 2; the parse as a Slurm array, one shard at a time (--array=1-2%1,
+#      scripts/slurm/parse-array.sbatch); prepare again, which merges the shards;
+#   2. umst-t2-umst-base on 2 nodes (train-2nodes.sbatch) in the preemptable partition (standby) with a 4-minute
+#      time limit and the sbatch script's own warning (--signal=B:USR1@180), one CPU per node, training for S
+#      seconds (fairseq's stop_time_hours, counted over every run of the job);
+#   3. at its update 40, the transformer baseline umst-t2-transformer-base on 1 node with 2 CPUs in the default
+#      partition: it preempts the 2-node run (SIGTERM: training saves checkpoint_last.pt; Slurm requeues the job,
+#      which starts again by itself once its hold has passed and resumes); Slurm's warning of the time limit comes
+#      from its own timer, 30-60 s into each run: training saves, the job requeues itself and resumes -- as many
+#      times as the warning comes before training ends;
+#   4. umst-t2-umst-base on 1 node (train-1node.sbatch), uninterrupted, to the update the 2-node run ended at; its
+#      losses against the 2-node run's, every update (umst_tools.rehearsal compare: the reference is one process
+#      with the same batch as the 2 nodes' two, so this is also the check that 2 nodes train as 1); every node's
+#      CPU affinity against its job's --cpus-per-task;
 #   5. umst-average-checkpoints, evaluate.sh (compound-split tokenized BLEU, sacreBLEU), collect_results.py;
 #   6. one raw sentence translated from Python with umst_plugin.from_pretrained, no parser argument.
-# Any step that fails stops the rehearsal with its log named. Output: WORK/rehearsal.json (what each step
-# measured and how long it took), WORK/logs/ (every job's log), WORK/results.md (the table).
+# Any step that fails stops the rehearsal with its log named. Output: WORK/rehearsal.json (the Slurm version, the
+# CPU, what each step measured and how long it took), WORK/logs/ (every job's log), WORK/results.md (the table).
 # Defaults: --work-dir a new directory under ${TMPDIR:-/tmp}; --multi30k ../shared/data/multi30k (Multi30k's raw
-# *.gz files: scripts/prepare-multi30k.sh downloads them into data/multi30k/raw); --updates 72 (an epoch is 31: the
-# stop comes in the second, and the signal's way through the stand-in Slurm leaves it room on a fast machine).
+# *.gz files: scripts/prepare-multi30k.sh downloads them into data/multi30k/raw); --train-seconds 66 (the
+# warning, 30-60 s after a start, must come while training runs, whatever the machine's speed).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-usage() { sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
 
-WORK=""; MULTI30K=""; UPDATES=72
+WORK=""; MULTI30K=""; TRAIN_SECONDS=66
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --work-dir) WORK="$2"; shift 2 ;;
         --multi30k) MULTI30K="$2"; shift 2 ;;
-        --updates) UPDATES="$2"; shift 2 ;;
+        --train-seconds) TRAIN_SECONDS="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "rehearse-wmt: unknown option $1" >&2; usage >&2; exit 2 ;;
     esac
 done
+[[ "$TRAIN_SECONDS" =~ ^[1-9][0-9]*$ ]] || { echo "rehearse-wmt: --train-seconds $TRAIN_SECONDS: expected whole seconds" >&2; exit 2; }
 if [[ -z "${UMST_REHEARSAL_BARE:-}" ]]; then
+    cd "$ROOT"
+    if ! WHY="$(python3 -m umst_tools.local_slurm check)"; then
+        echo "rehearse-wmt: Slurm cannot run here: $WHY" >&2; exit 3
+    fi
     WORK="${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/umst-rehearsal.XXXXXX")}"
     mkdir -p "$WORK"; WORK="$(cd "$WORK" && pwd)"
     if [[ -z "$MULTI30K" ]]; then
@@ -49,31 +60,66 @@ if [[ -z "${UMST_REHEARSAL_BARE:-}" ]]; then
         echo "rehearse-wmt: no Multi30k raw files (train.en.gz ...); give --multi30k DIR (bash scripts/prepare-multi30k.sh downloads them)" >&2
         exit 2; }
     MULTI30K="$(cd "$MULTI30K" && pwd)"
-    # a login shell's environment and nothing else; the Slurm commands are the shim's
+    # a login shell's environment and nothing else (the Slurm daemons are in sbin, which a user's PATH may lack:
+    # umst_tools/local_slurm.py finds them there)
     exec env -i HOME="${HOME:-/root}" USER="${USER:-$(id -un)}" LANG=C.UTF-8 TMPDIR="${TMPDIR:-/tmp}" \
-        PATH="$ROOT/umst_tools/slurm_shim/bin:/usr/local/bin:/usr/bin:/bin" SLURM_SHIM_STATE="$WORK/slurm" \
-        UMST_REHEARSAL_BARE=1 bash "${BASH_SOURCE[0]}" --work-dir "$WORK" --multi30k "$MULTI30K" --updates "$UPDATES"
+        PATH="/usr/local/bin:/usr/bin:/bin" UMST_REHEARSAL_BARE=1 \
+        bash "${BASH_SOURCE[0]}" --work-dir "$WORK" --multi30k "$MULTI30K" --train-seconds "$TRAIN_SECONDS"
 fi
 
-LOGS="$WORK/logs"; CK="$WORK/checkpoints"; RECORD="$WORK/steps.tsv"
-mkdir -p "$LOGS" "$CK"; : > "$RECORD"
-T0=$(date +%s.%N)
+LOGS="$WORK/logs"; CK="$WORK/checkpoints"; RECORD="$WORK/steps.tsv"; JOBS="$WORK/jobs.tsv"
+mkdir -p "$LOGS" "$CK"; : > "$RECORD"; : > "$JOBS"
+cd "$ROOT"  # the user submits from the repository root (the jobs read $SLURM_SUBMIT_DIR)
+START=$(date +%s.%N); T0="$START"
+read -r _ CPU_BUSY0 CPU_ALL0 < <(awk '/^cpu / { busy = $2 + $3 + $4 + $7 + $8; print "cpu", busy, busy + $5 + $6; exit }' /proc/stat)
 step() {  # step NAME: the time since the previous one goes to steps.tsv
     local now; now=$(date +%s.%N)
     awk -v name="$1" -v a="$T0" -v b="$now" 'BEGIN { printf "%s\t%.1f\n", name, b - a }' >> "$RECORD"; T0="$now"
     echo "== rehearse-wmt: $1 done"
 }
 fail() { echo "rehearse-wmt: FAILED: $*" >&2; exit 1; }
-# a rehearsal that stops early cancels what it submitted (its jobs run detached, as on a cluster)
-cancel_jobs() { local ids; ids="$(squeue -h -o %A 2>/dev/null | sort -u)"; [[ -z "$ids" ]] || scancel $ids || true; }
-trap cancel_jobs EXIT
-job_field() { scontrol show job "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
-wait_jobs() {  # until none of the jobs is pending or running
-    while [[ -n "$(squeue -h -j "$(IFS=,; echo "$*")" -t PD,R)" ]]; do sleep 0.5; done
+
+# ---- 0. the cluster: Slurm's own daemons, stopped on exit (and by a watcher if this shell is killed outright) ----
+SLURM_DIR="$WORK/slurm"
+stop_cluster() {
+    local status=$?
+    trap - EXIT
+    python3 -m umst_tools.local_slurm stop "$SLURM_DIR" \
+        || echo "rehearse-wmt: WARNING: processes of the local cluster were left running (above)" >&2
+    exit "$status"
 }
-cd "$ROOT"  # the user submits from the repository root (the jobs read $SLURM_SUBMIT_DIR)
-export OMP_NUM_THREADS=1  # one thread per process: the 2 "nodes" and the reference share this machine's cores
-export GPUS_PER_NODE=0    # the shim's nodes are CPUs (launch.sh's train.sh --gpus 0: fp32 over gloo)
+trap stop_cluster EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+rc=0; OUT="$(python3 -m umst_tools.local_slurm start "$SLURM_DIR" --watch $$ 2>&1)" || rc=$?
+[[ "$rc" -ne 3 ]] || { echo "rehearse-wmt: Slurm cannot run here: $OUT" >&2; exit 3; }
+[[ "$rc" -eq 0 ]] || fail "the local Slurm cluster did not start: $OUT"
+export SLURM_CONF="$SLURM_DIR/slurm.conf"
+SLURM_VERSION="$(sbatch --version)"
+echo "== rehearse-wmt: $SLURM_VERSION; cluster in $SLURM_DIR: $(sinfo -h -o '%P %D %N' | tr '\n' ' ')"
+step slurm
+
+job_field() { scontrol show job -o "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p"; }
+wait_jobs() {  # as a user waits: each job's state every 2 s until every one has ended; their end to jobs.tsv
+    local waiting=("$@") left j state
+    while [[ ${#waiting[@]} -gt 0 ]]; do
+        left=()
+        for j in "${waiting[@]}"; do
+            state="$(job_field "$j" JobState)"
+            case "$state" in
+                COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|DEADLINE|BOOT_FAIL|"")
+                    printf '%s\t%s\t%s\t%s\n' "$j" "$(job_field "$j" JobName)" "${state:-GONE}" \
+                        "$(job_field "$j" Restarts)" >> "$JOBS" ;;
+                *) left+=("$j") ;;  # pending (a requeued job too: held until its BeginTime), running, completing
+            esac
+        done
+        waiting=(${left[@]+"${left[@]}"})
+        [[ ${#waiting[@]} -eq 0 ]] || sleep 2
+    done
+}
+job_state() { awk -F'\t' -v j="$1" '$1 == j { s = $3 } END { print s }' "$JOBS"; }
+export OMP_NUM_THREADS=1  # one thread per process: the 2 "nodes" and the other jobs share this machine's cores
+export GPUS_PER_NODE=0    # the nodes are CPUs (launch.sh's train.sh --gpus 0: fp32 over gloo)
 
 # ---- 1. data: the stand-in download, prepare, the parse as a Slurm array, prepare again (merge) ----------------
 python3 -m umst_tools.rehearsal standin --multi30k "$MULTI30K" --raw-dir "$WORK/raw" --train 2000 --valid 40 --test 40
@@ -81,54 +127,67 @@ PREP=(--raw-dir "$WORK/raw" --work-dir "$WORK/data" --bpe-merges 1000 --parser s
       --parser-args "--chunk-size 1000" --parse-shards 2 --workers 2)
 bash scripts/prepare-wmt14-en-de.sh "${PREP[@]}" > "$LOGS/prepare-1.log" 2>&1 || fail "prepare (see $LOGS/prepare-1.log)"
 step prepare
-sbatch --wait --array=1-2 --output="$LOGS/%x-%A_%a.out" scripts/slurm/parse-array.sbatch wmt14-en-de "${PREP[@]}" \
-    || fail "the parse array (see $LOGS/umst-parse-*.out)"
+# (parse-array.sbatch asks 4 CPUs; these nodes may have fewer: a task asks 1, and runs one at a time)
+sbatch --wait --array=1-2%1 --cpus-per-task=1 --output="$LOGS/%x-%A_%a.out" scripts/slurm/parse-array.sbatch \
+    wmt14-en-de "${PREP[@]}" > "$LOGS/parse-array-submit.log" 2>&1 \
+    || fail "the parse array ($LOGS/parse-array-submit.log, $LOGS/umst-parse-*.out)"
 step parse-array
 bash scripts/prepare-wmt14-en-de.sh "${PREP[@]}" > "$LOGS/prepare-2.log" 2>&1 || fail "prepare after the parse (see $LOGS/prepare-2.log)"
 grep -q "merging the 2 parse shards" "$LOGS/prepare-2.log" || fail "the second prepare did not merge the shards ($LOGS/prepare-2.log)"
 D="$WORK/data/data-bin/wmt14_en_de_bpe1000"
-[[ -f "$D/train.en-de.en.heads.bin" || -n "$(ls "$D"/train.en-de.en.*heads* 2>/dev/null)" ]] || fail "no dependency side data in $D"
+[[ -n "$(ls "$D"/train.en-de.en.*heads* 2>/dev/null)" ]] || fail "no dependency side data in $D"
 step merge
 
-# ---- 2. train: tiny width, no dropout (the 2-node run and the 1-node reference compute the same function) ------
+# ---- 2.-3. train: tiny width, no dropout (the 2-node run and the 1-node reference compute the same function) ----
 TINY=(+model.encoder_layers=1 +model.decoder_layers=1 +model.encoder_embed_dim=32 +model.decoder_embed_dim=32
       +model.encoder_ffn_embed_dim=64 +model.decoder_ffn_embed_dim=64 +model.encoder_attention_heads=2
       +model.decoder_attention_heads=2 model.dropout=0.0 model.attention_dropout=0.0 model.activation_dropout=0.0
       dataset.max_tokens=1024 "optimization.update_freq=[2]" lr_scheduler.warmup_updates=10 common.log_interval=1
       dataset.num_workers=0 dataset.disable_validation=true checkpoint.save_interval_updates=10
-      checkpoint.keep_interval_updates=5)
+      checkpoint.keep_interval_updates=5 checkpoint.no_epoch_checkpoints=true)
 SUBMIT=(sbatch --parsable --gres=none --output="$LOGS/%x-%j.out")
-UMST=$("${SUBMIT[@]}" --job-name=umst-2nodes scripts/slurm/train-2nodes.sbatch umst-t2-umst-base "$D" \
-       --save-dir "$CK/umst-2nodes" --precision fp32 -- "${TINY[@]}" optimization.max_update="$UPDATES")
-REFERENCE=$("${SUBMIT[@]}" --job-name=umst-reference scripts/slurm/train-1node.sbatch umst-t2-umst-base "$D" \
-            --save-dir "$CK/umst-reference" --precision fp32 -- "${TINY[@]}" optimization.max_update="$UPDATES")
-BASELINE=$("${SUBMIT[@]}" --job-name=transformer-2nodes scripts/slurm/train-2nodes.sbatch umst-t2-transformer-base "$D" --save-dir "$CK/transformer-2nodes" \
-           --precision fp32 -- "${TINY[@]}" optimization.max_update=20)
+STOP_HOURS="$(awk -v s="$TRAIN_SECONDS" 'BEGIN { printf "%.6f", s / 3600 }')"
+UMST=$("${SUBMIT[@]}" --job-name=umst-2nodes --partition=standby --time=4 --cpus-per-task=1 \
+       scripts/slurm/train-2nodes.sbatch umst-t2-umst-base "$D" --save-dir "$CK/umst-2nodes" --precision fp32 \
+       -- "${TINY[@]}" optimization.max_update=1000000 optimization.stop_time_hours="$STOP_HOURS")
 UMST_LOG="$LOGS/umst-2nodes-$UMST.out"
-
-# ---- 3. the time limit, mid-epoch: Slurm's warning 180 s before it comes now --------------------------------------
-STOP_AT=$(( UPDATES / 2 ))
-python3 -m umst_tools.rehearsal wait-for-update "$UMST_LOG" "$STOP_AT" --timeout 300 >/dev/null \
-    || fail "the 2-node run did not reach update $STOP_AT ($UMST_LOG)"
-RUN=$(job_field "$UMST" RunTime); IFS=: read -r h m s <<< "$RUN"
-# RunTime is whole seconds, at most the time run: with the signal lead time of train-2nodes.sbatch (180 s) added,
-# the warning is due now
-LIMIT=$(( 10#$h * 3600 + 10#$m * 60 + 10#$s + 180 ))
-scontrol update JobId="$UMST" TimeLimit="$(( LIMIT / 60 )):$(printf %02d $(( LIMIT % 60 )))"
-for _ in $(seq 600); do [[ "$(job_field "$UMST" Restarts)" -ge 1 ]] && break; sleep 0.2; done
-[[ "$(job_field "$UMST" Restarts)" -ge 1 ]] || fail "job $UMST was not requeued ($UMST_LOG)"
-scontrol update JobId="$UMST" TimeLimit=30:00  # the requeued run gets its time back (an administrator's update)
-step "time-limit-and-requeue"
-wait_jobs "$UMST" "$REFERENCE" "$BASELINE"
-for j in "$UMST" "$REFERENCE" "$BASELINE"; do
-    [[ "$(job_field "$j" JobState)" == COMPLETED ]] || fail "job $j ended $(job_field "$j" JobState) ($LOGS/*-$j.out)"
+PREEMPT_AT=40
+python3 -m umst_tools.rehearsal wait-for-update "$UMST_LOG" "$PREEMPT_AT" --timeout 300 >/dev/null \
+    || fail "the 2-node run did not reach update $PREEMPT_AT ($UMST_LOG)"
+step start-2nodes
+BASELINE=$("${SUBMIT[@]}" --job-name=transformer-1node --cpus-per-task=2 scripts/slurm/train-1node.sbatch \
+           umst-t2-transformer-base "$D" --save-dir "$CK/transformer-1node" --precision fp32 -- "${TINY[@]}" \
+           optimization.max_update=20)
+for _ in $(seq 300); do [[ "$(job_field "$UMST" Restarts)" -ge 1 ]] && break; sleep 0.2; done
+[[ "$(job_field "$UMST" Restarts)" -ge 1 ]] || fail "job $UMST was not preempted by job $BASELINE ($UMST_LOG)"
+step preemption
+wait_jobs "$UMST" "$BASELINE"
+for j in "$UMST" "$BASELINE"; do
+    [[ "$(job_state "$j")" == COMPLETED ]] || fail "job $j ended $(job_state "$j") ($LOGS/*-$j.out)"
 done
-step train
+step train-2nodes
+UPDATES="$(.venv/bin/python -m umst_tools.rehearsal last-update "$CK/umst-2nodes")"
+REFERENCE=$("${SUBMIT[@]}" --job-name=umst-reference --cpus-per-task=1 scripts/slurm/train-1node.sbatch \
+            umst-t2-umst-base "$D" --save-dir "$CK/umst-reference" --precision fp32 -- "${TINY[@]}" \
+            optimization.max_update="$UPDATES")
+wait_jobs "$REFERENCE"
+[[ "$(job_state "$REFERENCE")" == COMPLETED ]] || fail "job $REFERENCE ended $(job_state "$REFERENCE") ($LOGS/umst-reference-$REFERENCE.out)"
+step train-reference
 
-# ---- 4. resumed against uninterrupted --------------------------------------------------------------------------
+# ---- 4. resumed against uninterrupted; the CPUs each node's training got ---------------------------------------
 .venv/bin/python -m umst_tools.rehearsal compare --preempted "$CK/umst-2nodes" --log "$UMST_LOG" \
     --reference "$CK/umst-reference" --reference-log "$LOGS/umst-reference-$REFERENCE.out" --tolerance 1e-4 \
     --json "$WORK/resume.json" > "$LOGS/compare.log" || fail "the resumed run differs from the reference ($WORK/resume.json)"
+grep -q "DUE TO PREEMPTION" "$UMST_LOG" && grep -q "Stopping training on SIGTERM" "$UMST_LOG" \
+    || fail "no preemption and save on SIGTERM in $UMST_LOG"
+grep -q "requeueing job $UMST" "$UMST_LOG" && grep -q "Stopping training on SIGUSR1" "$UMST_LOG" \
+    || fail "no time-limit warning, save and requeue in $UMST_LOG"
+for log in "$UMST_LOG" "$LOGS/transformer-1node-$BASELINE.out" "$LOGS/umst-reference-$REFERENCE.out"; do
+    bad="$(sed -n 's/.*CPU affinity .* (\([0-9]*\) CPUs; the job asked --cpus-per-task \([0-9]*\)).*/\1 \2/p' "$log" \
+           | awk '$1 != $2' | head -n 1)"
+    [[ -z "$bad" ]] || fail "a node's training got CPUs other than its job's --cpus-per-task ($bad) in $log"
+    grep -q "CPU affinity" "$log" || fail "no CPU affinity logged in $log"
+done
 step compare
 
 # ---- 5. average, evaluate, collect (docs/recipes.md, section 2) -----------------------------------------------------
@@ -139,7 +198,7 @@ average_and_evaluate() {  # ROW SAVE_DIR: the two rows side by side, as from two
         > "$LOGS/evaluate-$1.log" 2>&1 || { echo "evaluate.sh $1 failed ($LOGS/evaluate-$1.log)" >&2; return 1; }
 }
 average_and_evaluate umst-t2-umst-base "$CK/umst-2nodes" & A=$!
-average_and_evaluate umst-t2-transformer-base "$CK/transformer-2nodes" & B=$!
+average_and_evaluate umst-t2-transformer-base "$CK/transformer-1node" & B=$!
 wait "$A" || fail "average and evaluate umst-t2-umst-base"
 wait "$B" || fail "average and evaluate umst-t2-transformer-base"
 step average-evaluate
@@ -163,29 +222,39 @@ with open(sys.argv[3], "w") as f:
 EOF
 step translate
 
-# CPU time: this shell's commands (bash's `times`, its children's line) and every job's (TotalCPU, as sacct's)
+# CPU time: this shell's commands (bash's `times`, its children's line; the jobs run under slurmstepd, not here)
+# and the whole machine's busy CPU time over the run (/proc/stat: the jobs, the daemons, and anything else running)
 times > "$WORK/times.txt"  # (not in a pipe: a subshell's `times` has no children)
 COMMANDS_CPU=$(tail -n 1 "$WORK/times.txt" | awk '{ split($1, u, "m"); split($2, s, "m"); print u[1] * 60 + u[2] + s[1] * 60 + s[2] }')
-JOBS_CPU=$(scontrol show job | tr ' ' '\n' | sed -n 's/^TotalCPU=//p' | awk '{ t += $1 } END { print t + 0 }')
-python3 - "$WORK" "$UMST" "$REFERENCE" "$BASELINE" "$COMMANDS_CPU" "$JOBS_CPU" <<'EOF'
-import json, os, sys
-work, umst, reference, baseline, commands_cpu, jobs_cpu = sys.argv[1:]
+read -r _ CPU_BUSY1 CPU_ALL1 < <(awk '/^cpu / { busy = $2 + $3 + $4 + $7 + $8; print "cpu", busy, busy + $5 + $6; exit }' /proc/stat)
+MACHINE_CPU=$(awk -v a="$CPU_BUSY0" -v b="$CPU_BUSY1" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.1f", (b - a) / hz }')
+CPU_MODEL="$(awk -F': ' '/^model name/ { m = $2 } /^cpu family/ { f = $2 } /^model\t/ { n = $2 }
+                        /^flags/ { x = ($2 ~ /avx512_bf16/ ? "; avx512_bf16" : "") ($2 ~ /amx_tile/ ? ", AMX" : "") }
+                        /^$/ { exit } END { printf "%s (family %s, model %s%s)", m, f, n, x }' /proc/cpuinfo)"
+python3 - "$WORK" "$UMST" "$REFERENCE" "$BASELINE" "$COMMANDS_CPU" "$MACHINE_CPU" "$SLURM_VERSION" "$CPU_MODEL" \
+    "$(env -u OMP_NUM_THREADS nproc)" "$TRAIN_SECONDS" "$START" <<'EOF'
+import json, os, sys, time
+work, umst, reference, baseline, commands_cpu, machine_cpu, slurm, cpu, cores, train_seconds, start = sys.argv[1:]
 steps = [line.rstrip("\n").split("\t") for line in open(os.path.join(work, "steps.tsv"))]
+jobs = {}
+for line in open(os.path.join(work, "jobs.tsv")):
+    job, name, state, restarts = line.rstrip("\n").split("\t")
+    jobs[name] = {"job": int(job), "state": state, "restarts": int(restarts or 0)}
 results = {}
 for root, _, files in os.walk(os.path.join(work, "checkpoints")):
     if "results.json" in files:
         r = json.load(open(os.path.join(root, "results.json")))
         results[r.get("row")] = r
-summary = {"work_dir": work, "jobs": {"umst_2nodes": int(umst), "umst_reference": int(reference),
-                                      "transformer_2nodes": int(baseline)},
+summary = {"work_dir": work, "slurm": slurm, "cpu": f"{cpu}, {cores} cores", "load_average_at_end": os.getloadavg(),
+           "train_seconds": int(train_seconds), "jobs": jobs,
            "steps_seconds": {name: round(float(s), 1) for name, s in steps},
-           "total_seconds": round(sum(float(s) for _, s in steps), 1),
-           "cpu_seconds": {"commands": round(float(commands_cpu), 1), "jobs": round(float(jobs_cpu), 1),
-                           "total": round(float(commands_cpu) + float(jobs_cpu), 1)},
+           "total_seconds": round(time.time() - float(start), 1),
+           "cpu_seconds": {"commands": round(float(commands_cpu), 1), "machine_busy": float(machine_cpu)},
            "resume": json.load(open(os.path.join(work, "resume.json"))),
            "results": results, "translation": json.load(open(os.path.join(work, "translation.json"))),
            "table": open(os.path.join(work, "results.md")).read()}
 json.dump(summary, open(os.path.join(work, "rehearsal.json"), "w"), indent=1)
-print(json.dumps({k: summary[k] for k in ("steps_seconds", "total_seconds", "cpu_seconds", "translation")}, indent=1))
+print(json.dumps({k: summary[k] for k in ("slurm", "cpu", "jobs", "steps_seconds", "total_seconds", "cpu_seconds",
+                                          "translation")}, indent=1))
 EOF
-echo "rehearse-wmt: passed; $WORK/rehearsal.json, table $WORK/results.md"
+echo "rehearse-wmt: passed on $SLURM_VERSION; $WORK/rehearsal.json, table $WORK/results.md"

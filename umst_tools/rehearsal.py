@@ -3,13 +3,14 @@ training job's log, and the comparison of a preempted run with an uninterrupted 
 
     python -m umst_tools.rehearsal standin --multi30k DIR --raw-dir RAW [--train N --valid N --test N]
     python -m umst_tools.rehearsal wait-for-update LOG N [--timeout S]
+    python -m umst_tools.rehearsal last-update SAVE_DIR
     python -m umst_tools.rehearsal compare --preempted SAVE_DIR --log LOG --reference SAVE_DIR --reference-log LOG
                                            [--json OUT]
 
 ``standin`` writes Multi30k's raw En-De text in the layout scripts/download-wmt.sh extracts WMT14 En-De to (the
 files scripts/prepare-wmt14-en-de.sh reads: three training corpora as plain parallel text, newstest2013 and
 newstest2014 as SGML), so that the recipe runs unchanged with ``--raw-dir RAW``. Standard library only for
-``standin`` and ``wait-for-update``; ``compare`` reads checkpoints with torch.
+``standin`` and ``wait-for-update``; ``compare`` and ``last-update`` read checkpoints with torch.
 """
 import argparse
 import gzip
@@ -105,6 +106,26 @@ def _checkpoint_state(path):
             "epoch": ckpt["extra_state"]["train_iterator"]["epoch"]}
 
 
+_STOP = re.compile(r"Stopping training on (SIG\w+) \(received during update (\d+).*?checkpoint_last\.pt saved at "
+                   r"update (\d+), epoch (\d+) \((\d+) batches in\)")
+
+
+def stops(log_text):
+    """The signal stops a training log records, in order, one per update (every rank logs its own)."""
+    out = []
+    for name, received, saved, epoch, batches in _STOP.findall(log_text):
+        stop = {"signal": name, "received_during_update": int(received), "update": int(saved), "epoch": int(epoch),
+                "batches_into_epoch": int(batches)}
+        if not out or out[-1]["update"] != stop["update"]:
+            out.append(stop)
+    return out
+
+
+def last_update(save_dir):
+    """The update count of SAVE_DIR/checkpoint_last.pt."""
+    return _checkpoint_state(os.path.join(save_dir, "checkpoint_last.pt"))["num_updates"]
+
+
 def compare(preempted_dir, preempted_log, reference_dir, reference_log):
     """The preempted-and-resumed run against the uninterrupted one: where it stopped and resumed (the log says),
     every logged loss of both (fairseq logs 3 decimals), and the largest difference between the final
@@ -113,17 +134,19 @@ def compare(preempted_dir, preempted_log, reference_dir, reference_log):
         text = f.read()
     with open(reference_log, encoding="utf-8", errors="replace") as f:
         reference = logged_losses(f.read())
-    stops = [int(n) for n in re.findall(r"Stopping training on SIG\w+ .*?checkpoint_last\.pt saved at update (\d+)",
-                                        text)]
+    stopped = stops(text)
+    ranks = len(_STOP.findall(text))
     resumed = re.findall(r"Loaded checkpoint \S*checkpoint_last\.pt \(epoch (\d+) @ (\d+) updates\)", text)
     preempted = logged_losses(text)
     mine, ref = _checkpoint_state(os.path.join(preempted_dir, "checkpoint_last.pt")), \
         _checkpoint_state(os.path.join(reference_dir, "checkpoint_last.pt"))
     worst = max((mine["model"][k].double() - ref["model"][k].double()).abs().max().item() for k in ref["model"])
-    after = sorted(n for n in preempted if stops and n > stops[0])
+    first = stopped[0]["update"] if stopped else None
+    after = sorted(n for n in preempted if first is not None and n > first)
     return {
-        # every rank logs the stop: one stop is one update, however many ranks
-        "stopped_at_update": stops[0] if stops else None, "stops": len(set(stops)), "ranks_logging_the_stop": len(stops),
+        "stopped_at_update": first, "stops": len(stopped), "stop_list": stopped,
+        # every rank logs a stop: one stop is one update, however many ranks
+        "ranks_logging_the_stops": ranks,
         "resumed_from": [{"epoch": int(e), "num_updates": int(u)} for e, u in resumed],
         "updates": {"preempted": mine["num_updates"], "reference": ref["num_updates"]},
         "logged_updates": {"preempted": len(preempted), "reference": len(reference)},
@@ -138,8 +161,9 @@ def compare(preempted_dir, preempted_log, reference_dir, reference_log):
 def agreement_problems(result, tolerance):
     """Why the preempted run does not count as the uninterrupted one (empty when it does)."""
     problems = []
-    if not result["stopped_at_update"] or not result["resumed_from"]:
-        problems.append("the run was not stopped on a signal and resumed from checkpoint_last.pt")
+    if not result["stops"] or len(result["resumed_from"]) < result["stops"]:
+        problems.append(f"the run was not stopped on a signal and resumed from checkpoint_last.pt each time "
+                        f"({result['stops']} stop(s), {len(result['resumed_from'])} resume(s))")
     if result["updates"]["preempted"] != result["updates"]["reference"]:
         problems.append(f"updates: {result['updates']}")
     if result["logged_updates"]["preempted"] < result["updates"]["reference"]:
@@ -164,6 +188,8 @@ def main(argv=None):
     w.add_argument("log")
     w.add_argument("update", type=int)
     w.add_argument("--timeout", type=float, default=600.0)
+    u = sub.add_parser("last-update", help="the update count of SAVE_DIR/checkpoint_last.pt")
+    u.add_argument("save_dir")
     c = sub.add_parser("compare", help="a preempted run against an uninterrupted one")
     c.add_argument("--preempted", required=True)
     c.add_argument("--log", required=True)
@@ -180,6 +206,8 @@ def main(argv=None):
               f"{args.test} newstest2014 pairs from {args.multi30k}")
     elif args.command == "wait-for-update":
         print(wait_for_update(args.log, args.update, args.timeout))
+    elif args.command == "last-update":
+        print(last_update(args.save_dir))
     else:
         result = compare(args.preempted, args.log, args.reference, args.reference_log)
         text = json.dumps(result, indent=1)

@@ -14,6 +14,16 @@ GPUS="${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}"
 HOSTS="$(scontrol show hostnames "$SLURM_JOB_NODELIST")"
 MASTER_ADDR="${HOSTS%%$'\n'*}"
 MASTER_PORT="${MASTER_PORT:-$(( 20000 + SLURM_JOB_ID % 20000 ))}"
+# The CPUs this node's training may use (its processes inherit them: the GPU workers fairseq spawns and their data
+# loaders): what srun bound the task to, which is the job's --cpus-per-task only if srun was given it.
+CPUS="$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status 2>/dev/null || true)"
+NCPUS="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 0)"  # (nproc counts OMP_NUM_THREADS)
+echo "[launch] node ${SLURMD_NODENAME:-$(hostname -s)} (rank $SLURM_NODEID of $SLURM_NNODES): CPU affinity" \
+     "${CPUS:-unknown} ($NCPUS CPUs; the job asked --cpus-per-task ${SLURM_CPUS_PER_TASK:-(none)})" >&2
+if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]] && (( NCPUS < SLURM_CPUS_PER_TASK )); then
+    echo "[launch] WARNING: $NCPUS CPUs for this node's training, not the $SLURM_CPUS_PER_TASK the job asked for" \
+         "(srun without --cpus-per-task on a cluster that binds tasks to cores)" >&2
+fi
 EXTRA=()
 [[ "${TRAIN_SH_DRY_RUN:-0}" != 1 ]] || EXTRA+=(--dry-run)
 # SIGUSR1 and SIGTERM ignored from here until training installs its handlers (umst_plugin/patches/preemption.py;

@@ -22,11 +22,20 @@
 # to every node's training; training finishes its update, saves checkpoint_last.pt (mid-epoch, with the data
 # position) and stops (umst_plugin/patches/preemption.py; SAVE_DIR/stopped-on-signal.json says so), and this
 # script requeues the job (scontrol requeue). The requeued job runs the same command: fairseq resumes from
-# SAVE_DIR/checkpoint_last.pt. SIGTERM (the time limit itself, a preemption, scancel) goes from Slurm to every
-# process; training saves the same way if it can before SIGKILL, and the job is not requeued by this script.
+# SAVE_DIR/checkpoint_last.pt. Slurm checks time limits periodically (every 30 s in 22.05) and may send the warning
+# up to a minute early: it can come while training is still starting, before it listens (launch.sh ignores the
+# signal until then), so this script passes it on again every 5 s until training has stopped. The 180 s are what
+# the save has: one update and the checkpoint's write.
+# SIGTERM (a preemption, the time limit itself, scancel) goes from Slurm to every process of the job; training
+# saves the same way if it can before SIGKILL (KillWait, 30 s by default, plus a partition's GraceTime on
+# preemption). A preempted job is requeued by Slurm itself where the partition's PreemptMode is REQUEUE, and
+# resumes the same way; after a time limit or scancel, submit the same command again to resume.
+# CPUs: srun is given the job's --cpus-per-task (since Slurm 22.05 srun does not take it from sbatch; a cluster that
+# binds tasks to cores would give each node's training one core), and launch.sh logs the CPUs each node's training
+# may use.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-usage() { sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
 
 NODES=""; POSITIONAL=(); SAVE=""; PRECISION=bf16; TRAIN_ARGS=(); OVERRIDES=()
 while [[ $# -gt 0 ]]; do
@@ -74,21 +83,29 @@ echo "[train-job] job ${SLURM_JOB_ID} (restart ${SLURM_RESTART_COUNT:-0}): $ROW 
      "$PRECISION, $RESUME"
 
 STOP=""
+resend_usr1() {  # srun passes it to every task; again every 5 s until training has stopped or the step has ended
+    ( while kill -USR1 "$SRUN" 2>/dev/null && [[ ! -f "$MARKER" ]]; do sleep 5; done ) &
+}
 on_usr1() {
+    [[ "$STOP" != USR1 ]] || return 0
     STOP=USR1
     echo "[train-job] SIGUSR1 (the time limit is near): training saves checkpoint_last.pt at its next update and stops"
-    kill -USR1 "${SRUN:-}" 2>/dev/null || true  # srun passes it to every task
+    [[ -z "${SRUN:-}" ]] || resend_usr1
 }
 on_term() {  # Slurm sends SIGTERM to every process itself; the batch shell only must not end before the steps
     STOP="${STOP:-TERM}"
-    echo "[train-job] SIGTERM (time limit, preemption or scancel): training saves if it can before SIGKILL"
+    echo "[train-job] SIGTERM (preemption, time limit or scancel): training saves checkpoint_last.pt at its next" \
+         "update if it can before SIGKILL"
 }
 trap on_usr1 USR1
 trap on_term TERM
+CPUS=()  # the job's CPUs per task for every task of the step (srun's own default is 1 since Slurm 22.05)
+[[ -z "${SLURM_CPUS_PER_TASK:-}" ]] || CPUS=(--cpus-per-task="$SLURM_CPUS_PER_TASK")
 # srun in the background: bash runs a trap only between commands, and `wait` is interrupted by a trapped signal
-srun --nodes="$NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
+srun --nodes="$NODES" --ntasks-per-node=1 ${CPUS[@]+"${CPUS[@]}"} --kill-on-bad-exit=1 \
     bash "$ROOT/scripts/slurm/launch.sh" "$ROW" "$DATA" "$SAVE" "${TRAIN_ARGS[@]}" &
 SRUN=$!
+[[ "$STOP" != USR1 ]] || resend_usr1  # (the warning came before srun started)
 while kill -0 "$SRUN" 2>/dev/null; do wait "$SRUN" || true; done
 STATUS=0; wait "$SRUN" || STATUS=$?
 
@@ -99,6 +116,7 @@ if [[ "$STOP" == USR1 && "$STATUS" -eq 0 && -f "$MARKER" ]]; then
 elif [[ "$STOP" == USR1 && "$STATUS" -eq 0 ]]; then
     echo "[train-job] SIGUSR1 came after the last update: training is complete, no requeue"
 elif [[ -n "$STOP" ]]; then
-    echo "[train-job] training ended with status $STATUS after SIGTERM or a failure; not requeued" >&2
+    echo "[train-job] training ended with status $STATUS after SIGTERM or a failure; not requeued by this script" \
+         "(Slurm requeues a preempted job itself where the partition's PreemptMode is REQUEUE)" >&2
 fi
 exit "$STATUS"

@@ -271,8 +271,9 @@ def _install_stop():
         where = (f"update {num_updates}, epoch {epoch_itr.epoch} ({epoch_itr.iterations_in_epoch} batches in)")
         logger.warning(f"Stopping training on {name} (received during update {update + 1}, {time.time() - when:.1f} s "
                        f"ago): " + (f"nothing saved at {where} (--no-save): the run cannot be resumed" if no_save else
-                                    f"checkpoint_last.pt saved at {where}; the same command resumes from it (a Slurm "
-                                    "job submitted with scripts/slurm/train-*.sbatch requeues itself)"))
+                                    f"checkpoint_last.pt saved at {where}; the same command resumes from it (a job of "
+                                    "scripts/slurm/train-*.sbatch requeues itself on the time limit's warning, and "
+                                    "Slurm requeues a preempted one)"))
         return valid_losses, True
 
     validate_and_save._umst_preemption = True
