@@ -298,8 +298,10 @@ PYEOF
     fi
     if [[ "$waiting" -eq 1 ]]; then
         local missing="${SHARDS_MISSING[*]}"
+        local gres=""  # stanza parses on a GPU when the task has one (docs/wmt-on-gpus.md)
+        [[ "$PARSER" != stanza ]] || gres="--gres=gpu:1 "
         say "stopped before the parse: shard(s) ${missing// /,} of $SHARDS_N not parsed yet. Parse them, e.g. as" \
-            "a Slurm array: sbatch --array=${missing// /,} scripts/slurm/parse-array.sbatch $(basename "$0" .sh | sed 's/^prepare-//')" \
+            "a Slurm array: sbatch --wait --array=${missing// /,} ${gres}scripts/slurm/parse-array.sbatch $(basename "$0" .sh | sed 's/^prepare-//')" \
             "$(printf '%q ' "${COMMON_ARGS[@]}")(or: bash $0 ... --parse-shard I/$SHARDS_N for each I); then run" \
             "this command again: it merges them and finishes"
         exit 0

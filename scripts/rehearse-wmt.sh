@@ -48,9 +48,9 @@ done
 [[ "$TRAIN_SECONDS" =~ ^[1-9][0-9]*$ ]] || { echo "rehearse-wmt: --train-seconds $TRAIN_SECONDS: expected whole seconds" >&2; exit 2; }
 if [[ -z "${UMST_REHEARSAL_BARE:-}" ]]; then
     cd "$ROOT"
-    if ! WHY="$(python3 -m umst_tools.local_slurm check)"; then
-        echo "rehearse-wmt: Slurm cannot run here: $WHY" >&2; exit 3
-    fi
+    rc=0; WHY="$(python3 -m umst_tools.local_slurm check 2>&1)" || rc=$?
+    [[ "$rc" -ne 3 ]] || { echo "rehearse-wmt: Slurm cannot run here: $WHY" >&2; exit 3; }
+    [[ "$rc" -eq 0 ]] || { echo "rehearse-wmt: python3 -m umst_tools.local_slurm check failed (exit $rc): $WHY" >&2; exit 2; }
     WORK="${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/umst-rehearsal.XXXXXX")}"
     mkdir -p "$WORK"; WORK="$(cd "$WORK" && pwd)"
     if [[ -z "$MULTI30K" ]]; then

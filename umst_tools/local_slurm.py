@@ -99,9 +99,9 @@ def unavailable():
     """Why Slurm cannot run here (one line), or None."""
     missing = _missing()
     if missing:
-        how = "apt-get install slurm-wlm munge" if shutil.which("apt-get") else "Slurm 22.05+ and munge"
-        return f"Slurm is not installed here (no {', '.join(missing)}); as root: {how} (scripts/setup_env.sh does, " \
-               f"as root with apt-get)"
+        return f"Slurm is not installed here (no {', '.join(missing)}): as root, apt-get install slurm-wlm munge " \
+               f"(Debian, Ubuntu; scripts/setup_env.sh does it when run as root), or Slurm 22.05+ and munge from " \
+               f"your distribution"
     if os.geteuid() != 0:
         return "not root: the local cluster's slurmd runs jobs as root (SlurmUser and SlurmdUser root)"
     for name in NODES:
@@ -119,7 +119,7 @@ def slurm_version():
     return (out.stdout or out.stderr).strip()
 
 
-def install(log=None, say=print):
+def install(log=None, say=print, dry_run=False):
     """Debian's slurm-wlm and munge, when missing, as root with apt-get (``apt-get update`` only when the install
     fails without it). One line says what was done; returns 0, or 1 when apt-get failed (its output in ``log``)."""
     missing = _missing()
@@ -128,7 +128,11 @@ def install(log=None, say=print):
         return 0
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         say(f"Slurm not installed (no {', '.join(missing)}) and not installable here ("
-            f"{'not root' if os.geteuid() != 0 else 'no apt-get'}): the tests that need it skip")
+            f"{'not root' if os.geteuid() != 0 else 'no apt-get'}): the WMT rehearsal and the tests that need "
+            f"Slurm skip")
+        return 0
+    if dry_run:
+        say("would install Slurm for the WMT rehearsal's local cluster: apt-get install -y slurm-wlm munge")
         return 0
     say("installing Slurm for the WMT rehearsal's local cluster (apt-get install slurm-wlm munge)")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
@@ -178,7 +182,7 @@ def slurm_conf(work, host, ports, cpus, user="root"):
     ctld, *nodes = ports
     lines = [
         f"# A cluster of its own on this machine (umst_tools/local_slurm.py); every file under {p['work']}",
-        f"ClusterName=umst{os.getpid()}",
+        f"ClusterName=umst{secrets.token_hex(4)}",  # (lowercase letters and digits; one per cluster)
         f"SlurmctldHost={host}(127.0.0.1)",
         f"SlurmctldPort={ctld}",
         f"SlurmUser={user}",
@@ -454,6 +458,7 @@ def main(argv=None):
     i = sub.add_parser("install", help="apt-get install slurm-wlm munge when missing (root, apt-get)")
     i.add_argument("--log", help="apt-get's output goes here")
     i.add_argument("--prefix", default="", help="put before the one line printed")
+    i.add_argument("--dry-run", action="store_true", help="say what it would do")
     s = sub.add_parser("start", help="start the cluster in DIR (a new directory)")
     s.add_argument("dir")
     s.add_argument("--watch", type=int, help="stop the cluster once this process is gone")
@@ -471,7 +476,7 @@ def main(argv=None):
         print(f"Slurm can run here: {slurm_version()}")
         return 0
     if args.command == "install":
-        return install(args.log, lambda line: print(args.prefix + line, flush=True))
+        return install(args.log, lambda line: print(args.prefix + line, flush=True), args.dry_run)
     if args.command == "start":
         try:
             conf = start(args.dir, args.watch)
