@@ -15,6 +15,7 @@ import glob
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from types import SimpleNamespace
 
 import e2e
 import recipe_toy
+import slurm_cluster
 
 ROOT = e2e.ROOT
 CONFIGS = os.path.join(ROOT, "configs")
@@ -230,12 +232,15 @@ def test_multi30k_rerun_skips_every_stage(prepared):
     assert (os.path.getmtime(heads), os.path.getmtime(os.path.join(p["databin"], "train.en-de.en.bin"))) == before
 
 
-@pytest.mark.slow  # ~60 s on 2 loaded cores: two spaCy shard processes, then a whole prepare run
+@pytest.mark.slow  # ~60 s on 2 loaded cores: three spaCy shard processes as Slurm jobs, then a whole prepare run
 def test_the_parse_as_a_slurm_array_then_a_merge_that_parses_nothing(prepared, tmp_path):
-    """docs/wmt-on-gpus.md, "The parse as a Slurm array": prepare --parse-shards 2 stops before the parse and
-    names the sbatch command; scripts/slurm/parse-array.sbatch's two array tasks (run at once, as Slurm would,
-    in the same work dir) parse a shard each; the next prepare run merges them with spaCy unimportable (so it
-    cannot parse) and finishes. The side data equal the unsharded parse's byte for byte."""
+    """docs/wmt-on-gpus.md, "The parse as a Slurm array", on Slurm itself (a local cluster, tests/slurm_cluster.py):
+    prepare --parse-shards 2 stops before the parse and prints the sbatch line; that line, submitted with a throttle
+    (--array=1-2%1: one task at a time), with shard 2's task failing (a planted fault: its Python exits at start),
+    parses shard 1 and says which shard failed and how to parse it again; the next prepare names the missing shard
+    and the sbatch line for it alone; that line parses shard 2 only (shard 1's files untouched); the prepare after it
+    merges with spaCy unimportable (so it cannot parse) and finishes. The side data equal the unsharded parse's byte
+    for byte."""
     p = prepared["multi30k"]
     work = tmp_path / "work"
     shutil.copytree(p["work"], work, symlinks=True)
@@ -253,16 +258,49 @@ def test_the_parse_as_a_slurm_array_then_a_merge_that_parses_nothing(prepared, t
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "stopped before the parse: shard(s) 1,2 of 2 not parsed yet" in proc.stderr, proc.stderr[-3000:]
-    assert "sbatch --array=1,2 scripts/slurm/parse-array.sbatch multi30k" in proc.stderr
+    printed = re.search(r"(sbatch --wait --array=1,2 scripts/slurm/parse-array\.sbatch multi30k .*?)\(or:", proc.stderr)
+    assert printed, proc.stderr[-3000:]
     assert not glob.glob(str(db / "*.heads.*"))
-    tasks = [subprocess.Popen(["bash", os.path.join(SCRIPTS, "slurm", "parse-array.sbatch"), "multi30k", *args],
-                              env={**m30k_env, "SLURM_ARRAY_TASK_ID": str(i), "SLURM_ARRAY_TASK_COUNT": "2",
-                                   "SLURM_SUBMIT_DIR": ROOT}, cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for i in (1, 2)]
-    for i, task in enumerate(tasks, 1):
-        log, _ = task.communicate()
-        assert task.returncode == 0, log[-3000:]
-        assert f"parse shard {i} of 2: done" in log, log[-3000:]
+    # the printed line, as a user submits it (from the repository root), with a throttle; shard 2's task fails
+    line = shlex.split(printed.group(1))  # (printed with printf %q: the shell's quoting)
+    assert line[:3] == ["sbatch", "--wait", "--array=1,2"] and line[3:5] == ["scripts/slurm/parse-array.sbatch",
+                                                                              "multi30k"]
+    fault = tmp_path / "fault"
+    fault.mkdir()
+    (fault / "sitecustomize.py").write_text("import os, sys\nif os.environ.get('SLURM_ARRAY_TASK_ID') == '2':\n"
+                                            "    sys.exit('planted fault: shard 2 of this test fails')\n")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with slurm_cluster.cluster() as slurm:
+        slurm_env = {**m30k_env, "SLURM_CONF": slurm["SLURM_CONF"]}
+        submit = ["sbatch", "--wait", "--cpus-per-task=1", f"--output={logs}/%x-%A_%a.out"]
+        faulty = {**slurm_env, "PYTHONPATH": f"{fault}{os.pathsep}{slurm_env['PYTHONPATH']}"}
+        proc = subprocess.run(submit + ["--array=1-2%1", *line[3:]], env=faulty, cwd=ROOT, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode != 0, proc.stdout + proc.stderr  # sbatch --wait: the highest exit status of the tasks
+        first = {os.path.basename(f): open(f).read() for f in glob.glob(str(logs / "*.out"))}
+        (ok, ok_log), (bad, bad_log) = sorted(first.items())
+        assert ok.endswith("_1.out") and "parse shard 1 of 2: done" in ok_log, first
+        assert bad.endswith("_2.out") and "planted fault" in bad_log, first
+        assert "parse-array.sbatch: shard 2 of 2 FAILED (exit 1" in bad_log and "--array=2" in bad_log, bad_log
+        shard1 = sorted(glob.glob(str(work / f"bpe{MERGES}" / "side" / "*shard1of2*")))
+        assert shard1 and not glob.glob(str(work / f"bpe{MERGES}" / "side" / "*2of2.done"))
+        kept = {f: os.path.getmtime(f) for f in shard1}
+        # the prepare run after the array: the missing shard and the line for it
+        proc = subprocess.run(["bash", os.path.join(SCRIPTS, "prepare-multi30k.sh"), *args], env=m30k_env,
+                              cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "stopped before the parse: shard(s) 2 of 2 not parsed yet" in proc.stderr, proc.stderr[-3000:]
+        again = re.search(r"(sbatch --wait --array=2 scripts/slurm/parse-array\.sbatch multi30k .*?)\(or:",
+                          proc.stderr).group(1)
+        again = shlex.split(again)
+        proc = subprocess.run(submit + again[2:], env=slurm_env, cwd=ROOT, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    second = sorted(set(glob.glob(str(logs / "*.out"))) - {str(logs / name) for name in first})
+    assert len(second) == 1 and second[0].endswith("_2.out"), second  # shard 2 only
+    assert "parse shard 2 of 2: done" in open(second[0]).read()
+    assert {f: os.path.getmtime(f) for f in shard1} == kept  # shard 1 not parsed again
     # the merge run cannot parse: importing spaCy fails in it
     blocker = tmp_path / "no-spacy"
     (blocker / "spacy").mkdir(parents=True)

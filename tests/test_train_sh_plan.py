@@ -1,15 +1,19 @@
 """scripts/train.sh --dry-run and the Slurm scripts: the commands planned for several machines of several GPUs.
 
-No GPU is needed: train.sh plans from --gpus. The Slurm scripts run under stand-ins for ``srun`` (one launch per
-node with SLURM_NODEID set, as srun --ntasks-per-node=1 does) and ``scontrol show hostnames``."""
+No GPU is needed: train.sh plans from --gpus. The sbatch scripts run on Slurm itself (a local cluster of two nodes,
+tests/slurm_cluster.py). ``_slurm_stand_ins`` (a stand-in ``srun`` that runs a command once per node with
+SLURM_NODEID set, and ``scontrol show hostnames``) remains for checks of what a script plans without Slurm
+(tests/test_docs.py's checking form of the documented sbatch lines, launch.sh's host list)."""
 import os
 import re
 import stat
 import subprocess
+import time
 
 import pytest
 
 import e2e
+import slurm_cluster
 
 TRAIN_SH = os.path.join(e2e.ROOT, "scripts", "train.sh")
 
@@ -86,16 +90,40 @@ def _slurm_stand_ins(bin_dir, hosts):
         p.chmod(p.stat().st_mode | stat.S_IEXEC)
 
 
+@pytest.fixture(scope="module")
+def slurm():
+    """A real Slurm cluster of two nodes on this machine (tests/slurm_cluster.py; skips where Slurm cannot run)."""
+    with slurm_cluster.cluster() as slurm_env:
+        yield slurm_env
+
+
+def _run_job(environ, *sbatch_args, timeout=120):
+    job = subprocess.run(["sbatch", "--parsable", *sbatch_args], env=environ, cwd=e2e.ROOT, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    deadline = time.monotonic() + timeout
+    while (state := slurm_cluster.job_field(environ, job, "JobState")) not in ("COMPLETED", "FAILED", "CANCELLED",
+                                                                               "TIMEOUT", "NODE_FAIL"):
+        assert time.monotonic() < deadline, state
+        time.sleep(0.3)
+    return int(job), state
+
+
 @pytest.mark.parametrize("script,nodes", [("train-1node.sbatch", 1), ("train-2nodes.sbatch", 2)])
-def test_sbatch_scripts_plan_one_train_sh_per_node(tmp_path, script, nodes):
-    _slurm_stand_ins(tmp_path, ["gpu-a", "gpu-b"][:nodes])
-    environ = env(PATH=f"{tmp_path}:{os.environ['PATH']}", SLURM_JOB_ID="1234", SLURM_JOB_NODELIST="gpu-[a-b]",
-                  SLURM_SUBMIT_DIR=e2e.ROOT, TRAIN_SH_DRY_RUN="1")
-    proc = subprocess.run(["bash", os.path.join(e2e.ROOT, "scripts", "slurm", script), "prime-t1-prime-big",
-                           "/data/wmt14"], env=environ, cwd=e2e.ROOT, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    commands = [line for line in proc.stdout.splitlines() if "fairseq_cli.hydra_train" in line]
-    assert len(commands) == nodes
+def test_sbatch_scripts_plan_one_train_sh_per_node(slurm, tmp_path, script, nodes):
+    """Submitted to Slurm itself with TRAIN_SH_DRY_RUN=1 and GPUS_PER_NODE=8 (the nodes have no GPU; --gres=none):
+    srun starts launch.sh once per node, each plans its train.sh command for 8 GPUs with its ranks and the
+    rendezvous at the job's first node, and each node's task gets the job's --cpus-per-task (srun is given it: Slurm
+    22.05's srun does not take it, and this cluster binds tasks to cores)."""
+    cpus = min(2, len(os.sched_getaffinity(0)))
+    out = tmp_path / "job.out"
+    environ = {**env(), **{k: v for k, v in slurm.items() if k == "SLURM_CONF"}, "TRAIN_SH_DRY_RUN": "1",
+               "GPUS_PER_NODE": "8"}
+    job, state = _run_job(environ, "--gres=none", f"--cpus-per-task={cpus}", f"--output={out}",
+                          os.path.join("scripts", "slurm", script), "prime-t1-prime-big", "/data/wmt14")
+    text = out.read_text()
+    assert state == "COMPLETED", text[-3000:]
+    commands = [line for line in text.splitlines() if "fairseq_cli.hydra_train" in line]
+    assert len(commands) == nodes, text[-3000:]
     seen = set()
     for command in commands:
         assert field(command, "distributed_training.distributed_world_size") == str(8 * nodes)
@@ -104,10 +132,29 @@ def test_sbatch_scripts_plan_one_train_sh_per_node(tmp_path, script, nodes):
         # prime-t1 rows assume 4 GPUs x update_freq 32: 128 / (8 x nodes)
         assert field(command, "optimization.update_freq") == f"\\[{128 // (8 * nodes)}\\]"
         if nodes > 1:
-            assert field(command, "distributed_training.distributed_init_method") == "tcp://gpu-a:21234"
+            assert field(command, "distributed_training.distributed_init_method") == f"tcp://n1:{20000 + job % 20000}"
         assert not ranks(command) & seen
         seen |= ranks(command)
     assert seen == set(range(8 * nodes))
+    affinity = re.findall(r"\[launch\] node (n\d) \(rank (\d) of \d\): CPU affinity \S+ \((\d+) CPUs; the job asked "
+                          r"--cpus-per-task (\d+)\)", text)
+    assert sorted(a[:2] for a in affinity) == [(f"n{i + 1}", str(i)) for i in range(nodes)], text[-3000:]
+    assert all(int(count) == int(asked) == cpus for _, _, count, asked in affinity), affinity
+
+
+def test_launch_takes_the_first_host_of_a_long_list(tmp_path):
+    """launch.sh reads the job's first node from ``scontrol show hostnames`` without a pipe into head: on a big job
+    (a stand-in scontrol printing 200,000 more hosts), a reader that stopped after the first host would have
+    killed scontrol with SIGPIPE and, under pipefail, the job with status 141."""
+    _slurm_stand_ins(tmp_path, ["gpu-a", "gpu-b"])
+    environ = env(PATH=f"{tmp_path}:{os.environ['PATH']}", SLURM_JOB_ID="1234", SLURM_JOB_NODELIST="gpu-[a-b]",
+                  SLURM_NNODES="2", SLURM_NODEID="1", TRAIN_SH_DRY_RUN="1", GPUS_PER_NODE="8")
+    proc = subprocess.run(["bash", os.path.join(e2e.ROOT, "scripts", "slurm", "launch.sh"), "prime-t1-prime-big",
+                           "/data/wmt14", "/ckpt"], env=environ, cwd=e2e.ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    command = [line for line in proc.stdout.splitlines() if "fairseq_cli.hydra_train" in line][0]
+    assert field(command, "distributed_training.distributed_init_method") == "tcp://gpu-a:21234"
+    assert ranks(command) == set(range(8, 16))
 
 
 def test_the_effective_batch_table_in_the_docs_is_current():
