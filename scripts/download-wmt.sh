@@ -23,8 +23,23 @@ mkdir -p "$RAW"
 RECORD="$RAW/CHECKSUMS.recorded"
 touch "$RECORD"
 
-fetch() {  # url dest
-    if command -v curl >/dev/null; then curl -fL --retry 3 -o "$2" "$1"; else wget -O "$2" "$1"; fi
+fetch() {  # url dest: on failure, what went wrong and what to do offline, then exit 1
+    local status=0
+    if command -v curl >/dev/null; then curl -fL --retry 3 -o "$2" "$1" || status=$?; else wget -O "$2" "$1" || status=$?; fi
+    [[ "$status" -ne 0 ]] || return 0
+    rm -f "$2"
+    local why="exit $status"
+    case "$status" in
+        6) why="curl exit 6: the host name does not resolve" ;;
+        7) why="curl exit 7: no connection to the host" ;;
+        28) why="curl exit 28: timed out" ;;
+        22) why="curl exit 22: the server answered with an HTTP error" ;;
+    esac
+    echo "download-wmt: could not fetch $1 ($why; no network here?). Without internet: fetch the archives of" \
+         "$DATASET listed in $SOURCES elsewhere and put them in $RAW (they are checked and extracted here), or" \
+         "extract them yourself and give the prepare script --raw-dir DIR; WMT_MIRROR=URL_PREFIX fetches them from" \
+         "a mirror" >&2
+    exit 1
 }
 
 digest() {  # algo file

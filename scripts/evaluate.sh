@@ -97,6 +97,7 @@ for S in "${SUBSETS[@]}"; do
     [[ -f "$DATA/ref/$S.tok.$TGT" ]] && SCORE+=(--tok-ref "$DATA/ref/$S.tok.$TGT")
     [[ -f "$DATA/ref/$S.detok.$TGT" ]] && SCORE+=(--detok-ref "$DATA/ref/$S.detok.$TGT")
     [[ "$TGT" == de && "$COMPOUND" == 1 ]] && SCORE+=(--compound-split)
+    [[ -f "$DATA/ref/$S.set" ]] && SCORE+=(--test-set "$(cat "$DATA/ref/$S.set")")  # (the WMT recipes write it)
     "$PY" "$ROOT/scripts/score.py" "${SCORE[@]}" \
         --extra "row=${ROW:-$(basename "$O")}" --extra "checkpoint=$(cd "$(dirname "$CKPT")" && pwd)/$(basename "$CKPT")" \
         --extra "checkpoint_name=$(basename "$CKPT")" --extra "data=$DATA" --extra "data_name=$(basename "$DATA")" \

@@ -320,6 +320,7 @@ stage_stats() {
         cp "$WORK/tok/$split.$TGT" "$DATABIN/ref/$split.tok.$TGT"
         cp "$WORK/ref/$split.$TGT" "$DATABIN/ref/$split.detok.$TGT"
     done
+    [[ -z "${TEST_SET:-}" ]] || echo "$TEST_SET" > "$DATABIN/ref/test.set"
     cp "$BPE_DIR/codes" "$DATABIN/bpe.codes"
 }
 

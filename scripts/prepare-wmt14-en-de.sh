@@ -21,6 +21,10 @@ usage() { sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; usage_commo
 TRAIN_CORPORA=(training/europarl-v7.de-en commoncrawl.de-en training/news-commentary-v9.de-en)
 VALID_SGM=(test/newstest2013-src.en.sgm test/newstest2013-src.de.sgm)
 TEST_SGM=(test-full/newstest2014-deen-src.en.sgm test-full/newstest2014-deen-ref.de.sgm)
+# What the BLEU of the test split is on (DATA_BIN/ref/test.set; evaluate.sh puts it in results.json beside the
+# sacreBLEU signature, which names no test set when scoring files): the full newstest2014, as fairseq's
+# prepare-wmt14en2de.sh takes it.
+TEST_SET="newstest2014, the full set (test-full/newstest2014-deen-ref.de.sgm: 3,003 sentences; sacreBLEU's -t wmt14/full, not its default -t wmt14, the 2,737 of them the WMT14 task kept)"
 
 # The detokenized reference sacrebleu scores against: the untouched test/valid target.
 reference_text() { cp "$1" "$2"; }

@@ -20,6 +20,8 @@ usage() { sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; usage_commo
 TRAIN_CORPORA=(training-parallel-ep-v8/europarl-v8.ro-en SETIMES.en-ro)
 VALID_SGM=(dev/newsdev2016-enro-src.en.sgm dev/newsdev2016-enro-ref.ro.sgm)
 TEST_SGM=(test/newstest2016-enro-src.en.sgm test/newstest2016-enro-ref.ro.sgm)
+# What the BLEU of the test split is on (DATA_BIN/ref/test.set; evaluate.sh puts it in results.json)
+TEST_SET="newstest2016 (test/newstest2016-enro-ref.ro.sgm: 1,999 sentences; sacreBLEU's -t wmt16)"
 
 # The detokenized reference keeps the training targets' normalisation (no diacritics).
 reference_text() { "$PY" "$PREP" normalize-ro "$1" "$2"; }

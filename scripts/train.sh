@@ -152,7 +152,8 @@ if [[ "$GPUS" -eq 0 ]]; then
     if (( NEW_UF * WORLD != UF )); then
         echo "[train.sh] WARNING: update_freq $UF is not divisible by $WORLD machines; the batch differs" >&2
     fi
-    echo "[train.sh] $ROW assumes $ASSUMED GPUs; no GPU found: CPU, fp32, $WORLD process(es) x update_freq $NEW_UF (smoke tests only)" >&2
+    PRECISION="fp32"; [[ "$BF16" -eq 0 ]] || PRECISION="bf16 autocast (--amp-bf16)"
+    echo "[train.sh] $ROW assumes $ASSUMED GPUs; no GPU: CPU, $PRECISION, $WORLD process(es) x update_freq $NEW_UF (smoke tests only)" >&2
     ARGS+=(common.cpu=true common.fp16=false distributed_training.distributed_world_size="$WORLD" "optimization.update_freq=[$NEW_UF]")
     # glibc unmaps every freed allocation over 32 MB (the logits and their gradient: ~70 MB at Multi30k size),
     # so each step faults them in again; mmap off keeps them for reuse (same numbers, fewer page faults;

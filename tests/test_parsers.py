@@ -2,6 +2,7 @@
 and the fallback graph for sentences a parser fails on."""
 import os
 import re
+import sys
 from argparse import Namespace
 
 import pytest
@@ -63,8 +64,9 @@ def test_stanza_missing_model_names_the_download_command(tmp_path):
     command = download_command("en", str(tmp_path), "tokenize,pos,lemma,depparse")
     assert command in message
     assert str(tmp_path) in message and "'en'" in message
-    # the command is one valid python -c invocation
-    code = re.search(r'python -c "(.*)"', command).group(1)
+    # the command is one valid python -c invocation, with this interpreter (not a bare `python`: another one)
+    assert command.startswith(sys.executable + " -c "), command
+    code = re.search(r' -c "(.*)"', command).group(1)
     compile(code, "<download>", "exec")
 
 

@@ -117,6 +117,9 @@ def test_prepare_writes_databin_with_side_data_and_stats(prepared, dataset):
     assert "joined dictionary" in p["log"]
     for ref in ("test.tok", "test.detok"):
         assert os.path.exists(os.path.join(db, "ref", f"{ref}.{tgt}"))
+    # what the test BLEU is on, for evaluate.sh's results.json (sacreBLEU's signature names no test set)
+    with open(os.path.join(db, "ref", "test.set")) as f:
+        assert f.read().startswith({"de": "newstest2014, the full set", "ro": "newstest2016"}[tgt])
     assert_record(p, lowercase=False, aggressive_dash_splits=True, romanian=["ro"] if tgt == "ro" else [])
 
 
@@ -1184,6 +1187,23 @@ def test_download_stage_accepts_matching_size_and_sha256(tmp_path):
     assert proc.returncode == 1 and f"corpus.tgz: sha256 {_sha256(archive)}, expected {'0' * 64}" in proc.stderr
 
 
+def test_download_without_network_says_what_to_do(tmp_path):
+    """An archive that cannot be fetched (a host that does not resolve: curl's exit 6, what a node without
+    internet gets) stops the download stage with the reason and the offline way: the archives of
+    wmt-sources.txt fetched elsewhere, or --raw-dir; no partial file is left."""
+    sources = tmp_path / "sources.txt"
+    sources.write_text("toy corpus.tgz https://host.invalid/corpus.tgz sha256:" + "0" * 64 + " 10 test\n")
+    e = {**env(), "WMT_SOURCES": str(sources)}
+    e.pop("WMT_MIRROR", None)
+    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "download-wmt.sh"), "toy", str(tmp_path / "raw")], env=e,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "download-wmt: could not fetch https://host.invalid/corpus.tgz (curl exit 6: the host name does not " \
+           "resolve; no network here?)" in proc.stderr, proc.stderr
+    assert "--raw-dir DIR" in proc.stderr and str(sources) in proc.stderr
+    assert sorted(os.listdir(tmp_path / "raw")) == ["CHECKSUMS.recorded"]
+
+
 def test_sources_list_cites_published_checksums():
     """Every archive has a published checksum and source, the training archives sha256 and size;
     only the documented SETIMES zip falls back to record-on-first-download."""
@@ -1591,6 +1611,12 @@ def test_average_checkpoints_averages_and_picks_the_newest(tmp_path):
     assert state["last_optimizer_state"] is None
     assert average_checkpoints.main(["--inputs", str(tmp_path), "--num-epoch-checkpoints", "5",
                                      "--output", str(out)]) == 2
+    # a save dir that is not there is named as missing (not as a count of directories)
+    missing = tmp_path / "no-such-run"
+    proc = subprocess.run([sys.executable, "-m", "umst_plugin.average_checkpoints", "--inputs", str(missing),
+                           "--num-update-checkpoints", "2", "--output", str(out)], capture_output=True, text=True,
+                          env=e2e.cli_env())
+    assert proc.returncode == 2 and f"--inputs {missing} does not exist" in proc.stderr, proc.stderr
     # files in any order (the runner lists them oldest first): the average carries the newest one's state
     for epoch in (1, 2, 3):
         state = torch.load(tmp_path / f"checkpoint{epoch}.pt", map_location="cpu")

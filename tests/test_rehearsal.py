@@ -230,6 +230,8 @@ def test_both_rows_are_averaged_evaluated_and_collected(rehearsal):
         assert result["checkpoint_name"] == "checkpoint_avg2.pt" and str(result["beam"]) == "4", result
         assert result["subset"] == "test" and result["sentences"] == 40, result
         assert result["compound_split"] and "tok_bleu" in result and result["sacrebleu_signature"].startswith("nrefs:1")
+        # the signature names no test set: the record does (the stand-in's 40 lines stand for the 3,003)
+        assert result["test_set"].startswith("newstest2014, the full set (test-full/"), result
         assert f"| {row} |" in summary["table"]
 
 

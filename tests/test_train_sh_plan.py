@@ -74,6 +74,10 @@ def test_bf16_flag_is_named_for_what_it_does():
     proc = subprocess.run(["bash", TRAIN_SH, "umst-t2-umst-base", "--data", "/d", "--bf16"], env=env(),
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "--amp-bf16" in proc.stderr
+    # on a CPU too: the line says what the run does (bf16 autocast), not fp32
+    command, stderr = plan("umst-t2-umst-base", "--gpus", "0", "--amp-bf16")
+    assert "common.amp=true" in command and "no GPU: CPU, bf16 autocast (--amp-bf16)" in stderr, stderr
+    assert "no GPU: CPU, fp32," in plan("umst-t2-umst-base", "--gpus", "0")[1]
 
 
 def _slurm_stand_ins(bin_dir, hosts):
@@ -108,8 +112,8 @@ def _run_job(environ, *sbatch_args, timeout=120):
     return int(job), state
 
 
-@pytest.mark.parametrize("script,nodes", [("train-1node.sbatch", 1), ("train-2nodes.sbatch", 2)])
-def test_sbatch_scripts_plan_one_train_sh_per_node(slurm, tmp_path, script, nodes):
+@pytest.mark.parametrize("script,nodes,tokens", [("train-1node.sbatch", 1, None), ("train-2nodes.sbatch", 2, 1792)])
+def test_sbatch_scripts_plan_one_train_sh_per_node(slurm, tmp_path, script, nodes, tokens):
     """Submitted to Slurm itself with TRAIN_SH_DRY_RUN=1 and GPUS_PER_NODE=8 (the nodes have no GPU; --gres=none):
     srun starts launch.sh once per node, each plans its train.sh command for 8 GPUs with its ranks and the
     rendezvous at the job's first node, and each node's task gets the job's --cpus-per-task (srun is given it: Slurm
@@ -119,7 +123,8 @@ def test_sbatch_scripts_plan_one_train_sh_per_node(slurm, tmp_path, script, node
     environ = {**env(), **{k: v for k, v in slurm.items() if k == "SLURM_CONF"}, "TRAIN_SH_DRY_RUN": "1",
                "GPUS_PER_NODE": "8"}
     job, state = _run_job(environ, "--gres=none", f"--cpus-per-task={cpus}", f"--output={out}",
-                          os.path.join("scripts", "slurm", script), "prime-t1-prime-big", "/data/wmt14")
+                          os.path.join("scripts", "slurm", script), "prime-t1-prime-big", "/data/wmt14",
+                          *(["--max-tokens", str(tokens)] if tokens else []))
     text = out.read_text()
     assert state == "COMPLETED", text[-3000:]
     commands = [line for line in text.splitlines() if "fairseq_cli.hydra_train" in line]
@@ -129,8 +134,10 @@ def test_sbatch_scripts_plan_one_train_sh_per_node(slurm, tmp_path, script, node
         assert field(command, "distributed_training.distributed_world_size") == str(8 * nodes)
         assert field(command, "CUDA_VISIBLE_DEVICES") == "0,1,2,3,4,5,6,7"
         assert "+common.amp_dtype=bfloat16" in command and "task.data=/data/wmt14" in command
-        # prime-t1 rows assume 4 GPUs x update_freq 32: 128 / (8 x nodes)
-        assert field(command, "optimization.update_freq") == f"\\[{128 // (8 * nodes)}\\]"
+        # prime-t1 rows assume 4 GPUs x update_freq 32 at 3,584 tokens: 128 / (8 x nodes), times 3584 / --max-tokens
+        scale = 3584 // tokens if tokens else 1
+        assert field(command, "optimization.update_freq") == f"\\[{128 * scale // (8 * nodes)}\\]"
+        assert field(command, "dataset.max_tokens") == (str(tokens) if tokens else None)
         if nodes > 1:
             assert field(command, "distributed_training.distributed_init_method") == f"tcp://n1:{20000 + job % 20000}"
         assert not ranks(command) & seen

@@ -115,9 +115,15 @@ def main(argv=None):
     args = get_parser().parse_args(argv)
     n = args.num_epoch_checkpoints or args.num_update_checkpoints
     if n is not None:
-        if len(args.inputs) != 1 or not os.path.isdir(args.inputs[0]):
-            print("umst-average-checkpoints: error: --num-*-checkpoints needs exactly one directory in --inputs",
-                  file=sys.stderr)
+        flag = "--num-epoch-checkpoints" if args.num_epoch_checkpoints is not None else "--num-update-checkpoints"
+        if len(args.inputs) != 1:
+            print(f"umst-average-checkpoints: error: {flag} needs exactly one directory in --inputs (the run's "
+                  f"save dir), got {len(args.inputs)}: {' '.join(args.inputs)}", file=sys.stderr)
+            return 2
+        if not os.path.isdir(args.inputs[0]):
+            what = "is a file, not a directory" if os.path.exists(args.inputs[0]) else "does not exist"
+            print(f"umst-average-checkpoints: error: --inputs {args.inputs[0]} {what} ({flag} reads the checkpoints "
+                  f"of a run's save dir)", file=sys.stderr)
             return 2
         try:
             paths = last_n_checkpoints(args.inputs[0], n, args.num_update_checkpoints is not None,

@@ -99,8 +99,13 @@ def main(argv=None):
     p.add_argument("--json", help="write the scores (merged into an existing file) here")
     p.add_argument("--detok-out", help="write the detokenized hypotheses here")
     p.add_argument("--extra", action="append", default=[], metavar="KEY=VALUE", help="extra fields for --json")
+    p.add_argument("--test-set", help="what the reference is (e.g. the full 3,003-sentence newstest2014): printed with "
+                                      "the signature, 'test_set' in --json (sacreBLEU's signature names no test set "
+                                      "when it scores files)")
     args = p.parse_args(argv)
     result, detok_hyps = score(args.generate, args.lang, args.tok_ref, args.detok_ref, args.compound_split)
+    if args.test_set:
+        result["test_set"] = args.test_set
     for item in args.extra:
         key, _, value = item.partition("=")
         result[key] = value
@@ -110,7 +115,7 @@ def main(argv=None):
     print(f"tokenized BLEU{' (compound split)' if args.compound_split else ''}: {result['tok_bleu_detail']}")
     if "sacrebleu" in result:
         print(f"sacreBLEU: {result['sacrebleu_detail']}")
-        print(f"signature: {result['sacrebleu_signature']}")
+        print(f"signature: {result['sacrebleu_signature']}" + (f" on {args.test_set}" if args.test_set else ""))
     if args.json:
         old = {}
         if os.path.exists(args.json):

@@ -12,6 +12,8 @@
 #   --compile             torch.compile every encoder and decoder layer (train.sh --compile; docs/compile.md)
 #   --tf32                fp32 matmuls on TF32 tensor cores (train.sh --tf32): for --precision fp32; under bf16
 #                         autocast the matmuls are bf16 already and it changes next to nothing
+#   --max-tokens T        T tokens per GPU per step, update_freq scaled the other way (train.sh --max-tokens; the
+#                         tokens per update stay the row's: 38400 for the base rows on 80 GB cards)
 #   -h, --help            this help
 # Anything after "--" goes to train.sh after its "--" (hydra overrides, e.g. optimization.max_update=1000).
 # Environment: GPUS_PER_NODE (default: SLURM_GPUS_ON_NODE, else 8; 0 trains on CPUs), MASTER_PORT,
@@ -46,10 +48,12 @@ while [[ $# -gt 0 ]]; do
         --precision) PRECISION="${2:-}"; shift 2 ;;
         --precision=*) PRECISION="${1#--precision=}"; shift ;;
         --compile|--tf32) TRAIN_ARGS+=("$1"); shift ;;
+        --max-tokens) TRAIN_ARGS+=(--max-tokens "${2:?--max-tokens needs a number of tokens}"); shift 2 ;;
+        --max-tokens=*) TRAIN_ARGS+=(--max-tokens "${1#--max-tokens=}"); shift ;;
         -h|--help) usage; exit 0 ;;
         --) shift; OVERRIDES=("$@"); break ;;
-        -*) echo "train-job: unknown option $1 (options: --save-dir, --precision, --compile, --tf32; hydra" \
-                 "overrides after --)" >&2; exit 2 ;;
+        -*) echo "train-job: unknown option $1 (options: --save-dir, --precision, --compile, --tf32," \
+                 "--max-tokens; other train.sh options are set by the job; hydra overrides after --)" >&2; exit 2 ;;
         *) POSITIONAL+=("$1"); shift ;;
     esac
 done

@@ -11,6 +11,8 @@ The backend is two separable steps so the second is testable without a model:
 ``parses_from_document(document, sentences)`` (our conversion and checks).
 """
 import os
+import shlex
+import sys
 
 from umst_plugin.preprocess.conllu_reader import SurfaceParse, collapse_multiword
 from umst_plugin.preprocess.errors import ParserSetupError
@@ -24,9 +26,10 @@ def default_stanza_dir():
 
 
 def download_command(lang, model_dir, processors, package="default"):
-    """The one shell command that fetches what the pipeline needs."""
+    """The one shell command that fetches what the pipeline needs, with this interpreter (the environment stanza is
+    installed in: a bare ``python`` may be another one)."""
     pkg = "" if package == "default" else f", package='{package}'"
-    return (f"python -c \"import stanza; stanza.download('{lang}', model_dir='{model_dir}', "
+    return (f"{shlex.quote(sys.executable)} -c \"import stanza; stanza.download('{lang}', model_dir='{model_dir}', "
             f"processors='{processors}'{pkg})\"")
 
 
