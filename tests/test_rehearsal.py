@@ -154,16 +154,18 @@ def test_the_time_limit_warning_comes_from_slurms_timer_and_the_job_requeues_its
     for warned, _, update in warnings:
         started = max(t for t in run_starts if t < warned)
         into_run = warned - started
-        assert 30 - 1.5 <= into_run <= 60 + 1.5, (into_run, run_starts, warnings)
+        # (never before 30 s; slurmctld's loop sleeps 1 s between checks, so a check can come a little after 60)
+        assert 30 - 1.5 <= into_run <= 60 + 3, (into_run, run_starts, warnings)
         # the save needed a fraction of the 180 s: the warning came 180-210 s before the limit
         assert TIME_LIMIT - into_run >= 180 - 1.5
         requeued = min(t for t in requeues if t > warned)
         assert requeued - warned < 10, (requeued, warned)
         assert f"requeueing job {umst_job}: it resumes from" in umst
         assert re.search(rf"Loaded checkpoint \S+checkpoint_last\.pt \(epoch \d+ @ {update} updates\)", umst)
-        # held until its BeginTime (cred_expire 5 s + 1), then started by itself within the scheduler's 2 s
+        # held until its BeginTime (cred_expire 5 s + 1, whole seconds), then started by itself at the scheduler's
+        # next pass (every 2 s; measured 5.8-7.8 s after the requeue)
         restarted = min(t for t in run_starts if t > requeued)
-        assert local_slurm.CRED_EXPIRE + 1 - 1 <= restarted - requeued <= local_slurm.CRED_EXPIRE + 1 + 4, \
+        assert local_slurm.CRED_EXPIRE + 1 - 1 <= restarted - requeued <= local_slurm.CRED_EXPIRE + 1 + 6, \
             (requeued, restarted)
 
 
