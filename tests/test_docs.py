@@ -423,8 +423,48 @@ def _slurm_path(tmp_path):
     return f"{tmp_path}{os.pathsep}{os.environ['PATH']}"
 
 
-def check_command(argv, env, tmp_path):
-    """Run one documented command in its checking form; returns a problem, or None."""
+def _submit_to_slurm(argv, env, tmp_path, slurm_conf, base_env):
+    """A documented ``sbatch [OPTIONS] SCRIPT ARGS`` submitted to a real Slurm cluster (tests/slurm_cluster.py) in
+    its checking form: the page's options and arguments as written, then what the two CPU nodes can give (no GPU,
+    one CPU; an array's first task only) and the scripts' dry runs (TRAIN_SH_DRY_RUN=1; --dry-run for the prepare
+    script a parse task runs). Returns a problem, or None."""
+    import subprocess
+    import time
+
+    import slurm_cluster
+
+    i = 1
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 1
+    options, script, args = argv[1:i], argv[i], argv[i + 1:]
+    options = [o for o in options if o not in ("--wait", "-W")]  # (this check waits for the job itself)
+    fit = ["--gres=none", "--cpus-per-task=1"]
+    if any(o.startswith("--array") for o in options):
+        fit.append("--array=1")
+        args = args + ["--dry-run"]
+    out = tmp_path / ("job-%d.out" % len(list(tmp_path.glob("job-*.out"))))
+    environ = {**base_env, **env, "SLURM_CONF": slurm_conf, "TRAIN_SH_DRY_RUN": "1"}
+    proc = subprocess.run(["sbatch", "--parsable", *options, *fit, "--output=%s" % out, script, *args], cwd=ROOT,
+                          env=environ, capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        return "sbatch refused it: " + proc.stderr.strip()[-600:]
+    job = proc.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 120
+    while (state := slurm_cluster.job_field(environ, job, "JobState")) not in ("COMPLETED", "FAILED", "CANCELLED",
+                                                                               "TIMEOUT", "NODE_FAIL"):
+        if time.monotonic() > deadline:
+            return "job %s still %s after 120 s" % (job, state)
+        time.sleep(0.3)
+    if state != "COMPLETED":
+        log = "".join(open(f).read() for f in sorted(tmp_path.glob(out.name.replace(".out", "*"))))
+        return "job %s ended %s: %s" % (job, state, log[-600:])
+    return None
+
+
+def check_command(argv, env, tmp_path, slurm_conf=None):
+    """Run one documented command in its checking form; returns a problem, or None. With ``slurm_conf`` (a real
+    cluster's), an sbatch line is submitted to it; without, its script runs as the job would, under stand-ins for
+    srun and scontrol."""
     import subprocess
     import sys
 
@@ -450,13 +490,15 @@ def check_command(argv, env, tmp_path):
         script, args = argv[i], argv[i + 1:]
         if not os.path.isfile(os.path.join(ROOT, script)):
             return "no such script " + script
+        if slurm_conf:
+            return _submit_to_slurm(argv, env, tmp_path, slurm_conf, base_env)
         slurm = dict(PATH=_slurm_path(tmp_path), SLURM_JOB_ID="1234", SLURM_JOB_NODELIST="node[0-1]",
                      SLURM_SUBMIT_DIR=ROOT)
         if "parse-array" in script:  # task 1 of the array: the prepare script's own --dry-run
             return run(["bash", script, *args, "--dry-run"], SLURM_ARRAY_TASK_ID="1", **slurm)
         return run(["bash", script, *args], TRAIN_SH_DRY_RUN="1", **slurm)
     if tool in ("srun",) and "-c" in argv:  # srun ... bash -c 'COMMAND'
-        problems = [check_command(a, e, tmp_path) for a, e in shell_commands([argv[argv.index("-c") + 1]])]
+        problems = [check_command(a, e, tmp_path, slurm_conf) for a, e in shell_commands([argv[argv.index("-c") + 1]])]
         return "; ".join(p for p in problems if p) or None
     if tool == "bash" and argv[1].startswith("scripts/"):
         script, args = argv[1], argv[2:]
@@ -493,7 +535,7 @@ def check_command(argv, env, tmp_path):
             return flags_in_help([sys.executable, script], args)
         return "no such tool .venv/bin/" + name
     if tool == "taskset":
-        return check_command(argv[3:], env, tmp_path)
+        return check_command(argv[3:], env, tmp_path, slurm_conf)
     return "not a command these pages may use as written (run the project's tools as bash scripts/..., " \
            "sbatch scripts/slurm/..., or .venv/bin/...): " + " ".join(argv)
 
@@ -506,13 +548,28 @@ def documented_shell_commands(page):
     return out
 
 
+@pytest.fixture(scope="module")
+def slurm_conf():
+    """A real Slurm cluster's SLURM_CONF for the pages' sbatch lines (tests/slurm_cluster.py), or None where Slurm
+    cannot run here (then the sbatch scripts run under stand-ins for srun and scontrol)."""
+    from umst_tools import local_slurm
+
+    if local_slurm.unavailable():
+        yield None
+        return
+    import slurm_cluster
+
+    with slurm_cluster.cluster() as slurm_env:
+        yield slurm_env["SLURM_CONF"]
+
+
 @pytest.mark.parametrize("page", COMMAND_PAGES)
-def test_every_command_of_the_gpu_pages_runs_in_its_checking_form(page, tmp_path):
+def test_every_command_of_the_gpu_pages_runs_in_its_checking_form(page, tmp_path, slurm_conf):
     commands = documented_shell_commands(page)
     assert len(commands) >= 5, commands
     bad = []
     for argv, env in commands:
-        problem = check_command(argv, env, tmp_path)
+        problem = check_command(argv, env, tmp_path, slurm_conf)
         if problem:
             bad.append("%s: %s\n    %s" % (page, " ".join(argv), problem))
     assert not bad, "commands of %s that fail as written:\n%s" % (page, "\n".join(bad))
