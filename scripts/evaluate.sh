@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Translate a test set and report BLEU as the papers do.
+# Translate a test set and report BLEU as the WMT recipes do (docs/recipes.md, section 2).
 #
 #   bash scripts/evaluate.sh --data DATA_BIN --checkpoint CKPT [--row ROW] [--out DIR]
 #        [--beam 4] [--lenpen 0.6] [--subset test[,SUBSET...]] [--max-tokens 8192] [--no-compound-split]

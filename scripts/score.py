@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""BLEU as the papers report it, from a fairseq-generate output (umst_tools/score.py; used by evaluate.sh)."""
+"""BLEU from a fairseq-generate output, as the WMT recipes report it (umst_tools/score.py; used by evaluate.sh)."""
 import sys
 
 from umst_tools.score import main

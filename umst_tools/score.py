@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""BLEU as the papers report it, from a fairseq-generate output (used by evaluate.sh).
+"""BLEU from a fairseq-generate output, as the WMT recipes report it (used by evaluate.sh).
 
 * Tokenized BLEU, multi-bleu.perl style: case-sensitive corpus BLEU over the
   Moses-tokenized hypotheses (after --remove-bpe) and the Moses-tokenized
-  reference, whitespace tokens, no smoothing. For En-De with compound
-  splitting as in fairseq's compound_split_bleu.sh / tensor2tensor's
-  get_ende_bleu.sh (``s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g`` on both sides).
+  reference, whitespace tokens, no smoothing (as MSC, TranSFormer and Prime say they score). For En-De with
+  compound splitting as in fairseq's compound_split_bleu.sh / tensor2tensor's get_ende_bleu.sh
+  (``s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g`` on both sides): their WMT14 En-De convention, which none of the five
+  papers mentions.
 * Detokenized sacreBLEU: hypotheses detokenized with sacremoses, scored
   against the untokenized reference; prints sacrebleu's signature.
 
