@@ -56,3 +56,17 @@ def test_torch_version_picks_the_torch(tmp_path):
     proc = setup("--dry-run", VENV=str(tmp_path / "venv"), TORCH_VERSION="2.11.0")
     assert proc.returncode == 0, proc.stderr
     assert "installing torch==2.11.0\n" in proc.stdout and "pip install torch==2.11.0" in proc.stdout, proc.stdout
+
+
+def test_slurm_is_one_line_and_no_slurm_skips_it(tmp_path):
+    """The Slurm step (for the WMT rehearsal's local cluster) prints one line whatever the machine -- present,
+    would install (root with apt-get), or not installable (then the Slurm tests skip) -- and --no-slurm drops it;
+    --dry-run with --cuda plans the CUDA torch only (not the CPU build as well)."""
+    proc = setup("--dry-run", "--cuda", VENV=str(tmp_path / "venv"))
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if "Slurm" in line]
+    assert len(lines) == 1 and lines[0].startswith("[setup] ") and any(
+        what in lines[0] for what in ("Slurm present (slurm", "would install Slurm", "not installable here")), lines
+    assert "installing a CUDA build of torch" in proc.stdout and "(CPU build)" not in proc.stdout, proc.stdout
+    proc = setup("--dry-run", "--no-slurm", VENV=str(tmp_path / "venv"))
+    assert proc.returncode == 0 and "Slurm" not in proc.stdout, proc.stdout
