@@ -297,7 +297,7 @@ def test_bench_train_compares_compiled_and_eager_losses_of_one_precision():
 
 BENCHMARKS_WITH_MAIN = ("bench_archs", "bench_decode", "bench_launches", "bench_msc", "bench_op_counts",
                         "bench_preprocess", "bench_prime", "bench_train", "compare_runs", "find_nonfinite",
-                        "synthetic_corpus")
+                        "speed_table", "synthetic_corpus")
 
 
 @pytest.mark.parametrize("name", BENCHMARKS_WITH_MAIN)
