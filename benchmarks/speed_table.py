@@ -23,7 +23,8 @@ Rows, in this order (the first table is the recipe batch's; a call cut short kee
 * UMST, UMST-RPR, TranSFormer, MSC, MSMSA, Prime and Prime-simple (base), each in bf16, eager and ``--compile``.
 
 Per row: ``words_per_s`` (the median of fairseq's own ``wps`` over the log intervals after the first, which
-holds the warm-up); real and padded tokens per step (source + target, the median over the measured updates);
+holds the warm-up); real and padded tokens per step (source + target, the median over the measured updates) and
+``batch_fill``, the batch against its budget (sentences x the longer side, what ``--max-tokens`` bounds);
 ``flops_per_token``, the project's model FLOPs (``torch.utils.flop_counter.FlopCounterMode``: matmuls,
 convolutions and attention of forward and backward, as ``bench_archs.py`` counts them) of one whole update (the
 second, inside the dropped warm-up interval) over its target tokens -- a compiled row takes its eager row's
@@ -239,14 +240,18 @@ class StepProbe:
         return out
 
     def _tokens(self, samples):
-        real = padded = 0
+        """(real, padded, budgeted) tokens of one update: source + target tokens without and with padding, and
+        what ``--max-tokens`` bounds (sentences x the longer side's padded length, fairseq's ``num_tokens``)."""
+        real = padded = budgeted = 0
         for sample in samples:
             if not sample:
                 continue
-            for t in (sample["net_input"]["src_tokens"], sample["target"]):
+            src, tgt = sample["net_input"]["src_tokens"], sample["target"]
+            for t in (src, tgt):
                 padded += t.numel()
                 real += int((t != self.pad).sum())
-        return real, padded
+            budgeted += src.shape[0] * max(src.shape[1], tgt.shape[1])
+        return real, padded, budgeted
 
 
 def _trainer_with(probe, dropout_shift=0):
@@ -345,6 +350,7 @@ def run_row(row, measured_from, busy):
     if probe.tokens:
         out["real_tokens_per_step"] = statistics.median(t[0] for t in probe.tokens)
         out["padded_tokens_per_step"] = statistics.median(t[1] for t in probe.tokens)
+        out["batch_fill"] = round(statistics.median(t[2] for t in probe.tokens) / row["max_tokens"], 3)
     if probe.flops is not None and probe.flops_tokens:
         out["flops_per_token"] = probe.flops / probe.flops_tokens
     out["peak_mib"] = round(torch.cuda.max_memory_allocated() / 2 ** 20) if cuda else None

@@ -58,6 +58,7 @@ def test_tiny_run_has_every_planned_row_with_its_fields(tiny_run):
         assert r["words_per_s"] > 0 and r["updates"] == 8
         assert [u for u, _ in r["losses"]] == [2, 4, 6, 8]  # every logged update
         assert 0 < r["real_tokens_per_step"] <= r["padded_tokens_per_step"] <= 2 * r["max_tokens"]
+        assert 0.9 <= r["batch_fill"] <= 1.0, (key, r["batch_fill"])  # the batch asked for, within 10%
         assert r["flops_per_token"] > 0
         assert r["mfu"] is None and r["gpu_busy"] is None and r["peak_mib"] is None  # no card: no peak, no nvidia-smi
     transformer = rows[("transformer", "bf16", False, 1024)]
@@ -147,7 +148,7 @@ def test_step_probe_counts_real_and_padded_tokens_and_the_flops_of_one_update():
 
     for _ in range(3):
         probe.step(train_step, [sample], False)
-    assert probe.tokens == [(12, 14), (12, 14)]  # updates 1 and 2 (0-based) measured: 7 + 5 real of 8 + 6
+    assert probe.tokens == [(12, 14, 8), (12, 14, 8)]  # updates 1, 2 (0-based): 7 + 5 real of 8 + 6; 2 x 4 budgeted
     assert probe.flops == 48 and probe.flops_tokens == 5  # the second update (speed_table.FLOPS_UPDATE)
     assert probe.t0 is not None and probe.t1 >= probe.t0
 
