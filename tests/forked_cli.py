@@ -13,7 +13,7 @@ status (``sys.exit(cli_main())``; a traceback and status 1 for an exception), th
 ``--user-dir`` in the child: its patches are the child's own), fresh torch / inductor state (the server only
 imports), and the interpreter's own shutdown at exit (the child leaves by ``SystemExit`` through the server's
 frames: non-daemon threads joined, atexit handlers, then finalization -- objects and open files of the run
-finalized, their errors printed, an exit status of 120 where flushing stdout fails). What differs: environment
+finalized, their errors printed). What differs: environment
 variables read at import time keep the server's values (it starts with the caller's environment, and a call with
 another one gets a real process); a traceback has two frames of this file where the console script has its own,
 and a warning whose stacklevel passes the script's frame names this file instead of ``sys:1``; the objects the
