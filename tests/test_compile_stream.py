@@ -1,7 +1,8 @@
 """``--compile`` over a whole run (issue 63): Prime trained compiled over the toy corpus's real batch stream, its
 compiled code reused by a resumed run, the compiled checkpoint validated and decoded compiled; and a compile that
-fails -- at start-up, at a recompile, in a compiled backward -- handled: that variant runs eager, with a warning
-naming the layer class and the shapes, and the results stay the eager ones.
+fails -- at start-up, at a recompile, in a compiled backward (the real failure, in a layer and through fairseq's
+Trainer, which retries the update) -- handled: that variant runs eager, with a warning naming the layer class and
+the shapes, and the results stay the eager ones.
 
 Prime is the arch here because its compiled backward crashed (``modules/prime/dynamic_conv.py``,
 ``DynamicConvolution._backward_windows``); every other arch, and bf16, run in ``benchmarks/bench_train.py
