@@ -1,9 +1,10 @@
 """What one training step of every architecture costs against fairseq's pre-norm transformer, in one run.
 
-Per architecture, on one batch of Multi30k sentence lengths (``multi30k_lengths.json``: test_2016_flickr,
-tokens per sentence), chosen the way fairseq batches (sentences sorted by length, packed up to
-``--max-tokens``, the source left-padded), with a shared 10,000-entry vocabulary and each arch's paper
-defaults (dropout on, train mode):
+Per architecture, on one full batch drawn from Multi30k's sentence lengths (``multi30k_lengths.json``:
+test_2016_flickr, tokens per sentence; ``--lengths wmt14``: WMT14 En-De's after BPE), chosen the way fairseq
+batches (a pool of sentences for 9 batches sorted by length, packed up to ``--max-tokens``, the middle batch, the
+source left-padded: :func:`lengths_batch`), with a shared 10,000-entry vocabulary and each arch's paper defaults
+(dropout on, train mode):
 
 * ``flops``: matmul FLOPs of forward + backward (``torch.utils.flop_counter.FlopCounterMode``: mm, bmm,
   addmm, convolution, scaled_dot_product_attention, counted by their shapes);
@@ -40,6 +41,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import statistics
 import time
 
@@ -101,15 +103,25 @@ QUICK_EXTRA = {"transformer_sf": dict(fast_embed_dim=8, fast_ffn_embed_dim=16, f
                "transformer_sf_recompute": dict(fast_embed_dim=8, fast_ffn_embed_dim=16, fast_attention_heads=2),
                "msc": dict(encoder_blocks=2, encoder_layers_per_block=1)}
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+POOL_BATCHES = 9  # lengths_batch draws sentences for at least this many batches and takes the middle one
 
 
-def lengths_batch(max_tokens, seed=0):
-    """(source lengths, target lengths) of one batch as fairseq builds it: sort by (source, target) length,
-    pack consecutive sentences while bsz x max(len) <= max_tokens (lengths + 1 for </s>), take the batch in
-    the middle of the epoch's batch list (a typical one, not the longest or shortest)."""
-    with open(LENGTHS) as f:
-        pairs = json.load(f)["pairs"]
-    pairs = sorted((s + 1, t + 1) for s, t in pairs)
+def lengths_batch(max_tokens, seed=0, lengths=LENGTHS):
+    """(source lengths, target lengths) of one full batch as fairseq builds it, drawn from a length distribution
+    (``lengths``: a JSON file's pairs, by default Multi30k's, or ``"wmt14"``, ``synthetic_corpus.WMT14``).
+
+    A pool of sentences large enough for at least :data:`POOL_BATCHES` batches is drawn (the file's pairs in seeded
+    random orders, as ``synthetic_corpus.py`` draws a split), sorted by (source, target) length and packed while
+    bsz x max(len) <= max_tokens (lengths + 1 for </s>), as fairseq's ``batch_by_size`` packs; the batch in the
+    middle of that list is taken: sentences of the median length, and a full batch (within one sentence's length
+    of the budget), never the short remainder at a list's end."""
+    from benchmarks import synthetic_corpus
+
+    rng = random.Random(f"lengths-batch-{seed}")
+    probe = synthetic_corpus.draw_lengths(rng, lengths, 200)
+    mean = sum(max(s, t) + 1 for s, t in probe) / len(probe)
+    pool = probe + synthetic_corpus.draw_lengths(rng, lengths, int(POOL_BATCHES * max_tokens / mean) + 1)
+    pairs = sorted((s + 1, t + 1) for s, t in pool)
     batches, current, longest = [], [], 0
     for s, t in pairs:
         longest_next = max(longest, s, t)
@@ -261,9 +273,9 @@ def device_name(device):
 
 
 def measure(names, width, precisions, device, max_tokens, repeats, warmup, quick, log=print, memory=True,
-            profile=False, compile=False):
+            profile=False, compile=False, lengths=LENGTHS):
     device_type = "cuda" if str(device).startswith("cuda") else "cpu"
-    src_lengths, tgt_lengths = lengths_batch(max_tokens)
+    src_lengths, tgt_lengths = lengths_batch(max_tokens, lengths=lengths)
     log(f"batch: {len(src_lengths)} sentences, source {min(src_lengths)}-{max(src_lengths)}, "
         f"target {min(tgt_lengths)}-{max(tgt_lengths)} tokens (with </s>), {sum(tgt_lengths)} target tokens")
     rows, steps = {}, {}
@@ -412,6 +424,9 @@ def main(argv=None):
     p.add_argument("--precisions", default=None,
                    help="comma-separated of fp32, bf16, fp16 (default: fp32,bf16 on CPU, fp16,bf16 on CUDA)")
     p.add_argument("--max-tokens", type=int, default=None, help="batch size in tokens (default 1024 CPU, 4096 CUDA)")
+    p.add_argument("--lengths", default=LENGTHS,
+                   help="the length distribution the batch is drawn from: a JSON file of (source, target) pairs "
+                        "(default: Multi30k's test set) or 'wmt14' (WMT14 En-De's BPE lengths, synthetic_corpus.py)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -447,7 +462,7 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if args.by_module:
-        src_lengths, tgt_lengths = lengths_batch(max_tokens)
+        src_lengths, tgt_lengths = lengths_batch(max_tokens, lengths=args.lengths)
         for name in names:
             arch, model, task = build(name, args.width, args.quick)
             model = model.to(args.device).train()
@@ -462,7 +477,7 @@ def main(argv=None):
     start = time.time()
     result = measure(names, args.width, precisions, args.device, max_tokens, 1 if args.quick else args.repeats,
                      0 if args.quick else args.warmup, args.quick, memory=not args.no_memory, profile=args.profile,
-                     compile=args.compile)
+                     compile=args.compile, lengths=args.lengths)
     result["ratios"] = ratios(result)
     result["seconds"] = round(time.time() - start, 1)
     table = markdown(result)

@@ -297,7 +297,7 @@ def test_bench_train_compares_compiled_and_eager_losses_of_one_precision():
 
 BENCHMARKS_WITH_MAIN = ("bench_archs", "bench_decode", "bench_launches", "bench_msc", "bench_op_counts",
                         "bench_preprocess", "bench_prime", "bench_train", "compare_runs", "find_nonfinite",
-                        "synthetic_corpus")
+                        "speed_table", "synthetic_corpus")
 
 
 @pytest.mark.parametrize("name", BENCHMARKS_WITH_MAIN)
@@ -311,3 +311,22 @@ def test_every_benchmark_prints_its_help(name, capsys):
         module.main(["--help"])
     assert stopped.value.code == 0
     assert "usage:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("lengths", ["multi30k", "wmt14"])
+def test_a_token_budget_gives_a_full_batch_of_the_length_distribution(lengths):
+    """bench_archs' batch at every budget is within 10% of it (bsz x the longer side's padded length, what fairseq's
+    --max-tokens bounds), drawn from the distribution: at 16,384 tokens the 1,000 Multi30k pairs once packed into
+    two batches and the middle one was the short remainder (181 sentences, 3,514 target tokens)."""
+    from benchmarks import bench_archs
+
+    source = bench_archs.LENGTHS if lengths == "multi30k" else "wmt14"
+    for budget in (1024, 4096, 16384, 38400, 65536):
+        src, tgt = bench_archs.lengths_batch(budget, lengths=source)
+        assert len(src) == len(tgt)
+        filled = len(src) * max(max(src), max(tgt))
+        assert 0.9 * budget <= filled <= budget, (budget, len(src), filled)
+    # the middle batch of an epoch's list is the median update's: longer sentences than the median sentence's
+    # (about 24 with </s>; long sentences fill more batches), far from the tail toward 250
+    src, tgt = bench_archs.lengths_batch(38400, lengths="wmt14")
+    assert 28 <= sorted(src)[len(src) // 2] <= 45

@@ -1,7 +1,8 @@
 """``--compile`` over a whole run (issue 63): Prime trained compiled over the toy corpus's real batch stream, its
 compiled code reused by a resumed run, the compiled checkpoint validated and decoded compiled; and a compile that
-fails -- at start-up, at a recompile, in a compiled backward -- handled: that variant runs eager, with a warning
-naming the layer class and the shapes, and the results stay the eager ones.
+fails -- at start-up, at a recompile, in a compiled backward (the real failure, in a layer and through fairseq's
+Trainer, which retries the update) -- handled: that variant runs eager, with a warning naming the layer class and
+the shapes, and the results stay the eager ones.
 
 Prime is the arch here because its compiled backward crashed (``modules/prime/dynamic_conv.py``,
 ``DynamicConvolution._backward_windows``); every other arch, and bf16, run in ``benchmarks/bench_train.py
@@ -32,6 +33,10 @@ UPDATES, RESUMED = 100, 110
 # specialises (a batch without padding, sizes 1); measured 1 per class on the toy corpus (2 before
 # modules/prime/dynamic_conv.py's _laid_out: one more for the sources shorter than the 15-tap kernel)
 MAX_TRAINING_PROGRAMS = 3
+# compiled against eager logged losses (3 decimals): measured equal in every logged decimal (a true difference
+# below 0.0005), plus 0.001 for the rounding of the two logged values, with a margin: 0.002, a thousandth of the
+# 100 updates' drop (the 1% of the loss this replaced, 0.075-0.09, let a run that learned 5% slower pass)
+LOGGED_LOSS_TOLERANCE = 0.002
 
 
 def _compiled(log):
@@ -50,10 +55,10 @@ def test_prime_trains_compiled_over_the_toy_corpus_resumes_from_its_cache_and_de
                                                                                                 tmp_path):
     """fairseq-train --compile, prime_base at the paper's kernels, 100 updates of the toy corpus's batches (up to
     1,000 tokens, sources from 7 to 30 tokens, targets from 6): no crash (it crashed in its compiled backward after a
-    batch shorter than the kernel), every logged loss within 1% of the eager run's, the compiled programs counted
-    and bounded. The same command again, for 10 more updates (a requeued job): it resumes from checkpoint_last.pt,
-    finds the compiled code under SAVE_DIR/compile_cache and compiles from the cache (hits, no misses, fewer
-    seconds). fairseq-validate --compile on the checkpoint gives eager fairseq-validate's loss; fairseq-generate
+    batch shorter than the kernel), every logged loss the eager run's (``LOGGED_LOSS_TOLERANCE``), the compiled
+    programs counted and bounded. The same command again, for 10 more updates (a requeued job): it resumes from
+    checkpoint_last.pt, finds the compiled code under SAVE_DIR/compile_cache and compiles from the cache (hits, no
+    misses, fewer seconds). fairseq-validate --compile on the checkpoint gives eager fairseq-validate's loss; fairseq-generate
     --compile the eager translations."""
     save = str(tmp_path / "prime")
 
@@ -78,7 +83,7 @@ def test_prime_trains_compiled_over_the_toy_corpus_resumes_from_its_cache_and_de
         assert 1 <= n <= MAX_TRAINING_PROGRAMS, (cls, programs)
     losses, reference = e2e.train_losses(compiled), e2e.train_losses(eager)
     assert len(losses) == len(reference) >= UPDATES // 10, (losses, reference)
-    assert all(abs(got - want) <= 0.01 * want for got, want in zip(losses, reference)), (losses, reference)
+    assert max(abs(got - want) for got, want in zip(losses, reference)) <= LOGGED_LOSS_TOLERANCE, (losses, reference)
     cold = _step_compiles(compiled)
     assert cold and sum(m for *_, m in cold) > 0, compiled[-3000:]
     print(f"prime_base, {UPDATES} updates: losses compiled {losses}, eager {reference}; programs {programs}; "
@@ -233,6 +238,13 @@ def test_a_failing_compile_at_start_up_or_at_a_recompile_runs_that_variant_eager
                                       variants.values()), variants
 
 
+def _old_backward_windows(x, padding_l, K, H):
+    """Prime's dynamic convolution's backward windows as they were before the fix of issue 63: built by the
+    forward's ops, which the joint graph merged with the forward's (``DynamicConvolution._backward_windows``)."""
+    T, B, C = x.shape
+    return F.pad(x, (0, 0, 0, 0, padding_l, K - 1 - padding_l)).view(T + K - 1, B, H, C // H).unfold(0, K, 1)
+
+
 def test_a_failing_compiled_backward_is_traced_to_its_layer_and_that_variant_runs_eager(monkeypatch):
     """A real failing compiled backward: Prime's two-cell dynamic convolution (kernels 3 and 15) with its backward
     windows built by the forward's ops, as before the fix of issue 63, in a layer compiled with dynamic shapes (a
@@ -245,10 +257,7 @@ def test_a_failing_compiled_backward_is_traced_to_its_layer_and_that_variant_run
 
     from umst_plugin.modules.prime.dynamic_conv import DynamicConvolution, multi_dynamic_convolution
 
-    def forward_windows(x, padding_l, K, H):  # the forward's ops, which the joint graph merged with the forward's
-        T, B, C = x.shape
-        return F.pad(x, (0, 0, 0, 0, padding_l, K - 1 - padding_l)).view(T + K - 1, B, H, C // H).unfold(0, K, 1)
-    monkeypatch.setattr(DynamicConvolution, "_backward_windows", staticmethod(forward_windows))
+    monkeypatch.setattr(DynamicConvolution, "_backward_windows", staticmethod(_old_backward_windows))
     monkeypatch.setattr(compiling, "_eager_variants", {})
 
     class ConvLayer(TransformerEncoderLayerBase):  # a layer class --compile compiles
@@ -292,3 +301,69 @@ def test_a_failing_compiled_backward_is_traced_to_its_layer_and_that_variant_run
     for got, want in zip(step(5, 4), eager_step(5, 4)):  # the retried step: eager, nothing compiled
         assert torch.equal(got, want)
     assert compiling.compiled_graphs() == graphs
+
+
+def test_the_trainer_retries_an_update_whose_compiled_backward_failed_and_goes_on_eager(monkeypatch, caplog):
+    """fairseq's Trainer with --compile meets the real failing compiled backward: a transformer whose encoder layer
+    is Prime's two-cell dynamic convolution (kernels 3 and 15, its logits predicted from the input, the backward
+    windows as before the fix of issue 63, as in the test above), 3 updates of batches shaped as there (a source
+    of 10 tokens x 5 sentences, then 5 x 4, then 12 x 3). Update 2's compiled backward fails
+    (``assert_size_stride``); the Trainer retries it with that variant eager (a warning naming the update) and
+    goes on; the weights then equal those of a Trainer that never compiled (the failed attempt left no gradient
+    and no optimizer step behind: one Adam step moves a weight by about 1e-3 (the lr); measured apart by 7.5e-8 at
+    most, float32 rounding of the compiled kernels; bound 1e-6). Not the key projections' biases: their gradient
+    is 0 up to rounding, which Adam scales to whole steps (4.4e-5 apart)."""
+    from fairseq import tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
+    from fairseq.trainer import Trainer
+
+    from umst_plugin import dev
+    from umst_plugin.modules.prime.dynamic_conv import DynamicConvolution, multi_dynamic_convolution
+
+    monkeypatch.setattr(DynamicConvolution, "_backward_windows", staticmethod(_old_backward_windows))
+    monkeypatch.setattr(compiling, "_eager_variants", {})
+
+    class ConvLayer(TransformerEncoderLayerBase):  # an encoder layer class --compile compiles
+        def __init__(self, dim):
+            torch.nn.Module.__init__(self)
+            self.short, self.wide = torch.nn.Linear(dim, 2 * 3), torch.nn.Linear(dim, 2 * 15)
+            self.gates = torch.nn.Parameter(torch.tensor([0.3, 0.7]))
+
+        def forward(self, x, encoder_padding_mask=None, attn_mask=None):
+            T, B, _ = x.shape
+            kernels = [self.short(x).view(T, B, 2, 3), self.wide(x).view(T, B, 2, 15)]
+            return x + multi_dynamic_convolution(x, kernels, [1, 7], self.gates)
+
+    d = dev.make_dictionary()
+
+    def run(*flags):
+        args = dev.parse_args("transformer", dict(encoder_layers=1, decoder_layers=1, encoder_embed_dim=16,
+                                                  decoder_embed_dim=16, encoder_ffn_embed_dim=32,
+                                                  decoder_ffn_embed_dim=32, encoder_attention_heads=2,
+                                                  decoder_attention_heads=2, dropout=0, cpu=True, optimizer="adam",
+                                                  lr="1e-3", max_tokens=1000, seed=3, **{f: True for f in flags}))
+        cfg = convert_namespace_to_omegaconf(args)
+        task = tasks.TASK_REGISTRY["multiscale_translation"](cfg.task, d, d)
+        torch.manual_seed(3)
+        model = task.build_model(cfg.model)
+        model.encoder.layers = torch.nn.ModuleList([ConvLayer(16)])
+        trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+        compiling.uncompile_layers(model.decoder)  # (only the convolution compiles: seconds, not minutes)
+        for update, (bsz, src_len) in enumerate(((5, 10), (4, 5), (3, 12)), 1):
+            trainer.train_step([dev.random_sample(task, bsz, src_len, 7, seed=update)])
+        assert trainer.get_num_updates() == 3
+        return trainer.model
+
+    with caplog.at_level(logging.WARNING):
+        compiled = run("compile")
+    assert "retrying update 2 (the same batches) with that variant eager" in caplog.text, caplog.text
+    (why,) = compiling.eager_variants().values()
+    assert why.startswith("backward: AssertionError"), why
+    assert re.search(r"compiled backward of ConvLayer failed \(training, autograd; inputs 5x4x16 float32, "
+                     r"encoder_padding_mask=4x5 bool\): AssertionError: expected size", caplog.text), caplog.text
+    eager = run()
+    apart = {name: (got - want).abs().max().item() for (name, got), want in
+             zip(compiled.named_parameters(), eager.parameters()) if not name.endswith("k_proj.bias")}
+    print(f"compiled trainer's weights apart from the eager trainer's by {max(apart.values()):.1e} at most")
+    assert max(apart.values()) < 1e-6, sorted(apart.items(), key=lambda kv: -kv[1])[:5]

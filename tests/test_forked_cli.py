@@ -1,7 +1,11 @@
-"""tests/forked_cli.py, which most tests use to run fairseq's tools: a forked run is the fresh process's run
-(same losses, same checkpoint, same translations, same failure), and only known entry points fork."""
+"""tests/forked_cli.py, which most tests use to run fairseq's tools: a forked run is the fresh process's run, for
+every tool the server serves (fairseq-train, -generate, -interactive, -validate, -preprocess and umst-preprocess:
+the same losses, checkpoint, translations, data-bin files, and the same failure), runs of a tool alternate between
+string-hash seeds as fresh processes draw their own, a forked run shuts the interpreter down as a fresh one does,
+and only known entry points fork."""
 import os
 import re
+import subprocess
 import sys
 
 import torch
@@ -21,13 +25,14 @@ def _no_times(log):
     log = re.sub(r"^\S+:\d+: (\w+Warning)", r"\1", log, flags=re.M).replace("\n  run()\n", "\n")
     log = re.sub(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| ", "", log, flags=re.M)
     log = re.sub(r"\b(wall|ups|wps|train_wall|gb_free)[ =][0-9.]+", r"\1", log)
+    log = re.sub(r"\bin [0-9.]+s \([0-9.]+ sentences/s, [0-9.]+ tokens/s\)", "in", log)
     return re.sub(r"\b(took|in) [0-9.]+ seconds", r"\1", log)
 
 
 def test_a_forked_tool_runs_as_the_fresh_process_does(toy_databin, tmp_path, monkeypatch):
-    """fairseq-train (4 updates of the tiny transformer, with the plugin) and fairseq-interactive (stdin), forked
-    and in fresh processes: the same losses and checkpoint, the same translations; a command that
-    fails gives fairseq's error and status 1."""
+    """fairseq-train (4 updates of the tiny transformer, with the plugin), then fairseq-interactive (stdin),
+    fairseq-generate and fairseq-validate on its checkpoint, forked and in fresh processes: the same losses and
+    checkpoint, the same translations, the same logs (times aside)."""
     def train(save):
         return e2e.train(toy_databin, str(tmp_path / save), "transformer", *e2e.TINY, "--dropout", "0",
                          max_update=4)
@@ -50,12 +55,137 @@ def test_a_forked_tool_runs_as_the_fresh_process_does(toy_databin, tmp_path, mon
         want = e2e.interactive(toy_databin, ckpt, lines)
     assert e2e.hypotheses(got) == e2e.hypotheses(want) and len(e2e.hypotheses(got)) == len(lines), (got, want)
 
-    # a command that fails: fairseq's error, its traceback and status 1, as python gives them (the fresh
-    # process's stderr ends with the same line; not run here: its imports cost what this file saves)
-    failed = e2e.fairseq("train", toy_databin, "--user-dir", e2e.PLUGIN, "--arch", "transformer", check=False)
-    assert failed.returncode == 1 and "Traceback (most recent call last)" in failed.stderr
-    assert failed.stderr.strip().splitlines()[-1] == \
-        "AssertionError: Must specify batch size either with --max-tokens or --batch-size", failed.stderr[-2000:]
+    # fairseq-generate and fairseq-validate on the same checkpoint: the same output
+    generated = e2e.generate(toy_databin, ckpt, "--beam", "1")
+    with monkeypatch.context() as m:
+        _fresh(m)
+        fresh_generated = e2e.generate(toy_databin, ckpt, "--beam", "1")
+    assert e2e.hypotheses(generated) == e2e.hypotheses(fresh_generated) != []
+    assert _no_times(generated) == _no_times(fresh_generated), (generated[-2000:], fresh_generated[-2000:])
+
+    def validate():
+        proc = e2e.fairseq("validate", toy_databin, "--user-dir", e2e.PLUGIN, "--task", "multiscale_translation",
+                           "--path", ckpt, "--valid-subset", "valid", "--max-tokens", "1000")
+        return proc.stdout + proc.stderr
+    validated = validate()
+    with monkeypatch.context() as m:
+        _fresh(m)
+        fresh_validated = validate()
+    assert re.search(r"valid on 'valid' subset \| loss [0-9.]+", validated), validated[-2000:]
+    assert _no_times(validated) == _no_times(fresh_validated), (validated[-2000:], fresh_validated[-2000:])
+
+
+def test_forked_preprocessing_writes_the_fresh_process_s_files(toy_raw, tmp_path, monkeypatch):
+    """fairseq-preprocess and umst-preprocess (e2e.binarize) forked and in fresh processes: the same files, byte
+    for byte (the logs' mention of their own directory aside)."""
+    forked, fresh = str(tmp_path / "forked"), str(tmp_path / "fresh")
+    e2e.binarize(toy_raw, forked)
+    assert ("script", "fairseq-preprocess") in forked_cli._servers and \
+        ("module", "umst_plugin.preprocess") in forked_cli._servers
+    with monkeypatch.context() as m:
+        _fresh(m)
+        e2e.binarize(toy_raw, fresh)
+    names = sorted(os.listdir(forked))
+    assert names == sorted(os.listdir(fresh)) and any(n.endswith(".wordids.bin") for n in names), names
+    for name in names:
+        with open(os.path.join(forked, name), "rb") as a, open(os.path.join(fresh, name), "rb") as b:
+            assert a.read().replace(forked.encode(), fresh.encode()) == b.read(), name
+
+
+def _failing(argv):
+    return e2e.run(argv, check=False)
+
+
+FAILING = {  # a command of each tool that fails, and the last line of its stderr
+    "fairseq-train": (lambda databin, tmp: [os.path.join(e2e.BIN, "fairseq-train"), databin, "--user-dir", e2e.PLUGIN,
+                                            "--arch", "transformer"],
+                      "AssertionError: Must specify batch size either with --max-tokens or --batch-size"),
+    "fairseq-generate": (lambda databin, tmp: [os.path.join(e2e.BIN, "fairseq-generate"), databin, "--path",
+                                               os.path.join(tmp, "missing.pt")], "missing.pt"),
+    "fairseq-interactive": (lambda databin, tmp: [os.path.join(e2e.BIN, "fairseq-interactive"), databin, "--path",
+                                                  os.path.join(tmp, "missing.pt")], "missing.pt"),
+    "fairseq-validate": (lambda databin, tmp: [os.path.join(e2e.BIN, "fairseq-validate"), databin, "--task",
+                                               "translation", "--max-tokens", "1000", "--path",
+                                               os.path.join(tmp, "missing.pt")],
+                         "missing.pt"),
+    "fairseq-preprocess": (lambda databin, tmp: [os.path.join(e2e.BIN, "fairseq-preprocess"), "--source-lang", "x",
+                                                 "--target-lang", "y", "--trainpref", os.path.join(tmp, "none"),
+                                                 "--destdir", os.path.join(tmp, "out")], "none.x"),
+    "umst-preprocess": (lambda databin, tmp: [sys.executable, "-m", "umst_plugin.preprocess", "--source-lang", "x"],
+                        "the following arguments are required"),
+}
+
+
+def test_a_failing_command_of_every_tool_fails_forked_as_in_a_fresh_process(toy_databin, tmp_path, monkeypatch):
+    """One failing command per tool the server serves, forked and in a fresh process: the same status, a traceback
+    in both or in neither (its frames differ: forked_cli.py says how), and the same last line of stderr, the tool's
+    error."""
+    for tool, (argv, last) in FAILING.items():
+        command = argv(toy_databin, str(tmp_path))
+        forked = _failing(command)
+        assert hasattr(forked, "hash_seed"), f"{tool}: not forked"
+        with monkeypatch.context() as m:
+            _fresh(m)
+            fresh = _failing(command)
+        assert not hasattr(fresh, "hash_seed"), f"{tool}: forked, not fresh"
+        assert forked.returncode == fresh.returncode != 0, (tool, forked.returncode, fresh.returncode)
+        assert ("Traceback (most recent call last)" in forked.stderr) == ("Traceback (most recent call last)"
+                                                                          in fresh.stderr), tool
+        lines = [p.stderr.strip().splitlines()[-1] for p in (forked, fresh)]
+        assert lines[0] == lines[1] and last in lines[0], (tool, lines, forked.stderr[-2000:])
+
+
+PROBE = """
+import os
+import sys
+import types
+
+
+class Finalized:
+    def __del__(self, write=os.write):  # (os may be gone by then: bound here)
+        write(2, b"finalized at shutdown\\n")
+
+
+if __name__ == "__main__":
+    print(hash("umst"))
+    # kept in a module of its own: finalized with the modules, when the interpreter shuts down
+    state = sys.modules.setdefault("forked_cli_probe_state", types.ModuleType("forked_cli_probe_state"))
+    state.kept = Finalized()
+    state.unclosed = open(sys.argv[1], "w")  # never closed: its line is written when finalization closes it
+    state.unclosed.write("written at shutdown\\n")
+"""
+
+
+def test_forked_runs_hash_and_shut_down_as_fresh_processes(tmp_path, monkeypatch):
+    """A module served as umst-preprocess is (``python -m``), run three times forked and once fresh: consecutive
+    forked runs hash a string with other seeds, each the hash a fresh python with that run's seed
+    (``hash_seed``) gives; each forked run's interpreter shutdown finalizes what the run left (an object's
+    ``__del__``, a file never closed: its buffered line written) as the fresh process's does."""
+    (tmp_path / "forked_cli_probe.py").write_text(PROBE)
+    entry = ("module", "forked_cli_probe")
+    monkeypatch.setattr(forked_cli, "MODULES", (*forked_cli.MODULES, "forked_cli_probe"))
+    env = dict(e2e.cli_env())
+    env["PYTHONPATH"] = str(tmp_path) + os.pathsep + env["PYTHONPATH"]
+
+    def command(out):
+        return [sys.executable, "-m", "forked_cli_probe", str(tmp_path / out)]
+    try:
+        forked = [forked_cli.run(command(f"forked{i}"), env, str(tmp_path)) for i in range(3)]
+    finally:
+        forked_cli.stop(entry)
+    fresh = subprocess.run(command("fresh"), env=env, cwd=str(tmp_path), capture_output=True, text=True)
+    assert all(hasattr(p, "hash_seed") for p in forked), "not forked"
+    hashes = [int(p.stdout) for p in forked]
+    assert hashes[0] != hashes[1] != hashes[2], hashes
+    for p, h in zip(forked, hashes):
+        seeded = subprocess.run([sys.executable, "-c", "print(hash('umst'))"], capture_output=True, text=True,
+                                env=dict(env, PYTHONHASHSEED=str(p.hash_seed)))
+        assert h == int(seeded.stdout), (p.hash_seed, h, seeded.stdout)
+    assert fresh.returncode == 0 and fresh.stderr == "finalized at shutdown\n", fresh.stderr
+    assert (tmp_path / "fresh").read_text() == "written at shutdown\n"
+    for i, p in enumerate(forked):
+        assert p.returncode == 0 and p.stderr == fresh.stderr, p.stderr
+        assert (tmp_path / f"forked{i}").read_text() == "written at shutdown\n"
 
 
 def test_only_known_entry_points_fork():

@@ -159,7 +159,10 @@ def test_fairseq_trainer_same_weights_as_old_adam(precision):
     batch (--amp fp16 with the CPU grad scaler: tests/test_resume_matrix.py). The displacements are compared in units of the summed learning rate
     (7.5e-5): fp32 within 2 float32 ulps of a weight of 1 (torch's eps convention: 0.47 on the shared embedding);
     under --amp the first last-bit difference changes a bf16/fp16 rounding of the forward pass, which Adam's
-    normalised step carries into whole steps, so the bound there is 0.1 (measured: 0.06)."""
+    normalised step carries into whole steps, so the bound there is 0.1 (measured: 0.06). The key projections'
+    biases under --amp: 0.25 (measured: 0.10-0.17; Adam moves them 0.33-0.47). A fused kernel given torch's eps
+    placement (eps x sqrt(1 - 0.997), its step-1 factor) moves them 0.38-0.60 from fairseq's adam and the other
+    weights 0.35: both bounds fail."""
     summed_lr = 7.5e-5
     runs = {}
     for old in (False, True):
@@ -173,12 +176,14 @@ def test_fairseq_trainer_same_weights_as_old_adam(precision):
         assert type(trainer.optimizer.optimizer).__name__ == ("Adam" if old else "FusedAdam")
     bound = 2 * 1.2e-7 / summed_lr if precision == "fp32" else 0.1
     for key, moved in runs[True].items():
+        apart = ((runs[False][key] - moved).abs().max() / summed_lr).item()
         if key.endswith("k_proj.bias") and precision != "fp32":
             # its gradient is zero but for rounding (softmax ignores a shift of every key score): Adam scales
             # that noise up to steps of about lr, and the noise differs as soon as the weights differ in a bit
-            assert (runs[False][key] - moved).abs().max() <= 2 * summed_lr, key
+            # (measured 0.10-0.17 of the summed lr; 1.5x that)
+            assert apart <= 0.25, (key, apart)
             continue
-        assert (runs[False][key] - moved).abs().max() / summed_lr <= bound, key
+        assert apart <= bound, (key, apart)
     assert max(v.abs().max() for v in runs[True].values()) / summed_lr > 0.5  # the weights did move
 
 

@@ -139,4 +139,29 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_update(toy_databin, t
     with torch.serialization.safe_globals(broadcast_classes()):
         received = torch.load(io.BytesIO(buffer.getvalue()), map_location="cpu")
     assert received["cfg"]["checkpoint"]["save_dir"] == str(tmp_path / "ck")
-    assert distributed_utils._broadcast_object_slow.__wrapped__ is not None  # installed on plugin import
+    # fairseq's receiving side itself, as the plugin leaves it: _broadcast_object_slow on rank 1 of 2, fed rank 0's
+    # bytes (its rank and the two broadcasts answered as a gloo group would) returns the state; fairseq's own
+    # function (the patch's __wrapped__) stops with the error of a multi-rank resume under torch>=2.6
+    received = _received_on_rank_1(distributed_utils._broadcast_object_slow, buffer.getvalue())
+    assert received["cfg"]["checkpoint"]["save_dir"] == str(tmp_path / "ck")
+    with pytest.raises(pickle.UnpicklingError, match="omegaconf"):
+        _received_on_rank_1(distributed_utils._broadcast_object_slow.__wrapped__, buffer.getvalue())
+
+
+def _received_on_rank_1(broadcast_object_slow, sent):
+    """What ``broadcast_object_slow`` returns on rank 1 when rank 0 broadcasts the bytes ``sent``: fairseq's
+    ``get_rank`` and ``broadcast`` (module globals it calls) answered here, the length first, then the bytes."""
+    from unittest import mock
+
+    from fairseq.distributed import utils as distributed_utils
+
+    messages = [torch.tensor([len(sent)]), torch.frombuffer(bytearray(sent), dtype=torch.uint8)]
+
+    def broadcast(tensor, src, group):
+        assert src == 0
+        tensor.copy_(messages.pop(0))
+    with mock.patch.object(distributed_utils, "get_rank", lambda group: 1), \
+            mock.patch.object(distributed_utils, "broadcast", broadcast):
+        out = broadcast_object_slow(None, 0, None, torch.device("cpu"))
+    assert not messages
+    return out

@@ -168,7 +168,10 @@ def test_batched_output_projection_equals_branch_by_branch(arch, extra, monkeypa
 
 def test_batched_output_projection_under_bf16_autocast(monkeypatch):
     """Under bf16 autocast the batched output projection runs its products in bf16, backward too, and its output
-    and gradients stay close to the branch-by-branch form (dropout off: the same function), all finite."""
+    and gradients stay close to the branch-by-branch form (dropout off: the same function), all finite. Close:
+    the norm of the difference within 1% of the output's norm and 3% of each of the 43 gradients' (measured:
+    0.40% and at most 1.15%, bf16 rounding; a margin of 2.5x), so a gradient halved, or a product's gradient
+    lost, fails (0.5 and 1 of its norm)."""
     model, _ = tiny("prime_base", encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32)
     model.train()
     src, lengths, prev = batch()
@@ -185,16 +188,23 @@ def test_batched_output_projection_under_bf16_autocast(monkeypatch):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = model(src, lengths, prev)[0]
         out.float().logsumexp(-1).sum().backward()
-        return out.float().detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        return out.float().detach(), [(n, p.grad.clone()) for n, p in model.named_parameters() if p.grad is not None]
 
     monkeypatch.setattr(F, "dropout", lambda x, p=0.5, training=True, inplace=False: x)  # masks of ones
     (fused, g_fused), (unfused, g_unfused) = run(True), run(False)
     layers = len(model.encoder.layers) + len(model.decoder.layers)
     assert dtypes.count((torch.bfloat16, torch.bfloat16)) >= 3 * layers, dtypes  # forward and both backward products
-    torch.testing.assert_close(fused, unfused, rtol=0.05, atol=0.05)
-    for a, b in zip(g_fused, g_unfused):
+    assert _relative_difference(fused, unfused) <= 0.01
+    assert len(g_fused) == len(g_unfused) == 43
+    for (name, a), (_, b) in zip(g_fused, g_unfused):
         assert a.dtype == torch.float32 and torch.isfinite(a).all()
-        torch.testing.assert_close(a, b, rtol=0.1, atol=0.05)
+        assert _relative_difference(a, b) <= 0.03, name
+
+
+def _relative_difference(got, want):
+    """||got - want|| / ||want||: one number per tensor that a tensor scaled by c misses by |1 - c|, whatever its
+    magnitude (an elementwise atol passes a small gradient replaced by zeros)."""
+    return ((got - want).norm() / want.norm()).item()
 
 
 @pytest.mark.parametrize("arch,extra", [ARCH_VARIANTS[0], ARCH_VARIANTS[1]])

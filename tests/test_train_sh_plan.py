@@ -240,9 +240,19 @@ def test_a_misspelt_model_key_stops_before_training(tmp_path):
 
 @pytest.mark.parametrize("gpus,nodes,uf", [(8, 1, 2), (8, 2, 1), (4, 1, 4)])
 def test_max_tokens_keeps_the_tokens_per_update(gpus, nodes, uf):
-    # umst-t2-umst-base: 9,600 tokens x update_freq 8 x 8 GPUs = 614,400 tokens per update
+    """--max-tokens 38400 on nodes x gpus: the planned update has the tokens of the row's own batch, read from its
+    YAML (max_tokens x update_freq x distributed_world_size: 9,600 x 8 x 8 = 614,400 for umst-t2-umst-base)."""
+    import yaml
+
+    with open(os.path.join(e2e.ROOT, "configs", "umst-t2-umst-base.yaml")) as f:
+        row = yaml.safe_load(f)
+    row_tokens = (row["dataset"]["max_tokens"] * row["optimization"]["update_freq"][0]
+                  * row["distributed_training"]["distributed_world_size"])
     extra = ["--nnodes", str(nodes), "--node-rank", "0", "--master-addr", "n0"] if nodes > 1 else []
     command, _ = plan("umst-t2-umst-base", "--gpus", str(gpus), "--max-tokens", "38400", *extra)
-    assert field(command, "dataset.max_tokens") == "38400"
-    assert field(command, "optimization.update_freq") == f"\\[{uf}\\]"
-    assert 38400 * uf * gpus * nodes == 614400
+    planned_uf = re.fullmatch(r"\\\[(\d+)\\\]", field(command, "optimization.update_freq"))
+    assert field(command, "dataset.max_tokens") == "38400" and planned_uf, command
+    assert int(planned_uf.group(1)) == uf
+    world = int(field(command, "distributed_training.distributed_world_size"))
+    assert world == gpus * nodes, command
+    assert int(field(command, "dataset.max_tokens")) * int(planned_uf.group(1)) * world == row_tokens, command

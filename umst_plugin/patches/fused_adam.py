@@ -16,9 +16,9 @@ as do the paths the kernel does not serve: ``--fp16-adam-stats``, TPUs, and para
     p <- p - lr * wd * p - lr * sqrt(bc2) / bc1 * m / (sqrt(v) + eps),    bc1 = 1 - beta1^t, bc2 = 1 - beta2^t
 
 while torch's kernel steps ``p <- p - lr * wd * p - lr / bc1 * m / (sqrt(v / bc2) + eps)``: eps is added after the
-bias correction, which is fairseq's update with ``eps / sqrt(bc2)`` in place of eps -- 18 times larger at step 1
-with beta2 = 0.997, and far from negligible for weights whose gradients are small (it moved the shared embedding
-of a 5-update transformer run 47% less). So the kernel is never given the step: it is given step infinity (its
+bias correction, which is fairseq's update with ``eps * sqrt(bc2)`` in place of eps -- 18 times smaller at step 1
+with beta2 = 0.997, and far from negligible for weights whose gradients are small (the shared embedding of a
+5-update transformer run moved 47% of the summed learning rate apart from fairseq's). So the kernel is never given the step: it is given step infinity (its
 bias corrections are then exactly 1) and fairseq's step size ``lr * sqrt(bc2) / bc1`` as its learning rate, which
 makes its update fairseq's term by term: ``p - lr_t * wd_t * p - lr_t * m / (sqrt(v) + eps)`` with ``lr_t * wd_t
 = lr * wd``. Parameters whose step counts differ (one first used late: fairseq's adam skips a parameter without

@@ -11,7 +11,9 @@ layer fell back to eager, with a warning. torch 2.13 splits the same graphs.
 
 The patch wraps ``_extract_fwd_bwd_modules``: where it raises that error, the size inputs the backward reads and
 nothing saved provides are added to what the forward saves (a SymInt: no activation memory) and the split is made
-again. A split that succeeds is not touched. Installed on torch < 2.13 only.
+again. A split that succeeds is not touched. Installed on torch < 2.13 only; ``tests/test_compile.py`` plants
+2.11's omission in torch 2.13's split (the size inputs left out of what the forward saves) and checks that
+:func:`wrap` recovers it.
 """
 import functools
 
@@ -68,7 +70,12 @@ def install():
     if names[:3] != ["joint_module", "saved_values", "saved_sym_nodes"] or "num_fwd_outputs" not in names:
         raise PatchError(f"partition_symbols: {TARGET} takes {names}; written for torch 2.11's "
                          "(joint_module, saved_values, saved_sym_nodes, *, num_fwd_outputs, ...)")
+    partitioners._extract_fwd_bwd_modules = wrap(original, partitioners)
 
+
+def wrap(original, partitioners):
+    """``original`` (torch's ``_extract_fwd_bwd_modules``) made again with the missing size inputs saved where it
+    raised the error of a split that left them out (what :func:`install` puts in its place on torch < 2.13)."""
     @functools.wraps(original)
     def extract_fwd_bwd_modules(joint_module, saved_values, saved_sym_nodes, *args, **kwargs):
         try:
@@ -83,4 +90,4 @@ def install():
             return original(joint_module, saved_values, saved_sym_nodes, *args, **kwargs)
 
     extract_fwd_bwd_modules._umst_patched = True
-    partitioners._extract_fwd_bwd_modules = extract_fwd_bwd_modules
+    return extract_fwd_bwd_modules

@@ -1,0 +1,875 @@
+"""The speed table: the words per second ``fairseq-train`` gives per arch on one GPU at the recipe's batch.
+
+    bash scripts/gpu-speed.sh                          # a lent GPU's first call (install from the wheelhouse, then this)
+    python -m benchmarks.speed_table --tiny --out DIR  # any machine, CI included: the same plan at tiny sizes
+
+How it trains. Every row is ``fairseq-train`` through its own command line (``fairseq_cli.train.main`` on
+fairseq-train's argv, as the console script calls it) on a synthetic corpus with WMT14 En-De's sentence lengths
+after BPE (``synthetic_corpus.py --lengths wmt14``: log-normal source lengths of mean 28 tokens with a tail to
+250, targets about 5% longer; 48,000 training pairs over a 32,768-entry joined dictionary, WMT14's BPE
+vocabulary size; gold dependency trees as UMST's side files). The batch is the recipe's batch per card,
+``--max-tokens 38400`` (docs/wmt-on-gpus.md: 38,400 x update-freq x cards = the papers' 614,400 tokens per
+update on 1, 8 or 16 cards), then 4,096 for contrast where time allows. Each row trains ``--updates`` updates
+(default 24) with ``--log-interval`` 4 and fairseq's own data loading; the recipe's optimizer (adam, inverse
+square root schedule) with a short warm-up and a higher rate than the recipe's so that the loss moves within
+the row (a compiled row's losses are compared with its eager row's).
+
+Rows, in this order (the first table is the recipe batch's; a call cut short keeps what it finished):
+
+* stock fairseq's transformer (pre-norm, ``--task translation``) with ``--fp16`` (fairseq's flat fp16
+  optimizer) and with ``--amp`` (fp16 autocast), in a process that never imports the plugin;
+* the plugin's transformer (``--user-dir umst_plugin --task multiscale_translation``) in bf16 (``--amp
+  --amp-dtype bfloat16``), eager and ``--compile``, and in fp32 with ``--tf32``;
+* UMST, UMST-RPR, TranSFormer, MSC, MSMSA, Prime and Prime-simple (base), each in bf16, eager and ``--compile``.
+
+Per row: ``words_per_s`` (the median of fairseq's own ``wps`` over the log intervals after the first, which
+holds the warm-up); real and padded tokens per step (source + target, the median over the measured updates) and
+``batch_fill``, the batch against its budget (sentences x the longer side, what ``--max-tokens`` bounds);
+``flops_per_token``, the project's model FLOPs (``torch.utils.flop_counter.FlopCounterMode``: matmuls,
+convolutions and attention of forward and backward, as ``bench_archs.py`` counts them) of one whole update (the
+second, inside the dropped warm-up interval) over its target tokens -- a compiled row takes its eager row's
+count (the same batches); ``mfu``: words/s x FLOPs per token over the card's dense bf16 peak
+(:data:`DENSE_BF16_PEAK`); ``peak_mib`` (``torch.cuda.max_memory_allocated``); ``gpu_busy``: the mean of
+nvidia-smi's ``utilization.gpu`` (the share of time a kernel ran) sampled every 50 ms over the measured updates
+(no profiler); ``compile_s``: compiling apart -- every compiled row is first compiled by a process of its own,
+all of them at once, into a shared inductor cache (``compile_s``: that cold compile; ``compile_s_in_row``: the
+measured run's, from the warm cache); ``losses``: (update, loss) at each logged update. A compiled row's
+losses must equal its eager row's within noise, measured in the same call (:func:`loss_check`): compiled code
+draws its dropout masks from inductor's own random stream and keeps fused intermediates in fp32, so the
+tolerance is twice the sum of the dropout noise (the compiled row against its warm-up run, which trains the same
+updates with other dropout masks) and the bf16 noise (the plugin transformer's bf16 against its fp32 losses,
+the same masks); a row outside it is marked (``loss_check``).
+
+The record, rewritten after every row: ``OUT/gpu-speed-<card>-<commit>.json`` (on a CPU ``speed-cpu-...``)
+with the commit, the card, the corpus and a ``rows`` list, each row with ``arch``, ``stock``, ``precision``,
+``compiled``, ``max_tokens``, ``words_per_s``, ``mfu``, ``gpu_busy``, ``peak_mib``, ``compile_s``, ``losses``
+and the rest above; ``targets`` (:func:`targets`); the table as markdown beside it, and the log of every
+process. The same command run again keeps the rows of the same plan already done and runs the rest.
+``--deadline`` (seconds for the whole call) skips what has no time left.
+
+On a CPU the numbers mean nothing (fairseq's ``--fp16`` needs CUDA, so that row is skipped; no nvidia-smi, no
+peak): ``--tiny`` runs
+the same plan at tiny widths and batches, compiled rows for the transformer only (inductor's C++ compile of every
+arch takes minutes on a CPU; tests/test_compile.py compiles each), so that a lent GPU never meets a bug a CPU
+could have shown.
+"""
+import argparse
+import gc
+import json
+import logging
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PLUGIN = os.path.join(ROOT, "umst_plugin")
+
+RECIPE_MAX_TOKENS = 38400  # tokens per card per step in the WMT recipes on an 80 GB or larger card
+CONTRAST_MAX_TOKENS = 4096
+CORPUS = dict(train=48000, valid=200, test=200, vocab=32768, lengths="wmt14")
+TINY_CORPUS = dict(train=600, valid=50, test=50, vocab=1000, lengths="wmt14")
+TINY_MAX_TOKENS = "1024,256"
+# dense (no sparsity) bf16 tensor-core peak by the vendors' datasheets, FLOP/s, by a name fragment of the card
+DENSE_BF16_PEAK = (("H200", 989.4e12), ("H100 PCIe", 756.0e12), ("H100", 989.4e12), ("A100", 312.0e12),
+                   ("L40S", 362.1e12), ("A10G", 70.0e12))
+PRENORM = ["--encoder-normalize-before", "--decoder-normalize-before"]
+# name -> (arch, extra arguments); the transformer first (every ratio's baseline)
+ARCHS = {
+    "transformer": ("transformer", PRENORM),
+    "umst": ("umst_base", []),
+    "umst_rpr": ("umst_base_rpr", []),
+    "transformer_sf": ("transformer_sf_base", []),
+    "msc": ("msc_base", []),
+    "msmsa": ("msmsa_base", []),
+    "prime": ("prime_base", []),
+    "prime_simple": ("prime_simple_base", []),
+}
+TINY = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+        "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "4",
+        "--decoder-attention-heads", "4"]
+TINY_EXTRA = {"transformer_sf": ["--fast-embed-dim", "8", "--fast-ffn-embed-dim", "16", "--fast-attention-heads", "2"],
+              "msc": ["--encoder-blocks", "1", "--encoder-layers-per-block", "1"]}
+PRECISION_ARGS = {"fp16": ["--fp16"], "fp16-amp": ["--amp"], "bf16": ["--amp", "--amp-dtype", "bfloat16"],
+                  "tf32": ["--tf32"]}
+DROPOUT_SHIFT = 1_000_003  # the warm-up's dropout masks: another stream, the same everything else
+LOSS_RESOLUTION = 0.001  # fairseq logs the loss to 3 decimals
+FLOPS_UPDATE = 1  # the update (0-based) whose FLOPs an eager row counts: the second, inside the dropped interval
+BUSY_PERIOD_MS = 50
+LOSS_NOISE_MARGIN = 2.0
+MIN_ROW_SECONDS = 12  # a row is not started with less time left before the deadline
+# targets on one card at the recipe batch (bf16); the record says which are met
+TARGETS = dict(transformer_vs_stock_fp16=1.5, transformer_mfu=0.30, words_per_flop_vs_transformer=0.8,
+               gpu_busy=0.7, bf16_vs_tf32=2.0)
+
+
+def fairseq_args(data, arch, arch_args, max_tokens, updates, log_interval, seed=1):
+    return [data, "--arch", arch, *arch_args, "--share-all-embeddings", "--optimizer", "adam",
+            "--adam-betas", "(0.9,0.98)", "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "8",
+            "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+            "--max-tokens", str(max_tokens), "--max-update", str(updates), "--seed", str(seed),
+            "--no-save", "--disable-validation", "--no-epoch-checkpoints", "--log-format", "json",
+            "--log-interval", str(log_interval), "--no-progress-bar"]
+
+
+def plan(data, max_tokens_list, updates, log_interval, archs=tuple(ARCHS), compile_archs=tuple(ARCHS), tiny=False):
+    """(stock rows, plugin rows), each a dict(name, arch, stock, precision, compiled, max_tokens, argv), in the
+    order they run: every row of the first batch size, then of the next."""
+    stock, plugin = [], []
+    for max_tokens in max_tokens_list:
+        def row(name, precision, compiled=False, is_stock=False):
+            arch, arch_args = ARCHS[name]
+            argv = fairseq_args(data, arch, arch_args, max_tokens, updates, log_interval)
+            argv += (TINY + TINY_EXTRA.get(name, [])) if tiny else []
+            argv += ["--task", "translation"] if is_stock else ["--user-dir", PLUGIN, "--task", "multiscale_translation"]
+            argv += PRECISION_ARGS[precision] + (["--compile"] if compiled else [])
+            return dict(name=("stock " if is_stock else "") + name, arch=arch, stock=is_stock, precision=precision,
+                        compiled=compiled, max_tokens=max_tokens, argv=argv)
+        stock += [row("transformer", "fp16", is_stock=True), row("transformer", "fp16-amp", is_stock=True)]
+        for name in archs:
+            plugin.append(row(name, "bf16"))
+            if name in compile_archs:
+                plugin.append(row(name, "bf16", compiled=True))
+            if name == "transformer":
+                plugin.append(row(name, "tf32"))
+    return stock, plugin
+
+
+# ---- in a row's process: fairseq-train with a probe on its trainer ---------------------------------------------
+
+class _Records(logging.Handler):
+    """fairseq's json ``train_inner`` records, as they are logged."""
+
+    def __init__(self):
+        super().__init__()
+        self.records = []
+
+    def emit(self, record):
+        message = record.getMessage()
+        i = message.find("{")
+        if i < 0 or '"wps"' not in message:
+            return
+        try:
+            data = json.loads(message[i:])
+        except ValueError:
+            return
+        if "num_updates" in data and "train_wps" not in data:
+            self.records.append(data)
+
+
+class GpuBusy:
+    """nvidia-smi's ``utilization.gpu`` (the percent of the last sample period in which a kernel ran) read every
+    ``period_ms`` in a thread, each value stamped with the time it was read; ``between(t0, t1)`` is the mean over
+    that span as a fraction. ``available`` is False where nvidia-smi is missing (a CPU)."""
+
+    def __init__(self, device_index=0, period_ms=BUSY_PERIOD_MS, enabled=True):
+        self.samples, self.proc = [], None
+        if not enabled:
+            return
+        try:
+            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+                                          "-i", str(device_index), "-lms", str(period_ms)],
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            self.proc = None
+            return
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    @property
+    def available(self):
+        return self.proc is not None
+
+    def _read(self):
+        for line in self.proc.stdout:
+            value = parse_utilization(line)
+            if value is not None:
+                self.samples.append((time.monotonic(), value))
+
+    def between(self, t0, t1):
+        kept = [v for t, v in self.samples if t0 <= t <= t1]
+        return round(sum(kept) / len(kept) / 100.0, 3) if kept else None
+
+    def close(self):
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait()
+
+
+def parse_utilization(line):
+    """A percentage from one line of ``nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits``
+    ("87"), or None for anything else ("[N/A]", an error line)."""
+    try:
+        return float(line.strip())
+    except ValueError:
+        return None
+
+
+class StepProbe:
+    """What a row measures around fairseq's ``Trainer.train_step``: the host time at the start of the first
+    measured update and at the end of the last, each update's real and padded tokens (from the batch as the
+    data loader gives it, on the CPU: no device sync), and the FLOPs of update :data:`FLOPS_UPDATE` (eager rows)."""
+
+    def __init__(self, measured_from, count_flops, pad_index):
+        self.measured_from, self.count_flops, self.pad = measured_from, count_flops, pad_index
+        self.calls, self.t0, self.t1 = 0, None, None
+        self.tokens = []  # (real, padded) per measured update
+        self.flops = self.flops_tokens = None
+
+    def step(self, train_step, samples, *args, **kwargs):
+        index = self.calls
+        self.calls += 1
+        if index == self.measured_from:
+            self.t0 = time.monotonic()
+        if index >= self.measured_from:
+            self.tokens.append(self._tokens(samples))
+        if self.count_flops and index == FLOPS_UPDATE:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            with FlopCounterMode(display=False) as counter:
+                out = train_step(samples, *args, **kwargs)
+            self.flops = counter.get_total_flops()
+            self.flops_tokens = sum(int(s["ntokens"]) for s in samples if s)
+        else:
+            out = train_step(samples, *args, **kwargs)
+        self.t1 = time.monotonic()
+        return out
+
+    def _tokens(self, samples):
+        """(real, padded, budgeted) tokens of one update: source + target tokens without and with padding, and
+        what ``--max-tokens`` bounds (sentences x the longer side's padded length, fairseq's ``num_tokens``)."""
+        real = padded = budgeted = 0
+        for sample in samples:
+            if not sample:
+                continue
+            src, tgt = sample["net_input"]["src_tokens"], sample["target"]
+            for t in (src, tgt):
+                padded += t.numel()
+                real += int((t != self.pad).sum())
+            budgeted += src.shape[0] * max(src.shape[1], tgt.shape[1])
+        return real, padded, budgeted
+
+
+def _trainer_with(probe, dropout_shift=0):
+    """fairseq's Trainer class as it is now (with the plugin's patches, if loaded) with the probe on train_step;
+    with ``dropout_shift``, each update's torch seed (fairseq's ``seed + updates``, which drives dropout) moved by
+    it: the same model, batches and arithmetic with other dropout masks."""
+    from fairseq import utils
+    from fairseq.trainer import Trainer
+
+    class ProbedTrainer(Trainer):
+        def train_step(self, samples, raise_oom=False):
+            return probe.step(super().train_step, samples, raise_oom)
+
+        def _set_seed(self):
+            utils.set_torch_seed(self.cfg.common.seed + self.get_num_updates() + dropout_shift)
+    return ProbedTrainer
+
+
+def _compile_state():
+    """--compile's counters in this process (umst_plugin.compile), or None where the plugin is not loaded."""
+    if "umst_plugin.compile" not in sys.modules:
+        return None
+    from umst_plugin import compile as compiling
+
+    return dict(seconds=compiling.compile_seconds(), graphs=compiling.compiled_graphs(),
+                fallbacks=[f"{name}: {why}" for (name, _), why in compiling.eager_variants().items()])
+
+
+def train(argv, probe=None, dropout_shift=0):
+    """fairseq-train's main on ``argv`` in this process (with ``probe`` on its trainer, and its dropout masks
+    shifted by ``dropout_shift``: :func:`_trainer_with`): its train_inner records and wall seconds."""
+    import fairseq_cli.train as train_cli
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    handler = _Records()
+    logging.getLogger().addHandler(handler)
+    trainer_class = train_cli.Trainer
+    start = time.time()
+    try:
+        args = options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
+        if probe is not None:
+            train_cli.Trainer = _trainer_with(probe, dropout_shift)
+        train_cli.main(convert_namespace_to_omegaconf(args))
+    finally:
+        train_cli.Trainer = trainer_class
+        logging.getLogger().removeHandler(handler)
+    return handler.records, time.time() - start
+
+
+def device_info():
+    import torch
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        return dict(card=torch.cuda.get_device_name(0), memory_gib=round(props.total_memory / 2 ** 30, 1),
+                    cuda=torch.version.cuda, torch=torch.__version__, python=sys.version.split()[0])
+    return dict(card=None, cpu=cpu_name(), torch=torch.__version__, python=sys.version.split()[0])
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+        model = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name"))
+        flags = next(line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        import platform
+
+        return platform.processor() or "unknown CPU"
+    isa = "AVX-512" if "avx512f" in flags else "AVX2"
+    return f"{model}, {isa}{', avx512_bf16' if 'avx512_bf16' in flags else ''}{', AMX' if 'amx_bf16' in flags else ''}, " \
+           f"{os.cpu_count()} cores"
+
+
+def run_row(row, measured_from, busy):
+    """Train one row in this process; its record (the fields of the module docstring)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    from fairseq.data import Dictionary
+
+    pad = Dictionary().pad()  # fairseq's dictionaries put <pad> at 1
+    probe = StepProbe(measured_from, count_flops=not row["compiled"], pad_index=pad)
+    before = _compile_state() if row["compiled"] else None
+    records, seconds = train(row["argv"], probe)
+    after = _compile_state() if row["compiled"] else None
+    wps = [float(r["wps"]) for r in records]
+    out = dict(row, seconds=round(seconds, 1), updates=int(float(records[-1]["num_updates"])) if records else 0,
+               words_per_s=round(statistics.median(wps[1:]), 1) if len(wps) > 1 else None,
+               wps_records=wps, losses=[[int(float(r["num_updates"])), float(r["loss"])] for r in records if "loss" in r])
+    if probe.tokens:
+        out["real_tokens_per_step"] = statistics.median(t[0] for t in probe.tokens)
+        out["padded_tokens_per_step"] = statistics.median(t[1] for t in probe.tokens)
+        out["batch_fill"] = round(statistics.median(t[2] for t in probe.tokens) / row["max_tokens"], 3)
+    if probe.flops is not None and probe.flops_tokens:
+        out["flops_per_token"] = probe.flops / probe.flops_tokens
+    out["peak_mib"] = round(torch.cuda.max_memory_allocated() / 2 ** 20) if cuda else None
+    out["gpu_busy"] = busy.between(probe.t0, probe.t1) if busy.available and probe.t0 else None
+    if after is not None:
+        out["compile_s_in_row"] = round(after["seconds"] - before["seconds"], 1)
+        out["compiled_graphs_in_row"] = after["graphs"] - before["graphs"]
+        out["eager_fallbacks"] = after["fallbacks"][len(before["fallbacks"]):]
+    if out["updates"] < max_update(row["argv"]):
+        out["error"] = f"stopped at update {out['updates']} of {max_update(row['argv'])}"
+    return out
+
+
+def max_update(argv):
+    return int(argv[argv.index("--max-update") + 1])
+
+
+def child(plan_path, record_path, deadline):
+    """Run the plan's rows in this process, one after another, adding each to the record as it finishes."""
+    with open(plan_path) as f:
+        spec = json.load(f)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+                        stream=sys.stdout)
+    if not spec["stock"]:
+        import umst_plugin  # noqa: F401  (fairseq's --user-dir import finds it loaded)
+        from umst_plugin import op_counts  # noqa: F401  (FLOP formulas torch lacks: addbmm)
+    import torch
+
+    busy = GpuBusy(_visible_index(), enabled=torch.cuda.is_available())
+    try:
+        for row in spec["rows"]:
+            label = row_label(row)
+            if deadline and time.time() > deadline - MIN_ROW_SECONDS:
+                print(f"[speed] {label}: not run (deadline)", flush=True)
+                update_record(record_path, dict(row, error="not run (deadline)"))
+                continue
+            if "--fp16" in row["argv"] and not torch.cuda.is_available():
+                update_record(record_path, dict(row, error="skipped: fairseq's --fp16 (FP16Optimizer) needs CUDA"))
+                continue
+            print(f"[speed] {label}: fairseq-train {shlex.join(row['argv'][1:3])} ...", flush=True)
+            try:
+                result = run_row(row, spec["measured_from"], busy)
+            except Exception as e:  # noqa: BLE001  (a failed row is recorded; the others run)
+                result = dict(row, error=f"{type(e).__name__}: {str(e)[:500]}")
+            update_record(record_path, result)
+            print(f"[speed] {label}: " + (f"{result['words_per_s']:,.0f} words/s" if result.get("words_per_s")
+                                          else result.get("error", "no records")), flush=True)
+    finally:
+        busy.close()
+    return 0
+
+
+def _visible_index():
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+    return first if first else "0"
+
+
+def row_label(row):
+    return (f"{row['name']} {row['precision']}{' compiled' if row['compiled'] else ''} "
+            f"{row['max_tokens']:,} tokens")
+
+
+def row_key(row):
+    return (row["name"], row["precision"], row["compiled"], row["max_tokens"])
+
+
+# ---- the record ---------------------------------------------------------------------------------------------------
+
+def update_record(path, row):
+    """Put ``row`` into the record at ``path`` (replacing the row of the same key), recompute what depends on the
+    rows (:func:`finish`) and write it again (atomically), with its markdown beside it."""
+    with open(path) as f:
+        record = json.load(f)
+    record["rows"] = [r for r in record["rows"] if row_key(r) != row_key(row)] + [row]
+    write_record(path, finish(record))
+
+
+def write_record(path, record):
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f, indent=1)
+    os.replace(path + ".tmp", path)
+    with open(os.path.splitext(path)[0] + ".md", "w") as f:
+        f.write(markdown(record) + "\n")
+
+
+def peak_flops(card):
+    for fragment, peak in DENSE_BF16_PEAK:
+        if card and fragment in card:
+            return peak
+    return None
+
+
+def finish(record):
+    """Fill what derives from several rows: a compiled row's FLOPs per token from its eager row; MFU; words/s per
+    FLOP against the plugin transformer's (same compile state and batch); each compiled row's loss check; the
+    targets. Rows keep the plan's order."""
+    order = {row_key(r): i for i, r in enumerate(record.get("plan", []))}
+    rows = sorted(record["rows"], key=lambda r: order.get(row_key(r), len(order)))
+    record["rows"] = rows
+    by = {row_key(r): r for r in rows}
+    peak = peak_flops(record.get("card"))
+    for r in rows:
+        if r["compiled"] and r.get("flops_per_token") is None:
+            eager = by.get((r["name"], r["precision"], False, r["max_tokens"]))
+            if eager and eager.get("flops_per_token"):
+                r["flops_per_token"] = eager["flops_per_token"]
+        if r.get("words_per_s") and r.get("flops_per_token"):
+            r["mfu"] = round(r["words_per_s"] * r["flops_per_token"] / peak, 4) if peak else None
+        else:
+            r.setdefault("mfu", None)
+        if r["stock"] and r.get("flops_per_token") is None:
+            plugin = by.get(("transformer", "bf16", False, r["max_tokens"]))
+            if plugin and plugin.get("flops_per_token") and r.get("words_per_s"):
+                r["flops_per_token"] = plugin["flops_per_token"]
+                r["mfu"] = round(r["words_per_s"] * r["flops_per_token"] / peak, 4) if peak else None
+        r.setdefault("compile_s", record.get("warm_up", {}).get(f"{r['name']} {r['max_tokens']}", {}).get("seconds")
+                     if r["compiled"] else None)
+    for r in rows:
+        base = by.get(("transformer", r["precision"], r["compiled"], r["max_tokens"]))
+        if base and not r["stock"] and base.get("words_per_s") and r.get("words_per_s") and \
+                r.get("flops_per_token") and base.get("flops_per_token"):
+            r["words_per_flop_vs_transformer"] = round(
+                r["words_per_s"] * r["flops_per_token"] / (base["words_per_s"] * base["flops_per_token"]), 3)
+        stock = by.get(("stock transformer", "fp16", False, r["max_tokens"]))
+        if stock and stock.get("words_per_s") and r.get("words_per_s"):
+            r["vs_stock_fp16"] = round(r["words_per_s"] / stock["words_per_s"], 3)
+        if r["compiled"]:
+            r["loss_check"] = loss_check(r, by, record.get("warm_up", {}))
+    record["targets"] = targets(record, by)
+    return record
+
+
+def max_loss_gap(a_points, b_points):
+    """The largest difference between two runs' losses at the logged updates both reached, or None."""
+    a, b = dict(map(tuple, a_points or [])), dict(map(tuple, b_points or []))
+    common = set(a) & set(b)
+    return max(abs(a[u] - b[u]) for u in common) if common else None
+
+
+def loss_check(row, by, warm_up):
+    """Whether a compiled row's losses equal its eager row's within noise. Compiled and eager code draw dropout
+    masks from different random streams (inductor's own) and round differently (fused intermediates stay fp32),
+    so the noise is measured, not assumed: ``dropout`` is this compiled row's own gap to its warm-up run, the same
+    run with other dropout masks (:func:`warm_up_child`); ``precision`` is the plugin transformer's gap between
+    bf16 and fp32 (tf32) at this batch, the same masks; the tolerance is :data:`LOSS_NOISE_MARGIN` times their sum,
+    at least the log's resolution."""
+    eager = by.get((row["name"], row["precision"], False, row["max_tokens"]))
+    diff = max_loss_gap(eager.get("losses") if eager else None, row.get("losses"))
+    if diff is None:
+        return dict(ok=None, why="no eager row's losses to compare with")
+    dropout = max_loss_gap(row.get("losses"), warm_up.get(f"{row['name']} {row['max_tokens']}", {}).get(
+        "losses_dropout_shifted"))
+    precision = max_loss_gap(*(by.get(("transformer", p, False, row["max_tokens"]), {}).get("losses")
+                               for p in ("bf16", "tf32")))
+    if dropout is None or precision is None:
+        return dict(ok=None, max_abs_diff=round(diff, 4),
+                    why="noise not measured (" + ", ".join(
+                        w for w, v in (("no warm-up losses", dropout), ("no transformer bf16 / tf32 rows", precision))
+                        if v is None) + ")")
+    tolerance = max(LOSS_NOISE_MARGIN * (dropout + precision), 2 * LOSS_RESOLUTION)
+    return dict(ok=diff <= tolerance, max_abs_diff=round(diff, 4), tolerance=round(tolerance, 4),
+                dropout_noise=round(dropout, 4), precision_noise=round(precision, 4))
+
+
+def targets(record, by):
+    """The targets at the recipe batch (the first in the plan): each with its figure and whether it is met (None
+    where a row it needs is missing)."""
+    tokens = record.get("max_tokens", [RECIPE_MAX_TOKENS])[0]
+    out = {}
+    stock = by.get(("stock transformer", "fp16", False, tokens), {}).get("words_per_s")
+    tf = by.get(("transformer", "bf16", True, tokens), {})
+    tf_eager = by.get(("transformer", "bf16", False, tokens), {})
+    tf32 = by.get(("transformer", "tf32", False, tokens), {}).get("words_per_s")
+
+    def target(name, value, bound, at_least=True):
+        met = None if value is None else (value >= bound if at_least else value <= bound)
+        out[name] = dict(value=None if value is None else round(value, 3), target=bound, met=met)
+    target("transformer_vs_stock_fp16", tf.get("words_per_s") / stock if stock and tf.get("words_per_s") else None,
+           TARGETS["transformer_vs_stock_fp16"])
+    target("transformer_mfu", tf.get("mfu"), TARGETS["transformer_mfu"])
+    per_flop = [r.get("words_per_flop_vs_transformer") for r in by.values()
+                if r["compiled"] and r["max_tokens"] == tokens and r["name"] != "transformer"]
+    target("words_per_flop_vs_transformer (worst compiled)",
+           min(per_flop) if per_flop and None not in per_flop else None, TARGETS["words_per_flop_vs_transformer"])
+    busy = [r.get("gpu_busy") for r in by.values() if not r["stock"] and r["max_tokens"] == tokens]
+    target("gpu_busy (least plugin row)", min(busy) if busy and None not in busy else None, TARGETS["gpu_busy"])
+    target("bf16_vs_tf32", tf_eager.get("words_per_s") / tf32 if tf32 and tf_eager.get("words_per_s") else None,
+           TARGETS["bf16_vs_tf32"])
+    checks = [r.get("loss_check", {}).get("ok") for r in by.values() if r["compiled"] and r["max_tokens"] == tokens]
+    out["compiled_losses_equal_eager"] = dict(met=all(checks) if checks and None not in checks else None,
+                                              rows=len(checks))
+    return out
+
+
+def _fmt(value, spec):
+    return "-" if value is None else format(value, spec)
+
+
+def markdown(record):
+    head = ["row", "precision", "compiled", "words/s", "vs stock --fp16", "tokens/step real / padded",
+            "MFLOP/token", "MFU", "words/s per FLOP vs transformer", "GPU busy", "peak MiB", "compile s", "losses"]
+    where = record.get("card") or f"CPU ({record.get('cpu')})"
+    lines = [f"# fairseq-train speed: {where}", "",
+             f"Commit {record.get('commit')}, torch {record.get('torch')}; corpus: {record.get('corpus', {}).get('what')}; "
+             f"{record.get('updates')} updates per row, log interval {record.get('log_interval')} "
+             f"(`{record.get('command')}`).", ""]
+    for tokens in record.get("max_tokens", []):
+        lines += [f"## --max-tokens {tokens:,}", "", "| " + " | ".join(head) + " |",
+                  "|" + "|".join("---" for _ in head) + "|"]
+        for r in record["rows"]:
+            if r["max_tokens"] != tokens:
+                continue
+            if not r.get("words_per_s"):
+                lines.append(f"| {r['name']} | {r['precision']} | {'yes' if r['compiled'] else 'no'} | "
+                             f"{r.get('error', 'no result')} |" + " |" * (len(head) - 4))
+                continue
+            check = r.get("loss_check") or {}
+            losses = "-" if not r["compiled"] else {True: "= eager", False: "**differ**", None: "not compared"}[
+                check.get("ok")]
+            lines.append(
+                f"| {r['name']} | {r['precision']} | {'yes' if r['compiled'] else 'no'} | {r['words_per_s']:,.0f} | "
+                f"{_fmt(r.get('vs_stock_fp16'), '.2f')} | "
+                f"{_fmt(r.get('real_tokens_per_step'), ',.0f')} / {_fmt(r.get('padded_tokens_per_step'), ',.0f')} | "
+                f"{_fmt(r['flops_per_token'] / 1e6 if r.get('flops_per_token') else None, '.4g')} | "
+                f"{_fmt(r.get('mfu'), '.3f')} | {_fmt(r.get('words_per_flop_vs_transformer'), '.2f')} | "
+                f"{_fmt(r.get('gpu_busy'), '.2f')} | {_fmt(r.get('peak_mib'), ',')} | "
+                f"{_fmt(r.get('compile_s'), '.0f')} | {losses} |")
+        lines.append("")
+    lines += ["## Targets (recipe batch)", "", "| target | value | bound | met |", "|---|---|---|---|"]
+    for name, t in record.get("targets", {}).items():
+        lines.append(f"| {name} | {_fmt(t.get('value'), '.3f') if 'value' in t else t.get('rows')} | "
+                     f"{t.get('target', '-')} | {t.get('met')} |")
+    return "\n".join(lines)
+
+
+# ---- the parent: data, compile warm-up, the two processes ---------------------------------------------------------
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def slug(name):
+    import re
+
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def process_env(extra_paths=()):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join([*extra_paths, ROOT] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
+def build_corpus(directory, sizes, log, env):
+    """The synthetic corpus (synthetic_corpus.py) in ``directory``, built by a process of its own unless a
+    previous call built the same one (its arguments recorded beside it)."""
+    stamp = os.path.join(directory, "speed-corpus.json")
+    databin = os.path.join(directory, "data-bin")
+    if os.path.exists(stamp):
+        with open(stamp) as f:
+            if json.load(f) == sizes and os.path.exists(os.path.join(databin, "dict.src.txt")):
+                return databin, 0.0
+    start = time.time()
+    argv = [sys.executable, os.path.join(HERE, "synthetic_corpus.py"), directory,
+            "--train", str(sizes["train"]), "--valid", str(sizes["valid"]), "--test", str(sizes["test"]),
+            "--vocab", str(sizes["vocab"]), "--lengths", sizes["lengths"], "--workers", str(min(8, os.cpu_count() or 1))]
+    log.write("$ " + shlex.join(argv) + "\n")
+    log.flush()
+    subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, check=True)
+    with open(stamp, "w") as f:
+        json.dump(sizes, f)
+    return databin, time.time() - start
+
+
+def warm_up(rows, work, env, timeout):
+    """Compile every compiled row once, all at the same time, each in a process of its own that trains the row
+    (:func:`warm_up_child`) into the shared inductor cache (``env``'s TORCHINDUCTOR_CACHE_DIR): {"name tokens":
+    dict(seconds of compiling, graphs, losses with other dropout masks, error)}. Processes still running at
+    ``timeout`` are stopped (their rows compile the rest when they run)."""
+    if not rows:
+        return {}
+    procs = []
+    threads = max(1, (os.cpu_count() or 2) // len(rows))
+    for row in rows:
+        key = f"{row['name']} {row['max_tokens']}"
+        out = os.path.join(work, f"warm-up-{slug(key)}.json")
+        spec = os.path.join(work, f"warm-up-{slug(key)}-row.json")
+        with open(spec, "w") as f:
+            json.dump(row, f)
+        log = open(os.path.join(work, f"warm-up-{slug(key)}-log.txt"), "w")
+        proc_env = dict(env, TORCHINDUCTOR_COMPILE_THREADS=str(threads))
+        procs.append((key, out, log, subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--warm-up-row", spec, "--warm-up-out", out],
+            stdout=log, stderr=subprocess.STDOUT, env=proc_env, cwd=ROOT, start_new_session=True)))
+    end = time.time() + timeout
+    results = {}
+    for key, out, log, proc in procs:
+        try:
+            proc.wait(timeout=max(1, end - time.time()))
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+        log.close()
+        try:
+            with open(out) as f:
+                results[key] = json.load(f)
+        except (OSError, ValueError):
+            results[key] = dict(seconds=None, error=f"no result (rc {proc.returncode}; see {log.name})")
+        print(f"[speed] compile warm-up {key}: " + (f"{results[key]['seconds']:.0f} s of compiling"
+                                                    if results[key].get("seconds") is not None
+                                                    else results[key]["error"]), flush=True)
+    return results
+
+
+def warm_up_child(spec_path, out_path):
+    """A compile warm-up: the compiled row's whole run with its dropout masks shifted (:data:`DROPOUT_SHIFT`): the
+    seconds of compiling, and the losses that tell how much dropout alone moves them (the loss check's noise)."""
+    with open(spec_path) as f:
+        row = json.load(f)
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+    import umst_plugin  # noqa: F401
+    import torch
+
+    before = _compile_state()
+    start = time.time()
+    result = {}
+    try:
+        records, _ = train(row["argv"], StepProbe(measured_from=10 ** 9, count_flops=False, pad_index=1),
+                           dropout_shift=DROPOUT_SHIFT)
+        result["losses_dropout_shifted"] = [[int(float(r["num_updates"])), float(r["loss"])] for r in records
+                                            if "loss" in r]
+    except Exception as e:  # noqa: BLE001
+        result["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    after = _compile_state()
+    result.update(seconds=round(after["seconds"] - before["seconds"], 1), wall_s=round(time.time() - start, 1),
+                  graphs=after["graphs"] - before["graphs"], eager_fallbacks=after["fallbacks"],
+                  concurrent="all compiled rows at once")
+    if torch.cuda.is_available():
+        result["peak_mib"] = round(torch.cuda.max_memory_allocated() / 2 ** 20)
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+def _kill_group(proc):
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_child(rows, tag, work, record_path, env, deadline, measured_from):
+    """One process running ``rows`` in order (stock: never imports the plugin); its output to WORK/TAG-log.txt,
+    its ``[speed]`` lines also here. Killed at the deadline."""
+    if not rows:
+        return
+    plan_path = os.path.join(work, f"{tag}-plan.json")
+    with open(plan_path, "w") as f:
+        json.dump(dict(stock=tag == "stock", rows=rows, measured_from=measured_from), f)
+    log_path = os.path.join(work, f"{tag}-log.txt")
+    with open(log_path, "a") as log:
+        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", plan_path, "--record",
+                                 record_path, "--deadline-at", str(deadline or 0)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT, text=True,
+                                errors="replace", start_new_session=True)
+        relay = threading.Thread(target=_relay, args=(proc.stdout, log), daemon=True)
+        relay.start()
+        try:
+            proc.wait(timeout=max(1, deadline - time.time()) if deadline else None)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            print(f"[speed] the {tag} process stopped at the deadline; its finished rows are in {record_path}",
+                  flush=True)
+        relay.join(timeout=5)
+        if proc.returncode not in (0, None, -9):
+            print(f"[speed] the {tag} process ended with rc {proc.returncode} (see {log_path})", flush=True)
+
+
+def _relay(stream, log):
+    for line in stream:
+        log.write(line)
+        if line.startswith("[speed]"):
+            log.flush()
+            print(line, end="", flush=True)
+    log.flush()
+
+
+def rows_done(record_path, plan_rows):
+    """Rows of the same plan an earlier run of the same command finished (no error)."""
+    try:
+        with open(record_path) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return []
+    wanted = {row_key(r): r["argv"] for r in plan_rows}
+    return [r for r in record.get("rows", []) if wanted.get(row_key(r)) == r.get("argv") and not r.get("error")]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=os.path.join(ROOT, "docs", "results"), help="where the record goes")
+    p.add_argument("--work", default=os.path.join(ROOT, "bench-out", "speed"),
+                   help="scratch: the corpus, the inductor cache, the processes' logs")
+    p.add_argument("--data", default=None, help="a data-bin to train on instead of the synthetic corpus")
+    p.add_argument("--wheelhouse", default=None,
+                   help="install fairseq and the plugin's needs from this wheelhouse first (scripts/offline-wheelhouse.sh; "
+                        "a lent GPU machine without internet), as the GPU check does")
+    p.add_argument("--max-tokens", default=None,
+                   help=f"batch sizes per card, in order (default: the recipe's {RECIPE_MAX_TOKENS:,}, then "
+                        f"{CONTRAST_MAX_TOKENS:,} for contrast; --tiny: {TINY_MAX_TOKENS})")
+    p.add_argument("--updates", type=int, default=None, help="updates per row (default 24; --tiny: 8)")
+    p.add_argument("--log-interval", type=int, default=None,
+                   help="updates per logged record, the first of which is warm-up (default 4; --tiny: 2)")
+    p.add_argument("--archs", default=",".join(ARCHS))
+    p.add_argument("--compile-archs", default=None, help="archs with a --compile row (default: all; --tiny: transformer)")
+    p.add_argument("--no-stock", action="store_true")
+    p.add_argument("--deadline", type=float, default=None, help="seconds for the whole call")
+    p.add_argument("--warm-up-timeout", type=float, default=240, help="seconds for the compile warm-up")
+    p.add_argument("--commit", default=None, help="the commit measured (default: git's HEAD of this checkout)")
+    p.add_argument("--tiny", action="store_true", help="tiny widths, corpus and batches (a CPU check of the plan)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--record", help=argparse.SUPPRESS)
+    p.add_argument("--deadline-at", type=float, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--warm-up-row", help=argparse.SUPPRESS)
+    p.add_argument("--warm-up-out", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        return child(args.child, args.record, args.deadline_at or None)
+    if args.warm_up_row:
+        return warm_up_child(args.warm_up_row, args.warm_up_out)
+    start = time.time()
+    deadline = start + args.deadline if args.deadline else None
+    archs = [a for a in args.archs.split(",") if a]
+    compile_default = "transformer" if args.tiny else ",".join(ARCHS)
+    compile_archs = [a for a in (args.compile_archs if args.compile_archs is not None else compile_default).split(",")
+                     if a]
+    unknown = sorted(set(archs + compile_archs) - set(ARCHS))
+    if unknown:
+        p.error(f"unknown arch(s) {', '.join(unknown)}; choices: {', '.join(ARCHS)}")
+    max_tokens = [int(t) for t in (args.max_tokens or (TINY_MAX_TOKENS if args.tiny else
+                                                       f"{RECIPE_MAX_TOKENS},{CONTRAST_MAX_TOKENS}")).split(",")]
+    args.updates = args.updates or (8 if args.tiny else 24)
+    args.log_interval = args.log_interval or (2 if args.tiny else 4)
+    work = os.path.abspath(args.work)
+    sizes = TINY_CORPUS if args.tiny else CORPUS
+    data = args.data or os.path.join(work, "corpus", "data-bin")
+    stock, plugin = plan(data, max_tokens, args.updates, args.log_interval, archs, compile_archs, args.tiny)
+    if args.no_stock:
+        stock = []
+    if args.dry_run:
+        for row in stock + plugin:
+            print(f"{row_label(row):>48}: fairseq-train {shlex.join(row['argv'])}")
+        return 0
+    os.makedirs(work, exist_ok=True)
+    os.makedirs(args.out, exist_ok=True)
+    paths, install_s = [], None
+    if args.wheelhouse:
+        from umst_tools import gpu_check
+
+        with open(os.path.join(work, "install-log.txt"), "a") as log:
+            site, tree = gpu_check.install(sys.executable, os.path.abspath(args.wheelhouse), work, log)
+        paths, install_s = [site, tree], round(time.time() - start, 1)
+        print(f"[speed] installed from {args.wheelhouse} in {install_s:.0f} s", flush=True)
+    env = process_env(paths)
+    env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(work, "inductor-cache")  # shared by the warm-up and the rows
+    env.setdefault("OMP_NUM_THREADS", "1" if args.tiny else "4")
+    import torch
+
+    info = device_info()
+    commit = args.commit or git_commit()
+    name = f"gpu-speed-{slug(info['card'])}" if info["card"] else f"speed-cpu{'-tiny' if args.tiny else ''}"
+    record_path = os.path.join(args.out, f"{name}-{commit}.json")
+    command = "python -m benchmarks.speed_table " + shlex.join(sys.argv[1:] if argv is None else argv)
+    record = dict(commit=commit, **info, command=command.strip(), max_tokens=max_tokens, updates=args.updates,
+                  log_interval=args.log_interval, started=time.strftime("%Y-%m-%d %H:%M:%S %Z"), install_s=install_s,
+                  plan=[{k: r[k] for k in ("name", "precision", "compiled", "max_tokens")} for r in stock + plugin],
+                  rows=rows_done(record_path, stock + plugin))
+    done = {row_key(r) for r in record["rows"]}
+    if done:
+        print(f"[speed] {len(done)} rows kept from {record_path} (the same plan); running the rest", flush=True)
+    stock = [r for r in stock if row_key(r) not in done]
+    plugin = [r for r in plugin if row_key(r) not in done]
+    with open(os.path.join(work, "parent-log.txt"), "a") as log:
+        if not args.data:
+            databin, seconds = build_corpus(os.path.join(work, "corpus"), sizes, log, env)
+            print(f"[speed] corpus {databin}: " + ("built in %.0f s" % seconds if seconds else "from an earlier call"),
+                  flush=True)
+    from benchmarks.synthetic_corpus import WMT14_MEAN
+
+    record["corpus"] = dict(sizes, what=(f"synthetic, {sizes['train']:,} training pairs of WMT14 En-De's BPE lengths "
+                                         f"(log-normal, mean {WMT14_MEAN:.0f} source tokens, tail to 250), "
+                                         f"{sizes['vocab']:,}-entry joined dictionary") if not args.data else args.data)
+    write_record(record_path, finish(record))
+    compiled = [r for r in plugin if r["compiled"] and r["max_tokens"] == max_tokens[0]]
+    warm_timeout = min(args.warm_up_timeout, (deadline - time.time()) * 0.4) if deadline else args.warm_up_timeout
+    record["warm_up"] = warm_up(compiled, work, env, warm_timeout)
+    record["warm_up_s"] = round(time.time() - start, 1)
+    write_record(record_path, finish(record))
+    measured_from = args.log_interval
+    run_child(stock, "stock", work, record_path, env, deadline, measured_from)
+    run_child(plugin, "plugin", work, record_path, env, deadline, measured_from)
+    with open(record_path) as f:
+        record = json.load(f)
+    record["seconds"] = round(time.time() - start, 1)
+    write_record(record_path, finish(record))
+    print("\n" + markdown(record))
+    print(f"\n[speed] wrote {record_path} and its .md ({record['seconds']:.0f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    raise SystemExit(main())

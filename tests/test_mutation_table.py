@@ -1,0 +1,61 @@
+"""umst_tools/mutation.py, the mutation check (``python -m umst_tools.mutation``: minutes, not run in the suite):
+its table fits the code -- every snippet occurs exactly once in its file, every test it names exists -- its last
+recorded run covers the table and caught every fault, and a planted fault never stays behind in a file."""
+import json
+import os
+
+import pytest
+
+import e2e
+from umst_tools import mutation
+
+RECORD = os.path.join(e2e.ROOT, "docs", "results", "mutation-cpu.json")
+
+
+def test_every_snippet_occurs_once_and_every_named_test_exists():
+    assert mutation.problems(e2e.ROOT) == []
+    assert len(mutation.MUTANTS) >= 7
+    for m in mutation.MUTANTS:
+        assert m.tests and any(a.startswith("tests/") for a in m.tests), m.name
+
+
+def test_the_table_check_finds_what_does_not_fit(tmp_path):
+    """A snippet that occurs twice or not at all, a test that does not exist, a name used twice: each reported."""
+    m = mutation.MUTANTS[0]
+    target = tmp_path / mutation.FILES[m.file]
+    target.parent.mkdir(parents=True)
+    target.write_text(m.original + "\n" + m.original + "\n")
+    (tmp_path / "tests").mkdir()
+    wrong = mutation.problems(str(tmp_path), [m, m])
+    assert any("used twice" in w for w in wrong) and any("occurs 2 times" in w for w in wrong), wrong
+    assert any("does not exist" in w for w in wrong), wrong
+    target.write_text("nothing of it\n")
+    assert any("occurs 0 times" in w for w in mutation.problems(str(tmp_path), [m]))
+
+
+def test_a_planted_fault_is_taken_out_whatever_happens(tmp_path):
+    m = mutation.MUTANTS[0]
+    target = tmp_path / mutation.FILES[m.file]
+    target.parent.mkdir(parents=True)
+    text = "before\n" + m.original + "\nafter\n"
+    target.write_text(text)
+    with pytest.raises(KeyboardInterrupt):
+        with mutation.planted(str(tmp_path), m):
+            assert target.read_text() == text.replace(m.original, m.faulty)
+            raise KeyboardInterrupt
+    assert target.read_text() == text
+    target.write_text(m.original * 2)  # not exactly once: nothing written
+    with pytest.raises(ValueError, match="2 times"):
+        with mutation.planted(str(tmp_path), m):
+            pass
+    assert target.read_text() == m.original * 2
+
+
+def test_the_recorded_run_covers_the_table_and_caught_every_fault():
+    with open(RECORD) as f:
+        record = json.load(f)
+    verdicts = {r["name"]: r["verdict"] for r in record["results"]}
+    assert set(verdicts) == {m.name for m in mutation.MUTANTS}, sorted(set(verdicts) ^ {m.name for m in
+                                                                                       mutation.MUTANTS})
+    assert all(v == "caught" for v in verdicts.values()), {n: v for n, v in verdicts.items() if v != "caught"}
+    assert all(b["status"] == 0 for b in record["baseline"]), record["baseline"]

@@ -1,0 +1,162 @@
+"""The speed table (benchmarks/speed_table.py, scripts/gpu-speed.sh): its CPU run at tiny sizes, the same plan a
+lent GPU runs, and the record's arithmetic (loss checks, MFU, targets) on rows of known figures."""
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from benchmarks import speed_table
+from benchmarks import synthetic_corpus
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_wmt14_lengths_have_the_stated_distribution():
+    rng = random.Random(0)
+    pairs = [synthetic_corpus.wmt14_pair(rng) for _ in range(40000)]
+    src = [s for s, _ in pairs]
+    tgt = [t for _, t in pairs]
+    assert abs(sum(src) / len(src) - 28.0) < 0.5  # the stated mean
+    assert abs(sum(tgt) / sum(src) - 1.06) < 0.02  # targets about 5% longer (log-normal ratio, mu 0.05)
+    assert max(src) > 200 and max(max(src), max(tgt)) <= 250  # a tail toward the cut at 250
+    assert all(1 / 1.5 - 0.5 / s <= t / s <= 1.5 + 0.5 / s for s, t in pairs)  # the length-ratio filter (rounded)
+    assert sorted(src)[len(src) // 2] in (22, 23, 24)  # the median of log-normal mean 28, sigma 0.6
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """scripts/gpu-speed.sh --tiny, as CI runs it: the record and the script's output."""
+    out = tmp_path_factory.mktemp("speed")
+    cmd = ["bash", os.path.join(ROOT, "scripts", "gpu-speed.sh"), "--tiny", "--out", str(out / "results"),
+           "--work", str(out / "work"), "--commit", "abc1234"]
+    env = dict(os.environ, PYTHON=sys.executable)
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    path = out / "results" / "speed-cpu-tiny-abc1234.json"
+    return cmd, env, path, json.loads(path.read_text()), proc.stdout
+
+
+def test_tiny_run_has_every_planned_row_with_its_fields(tiny_run):
+    _, _, path, record, _ = tiny_run
+    assert record["commit"] == "abc1234" and record["card"] is None and record["cpu"]
+    planned = {(p["name"], p["precision"], p["compiled"], p["max_tokens"]) for p in record["plan"]}
+    rows = {speed_table.row_key(r): r for r in record["rows"]}
+    assert set(rows) == planned and len(planned) == 2 * (2 + 8 + 2)  # 2 stock, 8 archs, compiled and tf32 rows
+    for key, r in rows.items():
+        if r["stock"] and r["precision"] == "fp16":  # fairseq's --fp16 needs CUDA
+            assert r["error"].startswith("skipped") and not r.get("words_per_s")
+            continue
+        assert "error" not in r, (key, r.get("error"))
+        for field in ("arch", "stock", "precision", "compiled", "max_tokens", "words_per_s", "mfu", "gpu_busy",
+                      "peak_mib", "compile_s", "losses"):
+            assert field in r, (key, field)
+        assert r["words_per_s"] > 0 and r["updates"] == 8
+        assert [u for u, _ in r["losses"]] == [2, 4, 6, 8]  # every logged update
+        assert 0 < r["real_tokens_per_step"] <= r["padded_tokens_per_step"] <= 2 * r["max_tokens"]
+        assert 0.9 <= r["batch_fill"] <= 1.0, (key, r["batch_fill"])  # the batch asked for, within 10%
+        assert r["flops_per_token"] > 0
+        assert r["mfu"] is None and r["gpu_busy"] is None and r["peak_mib"] is None  # no card: no peak, no nvidia-smi
+    transformer = rows[("transformer", "bf16", False, 1024)]
+    compiled = rows[("transformer", "bf16", True, 1024)]
+    assert compiled["flops_per_token"] == transformer["flops_per_token"]  # the eager row's count (same batches)
+    assert compiled["compile_s"] > 0 and compiled["eager_fallbacks"] == []
+    assert record["warm_up"]["transformer 1024"]["losses_dropout_shifted"]
+    assert compiled["loss_check"]["ok"] is True, compiled["loss_check"]
+    # the contrast batch compiles in the measured process (no warm-up), so its losses are not checked
+    assert rows[("transformer", "bf16", True, 256)]["loss_check"]["ok"] is None
+    assert rows[("umst", "bf16", False, 1024)]["words_per_flop_vs_transformer"] > 0
+    assert set(record["targets"]) >= {"transformer_vs_stock_fp16", "transformer_mfu", "bf16_vs_tf32",
+                                      "compiled_losses_equal_eager"}
+    table = path.with_suffix(".md").read_text()
+    assert "## --max-tokens 1,024" in table and "| transformer | bf16 | yes |" in table
+
+
+def test_the_same_command_again_keeps_the_rows_done(tiny_run):
+    cmd, env, path, record, _ = tiny_run
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kept = sum(1 for r in record["rows"] if not r.get("error"))
+    assert f"{kept} rows kept" in proc.stdout
+    assert "fairseq-train --arch" not in proc.stdout  # nothing trained again but the skipped row's check
+    again = json.loads(path.read_text())
+    assert [r.get("words_per_s") for r in again["rows"]] == [r.get("words_per_s") for r in record["rows"]]
+
+
+def _losses(values, start=4, step=4):
+    return [[start + step * i, v] for i, v in enumerate(values)]
+
+
+def _row(name, precision, compiled, losses, wps=1000.0, flops=3e8, tokens=38400, stock=False):
+    return dict(name=name, arch=name, stock=stock, precision=precision, compiled=compiled, max_tokens=tokens,
+                words_per_s=wps, flops_per_token=None if compiled else flops, losses=_losses(losses))
+
+
+def _record(compiled_losses, shifted, tf32=(9.50, 9.00, 8.50)):
+    rows = [_row("transformer", "bf16", False, [9.50, 9.01, 8.50], wps=400000.0),
+            _row("transformer", "tf32", False, list(tf32), wps=150000.0),
+            _row("transformer", "bf16", True, compiled_losses, wps=500000.0),
+            _row("stock transformer", "fp16", False, [9.5, 9.0, 8.5], wps=250000.0, stock=True)]
+    return dict(card="NVIDIA H200", max_tokens=[38400], rows=rows,
+                warm_up={"transformer 38400": dict(seconds=40.0, losses_dropout_shifted=_losses(shifted))})
+
+
+def test_loss_check_tolerance_is_twice_the_measured_dropout_and_bf16_noise():
+    # dropout noise 0.02 (the compiled row against its warm-up), bf16 noise 0.01: tolerance 2 x 0.03 = 0.06
+    ok = speed_table.finish(_record([9.50, 9.02, 8.55], shifted=[9.52, 9.02, 8.55]))
+    check = ok["rows"][2]["loss_check"]
+    assert check["dropout_noise"] == 0.02 and check["precision_noise"] == 0.01 and check["tolerance"] == 0.06
+    assert check["ok"] is True and check["max_abs_diff"] == 0.05
+    # a compiled row that drifts by more than that (0.07 at the last update) is marked
+    bad = speed_table.finish(_record([9.50, 9.02, 8.57], shifted=[9.52, 9.02, 8.57]))
+    assert bad["rows"][2]["loss_check"]["ok"] is False
+    assert bad["targets"]["compiled_losses_equal_eager"]["met"] is False
+    assert "**differ**" in speed_table.markdown(bad)
+
+
+def test_mfu_words_per_flop_and_targets_from_the_rows():
+    record = speed_table.finish(_record([9.50, 9.01, 8.50], shifted=[9.50, 9.01, 8.50]))
+    rows = {speed_table.row_key(r): r for r in record["rows"]}
+    compiled = rows[("transformer", "bf16", True, 38400)]
+    assert compiled["flops_per_token"] == 3e8  # from its eager row
+    assert compiled["mfu"] == pytest.approx(round(500000 * 3e8 / 989.4e12, 4))
+    stock = rows[("stock transformer", "fp16", False, 38400)]
+    assert stock["mfu"] == pytest.approx(round(250000 * 3e8 / 989.4e12, 4))  # the plugin transformer's FLOPs
+    targets = record["targets"]
+    assert targets["transformer_vs_stock_fp16"]["value"] == 2.0 and targets["transformer_vs_stock_fp16"]["met"]
+    assert targets["transformer_mfu"]["value"] == round(500000 * 3e8 / 989.4e12, 3)
+    assert targets["transformer_mfu"]["met"] is False
+    assert targets["bf16_vs_tf32"]["value"] == round(400000 / 150000, 3)
+    assert targets["bf16_vs_tf32"]["met"] is True
+    assert targets["gpu_busy (least plugin row)"]["met"] is None  # no gpu_busy in these rows
+
+
+def test_step_probe_counts_real_and_padded_tokens_and_the_flops_of_one_update():
+    pad = 1
+    src = torch.tensor([[pad, 5, 6, 2], [7, 8, 9, 2]])
+    tgt = torch.tensor([[5, 2, pad], [7, 8, 2]])
+    sample = dict(net_input=dict(src_tokens=src), target=tgt, ntokens=5)
+    probe = speed_table.StepProbe(measured_from=1, count_flops=True, pad_index=pad)
+    weight = torch.randn(4, 3)
+
+    def train_step(samples, raise_oom=False):
+        return torch.randn(2, 4) @ weight  # 2 x 4 x 3 multiply-adds: 48 FLOPs
+
+    for _ in range(3):
+        probe.step(train_step, [sample], False)
+    assert probe.tokens == [(12, 14, 8), (12, 14, 8)]  # updates 1, 2 (0-based): 7 + 5 real of 8 + 6; 2 x 4 budgeted
+    assert probe.flops == 48 and probe.flops_tokens == 5  # the second update (speed_table.FLOPS_UPDATE)
+    assert probe.t0 is not None and probe.t1 >= probe.t0
+
+
+def test_nvidia_smi_lines_are_read_as_percentages():
+    assert speed_table.parse_utilization("87\n") == 87.0
+    assert speed_table.parse_utilization("[N/A]") is None
+    assert speed_table.parse_utilization("Failed to initialize NVML") is None
+    busy = speed_table.GpuBusy(enabled=False)
+    busy.samples = [(1.0, 20.0), (2.0, 80.0), (3.0, 100.0)]
+    assert busy.between(1.5, 3.0) == 0.9 and not busy.available

@@ -1,0 +1,382 @@
+"""The mutation check: faults planted one at a time in the code under test, each run against the tests that claim
+to guard it. A fault that no test catches is a test missing (or one that cannot fail).
+
+    python -m umst_tools.mutation                     # every fault in MUTANTS
+    python -m umst_tools.mutation --only NAME [NAME]  # some of them
+    python -m umst_tools.mutation --list              # the table
+    python -m umst_tools.mutation --json docs/results/mutation-cpu.json --markdown docs/results/mutation-cpu.md
+
+A fault is a text patch of one file: a snippet that occurs exactly once in it, and what replaces it. The check
+copies the repository's files (``git ls-files``: tracked, and untracked ones git does not ignore) into a temporary
+directory and works there only: the guarding tests run once on the unchanged copy (they must pass, or a caught
+fault would mean nothing), then for each fault the copy's file is rewritten, its tests run (``pytest -n 0 -x``,
+the copy first on ``PYTHONPATH``, no bytecode written), and the original text is put back before the next. The
+checkout is never written; the copy is removed at the end, after an error or Ctrl-C too.
+
+A fault is *caught* when its tests fail (pytest's status 1), *survived* when they pass; a run that cannot collect
+its tests (status 2-5) or runs out of time is reported as such. The exit status is 1 if any fault survived or
+could not be judged.
+
+The paths of the code under test are written in one place, :data:`FILES` (a module that moves is changed there).
+``tests/test_mutation_table.py`` checks, in the suite, that every snippet still occurs exactly once and that the
+tests named exist; the last full run is recorded in ``docs/results/mutation-cpu.json``.
+"""
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The code under test, by role: every mutant names one of these keys.
+FILES = {
+    "fused_adam": "umst_plugin/patches/fused_adam.py",
+    "resume_batch_order": "umst_plugin/patches/resume_batch_order.py",
+    "broadcast_checkpoint_load": "umst_plugin/patches/broadcast_checkpoint_load.py",
+    "partition_symbols": "umst_plugin/patches/partition_symbols.py",
+    "compile": "umst_plugin/compile.py",
+    "compile_flags": "umst_plugin/patches/compile_flags.py",
+    "prime_dynamic_conv": "umst_plugin/modules/prime/dynamic_conv.py",
+    "prime_layer": "umst_plugin/modules/prime/layer.py",
+    "umst_graphs": "umst_plugin/modules/umst/graphs.py",
+    "transformer_sf_fusion": "umst_plugin/modules/transformer_sf/fusion.py",
+    "msmsa_window_bias": "umst_plugin/modules/msmsa/window_bias.py",
+    "msmsa_windowed_attention": "umst_plugin/modules/msmsa/windowed_attention.py",
+    "train_sh": "scripts/train.sh",
+    "forked_cli": "tests/forked_cli.py",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str  # a key of FILES
+    original: str  # occurs exactly once in the file
+    faulty: str
+    tests: tuple  # pytest arguments: test files or node ids (tests/...), options such as -m "not slow"
+    fault: str  # what the fault does, in words
+
+
+NOT_SLOW = ("-m", "not slow")
+
+MUTANTS = (
+    Mutant("adam-eps-placement", "fused_adam",
+           "weight_decay=weight_decay * lr / step_size if step_size else 0.0, eps=eps,",
+           "weight_decay=weight_decay * lr / step_size if step_size else 0.0, eps=eps * math.sqrt(1 - beta2 ** t),",
+           ("tests/test_fused_update.py::test_step_sizes_are_fairseqs_with_a_large_eps",
+            "tests/test_fused_update.py::test_same_update_as_fairseqs_adam"),
+           "the fused update's eps added after the bias correction (torch's placement, not fairseq's)"),
+    Mutant("adam-eps-placement-amp", "fused_adam",
+           "weight_decay=0.0, eps=eps, amsgrad=amsgrad, maximize=False, grad_scale=grad_scale,",
+           "weight_decay=0.0, eps=eps * math.sqrt(1 - beta2), amsgrad=amsgrad, maximize=False, "
+           "grad_scale=grad_scale,",
+           ("tests/test_fused_update.py::test_fairseq_trainer_same_weights_as_old_adam",),
+           "under --amp, the fused update's eps at torch's placement of step 1"),
+    Mutant("resume-batch-order", "resume_batch_order",
+           'arguments["epoch"] = 1', 'arguments["epoch"] = epoch',
+           ("tests/test_patch_resume_batch_order.py",),
+           "a run resumed in epoch 2 orders its examples with the resume epoch's seed (fairseq's bug back)"),
+    Mutant("broadcast-load-allow-list", "broadcast_checkpoint_load",
+           "with safe_globals(classes):", "with safe_globals([]):",
+           ("tests/test_preemption.py::test_a_signal_to_one_rank_stops_every_rank_at_the_same_update",),
+           "the other ranks' load of the broadcast checkpoint allows none of its classes"),
+    Mutant("partition-symbols-retry", "partition_symbols",
+           "saved_sym_nodes.extend(missing)  # the caller's list", "pass  # the caller's list",
+           ("tests/test_compile.py::test_the_partition_patch_saves_the_size_inputs_a_split_left_out",),
+           "torch 2.11's split retried without the size inputs it left out"),
+    Mutant("compile-reuse-cache-identity", "compile",
+           "if source is t and version == current and current is not None:",
+           "if version == current and current is not None:",
+           ("tests/test_compile.py::test_plain_copies_a_view_once_while_that_tensor_is_unchanged",),
+           "a layer input's plain copy reused for another tensor of the same version"),
+    Mutant("compile-reuse-cache-version", "compile",
+           "if source is t and version == current and current is not None:",
+           "if source is t and current is not None:",
+           ("tests/test_compile.py::test_plain_copies_a_view_once_while_that_tensor_is_unchanged",),
+           "a layer input's plain copy reused after the tensor changed in place"),
+    Mutant("compile-copy-cut-from-autograd", "compile",
+           "    if t.requires_grad:\n        return t.clone(memory_format=torch.contiguous_format)",
+           "    if t.requires_grad:\n        return t.detach().clone(memory_format=torch.contiguous_format)",
+           ("tests/test_compile.py::test_every_arch_falls_back_to_eager_where_its_layers_fail_to_compile",),
+           "a compiled layer's copied input cut from autograd (no gradient flows back through it)"),
+    Mutant("compile-backward-retry", "compile_flags",
+           "except compiling.CompileFailure as failure:", "except ZeroDivisionError as failure:",
+           ("tests/test_compile_stream.py::"
+            "test_the_trainer_retries_an_update_whose_compiled_backward_failed_and_goes_on_eager",),
+           "fairseq's Trainer does not retry an update whose compiled backward failed"),
+    Mutant("prime-dynamic-conv-window", "prime_dynamic_conv",
+           "padded = F.pad(x, (0, 0, 0, 0, padding_l, K - 1 - padding_l)).view(T + K - 1, B, H, C // H)\n"
+           "        out = (_laid_out(",
+           "padded = F.pad(x, (0, 0, 0, 0, padding_l + 1, K - 2 - padding_l)).view(T + K - 1, B, H, C // H)\n"
+           "        out = (_laid_out(",
+           ("tests/test_dynamic_conv.py",),
+           "the dynamic convolution's window one step to the left"),
+    Mutant("prime-dynamic-conv-cell-offsets", "prime_dynamic_conv",
+           "return left + right + 1, left, [left - p for p in paddings]",
+           "return left + right + 1, left, [0 for p in paddings]",
+           ("tests/test_dynamic_conv.py",),
+           "every cell's taps at the start of the combined window (Eq. 7's narrower cells misplaced)"),
+    Mutant("prime-batched-projection-gradient", "prime_layer",
+           "grad_weight = torch.bmm(_stack_chunks(branches, chunks).transpose(1, 2), grad) if need[0] else None",
+           "grad_weight = 0.5 * torch.bmm(_stack_chunks(branches, chunks).transpose(1, 2), grad) if need[0] "
+           "else None",
+           ("tests/test_prime_lean.py::test_batched_output_projection_under_bf16_autocast",),
+           "the batched output projection's weight gradient halved"),
+    Mutant("umst-word-pooling", "umst_graphs",
+           'down = mean if downsample == "mean" else onehot * inv.sqrt()',
+           'down = onehot if downsample == "mean" else onehot * inv.sqrt()',
+           (*NOT_SLOW, "tests/test_umst.py", "tests/test_umst_lean.py"),
+           "subwords pooled to words by their sum, not their mean (the layers' dense operator)"),
+    Mutant("umst-word-pooling-index", "umst_graphs",
+           'out = sums / n if mode == "mean" else sums / n.sqrt()',
+           'out = sums if mode == "mean" else sums / n.sqrt()',
+           (*NOT_SLOW, "tests/test_umst.py", "tests/test_umst_lean.py"),
+           "subwords pooled to words by their sum, not their mean (the index path)"),
+    Mutant("transformer-sf-cross-attention-pad", "transformer_sf_fusion",
+           "context = attention(q_ext, kv_ext, kv_ext, mask, dropout, scale=self.scaling)",
+           "context = attention(q_ext, kv_ext, kv_ext, None, dropout, scale=self.scaling)",
+           (*NOT_SLOW, "tests/test_transformer_sf.py", "tests/test_transformer_sf_lean.py"),
+           "the cross-granularity attention (lean path) attends to the other branch's padding"),
+    Mutant("transformer-sf-cross-attention-pad-fused", "transformer_sf_fusion",
+           "keep = (~key_padding_mask).view(batch, 1, 1, -1)",
+           "keep = torch.ones_like(key_padding_mask).view(batch, 1, 1, -1)",
+           (*NOT_SLOW, "tests/test_transformer_sf.py", "tests/test_transformer_sf_lean.py"),
+           "the cross-granularity attention (fused path) attends to the other branch's padding"),
+    Mutant("msmsa-window-mask", "msmsa_window_bias",
+           "inside = distance <= half[..., None]", "inside = distance < half[..., None]",
+           (*NOT_SLOW, "tests/test_msmsa.py", "tests/test_msmsa_lean.py"),
+           "every head's window (the stack's shared bias) one key narrower on each side"),
+    Mutant("msmsa-window-mask-module", "msmsa_windowed_attention",
+           "band = (offset >= -half) & (offset <= (0 if causal else half))",
+           "band = (offset > -half) & (offset <= (0 if causal else half))",
+           (*NOT_SLOW, "tests/test_msmsa.py", "tests/test_msmsa_lean.py"),
+           "the windowed attention's own window bias one key narrower on the left"),
+    Mutant("train-sh-nodes", "train_sh",
+           "NEW_UF=$(( UF * ASSUMED / WORLD ))", "NEW_UF=$(( UF * ASSUMED / GPUS ))",
+           ("tests/test_train_sh_plan.py::test_max_tokens_keeps_the_tokens_per_update",),
+           "train.sh scales update_freq by the GPUs of one machine, not of all of them"),
+    Mutant("forked-cli-one-seed", "forked_cli",
+           "SERVERS_PER_TOOL = 2", "SERVERS_PER_TOOL = 1",
+           ("tests/test_forked_cli.py::test_forked_runs_hash_and_shut_down_as_fresh_processes",),
+           "every forked run of a tool gets one string-hash seed (one server per tool)"),
+    Mutant("forked-cli-seed-not-given", "forked_cli",
+           "env=dict(env, PYTHONHASHSEED=str(seed))", "env=env",
+           ("tests/test_forked_cli.py::test_forked_runs_hash_and_shut_down_as_fresh_processes",),
+           "a server's hash seed drawn but not given to it (the seed a run reports is not its own)"),
+    Mutant("forked-cli-finalization", "forked_cli",
+           "raise SystemExit(code)  # the interpreter's own shutdown: threads joined, atexit, finalization",
+           "import atexit; threading._shutdown(); atexit._run_exitfuncs(); sys.stdout.flush(); sys.stderr.flush(); "
+           "os._exit(code)",
+           ("tests/test_forked_cli.py::test_forked_runs_hash_and_shut_down_as_fresh_processes",),
+           "a forked run exits after atexit without the interpreter's finalization (as before)"),
+)
+
+
+def problems(root=ROOT, mutants=MUTANTS):
+    """What is wrong with the table against the files under ``root``: a file that is not there, a snippet that
+    does not occur exactly once, a fault equal to its snippet, a name used twice, a test file or test function
+    that does not exist."""
+    found = []
+    names = [m.name for m in mutants]
+    found += [f"{n}: the name is used twice" for n in sorted({n for n in names if names.count(n) > 1})]
+    for m in mutants:
+        if m.file not in FILES:
+            found.append(f"{m.name}: no file {m.file!r} in FILES")
+            continue
+        path = os.path.join(root, FILES[m.file])
+        if not os.path.isfile(path):
+            found.append(f"{m.name}: {FILES[m.file]} does not exist")
+            continue
+        with open(path, encoding="utf-8") as f:
+            count = f.read().count(m.original)
+        if count != 1:
+            found.append(f"{m.name}: its snippet occurs {count} times in {FILES[m.file]}, not once")
+        if m.faulty == m.original:
+            found.append(f"{m.name}: the fault is the snippet itself")
+        for arg in m.tests:
+            if not arg.startswith("tests/"):
+                continue
+            test_file, _, function = arg.partition("::")
+            test_path = os.path.join(root, test_file)
+            if not os.path.isfile(test_path):
+                found.append(f"{m.name}: {test_file} does not exist")
+                continue
+            with open(test_path, encoding="utf-8") as f:
+                text = f.read()
+            function = function.split("[")[0]
+            if function and not re.search(rf"^def {re.escape(function)}\(", text, flags=re.M):
+                found.append(f"{m.name}: {test_file} has no test {function}")
+    return found
+
+
+@contextlib.contextmanager
+def planted(root, mutant):
+    """``mutant``'s fault written into its file under ``root`` (a copy of the repository); the original text back
+    on leaving, whatever happens inside."""
+    path = os.path.join(root, FILES[mutant.file])
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if text.count(mutant.original) != 1:
+        raise ValueError(f"{mutant.name}: its snippet occurs {text.count(mutant.original)} times in "
+                         f"{FILES[mutant.file]}, not once")
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text.replace(mutant.original, mutant.faulty))
+        yield path
+    finally:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+def copy_of_repository(source, destination):
+    """The files git knows under ``source`` (tracked, and untracked ones it does not ignore) copied to
+    ``destination``; returns how many."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=source,
+                            capture_output=True, text=True, check=True).stdout.split("\0")
+    count = 0
+    for name in filter(None, listed):
+        src = os.path.join(source, name)
+        if not os.path.isfile(src) or os.path.islink(src):
+            continue
+        dst = os.path.join(destination, name)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copy2(src, dst)
+        count += 1
+    return count
+
+
+def _environment(copy):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER")}
+    env["PYTHONPATH"] = copy + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # a restored file is never run from a mutant's bytecode
+    return env
+
+
+def run_tests(copy, tests, timeout, python=sys.executable):
+    """``pytest -n 0 -x`` of ``tests`` in ``copy``: (status, seconds, failed test ids, the output's tail)."""
+    command = [python, "-m", "pytest", "-n", "0", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(command, cwd=copy, env=_environment(copy), capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return "timeout", time.monotonic() - start, [], out[-3000:]
+    out = proc.stdout + proc.stderr
+    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", out, flags=re.M)
+    return proc.returncode, time.monotonic() - start, failed, out[-3000:]
+
+
+def _verdict(status):
+    if status == 1:
+        return "caught"
+    if status == 0:
+        return "survived"
+    return "timeout" if status == "timeout" else f"error (pytest status {status})"
+
+
+def check(mutants=MUTANTS, root=ROOT, timeout=900, log=print):
+    """Run the check (module docstring); returns the record written by ``--json``."""
+    wrong = problems(root, mutants)
+    if wrong:
+        raise ValueError("the mutation table does not fit the code:\n  " + "\n  ".join(wrong))
+    started, start = time.strftime("%Y-%m-%d %H:%M:%S"), time.monotonic()
+    results, baseline = [], []
+    copy = tempfile.mkdtemp(prefix="umst-mutation-")
+    try:
+        n = copy_of_repository(root, copy)
+        log(f"[mutation] {n} files copied to {copy}; the checkout is not written")
+        for tests in dict.fromkeys(m.tests for m in mutants):  # each distinct set once, unchanged code
+            status, seconds, failed, tail = run_tests(copy, tests, timeout)
+            baseline.append(dict(tests=list(tests), status=status, seconds=round(seconds, 1)))
+            log(f"[mutation] unchanged code: {' '.join(tests)}: pytest status {status} in {seconds:.0f} s")
+            if status != 0:
+                raise RuntimeError(f"the tests {' '.join(tests)} fail on the unchanged code (status {status}); "
+                                   f"a fault they catch would mean nothing:\n{tail}")
+        for m in mutants:
+            with planted(copy, m):
+                status, seconds, failed, tail = run_tests(copy, m.tests, timeout)
+            verdict = _verdict(status)
+            results.append(dict(name=m.name, file=FILES[m.file], fault=m.fault, tests=list(m.tests),
+                                verdict=verdict, seconds=round(seconds, 1), failed=failed[:5]))
+            log(f"[mutation] {m.name}: {verdict} in {seconds:.0f} s" + (f" ({failed[0]})" if failed else ""))
+            if verdict.startswith("error"):
+                log(tail)
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+    return dict(started=started, seconds=round(time.monotonic() - start), machine=machine(), commit=_commit(root),
+                command="python -m umst_tools.mutation", baseline=baseline, results=results)
+
+
+def machine():
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores"
+
+
+def _commit(root):
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+    return proc.stdout.strip() or None
+
+
+def markdown(record):
+    lines = [f"Mutation check, commit {record['commit']}, {record['machine']}: {record['seconds']} s "
+             f"(`{record['command']}`).", "",
+             "| fault | file | verdict | seconds | first failing test |", "|---|---|---|---:|---|"]
+    for r in record["results"]:
+        first = r["failed"][0].split("::")[-1] if r["failed"] else ""
+        lines.append(f"| {r['name']}: {r['fault']} | `{r['file']}` | {r['verdict']} | {r['seconds']:.0f} | {first} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m umst_tools.mutation", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="these faults only (names: --list)")
+    parser.add_argument("--list", action="store_true", help="print the table and exit")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per pytest run (default 900)")
+    parser.add_argument("--json", help="write the record here")
+    parser.add_argument("--markdown", help="write the table of results here")
+    args = parser.parse_args(argv)
+    mutants = MUTANTS
+    if args.only:
+        unknown = sorted(set(args.only) - {m.name for m in MUTANTS})
+        if unknown:
+            parser.error(f"no fault named {', '.join(unknown)} (see --list)")
+        mutants = tuple(m for m in MUTANTS if m.name in args.only)
+    if args.list:
+        for m in mutants:
+            print(f"{m.name}\t{FILES[m.file]}\t{m.fault}\t{' '.join(m.tests)}")
+        return 0
+    wrong = problems(ROOT, mutants)
+    if wrong:
+        print("the mutation table does not fit the code:\n  " + "\n  ".join(wrong), file=sys.stderr)
+        return 2
+    record = check(mutants, timeout=args.timeout, log=lambda s: print(s, flush=True))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=1)
+            f.write("\n")
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as f:
+            f.write(markdown(record))
+    print(markdown(record))
+    missed = [r["name"] for r in record["results"] if r["verdict"] != "caught"]
+    if missed:
+        print(f"[mutation] not caught: {', '.join(missed)}", file=sys.stderr)
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
