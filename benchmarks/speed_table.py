@@ -23,7 +23,9 @@ Rows, in this order (the first table is the recipe batch's; a call cut short kee
 * UMST, UMST-RPR, TranSFormer, MSC, MSMSA, Prime and Prime-simple (base), each in bf16, eager and ``--compile``.
 
 Per row: ``words_per_s`` (the median of fairseq's own ``wps`` over the log intervals after the first, which
-holds the warm-up); real and padded tokens per step (source + target, the median over the measured updates) and
+holds the warm-up); ``target_tokens_per_step`` (fairseq's ``wpb``, the median over the same intervals: what a row's
+hours are computed from, ``umst_tools.batch_table``); real and padded tokens per step (source + target, the median
+over the measured updates) and
 ``batch_fill``, the batch against its budget (sentences x the longer side, what ``--max-tokens`` bounds);
 ``flops_per_token``, the project's model FLOPs (``torch.utils.flop_counter.FlopCounterMode``: matmuls,
 convolutions and attention of forward and backward, as ``bench_archs.py`` counts them) of one whole update (the
@@ -346,6 +348,8 @@ def run_row(row, measured_from, busy):
     wps = [float(r["wps"]) for r in records]
     out = dict(row, seconds=round(seconds, 1), updates=int(float(records[-1]["num_updates"])) if records else 0,
                words_per_s=round(statistics.median(wps[1:]), 1) if len(wps) > 1 else None,
+               target_tokens_per_step=statistics.median(float(r["wpb"]) for r in records[1:]) if len(records) > 1 and
+               all("wpb" in r for r in records[1:]) else None,
                wps_records=wps, losses=[[int(float(r["num_updates"])), float(r["loss"])] for r in records if "loss" in r])
     if probe.tokens:
         out["real_tokens_per_step"] = statistics.median(t[0] for t in probe.tokens)

@@ -136,16 +136,33 @@ for o in "${PLAN[@]:1}"; do
 done
 OVERRIDES=(${KEPT[@]+"${KEPT[@]}"})
 if [[ -n "$MAX_TOKENS" ]]; then
-    # T tokens per step instead of the config's: update_freq x CONFIG_MAX_TOKENS / T keeps the tokens per update
     (( CONFIG_MAX_TOKENS > 0 )) || { echo "--max-tokens: $ROW sets no dataset.max_tokens to scale from" >&2; exit 2; }
+    OVERRIDES+=("dataset.max_tokens=$MAX_TOKENS")
+fi
+ARGS=()
+if [[ "$GPUS" -gt 0 && -n "$MAX_TOKENS" ]]; then
+    # T tokens per GPU per step instead of the config's: the row's tokens per update (its max_tokens x update_freq x
+    # GPUs) over T x the GPUs here, in one division, so that a batch per card larger than the config's whole
+    # update_freq on its own GPUs (MSC's 65,536 tokens on one card: 32,768 x 2) stays exact
+    WORLD=$(( NNODES * GPUS )); TOKENS=$(( CONFIG_MAX_TOKENS * UF * ASSUMED ))
+    NEW_UF=$(( TOKENS / (MAX_TOKENS * WORLD) )); [[ "$NEW_UF" -ge 1 ]] || NEW_UF=1
+    if (( NEW_UF * MAX_TOKENS * WORLD != TOKENS )); then
+        echo "[train.sh] WARNING: the row's $TOKENS tokens per update are not --max-tokens $MAX_TOKENS x $WORLD GPUs x" \
+             "a whole update_freq; the batch differs from the paper's ($(( NEW_UF * MAX_TOKENS * WORLD )) tokens;" \
+             "python -m umst_tools.batch_table --cards lists exact ones)" >&2
+    fi
+    echo "[train.sh] $ROW: $CONFIG_MAX_TOKENS tokens x update_freq $UF x $ASSUMED GPUs = $TOKENS per update; running" \
+         "on $NNODES machine(s) x $GPUS GPUs x --max-tokens $MAX_TOKENS x update_freq $NEW_UF" >&2
+    SCALED_UF="$NEW_UF"
+elif [[ -n "$MAX_TOKENS" ]]; then
+    # (CPU) T tokens per step instead of the config's: update_freq x CONFIG_MAX_TOKENS / T keeps the tokens per update
     if (( UF * CONFIG_MAX_TOKENS % MAX_TOKENS != 0 )); then
         echo "[train.sh] WARNING: update_freq $UF x $CONFIG_MAX_TOKENS tokens is not a multiple of --max-tokens $MAX_TOKENS; the batch differs" >&2
     fi
     NEW=$(( UF * CONFIG_MAX_TOKENS / MAX_TOKENS )); (( NEW >= 1 )) || NEW=1
-    echo "[train.sh] --max-tokens $MAX_TOKENS: $CONFIG_MAX_TOKENS tokens x update_freq $UF -> $MAX_TOKENS x $NEW (before the GPU scaling)" >&2
-    UF="$NEW"; OVERRIDES+=("dataset.max_tokens=$MAX_TOKENS")
+    echo "[train.sh] --max-tokens $MAX_TOKENS: $CONFIG_MAX_TOKENS tokens x update_freq $UF -> $MAX_TOKENS x $NEW" >&2
+    UF="$NEW"
 fi
-ARGS=()
 if [[ "$GPUS" -eq 0 ]]; then
     # CPU: one process per machine; the config's update_freq is the batch of all of them together.
     WORLD="$NNODES"; NEW_UF=$(( UF / WORLD )); [[ "$NEW_UF" -ge 1 ]] || NEW_UF=1
@@ -167,11 +184,15 @@ if [[ "$GPUS" -eq 0 ]]; then
     fi
 else
     WORLD=$(( NNODES * GPUS ))
-    NEW_UF=$(( UF * ASSUMED / WORLD )); [[ "$NEW_UF" -ge 1 ]] || NEW_UF=1
-    if (( UF * ASSUMED != NEW_UF * WORLD )); then
-        echo "[train.sh] WARNING: $ASSUMED x $UF is not divisible by $WORLD GPUs; the batch differs from the paper's" >&2
+    if [[ -n "${SCALED_UF:-}" ]]; then
+        NEW_UF="$SCALED_UF"  # (--max-tokens: scaled above, from the row's tokens per update)
+    else
+        NEW_UF=$(( UF * ASSUMED / WORLD )); [[ "$NEW_UF" -ge 1 ]] || NEW_UF=1
+        if (( UF * ASSUMED != NEW_UF * WORLD )); then
+            echo "[train.sh] WARNING: $ASSUMED x $UF is not divisible by $WORLD GPUs; the batch differs from the paper's" >&2
+        fi
+        echo "[train.sh] $ROW assumes $ASSUMED GPUs x update_freq $UF; running on $NNODES machine(s) x $GPUS GPUs x update_freq $NEW_UF" >&2
     fi
-    echo "[train.sh] $ROW assumes $ASSUMED GPUs x update_freq $UF; running on $NNODES machine(s) x $GPUS GPUs x update_freq $NEW_UF" >&2
     ARGS+=(distributed_training.distributed_world_size="$WORLD" "optimization.update_freq=[$NEW_UF]")
     # fairseq spawns min(visible devices, world size) processes here, ranks from distributed_rank up: show it
     # exactly GPUS devices (the first GPUS of those already visible), so this machine's ranks are

@@ -56,6 +56,7 @@ def test_tiny_run_has_every_planned_row_with_its_fields(tiny_run):
                       "peak_mib", "compile_s", "losses"):
             assert field in r, (key, field)
         assert r["words_per_s"] > 0 and r["updates"] == 8
+        assert 0 < r["target_tokens_per_step"] <= r["max_tokens"]
         assert [u for u, _ in r["losses"]] == [2, 4, 6, 8]  # every logged update
         assert 0 < r["real_tokens_per_step"] <= r["padded_tokens_per_step"] <= 2 * r["max_tokens"]
         assert 0.9 <= r["batch_fill"] <= 1.0, (key, r["batch_fill"])  # the batch asked for, within 10%

@@ -4,6 +4,7 @@ No GPU is needed: train.sh plans from --gpus. The sbatch scripts run on Slurm it
 tests/slurm_cluster.py). ``_slurm_stand_ins`` (a stand-in ``srun`` that runs a command once per node with
 SLURM_NODEID set, and ``scontrol show hostnames``) remains for checks of what a script plans without Slurm
 (tests/test_docs.py's checking form of the documented sbatch lines, launch.sh's host list)."""
+import json
 import os
 import re
 import stat
@@ -256,3 +257,49 @@ def test_max_tokens_keeps_the_tokens_per_update(gpus, nodes, uf):
     world = int(field(command, "distributed_training.distributed_world_size"))
     assert world == gpus * nodes, command
     assert int(field(command, "dataset.max_tokens")) * int(planned_uf.group(1)) * world == row_tokens, command
+
+
+def test_the_batch_per_card_gives_each_rows_tokens_per_update_exactly_and_train_sh_plans_it():
+    """umst_tools.batch_table's plan for 1, 8 and 16 cards (at most 38,400 tokens per card at base width, 19,200
+    big) multiplies out to the row's tokens per update, and train.sh --max-tokens T on that many GPUs plans exactly
+    that update_freq (MSC's 65,536 tokens on one card, 32,768 x 2, once came out 32,768 x 8: train.sh divided the
+    config's update_freq by the new batch before the GPU scaling, and 2 x 4,096 / 32,768 rounded up to 1)."""
+    from umst_tools import batch_table
+
+    for b in batch_table.rows():
+        for cards in batch_table.CARDS:
+            per_card = batch_table.card_plan(b["tokens_per_update"], cards, batch_table.CARD_TOKENS[batch_table.width(b)])
+            assert per_card is not None, (b["row"], cards)
+            tokens, uf = per_card
+            assert tokens * uf * cards == b["tokens_per_update"] and tokens <= 38400, (b["row"], cards, per_card)
+    for row, cards in (("msc-t4-msc-6l-base", 1), ("umst-t2-umst-big", 8), ("prime-t1-prime-big", 16),
+                       ("umst-t3-umst-base", 8)):
+        b = batch_table.row_batch(os.path.join(e2e.ROOT, "configs", f"{row}.yaml"))
+        tokens, uf = batch_table.card_plan(b["tokens_per_update"], cards, batch_table.CARD_TOKENS[batch_table.width(b)])
+        command, err = plan(row, "--gpus", str(cards), "--max-tokens", str(tokens))
+        assert field(command, "optimization.update_freq") == f"\\[{uf}\\]", (row, cards, command)
+        assert field(command, "dataset.max_tokens") == str(tokens) and "WARNING" not in err, err
+
+
+def test_hours_of_a_row_from_a_speed_table(tmp_path):
+    """A row's hours: updates x (tokens per update x target tokens per step / --max-tokens) / (cards x words/s),
+    from the newest speed table's compiled bf16 row of the arch (eager where no compiled row was measured)."""
+    from umst_tools import batch_table
+
+    rows = [dict(arch="umst_base", stock=False, precision="bf16", compiled=False, max_tokens=38400,
+                 words_per_s=100000.0, target_tokens_per_step=30000.0),
+            dict(arch="umst_base", stock=False, precision="bf16", compiled=True, max_tokens=38400,
+                 words_per_s=150000.0, target_tokens_per_step=30000.0),
+            dict(arch="transformer", stock=True, precision="fp16", compiled=False, max_tokens=38400,
+                 words_per_s=999999.0, target_tokens_per_step=30000.0)]
+    (tmp_path / "gpu-speed-nvidia-h200-abc.json").write_text(json.dumps(
+        dict(card="NVIDIA H200", started="2026-12-01", max_tokens=[38400, 4096], rows=rows)))
+    b = batch_table.row_batch(os.path.join(e2e.ROOT, "configs", "umst-t2-umst-base.yaml"))
+    (card, record), = batch_table.speed_records(str(tmp_path))
+    assert card == "NVIDIA H200"
+    expected = 50000 * (614400 * 30000 / 38400) / (8 * 150000.0) / 3600  # the compiled row
+    assert abs(batch_table.row_hours(b, record, 8) - expected) < 1e-9
+    big = batch_table.row_batch(os.path.join(e2e.ROOT, "configs", "umst-t2-umst-big.yaml"))
+    assert batch_table.row_hours(big, record, 8) is None  # umst_big has no row in the table
+    table = batch_table.cards_markdown(results_dir=str(tmp_path))
+    assert "hours on 8 x NVIDIA H200" in table and f"{expected:,.1f}" in table

@@ -4,7 +4,15 @@ A row's config (``configs/ROW.yaml``) states the GPU count its batch assumes (``
 ``update_freq`` and ``max_tokens``: tokens per update = max_tokens x update_freq x GPUs. train.sh keeps that
 product on another number of GPUs by scaling update_freq (``update_freq x assumed / (nodes x gpus)``, at least 1).
 
+On a large card the batch per card is larger than the papers' (their 16-32 GB cards): :func:`card_plan` gives, for
+1, 8 and 16 cards, the ``--max-tokens`` per card (at most :data:`CARD_TOKENS`, the largest the recipes use on an
+80 GB or larger card) and the update_freq that give the paper's tokens per update exactly -- what
+``train.sh --max-tokens T`` then plans; and, where a speed table of the card exists
+(``docs/results/gpu-speed-<card>-<commit>.json``, ``benchmarks/speed_table.py``), the hours of the row on 1 and 8
+cards from its measured words/s.
+
     python -m umst_tools.batch_table            # the markdown table of docs/wmt-on-gpus.md
+    python -m umst_tools.batch_table --cards    # the batch per card on 1, 8 and 16 cards, and the hours
 """
 import glob
 import os
@@ -12,6 +20,10 @@ import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLUSTERS = ((1, 8), (2, 8))  # (nodes, GPUs per node) of the sbatch scripts
+CARDS = (1, 8, 16)
+# the largest --max-tokens per card the recipes use on an 80 GB or larger card: base width 38,400 (the speed table's
+# batch), big width half of it
+CARD_TOKENS = {"base": 38400, "big": 19200}
 
 
 def _value(text, section, key):
@@ -23,6 +35,12 @@ def _value(text, section, key):
     return int(m.group(1)) if m else None
 
 
+def _name(text, section):
+    block = re.search(rf"^{section}:\n((?:[ \t]+.*\n?)+)", text, flags=re.M)
+    m = re.search(r"^[ \t]+_name:[ \t]*(\S+)", block.group(1), flags=re.M) if block else None
+    return m.group(1) if m else None
+
+
 def row_batch(config_path):
     with open(config_path) as f:
         text = f.read()
@@ -30,7 +48,55 @@ def row_batch(config_path):
     update_freq = _value(text, "optimization", "update_freq") or 1
     max_tokens = _value(text, "dataset", "max_tokens")
     return dict(row=os.path.basename(config_path)[:-5], assumed_gpus=gpus, update_freq=update_freq,
-                max_tokens=max_tokens, tokens_per_update=max_tokens * update_freq * gpus if max_tokens else None)
+                max_tokens=max_tokens, tokens_per_update=max_tokens * update_freq * gpus if max_tokens else None,
+                arch=_name(text, "model"), max_update=_value(text, "optimization", "max_update"))
+
+
+def width(batch):
+    return "big" if "big" in batch["row"] else "base"
+
+
+def card_plan(tokens_per_update, cards, cap):
+    """(--max-tokens per card, update_freq) giving exactly ``tokens_per_update`` on ``cards``: the fewest steps per
+    update whose batch per card is at most ``cap``; None where no whole batch per card does."""
+    if tokens_per_update % cards:
+        return None
+    per_card = tokens_per_update // cards
+    update_freq = max(1, -(-per_card // cap))
+    while per_card % update_freq:
+        update_freq += 1
+    return per_card // update_freq, update_freq
+
+
+def speed_records(results_dir=os.path.join(ROOT, "docs", "results")):
+    """The GPU speed tables there, newest first by their start time: (card, record)."""
+    import json
+
+    out = []
+    for path in glob.glob(os.path.join(results_dir, "gpu-speed-*.json")):
+        with open(path) as f:
+            record = json.load(f)
+        if record.get("card") and record.get("rows"):
+            out.append((record["card"], record))
+    return sorted(out, key=lambda cr: cr[1].get("started", ""), reverse=True)
+
+
+def row_hours(batch, record, cards):
+    """Hours of the row's ``max_update`` updates on ``cards`` of the record's card, from its words/s at the recipe
+    batch (the compiled row where measured, else eager; bf16): updates x target tokens per update / (cards x
+    words/s), the target tokens per update being the row's tokens per update x the measured target tokens per step
+    over --max-tokens (fairseq's ``wpb``: padding and the source side are in the budget, not in words/s). Data
+    parallel scaling is taken as linear (no all-reduce time): a lower bound on 8 cards. None where the record has no
+    row of this arch at its recipe batch."""
+    tokens = record.get("max_tokens", [None])[0]
+    rows = [r for r in record["rows"] if not r.get("stock") and r.get("arch") == batch["arch"] and
+            r.get("precision") == "bf16" and r.get("max_tokens") == tokens and r.get("words_per_s") and
+            r.get("target_tokens_per_step")]
+    if not rows or not batch.get("max_update"):
+        return None
+    best = max(rows, key=lambda r: (r.get("compiled", False), r["words_per_s"]))
+    target_per_update = batch["tokens_per_update"] * best["target_tokens_per_step"] / tokens
+    return batch["max_update"] * target_per_update / (cards * best["words_per_s"]) / 3600
 
 
 def scaled_update_freq(batch, nodes, gpus_per_node):
@@ -60,5 +126,31 @@ def markdown(config_dir=os.path.join(ROOT, "configs")):
     return "\n".join(lines)
 
 
+def cards_markdown(config_dir=os.path.join(ROOT, "configs"), results_dir=os.path.join(ROOT, "docs", "results")):
+    """Per row: the batch per card and update_freq on 1, 8 and 16 cards for the paper's tokens per update, and the
+    hours on 1 and 8 cards of the newest speed table's card (or that none has measured it)."""
+    records = speed_records(results_dir)
+    card, record = records[0] if records else (None, None)
+    hours_head = [f"hours on {n} x {card}" for n in (1, 8)] if card else ["hours (no speed table yet)"]
+    head = ["row", "tokens per update", "updates"] + [f"{n} card{'s' if n > 1 else ''}: --max-tokens x update_freq"
+                                                     for n in CARDS] + hours_head
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for b in rows(config_dir):
+        cells = [f"`{b['row']}`", f"{b['tokens_per_update']:,}", f"{b['max_update']:,}" if b["max_update"] else "-"]
+        for n in CARDS:
+            plan = card_plan(b["tokens_per_update"], n, CARD_TOKENS[width(b)])
+            cells.append(f"{plan[0]:,} x {plan[1]}" if plan else "none exact")
+        if record is None:
+            cells.append("-")
+        else:
+            for n in (1, 8):
+                h = row_hours(b, record, n)
+                cells.append(f"{h:,.1f}" if h is not None else "not measured")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    print(markdown())
+    import sys
+
+    print(cards_markdown() if "--cards" in sys.argv[1:] else markdown())
