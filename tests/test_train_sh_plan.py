@@ -169,7 +169,10 @@ def test_the_effective_batch_table_in_the_docs_is_current():
     from umst_tools import batch_table
 
     with open(os.path.join(e2e.ROOT, "docs", "wmt-on-gpus.md"), encoding="utf-8") as f:
-        assert batch_table.markdown() in f.read(), "regenerate with: python -m umst_tools.batch_table"
+        page = f.read()
+    assert batch_table.markdown() in page, "regenerate with: python -m umst_tools.batch_table"
+    cards = "\n".join("  " + line for line in batch_table.cards_markdown().splitlines())
+    assert cards in page, "regenerate with: python -m umst_tools.batch_table --cards (indented two spaces)"
 
 
 # ---------------------------------------------------------------------------------------------------------
