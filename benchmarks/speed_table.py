@@ -26,7 +26,8 @@ Per row: ``words_per_s`` (the median of fairseq's own ``wps`` over the log inter
 holds the warm-up); ``target_tokens_per_step`` (fairseq's ``wpb``, the median over the same intervals: what a row's
 hours are computed from, ``umst_tools.batch_table``); real and padded tokens per step (source + target, the median
 over the measured updates) and
-``batch_fill``, the batch against its budget (sentences x the longer side, what ``--max-tokens`` bounds);
+``batch_fill``, the batch against its budget (sentences x the longer side, what ``--max-tokens`` bounds, after
+fairseq rounds the sentences down to a multiple of 8) and ``sentences_per_step``;
 ``flops_per_token``, the project's model FLOPs (``torch.utils.flop_counter.FlopCounterMode``: matmuls,
 convolutions and attention of forward and backward, as ``bench_archs.py`` counts them) of one whole update (the
 second, inside the dropped warm-up interval) over its target tokens -- a compiled row takes its eager row's
@@ -242,9 +243,10 @@ class StepProbe:
         return out
 
     def _tokens(self, samples):
-        """(real, padded, budgeted) tokens of one update: source + target tokens without and with padding, and
-        what ``--max-tokens`` bounds (sentences x the longer side's padded length, fairseq's ``num_tokens``)."""
-        real = padded = budgeted = 0
+        """(real, padded, budgeted) tokens of one update and its sentences: source + target tokens without and with
+        padding, and what ``--max-tokens`` bounds (sentences x the longer side's padded length, fairseq's
+        ``num_tokens``)."""
+        real = padded = budgeted = sentences = 0
         for sample in samples:
             if not sample:
                 continue
@@ -253,7 +255,8 @@ class StepProbe:
                 padded += t.numel()
                 real += int((t != self.pad).sum())
             budgeted += src.shape[0] * max(src.shape[1], tgt.shape[1])
-        return real, padded, budgeted
+            sentences += src.shape[0]
+        return real, padded, budgeted, sentences
 
 
 def _trainer_with(probe, dropout_shift=0):
@@ -355,6 +358,7 @@ def run_row(row, measured_from, busy):
         out["real_tokens_per_step"] = statistics.median(t[0] for t in probe.tokens)
         out["padded_tokens_per_step"] = statistics.median(t[1] for t in probe.tokens)
         out["batch_fill"] = round(statistics.median(t[2] for t in probe.tokens) / row["max_tokens"], 3)
+        out["sentences_per_step"] = statistics.median(t[3] for t in probe.tokens)
     if probe.flops is not None and probe.flops_tokens:
         out["flops_per_token"] = probe.flops / probe.flops_tokens
     out["peak_mib"] = round(torch.cuda.max_memory_allocated() / 2 ** 20) if cuda else None
