@@ -326,7 +326,7 @@ def test_the_decoder_layers_of_a_stack_share_one_compiled_program(monkeypatch):
         return len(graphs)
     assert graphs_compiled() == 3
     # fairseq's own lookup: the key read before the missing state is noticed, a program per decoder layer
-    original = incremental_state_lookup.get_incremental_state.__wrapped_original__
+    original = incremental_state_lookup.get_incremental_state.__wrapped__
     monkeypatch.setattr(FairseqIncrementalState, "get_incremental_state", original)
     assert graphs_compiled() == 4
 
@@ -600,10 +600,11 @@ def test_the_partition_patch_saves_the_size_inputs_a_split_left_out(monkeypatch)
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch import partitioners
 
+    from umst_plugin import patches
     from umst_plugin.patches import partition_symbols
 
     split = partitioners._extract_fwd_bwd_modules
-    split = getattr(split, "__wrapped__", split) if getattr(split, "_umst_patched", False) else split
+    split = patches.original(split) if patches.installed(split, partition_symbols.__name__) else split
     backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward),
                            bw_compiler=lambda gm, _: make_boxed_func(gm.forward),
                            partition_fn=partitioners.min_cut_rematerialization_partition)
@@ -636,11 +637,12 @@ def test_the_partition_patch_is_for_torch_before_2_13_only():
     torch), and there only where the split raised; a newer torch is left as it is."""
     from torch._functorch import partitioners
 
+    from umst_plugin import patches
     from umst_plugin.patches import partition_symbols
 
     assert partition_symbols.applies("2.11.0+cu130") and partition_symbols.applies("2.12.1")
     assert not partition_symbols.applies("2.13.0+cpu") and not partition_symbols.applies("2.14.0")
-    patched = getattr(partitioners._extract_fwd_bwd_modules, "_umst_patched", False)
+    patched = patches.installed(partitioners._extract_fwd_bwd_modules, partition_symbols.__name__)
     assert patched == partition_symbols.applies(), torch.__version__
 
 

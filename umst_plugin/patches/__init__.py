@@ -1,11 +1,19 @@
 """Every change the plugin makes to fairseq's (and torch's) internals, in one place: one module per target.
 
 Each module names its ``TARGET`` (what it replaces or wraps), the ``SYMPTOM`` users saw without it, and
-``REMOVE_WHEN`` (the upstream change that makes it unnecessary), and has an idempotent ``install()``. Before
-replacing anything, ``install()`` checks the signature of what it replaces (:func:`expect_signature`) and
-raises :class:`PatchError` on a fairseq whose code differs, instead of silently patching something else.
+``REMOVE_WHEN`` (the upstream change that makes it unnecessary), and has an idempotent ``install()``. Every
+function or method a patch replaces is replaced through :func:`wrap`, which
+
+* checks the signature of what it replaces (:func:`expect_signature`) and raises :class:`PatchError` on a fairseq
+  whose code differs, instead of silently patching something else;
+* marks the replacement with the patch's name (``_umst_patch``), so a second ``install()`` changes nothing, even
+  after another patch wrapped the same function since;
+* keeps the original as the replacement's ``__wrapped__`` (:func:`original`), as ``functools.wraps`` does: what
+  the replacement calls, what ``inspect.signature`` reports, what a test compares with.
+
 The patches were written against fairseq-fixed ``FAIRSEQ_VERSION``; on another version :func:`install_all`
-logs a warning and relies on the signature checks.
+logs a warning and relies on the signature checks. The plugin's options (``--amp-dtype``, ``--compile``,
+``--stop-on-signals``, ...) change fairseq's code through :func:`wrap` too.
 
 Importing the plugin installs every patch for every fairseq run in the process, stock ``--task translation
 --arch transformer`` runs included. :data:`STOCK_NUMBERS` says, per patch, whether it changes such a run's numbers
@@ -98,6 +106,47 @@ def expect_signature(func, expected, patch):
             f"{patch}: {getattr(func, '__qualname__', func)} has signature {found}, expected {expected} "
             f"(written for fairseq-fixed {FAIRSEQ_VERSION}, found fairseq {fairseq.__version__}). "
             "The plugin does not know this fairseq; install fairseq-fixed==0.12.3.1 (docs/install.md).")
+
+
+MARKER = "_umst_patch"  # a replacement's attribute: the name of the patch that installed it
+
+
+def installed(function, patch):
+    """Whether ``function`` is ``patch``'s replacement, or wraps it (another patch wrapped the same target since)."""
+    while function is not None:
+        if getattr(function, MARKER, None) == patch:
+            return True
+        function = getattr(function, "__wrapped__", None)
+    return False
+
+
+def original(function):
+    """What the replacement ``function`` replaced (its ``__wrapped__``): fairseq's or torch's own, or the
+    replacement of a patch installed before."""
+    return function.__wrapped__
+
+
+def wrap(owner, name, make, patch, signature=None):
+    """Replace ``owner.name`` -- a function of a module, or a method of a class (a staticmethod or classmethod of its
+    own stays one) -- by ``make(original)``, where ``original`` is the function found there now; once per
+    ``patch``. Before replacing it, its signature must print as ``signature`` (:func:`expect_signature`; None: not
+    checked, for a target whose arguments the patch does not depend on). The replacement is marked with ``patch``,
+    keeps ``original`` as ``__wrapped__`` and takes its docstring where it has none of its own. Returns the
+    replacement, or None where ``patch`` had installed it already."""
+    raw = owner.__dict__.get(name) if isinstance(owner, type) and name in owner.__dict__ else getattr(owner, name)
+    kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
+    current = raw.__func__ if kind is not None else raw
+    if installed(current, patch):
+        return None
+    if signature is not None:
+        expect_signature(getattr(owner, name), signature, patch)
+    replacement = make(current)
+    setattr(replacement, MARKER, patch)
+    replacement.__wrapped__ = current
+    if replacement.__doc__ is None:
+        replacement.__doc__ = current.__doc__
+    setattr(owner, name, kind(replacement) if kind is not None else replacement)
+    return replacement
 
 
 def as_config(cfg):

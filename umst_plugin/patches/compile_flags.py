@@ -29,7 +29,7 @@ import logging
 import os
 from fairseq.dataclass import FairseqDataclass
 
-from umst_plugin.patches import as_config, common_options, expect_signature
+from umst_plugin.patches import as_config, common_options, original, wrap
 
 logger = logging.getLogger(__name__)
 
@@ -149,44 +149,25 @@ def _train_step(trainer, original, samples, raise_oom):
         _log_compiling(trainer)
 
 
-def _installed(function):
-    """Whether ``function`` is this patch's wrapper, or wraps it (another patch installed after this one)."""
-    while function is not None:
-        if getattr(function, "_umst_compile", False):
-            return True
-        function = getattr(function, "__wrapped__", None)
-    return False
-
-
 def _install_trainer():
     from fairseq.trainer import Trainer
 
-    if _installed(Trainer.__init__):
-        return
-    original = Trainer.__init__
-    expect_signature(original, "(self, cfg: fairseq.dataclass.configs.FairseqConfig, task, model, criterion, "
-                               "quantizer=None)", __name__)
+    def make_init(original_init):
+        def __init__(self, cfg, task, model, criterion, quantizer=None):
+            original_init(self, cfg, task, model, criterion, quantizer)
+            _setup_training(self)
+        return __init__
 
-    def __init__(self, cfg, task, model, criterion, quantizer=None):
-        original(self, cfg, task, model, criterion, quantizer)
-        _setup_training(self)
+    def make_train_step(original_step):
+        def train_step(self, samples, raise_oom=False):
+            if "_umst_compile_log" not in self.__dict__:  # not compiling
+                return original_step(self, samples, raise_oom)
+            return _train_step(self, original_step, samples, raise_oom)
+        return train_step
 
-    __init__._umst_compile = True
-    __init__.__doc__ = original.__doc__
-    __init__.__wrapped__ = original
-    Trainer.__init__ = __init__
-
-    original_step = Trainer.train_step
-    expect_signature(original_step, "(self, samples, raise_oom=False)", __name__)
-
-    def train_step(self, samples, raise_oom=False):
-        if "_umst_compile_log" not in self.__dict__:  # not compiling
-            return original_step(self, samples, raise_oom)
-        return _train_step(self, original_step, samples, raise_oom)
-
-    train_step.__doc__ = original_step.__doc__
-    train_step.__wrapped__ = original_step
-    Trainer.train_step = train_step
+    wrap(Trainer, "__init__", make_init, __name__,
+         "(self, cfg: fairseq.dataclass.configs.FairseqConfig, task, model, criterion, quantizer=None)")
+    wrap(Trainer, "train_step", make_train_step, __name__, "(self, samples, raise_oom=False)")
 
 
 # ---- fairseq-validate, -generate, -interactive: the command line while main runs ------------------------------
@@ -255,27 +236,24 @@ class _CommandLine:
         return False
 
 
-_originals = {}
-
-
 def validate_main(cfg, override_args=None):
     """fairseq-validate's ``main`` with ``--compile`` / ``--tf32`` (see the module docstring)."""
     cfg = as_config(cfg)
     with _CommandLine(cfg):
-        return _originals["validate"](cfg, override_args)
+        return original(validate_main)(cfg, override_args)
 
 
 def interactive_main(cfg):
     """fairseq-interactive's ``main`` with ``--compile`` / ``--tf32``."""
     cfg = as_config(cfg)
     with _CommandLine(cfg):
-        return _originals["interactive"](cfg)
+        return original(interactive_main)(cfg)
 
 
 def generate_main(cfg, output_file):
     """fairseq-generate's ``_main`` with ``--compile`` / ``--tf32``."""
     with _CommandLine(cfg):
-        return _originals["generate"](cfg, output_file)
+        return original(generate_main)(cfg, output_file)
 
 
 def _install_cli():
@@ -283,41 +261,29 @@ def _install_cli():
     import fairseq_cli.interactive as interactive
     import fairseq_cli.validate as validate
 
-    for key, module, name, wrapper, signature in (
-            ("validate", validate, "main", validate_main, "(cfg: omegaconf.dictconfig.DictConfig, override_args=None)"),
-            ("interactive", interactive, "main", interactive_main,
-             "(cfg: fairseq.dataclass.configs.FairseqConfig)"),
-            ("generate", generate, "_main", generate_main, "(cfg: omegaconf.dictconfig.DictConfig, output_file)")):
-        current = getattr(module, name)
-        if current is wrapper:
-            continue
-        expect_signature(current, signature, __name__)
-        _originals[key] = current
-        setattr(module, name, wrapper)
+    wrap(validate, "main", lambda _: validate_main, __name__,
+         "(cfg: omegaconf.dictconfig.DictConfig, override_args=None)")
+    wrap(interactive, "main", lambda _: interactive_main, __name__, "(cfg: fairseq.dataclass.configs.FairseqConfig)")
+    wrap(generate, "_main", lambda _: generate_main, __name__, "(cfg: omegaconf.dictconfig.DictConfig, output_file)")
 
 
 def _install_build_model():
     from fairseq.tasks.fairseq_task import FairseqTask
 
-    if _installed(FairseqTask.build_model):
-        return
-    original = FairseqTask.build_model
-    expect_signature(original, "(self, cfg: fairseq.dataclass.configs.FairseqDataclass, from_checkpoint=False)", __name__)
+    def make(original_build):
+        def build_model(self, cfg, from_checkpoint=False):
+            model = original_build(self, cfg, from_checkpoint)
+            if _request and _request[-1][0]:
+                from umst_plugin import compile as compiling
 
-    def build_model(self, cfg, from_checkpoint=False):
-        model = original(self, cfg, from_checkpoint)
-        if _request and _request[-1][0]:
-            from umst_plugin import compile as compiling
+                names = compiling.compile_layers(model, device=_request[-1][2])
+                logger.info("--compile: %d layers compiled (%s); full-sequence calls compile on first use, "
+                            "incremental decoding steps stay eager", len(names), compiling.describe(model))
+            return model
+        return build_model
 
-            names = compiling.compile_layers(model, device=_request[-1][2])
-            logger.info("--compile: %d layers compiled (%s); full-sequence calls compile on first use, incremental "
-                        "decoding steps stay eager", len(names), compiling.describe(model))
-        return model
-
-    build_model._umst_compile = True
-    build_model.__doc__ = original.__doc__
-    build_model.__wrapped__ = original
-    FairseqTask.build_model = build_model
+    wrap(FairseqTask, "build_model", make, __name__,
+         "(self, cfg: fairseq.dataclass.configs.FairseqDataclass, from_checkpoint=False)")
 
 
 def install():

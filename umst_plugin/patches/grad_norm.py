@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import torch
 
-from umst_plugin.patches import expect_signature
+from umst_plugin.patches import wrap
 
 TARGET = "fairseq.utils.clip_grad_norm_"
 SYMPTOM = "the gradient norm launched one kernel per parameter tensor every update (without apex)"
@@ -63,9 +63,6 @@ def _by_device_dtype(tensors):
 def install():
     from fairseq import utils
 
-    if getattr(utils.clip_grad_norm_, "_umst_patched", False):
-        return
-    expect_signature(utils.clip_grad_norm_, "(params, max_norm, aggregate_norm_fn=None) -> torch.Tensor", __name__)
-    clip_grad_norm_.ORIGINAL = utils.clip_grad_norm_  # fairseq's own: the reference in tests/test_fused_update.py
-    clip_grad_norm_._umst_patched = True
-    utils.clip_grad_norm_ = clip_grad_norm_
+    # fairseq's own stays clip_grad_norm_.__wrapped__: the reference in tests/test_fused_update.py
+    wrap(utils, "clip_grad_norm_", lambda original: clip_grad_norm_, __name__,
+         "(params, max_norm, aggregate_norm_fn=None) -> torch.Tensor")
