@@ -23,7 +23,7 @@ import logging
 import torch
 
 from umst_plugin import amp_weights
-from umst_plugin import compile as compiling
+from umst_plugin.compilation import layers_eager
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def amp_train_step(task, sample, model, criterion, optimizer, update_num, ignore
         # the recording update runs compiled layers eager: compiled code refuses the recorder's dispatch mode
         # (and would take it for a failed compile)
         with cache.record(amp_dtype(dtype_name)) if recording else contextlib.nullcontext(), \
-                compiling.layers_eager() if recording else contextlib.nullcontext():
+                layers_eager() if recording else contextlib.nullcontext():
             with autocast(model, dtype_name, what="training"):
                 with amp_weights.cast_weights_once(model, amp_dtype(dtype_name), cache, usage):
                     loss, sample_size, logging_output = criterion(model, sample)
