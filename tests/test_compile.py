@@ -394,7 +394,8 @@ def test_the_patch_is_idempotent():
     from fairseq.tasks.fairseq_task import FairseqTask
     from fairseq.trainer import Trainer
 
-    from umst_plugin.patches import amp_dtype_flag, compile_flags
+    from umst_plugin.compilation import flags as compile_flags
+    from umst_plugin.training import amp_dtype_flag
 
     before = (dict(CommonConfig.__dataclass_fields__), CommonConfig.__init__, Trainer.__init__,
               FairseqTask.build_model, FairseqTask.__dict__["add_args"])
@@ -437,7 +438,7 @@ def test_trainer_compiles_its_model_and_inference_clis_compile_what_they_load():
     import fairseq_cli.generate
     import fairseq_cli.interactive
     import fairseq_cli.validate
-    from umst_plugin.patches import compile_flags
+    from umst_plugin.compilation import flags as compile_flags
 
     assert fairseq_cli.validate.main is compile_flags.validate_main
     assert fairseq_cli.interactive.main is compile_flags.interactive_main

@@ -1,4 +1,4 @@
-"""The fused update (umst_plugin/patches/fused_adam.py, grad_norm.py): fairseq's adam and grad norm -- fairseq's own
+"""The fused update (umst_plugin/training/fused_adam.py, grad_norm.py): fairseq's adam and grad norm -- fairseq's own
 functions are the reference -- in a handful of launches instead of several per parameter tensor."""
 import copy
 import math
@@ -10,7 +10,7 @@ from fairseq.optim.adam import Adam  # fairseq's adam: the patch replaces Fairse
 import umst_plugin  # noqa: F401  (installs the patches)
 from benchmarks import bench_launches
 from umst_plugin.op_counts import KernelLaunches
-from umst_plugin.patches import fused_adam, grad_norm
+from umst_plugin.training import fused_adam, grad_norm
 
 SHAPES = [(64, 32), (32,), (1000,), (7,), (3, 4, 2)]
 

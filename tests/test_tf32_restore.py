@@ -1,4 +1,4 @@
-"""--tf32 in fairseq-validate, -generate and -interactive (umst_plugin/patches/compile_flags.py): on while the CLI's
+"""--tf32 in fairseq-validate, -generate and -interactive (umst_plugin/compilation/flags.py): on while the CLI's
 main runs, and torch's settings as they were once it returns (the setting is process-wide). torch's defaults:
 matmul.allow_tf32 False, cudnn.allow_tf32 True."""
 import pytest
@@ -6,7 +6,7 @@ import torch
 from omegaconf import OmegaConf
 
 import umst_plugin  # noqa: F401  (installs the patches)
-from umst_plugin.patches import compile_flags
+from umst_plugin.compilation import flags as compile_flags
 
 
 @pytest.mark.parametrize("main", ["validate", "generate", "interactive"])

@@ -38,7 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The code under test, by role: every mutant names one of these keys.
 FILES = {
-    "fused_adam": "umst_plugin/patches/fused_adam.py",
+    "fused_adam": "umst_plugin/training/fused_adam.py",
     "resume_batch_order": "umst_plugin/patches/resume_batch_order.py",
     "broadcast_checkpoint_load": "umst_plugin/patches/broadcast_checkpoint_load.py",
     "partition_symbols": "umst_plugin/patches/partition_symbols.py",

@@ -51,8 +51,8 @@ The modules, one concern each:
 * ``telemetry`` -- compile seconds, graphs and cache hits, logged;
 * ``tf32`` -- ``--tf32``;
 * ``state`` -- everything the others keep while the process runs, in one object (``STATE``);
-* ``umst_plugin/patches/compile_flags.py`` -- the options ``--compile`` and ``--tf32`` in fairseq's CLIs, and
-  where fairseq-train, -validate, -generate and -interactive apply them.
+* ``flags`` -- the options ``--compile`` and ``--tf32`` in fairseq's CLIs, and where fairseq-train, -validate,
+  -generate and -interactive apply them (installed on plugin import, ``umst_plugin/features.py``).
 
 torch's compiler (``torch._dynamo``, ``torch._inductor``) is imported where it is used, inside the functions that
 compile: importing it takes about a second, which a run without ``--compile`` does not pay.

@@ -1,4 +1,4 @@
-"""Every change the plugin makes to fairseq's (and torch's) internals, in one place: one module per target.
+"""The plugin's fixes of fairseq's (and torch's) internals, in one place: one module per target.
 
 Each module names its ``TARGET`` (what it replaces or wraps), the ``SYMPTOM`` users saw without it, and
 ``REMOVE_WHEN`` (the upstream change that makes it unnecessary), and has an idempotent ``install()``. Every
@@ -12,15 +12,19 @@ function or method a patch replaces is replaced through :func:`wrap`, which
   the replacement calls, what ``inspect.signature`` reports, what a test compares with.
 
 The patches were written against fairseq-fixed ``FAIRSEQ_VERSION``; on another version :func:`install_all`
-logs a warning and relies on the signature checks. The plugin's options (``--amp-dtype``, ``--compile``,
-``--stop-on-signals``, ...) change fairseq's code through :func:`wrap` too.
+logs a warning and relies on the signature checks.
+
+The plugin's features with their own options (``--amp-dtype``, ``--compile``, ``--stop-on-signals``, fairseq's adam
+in one kernel, ...) live with what they serve and change fairseq's code through :func:`wrap` too; they are listed,
+in install order, in ``umst_plugin/features.py``, and installed after the fixes.
 
 Importing the plugin installs every patch for every fairseq run in the process, stock ``--task translation
 --arch transformer`` runs included. :data:`STOCK_NUMBERS` says, per patch, whether it changes such a run's numbers
 (losses, weights, outputs): no, or yes because it fixes a named fairseq bug. ``tests/test_resume_matrix.py``
 holds a stock fp32 transformer's 50-update losses with and without the plugin to float32 rounding.
 
-``python -m umst_plugin.patches`` prints the table (docs/install.md, "What the plugin changes in fairseq").
+``python -m umst_plugin.patches`` prints the table of the fixes, then that of the features (docs/install.md,
+"What the plugin changes in fairseq").
 """
 import importlib
 import inspect
@@ -36,21 +40,16 @@ PATCHES = (
     "hydra_legacy_models",
     "prefetch_thread_exit",
     "lightconv_conv_bias",
-    "amp_dtype_flag",
     "bf16_cli_flag",
     "generate_cli",
     "checkpoint_precision",
     "amp_optimizer",
     "task_autocast",
     "cudnn_attention",
-    "fused_adam",
-    "grad_norm",
     "pair_dataset_sizes",
     "resume_batch_order",
     "incremental_state_lookup",
-    "compile_flags",
     "broadcast_checkpoint_load",
-    "preemption",
     "partition_symbols",
 )
 
@@ -64,7 +63,6 @@ STOCK_NUMBERS = {
     "prefetch_thread_exit": "no: only how the prefetch thread ends at exit",
     "lightconv_conv_bias": "no: the unused conv_bias of lightconv/dynamicconv holds zeros instead of "
                            "uninitialized memory; the forward pass never reads it",
-    "amp_dtype_flag": "no: adds --amp-dtype (default float16, fairseq's)",
     "bf16_cli_flag": "yes with --bf16 off TPUs, because fairseq died there (get_tpu_device); no otherwise",
     "generate_cli": "no: records the command line's --amp / --amp-dtype for decoding",
     "checkpoint_precision": "yes with --amp at decoding and a bf16-trained checkpoint, because fairseq autocast it "
@@ -76,17 +74,12 @@ STOCK_NUMBERS = {
                      "and validation/decoding autocast under --amp; no without --amp",
     "cudnn_attention": "yes for fp16/bf16 attention on a GPU where torch picked cuDNN's backend, because its "
                        "backward gave wrong gradients or failed; no on a CPU and for fp32",
-    "fused_adam": "no: fairseq's adam's update to float32 rounding (a stock fp32 transformer's losses agree to "
-                  "2.3e-7 relative over 50 updates); --use-old-adam gives fairseq's loop",
-    "grad_norm": "no: the same per-tensor float32 norms and clip coefficient, summed in another order (rounding)",
     "pair_dataset_sizes": "no: the same sizes, without numpy's warning",
     "resume_batch_order": "yes for a run resumed in epoch 2 or later, because fairseq cut its batches from another "
                           "example order than the run it resumes (some sentences twice in the epoch, others not "
                           "at all); no for uninterrupted runs and resumes in epoch 1",
     "incremental_state_lookup": "no: the same lookup result, tested for a missing state first",
-    "compile_flags": "no unless --compile or --tf32 is given (both off by default)",
     "broadcast_checkpoint_load": "no: the same bytes loaded on every rank (without it, a multi-rank resume stopped)",
-    "preemption": "no: on SIGUSR1/SIGTERM a run saves and stops instead of dying; the updates are the same",
     "partition_symbols": "no: only torch.compile's split of a graph that torch < 2.13 failed to split (a layer "
                          "that fell back to eager is compiled instead); not installed on torch >= 2.13",
 }

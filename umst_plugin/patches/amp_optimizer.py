@@ -20,7 +20,7 @@ fairseq-fixed 0.12.3.1's ``AMPOptimizer``
 ``__init__`` now ends by installing ``mixed_precision.make_grad_scaler(device, dtype)`` (fp16: a grad scaler on
 CUDA or CPU from ``--amp-init-scale``, growing it after ``--amp-scale-window`` good updates (torch's 2,000 when
 not given); bf16: the fixed-scale scaler that finds and skips non-finite steps) for
-the run's ``--amp-dtype`` (``common.amp_dtype``, any task; ``patches/amp_dtype_flag.py``), keeps that dtype as
+the run's ``--amp-dtype`` (``common.amp_dtype``, any task; ``training/amp_dtype_flag.py``), keeps that dtype as
 ``amp_dtype`` for the training step's autocast, and ``step`` steps through the object ``clip_grad_norm``
 unscaled.
 """

@@ -1,9 +1,9 @@
-"""Patch: training stops cleanly on a signal -- it saves ``checkpoint_last.pt`` at the next update boundary and
+"""Training stops cleanly on a signal -- it saves ``checkpoint_last.pt`` at the next update boundary and
 exits -- so that a Slurm job warned before its time limit (``#SBATCH --signal=B:USR1@180``) or preempted
 (SIGTERM) can be requeued and resume where it stopped (docs/wmt-on-gpus.md, "Preemption and resume").
 
 fairseq has no signal handling: SIGTERM kills a run at once, SIGUSR1 too, and everything since the last
-``--save-interval-updates`` checkpoint is lost. With this patch, while a ``Trainer`` exists in the process, the
+``--save-interval-updates`` checkpoint is lost. With the plugin loaded, while a ``Trainer`` exists in the process, the
 signals of ``--stop-on-signals`` (default ``SIGUSR1,SIGTERM``) only set a flag; the update in progress finishes,
 and at the update boundary where every rank knows of the flag training saves ``checkpoint_last.pt`` through
 fairseq's own ``checkpoint_utils.save_checkpoint`` -- mid-epoch, with the data iterator's position, so that
@@ -13,7 +13,7 @@ after a resume; none is lost.
 
 Where the ranks agree, without a collective of its own: every update, fairseq all-reduces the logging outputs and
 its own extra statistics (``Trainer._aggregate_logging_outputs``: sample size, OOMs, training time, one buffer in
-one collective). The patch adds one number to that list: this rank's flag. Every rank reads the same sum at the
+one collective). The plugin adds one number to that list: this rank's flag. Every rank reads the same sum at the
 same update and stops at the same boundary (``fairseq_cli.train.validate_and_save``), even when only one rank got
 the signal. Rank 0 also writes ``SAVE_DIR/stopped-on-signal.json``: the job script requeues the job only then (not
 when the signal came after the last update). The summed flag is a CPU value where fairseq reduces on the CPU
@@ -24,8 +24,8 @@ added to an update (that branch has not run on a GPU yet; the gloo/CPU one is te
 all-reduce): its own flag.
 
 Outside training the handlers do what the signal did before (the previous handler, or the default action), so
-a program that imports the plugin and never trains is not changed. ``--stop-on-signals none`` turns the
-patch off for a run.
+a program that imports the plugin and never trains is not changed. ``--stop-on-signals none`` turns it
+off for a run.
 """
 import dataclasses
 import logging
@@ -37,7 +37,10 @@ import weakref
 
 from fairseq.dataclass import FairseqDataclass
 
-from umst_plugin.patches import common_options, wrap
+from umst_plugin import common_options
+from umst_plugin.patches import wrap
+
+OPTIONS = "`--stop-on-signals`"
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +93,7 @@ def _handler(signum, frame):
 
 
 def _pass_on(signum, frame):
-    """What the signal did before the patch: the previous Python handler, ignored, or the default action."""
+    """What the signal did before the plugin took it: the previous Python handler, ignored, or the default action."""
     previous = _previous.get(signum, signal.SIG_DFL)
     if callable(previous):
         return previous(signum, frame)
@@ -158,7 +161,7 @@ def _install_aggregation():
     def make(original):
         def _aggregate_logging_outputs(self, logging_outputs, *extra_stats_to_sum, ignore=False):
             flag = getattr(self, "_umst_agreed_stop", None)
-            if flag is None:  # --stop-on-signals none, or a Trainer built before the patch: fairseq's call
+            if flag is None:  # --stop-on-signals none, or a Trainer built before the plugin: fairseq's call
                 return original(self, logging_outputs, *extra_stats_to_sum, ignore=ignore)
             mine = 1.0 if _received else 0.0
             logging_outputs, extra = original(self, logging_outputs, *extra_stats_to_sum, mine, ignore=ignore)

@@ -1,8 +1,8 @@
-"""Patch: the gradient norm in one multi-tensor op, not one norm per parameter tensor.
+"""The gradient norm in one multi-tensor op, not one norm per parameter tensor.
 
 fairseq's ``utils.clip_grad_norm_`` (every optimizer's ``clip_grad_norm``, run once an update whatever
 ``--clip-norm`` is: fairseq logs the norm) uses apex's ``multi_tensor_l2norm`` where apex is installed and
-otherwise ``torch.norm`` on each gradient, one kernel per parameter tensor (344 for ``umst_base``). The patch
+otherwise ``torch.norm`` on each gradient, one kernel per parameter tensor (344 for ``umst_base``). This module
 computes the same norm -- the 2-norm of the per-tensor 2-norms, in float32 -- with ``torch._foreach_norm`` (one
 multi-tensor op per device and dtype), and clips with ``torch._foreach_mul_`` by a coefficient that stays on
 the device (as fairseq's does): no host sync, no per-tensor kernel. Expert gradients (MoE) are clipped but not
@@ -13,6 +13,8 @@ from collections import defaultdict
 import torch
 
 from umst_plugin.patches import wrap
+
+OPTIONS = "none: every run (fairseq computes the norm every update, whatever `--clip-norm` is)"
 
 TARGET = "fairseq.utils.clip_grad_norm_"
 SYMPTOM = "the gradient norm launched one kernel per parameter tensor every update (without apex)"

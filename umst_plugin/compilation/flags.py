@@ -1,7 +1,7 @@
-"""Patch: ``--compile`` (regional torch.compile of every encoder and decoder layer) and ``--tf32``, as fairseq common
+"""``--compile`` (regional torch.compile of every encoder and decoder layer) and ``--tf32``, as fairseq common
 options, so every task and every CLI has them (fairseq-train, -validate, -generate, -interactive).
 
-The fields ``compile`` and ``tf32`` join fairseq's ``CommonConfig`` (``patches/common_options.py``, shared with
+The fields ``compile`` and ``tf32`` join fairseq's ``CommonConfig`` (``umst_plugin/common_options.py``, shared with
 ``--amp-dtype``). What they do is :mod:`umst_plugin.compilation`; where it happens:
 
 * **training** -- ``fairseq.trainer.Trainer.__init__``: after fairseq's own, which has moved the model to its
@@ -31,10 +31,12 @@ import os
 import torch
 from fairseq.dataclass import FairseqDataclass
 
-from umst_plugin import compilation
+from umst_plugin import common_options, compilation
 from umst_plugin.compilation import retry, telemetry
 from umst_plugin.compilation.state import STATE
-from umst_plugin.patches import as_config, common_options, original, wrap
+from umst_plugin.patches import as_config, original, wrap
+
+OPTIONS = "`--compile`, `--tf32`"
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
-"""Options the plugin adds to fairseq's common options (``CommonConfig``); shared by the patches that add one.
+"""Options the plugin adds to fairseq's common options (``CommonConfig``); shared by the features that add one.
 
-Not a patch itself: ``amp_dtype_flag`` (``--amp-dtype``) and ``compile_flags`` (``--compile``, ``--tf32``) call
-:func:`add_fields`. A field of fairseq's ``CommonConfig`` (the dataclass behind ``--amp``, ``--fp16``, ``--cpu``)
+``training/amp_dtype_flag.py`` (``--amp-dtype``), ``compilation/flags.py`` (``--compile``, ``--tf32``) and
+``training/preemption.py`` (``--stop-on-signals``) call :func:`add_fields`. A field of fairseq's ``CommonConfig`` (the dataclass behind ``--amp``, ``--fp16``, ``--cpu``)
 is, from fairseq itself,
 
 * an option of every parser built after the plugin was imported: the CLIs' (fairseq-train, -validate,

@@ -1,4 +1,4 @@
-"""Patch: ``--optimizer adam`` is fairseq's adam, computed in one fused multi-tensor kernel, on CUDA and on the CPU.
+"""``--optimizer adam`` is fairseq's adam, computed in one fused multi-tensor kernel, on CUDA and on the CPU.
 
 fairseq's ``FairseqAdam`` uses apex's fused Adam when apex is installed (CUDA only) and otherwise its own
 ``fairseq.optim.adam.Adam``, which loops over the parameter tensors in Python: about 7 kernels per tensor
@@ -47,6 +47,8 @@ import math
 import torch
 
 from umst_plugin.patches import wrap
+
+OPTIONS = "fairseq's `--optimizer adam`; its `--use-old-adam` turns this off"
 
 logger = logging.getLogger(__name__)
 
