@@ -28,8 +28,13 @@ import dataclasses
 import logging
 import os
 
+import fairseq_cli.generate as generate_cli
+import fairseq_cli.interactive as interactive_cli
+import fairseq_cli.validate as validate_cli
 import torch
 from fairseq.dataclass import FairseqDataclass
+from fairseq.tasks.fairseq_task import FairseqTask
+from fairseq.trainer import Trainer
 
 from umst_plugin import common_options, compilation
 from umst_plugin.compilation import retry, telemetry
@@ -115,8 +120,6 @@ def _train_step(trainer, original_step, samples, raise_oom):
 
 
 def _install_trainer():
-    from fairseq.trainer import Trainer
-
     def make_init(original_init):
         def __init__(self, cfg, task, model, criterion, quantizer=None):
             original_init(self, cfg, task, model, criterion, quantizer)
@@ -207,19 +210,15 @@ def generate_main(cfg, output_file):
 
 
 def _install_cli():
-    import fairseq_cli.generate as generate
-    import fairseq_cli.interactive as interactive
-    import fairseq_cli.validate as validate
-
-    wrap(validate, "main", lambda _: validate_main, __name__,
+    wrap(validate_cli, "main", lambda _: validate_main, __name__,
          "(cfg: omegaconf.dictconfig.DictConfig, override_args=None)")
-    wrap(interactive, "main", lambda _: interactive_main, __name__, "(cfg: fairseq.dataclass.configs.FairseqConfig)")
-    wrap(generate, "_main", lambda _: generate_main, __name__, "(cfg: omegaconf.dictconfig.DictConfig, output_file)")
+    wrap(interactive_cli, "main", lambda _: interactive_main, __name__,
+         "(cfg: fairseq.dataclass.configs.FairseqConfig)")
+    wrap(generate_cli, "_main", lambda _: generate_main, __name__,
+         "(cfg: omegaconf.dictconfig.DictConfig, output_file)")
 
 
 def _install_build_model():
-    from fairseq.tasks.fairseq_task import FairseqTask
-
     def make(original_build):
         def build_model(self, cfg, from_checkpoint=False):
             model = original_build(self, cfg, from_checkpoint)
