@@ -41,10 +41,9 @@ from umst_plugin.compilation import retry, telemetry
 from umst_plugin.compilation.state import STATE
 from umst_plugin.patches import as_config, original, wrap
 
-OPTIONS = "`--compile`, `--tf32`"
-
 logger = logging.getLogger(__name__)
 
+OPTIONS = "`--compile`, `--tf32`"
 TARGET = ("fairseq.dataclass.configs.CommonConfig (common_options); fairseq.trainer.Trainer.__init__ and .train_step; "
           "fairseq_cli.validate.main, fairseq_cli.generate._main, fairseq_cli.interactive.main; "
           "fairseq.tasks.FairseqTask.build_model")

@@ -35,7 +35,6 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from umst_plugin import common_options, mixed_precision
 
 OPTIONS = "`--amp-dtype`, `--no-amp-weight-cache`"
-
 TARGET = ("fairseq.dataclass.configs.CommonConfig (and the hydra schema fairseq stores from it); "
           "fairseq.tasks.FairseqTask.add_args (and each registered task's own)")
 SYMPTOM = ("--amp-dtype exists under --task multiscale_translation only: fairseq-train --task translation --amp "

@@ -48,10 +48,9 @@ import torch
 
 from umst_plugin.patches import wrap
 
-OPTIONS = "fairseq's `--optimizer adam`; its `--use-old-adam` turns this off"
-
 logger = logging.getLogger(__name__)
 
+OPTIONS = "fairseq's `--optimizer adam`; its `--use-old-adam` turns this off"
 TARGET = "fairseq.optim.adam.FairseqAdam.__init__, .load_state_dict"
 SYMPTOM = ("--optimizer adam loops over every parameter tensor in Python (about 7 kernels each: 2,410 launches an "
            "update for umst_base, as many as forward and backward); its AMP step syncs with the host")

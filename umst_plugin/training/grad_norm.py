@@ -15,7 +15,6 @@ import torch
 from umst_plugin.patches import wrap
 
 OPTIONS = "none: every run (fairseq computes the norm every update, whatever `--clip-norm` is)"
-
 TARGET = "fairseq.utils.clip_grad_norm_"
 SYMPTOM = "the gradient norm launched one kernel per parameter tensor every update (without apex)"
 REMOVE_WHEN = "fairseq computes the norm with torch._foreach_norm"

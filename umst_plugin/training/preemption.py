@@ -40,10 +40,9 @@ from fairseq.dataclass import FairseqDataclass
 from umst_plugin import common_options
 from umst_plugin.patches import wrap
 
-OPTIONS = "`--stop-on-signals`"
-
 logger = logging.getLogger(__name__)
 
+OPTIONS = "`--stop-on-signals`"
 TARGET = ("fairseq.dataclass.configs.CommonConfig (common_options); fairseq.trainer.Trainer.__init__, "
           "Trainer._aggregate_logging_outputs; fairseq_cli.train.validate_and_save")
 SYMPTOM = ("a Slurm job warned before its time limit (SIGUSR1) or preempted (SIGTERM) dies without saving: every "
