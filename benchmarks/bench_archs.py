@@ -16,7 +16,7 @@ source left-padded: :func:`lengths_batch`), with a shared 10,000-entry vocabular
   ``bf16`` / ``fp16`` autocast; on CUDA timed with CUDA events, on CPU with this process's CPU time; the
   candidates are interleaved round by round so load hits them alike;
 * ``tok/s``: target tokens per second;
-* with ``--compile``: every row's encoder and decoder layers compiled (``umst_plugin.compile.compile_layers``, what
+* with ``--compile``: every row's encoder and decoder layers compiled (``umst_plugin.compilation.compile_layers``, what
   fairseq-train ``--compile`` does) after the model is built and moved to its device; ``compile_s``: the seconds
   of compiling (dynamo's and inductor's timers) during the row's first step of each precision, which is left out
   of ``time`` (the timed steps run what was compiled). ``flops`` and ``saved`` are then measured before compiling
@@ -289,23 +289,24 @@ def measure(names, width, precisions, device, max_tokens, repeats, warmup, quick
             row["saved"] = {p: saved_bytes(model, sample, PRECISIONS[p], device_type) for p in precisions}
             row["peak"] = {}
         if compile:  # after FLOPs and saved bytes (eager), before the steps
-            from umst_plugin import compile as compiling
+            from umst_dev.compiled_layers import fallback_record
+            from umst_plugin import compilation
 
-            compiling.compile_layers(model, device=device)
+            compilation.compile_layers(model, device=device)
             row["compile_s"] = {}
         for p in precisions:
             step = step_fn(model, sample, PRECISIONS[p], device_type)
             if compile:
-                before = compiling.compile_seconds()
+                before = compilation.compile_seconds()
             step()  # allocator warm, lazy state built (with --compile: compiled)
             if compile:
-                row["compile_s"][p] = round(compiling.compile_seconds() - before, 2)
+                row["compile_s"][p] = round(compilation.compile_seconds() - before, 2)
             if memory:
                 row["peak"][p] = common.peak_memory(step, device)
             steps[(name, p)] = step
         row["target_tokens"] = int(sample["ntokens"])
-        if compile:  # layer variants whose compile failed run eager (umst_plugin.compile.fall_back): say which
-            row.update(compiling.fallback_record(model))
+        if compile:  # layer variants whose compile failed run eager (umst_plugin.compilation.fallback): say which
+            row.update(fallback_record(model))
         rows[name] = row
         log(f"  {name} ({arch}): {row['params'] / 1e6:.1f}M parameters, {row['flops'] / 1e9:.1f} GFLOP"
             + "".join(f", saved {p} {row['saved'][p] / 2**20:.0f} MiB" for p in precisions if memory)

@@ -27,7 +27,7 @@ loaded, its fast paths on (``--use-old-adam`` gives fairseq's adam back: the ``t
 Ratios are per matmul FLOP (``torch.utils.flop_counter``, forward + backward) against ``stock``.
 
 ``--compile``: each plugin row also compiles its layers as fairseq-train ``--compile`` does
-(``umst_plugin.compile.compile_layers``), runs two updates that compile them, and counts one compiled update.
+(``umst_plugin.compilation.compile_layers``), runs two updates that compile them, and counts one compiled update.
 Compiled code refuses to run under a dispatch mode, so its forward and backward are counted from the profiler
 (``op_counts.profiled_launches``: the same ops, within 2% of the dispatch count on an eager update, plus every
 kernel inductor generated; on a CPU inductor compiles C++ and marks each kernel for the profiler); the other
@@ -264,7 +264,9 @@ def compile_and_count(trainer, sample, row, device):
     does, run the warm-up updates that compile them, then count one compiled update. The compiled row's forward
     and backward are the profiler's count of the compiled update; its other phases (eager under ``--compile`` too)
     stay the dispatch count, which sees the multi-tensor ops' tensor lists."""
-    from umst_plugin import compile as compiling
+    benchmark_common()  # (run as a script: puts the repository root, which holds umst_dev, on sys.path)
+    from umst_dev.compiled_layers import fallback_record
+    from umst_plugin import compilation
 
     eager, _ = profiled_update(trainer, sample)
     from umst_plugin import simulated_gpu
@@ -276,8 +278,8 @@ def compile_and_count(trainer, sample, row, device):
     else:
         counted_as_gpu = contextlib.nullcontext()
     with counted_as_gpu:
-        compiling.compile_layers(trainer.model, device=device, backend=COMPILE_BACKEND)
-        before = compiling.compile_seconds()
+        compilation.compile_layers(trainer.model, device=device, backend=COMPILE_BACKEND)
+        before = compilation.compile_seconds()
         for _ in range(COMPILE_WARMUP):
             trainer.train_step([sample])
         compiled, by_op = profiled_update(trainer, sample)
@@ -285,15 +287,15 @@ def compile_and_count(trainer, sample, row, device):
         row["simulated_gpu"] = COMPILE_BACKEND.device
         row["simulated_graphs"] = [(kind, dict(counts)) for kind, counts in COMPILE_BACKEND.graphs[graphs_before:]]
         row["simulated_library_calls"] = by_op.get("simulated library calls", 0)
-    row["compile_s"] = round(compiling.compile_seconds() - before, 1)
+    row["compile_s"] = round(compilation.compile_seconds() - before, 1)
     row["eager_by_phase"], row["eager_launches"] = dict(row["by_phase"]), row["launches"]
     row["profiled_eager"] = {p: eager[p] for p in FWD_BWD}
     row["profiled_compiled"] = {p: compiled[p] for p in FWD_BWD}
     row["generated_kernels"] = by_op.get("generated", 0)
     row["compiled_top_ops"] = by_op.most_common(25)
-    # a layer variant whose compile failed runs eager (umst_plugin.compile.fall_back): its kernels are eager ones,
+    # a layer variant whose compile failed runs eager (umst_plugin.compilation.fallback): its kernels are eager ones,
     # so the row says which, and why (main() silences the logged warning with the start-up chatter)
-    row.update(compiling.fallback_record(trainer.model))
+    row.update(fallback_record(trainer.model))
     for p in FWD_BWD:
         row["by_phase"][p] = compiled[p]
     row["launches"] = sum(row["by_phase"].values())

@@ -141,13 +141,15 @@ def run_one(argv):
 
 
 def _compile_state():
-    """--compile's counters in this process (umst_plugin.compile): compile seconds, graphs, inductor / AOTAutograd
+    """--compile's counters in this process (umst_plugin.compilation): compile seconds, graphs, inductor / AOTAutograd
     cache hits and misses, the layer variants that fell back to eager."""
-    from umst_plugin import compile as compiling
+    from umst_dev.compiled_layers import eager_variants
+    from umst_plugin import compilation
+    from umst_plugin.compilation.telemetry import cache_counts
 
-    hits, misses = compiling.cache_counts()
-    return dict(seconds=compiling.compile_seconds(), graphs=compiling.compiled_graphs(), hits=hits, misses=misses,
-                fallbacks=[f"{name}: {why}" for (name, _), why in compiling.eager_variants().items()])
+    hits, misses = cache_counts()
+    return dict(seconds=compilation.compile_seconds(), graphs=compilation.compiled_graphs(), hits=hits, misses=misses,
+                fallbacks=[f"{name}: {why}" for (name, _), why in eager_variants().items()])
 
 
 def summarise(run, records, seconds):

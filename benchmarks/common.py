@@ -151,7 +151,7 @@ def n_params(model):
 
 def eager_fallback_lines(labelled_rows, what="kernels"):
     """Markdown beneath a table of compiled rows: each layer variant that fell back to eager (a row's
-    ``eager_fallbacks``, ``umst_plugin.compile.fallback_record``), after the row's label; none without one.
+    ``eager_fallbacks``, ``umst_dev.compiled_layers.fallback_record``), after the row's label; none without one.
     ``labelled_rows``: (label, row) pairs; ``what``: what the table's numbers for such a row are."""
     fallbacks = [(label, f) for label, r in labelled_rows for f in r.get("eager_fallbacks") or []]
     if not fallbacks:

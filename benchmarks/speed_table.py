@@ -276,13 +276,14 @@ def _trainer_with(probe, dropout_shift=0):
 
 
 def _compile_state():
-    """--compile's counters in this process (umst_plugin.compile), or None where the plugin is not loaded."""
-    if "umst_plugin.compile" not in sys.modules:
+    """--compile's counters in this process (umst_plugin.compilation), or None where the plugin is not loaded."""
+    if "umst_plugin.compilation" not in sys.modules:
         return None
-    from umst_plugin import compile as compiling
+    from umst_dev.compiled_layers import eager_variants
+    from umst_plugin import compilation
 
-    return dict(seconds=compiling.compile_seconds(), graphs=compiling.compiled_graphs(),
-                fallbacks=[f"{name}: {why}" for (name, _), why in compiling.eager_variants().items()])
+    return dict(seconds=compilation.compile_seconds(), graphs=compilation.compiled_graphs(),
+                fallbacks=[f"{name}: {why}" for (name, _), why in eager_variants().items()])
 
 
 def train(argv, probe=None, dropout_shift=0):

@@ -157,7 +157,8 @@ def test_compiled_layers_read_the_weights_cast_once():
     each compiled graph's inputs. The recording update runs the layers eager (compiled code refuses the recorder's
     dispatch mode; nothing falls back); every later graph takes the weights already in bf16, one cast of all of
     them; the weights after 4 updates equal those of --no-amp-weight-cache bit for bit."""
-    from umst_plugin import compile as compiling
+    from umst_dev import compiled_layers
+    from umst_plugin import compilation
 
     def record_inputs(gm, example_inputs):  # each compiled graph's floating inputs: (dtype, shape)
         graphs.append({(t.dtype, tuple(t.shape)) for t in example_inputs
@@ -169,12 +170,12 @@ def test_compiled_layers_read_the_weights_cast_once():
         graphs = []
         trainer, sample = bench_launches.build_trainer(
             "transformer", dict(bench_launches.PRENORM, no_amp_weight_cache=not on), "bf16", plugin=True, quick=True)
-        compiling.compile_layers(trainer.model, backend=record_inputs, check=False)
+        compilation.compile_layers(trainer.model, backend=record_inputs, check=False)
         trainer.train_step([sample])
         assert not on or graphs == [], "the recording update compiled something"
         for _ in range(3):
             trainer.train_step([sample])
-        assert compiling.eager_fallbacks(trainer.model) == []
+        assert compiled_layers.eager_fallbacks(trainer.model) == []
         cache = trainer.model.__dict__.get("_umst_amp_weight_cache")
         assert (cache is not None and bool(cache.names)) == on
         if on:  # the shapes of the matrices the cache casts (no activation or mask here has one; layer norms'

@@ -159,7 +159,7 @@ def test_bench_launches_keeps_the_rows_counted_before_it_was_stopped_and_names_e
     step's budget, and the rows counted by then (on an H200, minutes of compiling each) must not be lost. The
     stock row and the first arch are real counts; the second arch's count is stopped (raises) as a limit would.
 
-    With --compile, a layer whose compile fails runs eager (umst_plugin.compile.fall_back) and its kernels are
+    With --compile, a layer whose compile fails runs eager (umst_plugin.compilation.fallback) and its kernels are
     eager ones: the row must say so, in the JSON and the table, not only in a log warning the benchmark silences
     (an H200's TranSFormer row once counted its encoder's eager kernels as compiled). Here dynamo's backend fails
     for the layers' graphs (a backend that raises: dynamo's real failure path, no inductor needed)."""
@@ -168,7 +168,7 @@ def test_bench_launches_keeps_the_rows_counted_before_it_was_stopped_and_names_e
     from benchmarks import bench_launches
 
     def failing_backend(gm, example_inputs):
-        if len(gm.graph.nodes) > 8:  # a layer's graph, not compile.check_available's three-op smoke test
+        if len(gm.graph.nodes) > 8:  # a layer's graph, not probe.check_available's three-op smoke test
             raise RuntimeError("planted: this backend cannot compile a layer")
         return gm.forward
 
@@ -181,10 +181,10 @@ def test_bench_launches_keeps_the_rows_counted_before_it_was_stopped_and_names_e
 
     monkeypatch.setattr(bench_launches, "measure", measure_then_stop)
     monkeypatch.setattr(bench_launches, "COMPILE_BACKEND", failing_backend)
-    from umst_plugin import compile as compiling
+    from umst_plugin.compilation.state import STATE
 
-    monkeypatch.setattr(compiling, "_eager_variants", {})  # this process's other tests compile these classes
-    monkeypatch.setattr(compiling, "_fallback_tracebacks", {})
+    monkeypatch.setattr(STATE, "eager_variants", {})  # this process's other tests compile these classes
+    monkeypatch.setattr(STATE, "fallback_tracebacks", {})
     out, table = tmp_path / "launches.json", tmp_path / "launches.md"
     with pytest.raises(KeyboardInterrupt):
         bench_launches.main(["--quick", "--compile", "--archs", "transformer,msmsa", "--json", str(out),

@@ -1,5 +1,5 @@
 """``--compile`` (regional torch.compile of the encoder and decoder layers) and ``--tf32``
-(umst_plugin/compile.py, umst_plugin/patches/compile_flags.py).
+(umst_plugin/compilation/).
 
 On the CPU, with inductor (it compiles C++ here), for every family and fairseq's transformer, at tiny widths with
 two encoder layers and one decoder layer, one compiled model per arch for all of:
@@ -26,7 +26,7 @@ reused on resume), and fairseq's Trainer retrying an update whose compiled backw
 tests/test_compile_stream.py.
 
 The eager references are never-compiled copies of the models, whose layers get their inputs as contiguous copies
-made here (``_take_plain_inputs``), not by compile.py's ``_plain`` and its reuse of a copy (tested on its own).
+made here (``_take_plain_inputs``), not by ``dispatch._plain`` and its reuse of a copy (tested on its own).
 """
 import copy
 import logging
@@ -41,8 +41,10 @@ import torch.nn.functional as F
 
 import e2e
 import umst_plugin  # noqa: F401  (installs the patches)
-from umst_plugin import compile as compiling
-from umst_plugin import dev
+from umst_dev import compiled_layers
+from umst_plugin import compilation, dev
+from umst_plugin.compilation import cache, dispatch, fallback, probe
+from umst_plugin.compilation.state import STATE
 
 TINY = dict(encoder_layers=2, decoder_layers=1, encoder_embed_dim=24, decoder_embed_dim=24, encoder_ffn_embed_dim=48,
             decoder_ffn_embed_dim=48, encoder_attention_heads=2, decoder_attention_heads=2)
@@ -99,14 +101,14 @@ def _loss(model, sample):
 @pytest.fixture
 def fresh_fallbacks(monkeypatch):
     """This test's fallbacks only: other tests of the process compile the same layer classes."""
-    monkeypatch.setattr(compiling, "_eager_variants", {})
-    monkeypatch.setattr(compiling, "_fallback_tracebacks", {})
+    monkeypatch.setattr(STATE, "eager_variants", {})
+    monkeypatch.setattr(STATE, "fallback_tracebacks", {})
 
 
 def _assert_no_fallback(model):
     """No layer variant of ``model`` fell back to eager; the message: each fallback's line, then its traceback."""
-    assert compiling.eager_fallbacks(model) == [], "\n".join(compiling.eager_fallbacks(model)
-                                                             + compiling.fallback_tracebacks(model))
+    assert compiled_layers.eager_fallbacks(model) == [], "\n".join(compiled_layers.eager_fallbacks(model)
+                                                             + compiled_layers.fallback_tracebacks(model))
 
 
 def _seeded_backward(model, sample, seed=1):
@@ -120,7 +122,7 @@ def _seeded_backward(model, sample, seed=1):
 
 def _own_plain_copy(t):
     """``t`` as a contiguous tensor of its own: a fresh copy of a view or a strided tensor, every time (what
-    compile.py's ``_plain`` hands a compiled layer, computed here without it or its reuse of a copy)."""
+    ``dispatch._plain`` hands a compiled layer, computed here without it or its reuse of a copy)."""
     if t._base is None and t.is_contiguous():
         return t
     return t.clone(memory_format=torch.contiguous_format)
@@ -136,35 +138,34 @@ def _take_plain_inputs(model):
     """The eager layers of MODEL (never compiled) get their tensor arguments as the compiled ones do, plain and
     contiguous: a dropout mask drawn for a transposed view then falls on the same elements. The copies are this
     file's own (``_own_plain_copy``), so a fault in the compiled path's ``_plain`` shows as a difference."""
-    classes = compiling.layer_classes()
     inside = []
     for name, layer in model.named_modules():
-        if isinstance(layer, classes) and not any(name.startswith(prefix + ".") for prefix in inside):
+        if compilation.is_compile_region(layer) and not any(name.startswith(prefix + ".") for prefix in inside):
             inside.append(name)
             layer.forward = types.MethodType(_plain_inputs_forward, layer)
 
 
 def test_plain_copies_a_view_once_while_that_tensor_is_unchanged():
-    """compile.py's ``_plain``: a plain tensor as it is; a view or a strided tensor as a contiguous copy of its own,
+    """``dispatch._plain``: a plain tensor as it is; a view or a strided tensor as a contiguous copy of its own,
     equal to it; the copy reused for the same tensor while its version is unchanged, never for another tensor (of
     the same version) or after an in-place change; a tensor that needs a gradient copied every time."""
     plain = torch.ones(3, 4)
-    assert compiling._plain(plain) is plain
+    assert dispatch._plain(plain) is plain
     base = torch.arange(12.0).view(3, 4)
     view = base.t()
-    first = compiling._plain(view)
+    first = dispatch._plain(view)
     assert first._base is None and first.is_contiguous() and torch.equal(first, view)
-    assert compiling._plain(view) is first  # the same tensor, unchanged: copied once
+    assert dispatch._plain(view) is first  # the same tensor, unchanged: copied once
     other = torch.zeros(4, 3).t().t().t()  # another view, also of version 0
     assert other._version == view._version
-    assert torch.equal(compiling._plain(other), other)
-    again = compiling._plain(view)
+    assert torch.equal(dispatch._plain(other), other)
+    again = dispatch._plain(view)
     assert again is not first and torch.equal(again, view)
     base.mul_(2)  # in place: the view's version moves with its base's
-    changed = compiling._plain(view)
+    changed = dispatch._plain(view)
     assert changed is not again and torch.equal(changed, view)
     grad = torch.randn(4, 3, requires_grad=True).t()
-    assert compiling._plain(grad) is not compiling._plain(grad) and torch.equal(compiling._plain(grad), grad)
+    assert dispatch._plain(grad) is not dispatch._plain(grad) and torch.equal(dispatch._plain(grad), grad)
 
 
 def _profiled_launches(model, sample):
@@ -182,7 +183,7 @@ def _profiled_launches(model, sample):
 
 
 def _graph_state(forwards):
-    return compiling.compiled_graphs(), [compiling.cache_entries(f) for f in forwards]
+    return compilation.compiled_graphs(), [compiled_layers.cache_entries(f) for f in forwards]
 
 
 @pytest.mark.slow  # inductor compiles two to four graphs per arch: 10 s to 2.5 min each on 2 cores
@@ -201,11 +202,11 @@ def _check_compiled_layers(arch, overrides):
     model.train()
     eager = copy.deepcopy(model)
     _take_plain_inputs(eager)
-    names = compiling.compile_layers(model)
+    names = compilation.compile_layers(model)
     # two encoder layers, one decoder layer (and TranSFormer's encoder input region, SlowFastInput)
     assert len(names) == 3 + arch.startswith("transformer_sf"), names
-    forwards = compiling.compiled_forwards(model)
-    entries_before = [compiling.cache_entries(f) for f in forwards]  # (a class's code is shared across models)
+    forwards = compiled_layers.compiled_forwards(model)
+    entries_before = [compiled_layers.cache_entries(f) for f in forwards]  # (a class's code is shared across models)
     breaks_before = sum(counters["graph_break"].values())
     batches = _batches(task, BATCHES)
 
@@ -236,7 +237,7 @@ def _check_compiled_layers(arch, overrides):
 
     # the two encoder layers: one compiled graph between them
     encoder_layer = model.encoder.stack.layers[0] if arch.startswith("transformer_sf") else model.encoder.layers[0]
-    new_entries = compiling.cache_entries(encoder_layer._umst_compiled[1]) - entries_before[
+    new_entries = compiled_layers.cache_entries(encoder_layer._umst_compiled[1]) - entries_before[
         forwards.index(encoder_layer._umst_compiled[1])]
     assert new_entries == (2 if arch in DISTINCT_ENCODER_LAYERS else 1), (arch, new_entries)
 
@@ -248,7 +249,7 @@ def _check_compiled_layers(arch, overrides):
         _loss(model, sample)[1].backward()
     assert _graph_state(forwards) == after_warmup, (arch, after_warmup, _graph_state(forwards))
     assert sum(counters["graph_break"].values()) == breaks_before, dict(counters["graph_break"])
-    variants = [compiling.cache_entries(f) - n for f, n in zip(forwards, entries_before)]
+    variants = [compiled_layers.cache_entries(f) - n for f, n in zip(forwards, entries_before)]
     print(f"{arch}: compiled variants per layer class {variants} ({', '.join(f.__qualname__ for f in forwards)})")
     # one program per layer class for every shape of these batches (padded, 2-7 sentences, sources shorter and
     # longer than Prime's widest kernel); TranSFormer's encoder class has its two differently built layers
@@ -275,7 +276,7 @@ def test_compiled_layers_on_cuda_do_not_fall_back_and_match_eager(arch, override
     model = model.cuda().train()
     eager = copy.deepcopy(model)
     _take_plain_inputs(eager)
-    compiling.compile_layers(model)
+    compilation.compile_layers(model)
     batches = [dev.move_sample(b, "cuda") for b in _batches(task, 3)]
     with inductor_config.patch({"fallback_random": True}):
         out, _ = _seeded_backward(model, batches[0])
@@ -321,12 +322,12 @@ def test_the_decoder_layers_of_a_stack_share_one_compiled_program(monkeypatch):
         model, task = dev.build_model("transformer", {**TINY, "encoder_layers": 1, "decoder_layers": 3,
                                                       "decoder_normalize_before": True})
         model.train()
-        compiling.compile_layers(model, backend=backend, check=False)  # (the start-up check compiles too)
+        compilation.compile_layers(model, backend=backend, check=False)  # (the start-up check compiles too)
         _loss(model, dev.random_sample(task, 3, 6, 5, seed=0))[1].backward()
         return len(graphs)
     assert graphs_compiled() == 3
     # fairseq's own lookup: the key read before the missing state is noticed, a program per decoder layer
-    original = incremental_state_lookup.get_incremental_state.__wrapped_original__
+    original = incremental_state_lookup.get_incremental_state.__wrapped__
     monkeypatch.setattr(FairseqIncrementalState, "get_incremental_state", original)
     assert graphs_compiled() == 4
 
@@ -337,20 +338,20 @@ def test_incremental_decoding_runs_eager_and_matches():
     and step-by-step decoding equals the full-sequence pass of the compiled model (eval mode, no autograd)."""
     model, task = dev.build_model("transformer", {**TINY, "decoder_normalize_before": True})
     model.eval()
-    compiling.compile_layers(model)
+    compilation.compile_layers(model)
     sample = dev.random_sample(task, 4, 7, 6, seed=1)
     pad = task.target_dictionary.pad()
     with torch.no_grad():
         encoder_out = model.encoder(**dev.encoder_inputs(model, sample))
         prev = sample["net_input"]["prev_output_tokens"]
         full = model.decoder(prev, encoder_out=encoder_out)[0]
-        graphs = compiling.compiled_graphs()
+        graphs = compilation.compiled_graphs()
         state = {}
         for t in range(prev.size(1)):
             step = model.decoder(prev[:, :t + 1], encoder_out=encoder_out, incremental_state=state)[0][:, -1]
             real = prev[:, :t + 1].ne(pad).all(dim=1)  # rows whose prefix has no padding
             torch.testing.assert_close(step[real], full[real, t], atol=1e-5, rtol=1e-4)
-        assert compiling.compiled_graphs() == graphs
+        assert compilation.compiled_graphs() == graphs
 
 
 # ---- the flags --------------------------------------------------------------------------------------------------
@@ -393,7 +394,8 @@ def test_the_patch_is_idempotent():
     from fairseq.tasks.fairseq_task import FairseqTask
     from fairseq.trainer import Trainer
 
-    from umst_plugin.patches import amp_dtype_flag, compile_flags
+    from umst_plugin.compilation import flags as compile_flags
+    from umst_plugin.training import amp_dtype_flag
 
     before = (dict(CommonConfig.__dataclass_fields__), CommonConfig.__init__, Trainer.__init__,
               FairseqTask.build_model, FairseqTask.__dict__["add_args"])
@@ -412,18 +414,18 @@ def test_only_a_cache_dir_the_user_chose_overrides_the_save_dirs(tmp_path, monke
     from torch._inductor.runtime.cache_dir_utils import cache_dir, default_cache_dir
 
     chosen = str(tmp_path / "mine")
-    assert compiling.user_cache_dir({}) is None
-    assert compiling.user_cache_dir({"TORCHINDUCTOR_CACHE_DIR": chosen}) == chosen
-    assert compiling.user_cache_dir({"TORCHINDUCTOR_CACHE_DIR": default_cache_dir()}) is None
-    assert compiling.user_cache_dir({"TORCHINDUCTOR_CACHE_DIR": chosen, "UMST_PLUGIN_INDUCTOR_CACHE_DIR": chosen}) \
+    assert cache.user_cache_dir({}) is None
+    assert cache.user_cache_dir({"TORCHINDUCTOR_CACHE_DIR": chosen}) == chosen
+    assert cache.user_cache_dir({"TORCHINDUCTOR_CACHE_DIR": default_cache_dir()}) is None
+    assert cache.user_cache_dir({"TORCHINDUCTOR_CACHE_DIR": chosen, "UMST_PLUGIN_INDUCTOR_CACHE_DIR": chosen}) \
         is None
-    assert compiling.user_cache_dir({"TORCHINDUCTOR_CACHE_DIR": chosen,
+    assert cache.user_cache_dir({"TORCHINDUCTOR_CACHE_DIR": chosen,
                                      "UMST_PLUGIN_INDUCTOR_CACHE_DIR": str(tmp_path / "other")}) == chosen
     # what torch itself writes into os.environ is recognised (fails if torch changes what it writes)
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.delenv("UMST_PLUGIN_INDUCTOR_CACHE_DIR", raising=False)
     cache_dir()
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] and compiling.user_cache_dir(os.environ) is None
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] and cache.user_cache_dir(os.environ) is None
 
 
 def test_trainer_compiles_its_model_and_inference_clis_compile_what_they_load():
@@ -436,7 +438,7 @@ def test_trainer_compiles_its_model_and_inference_clis_compile_what_they_load():
     import fairseq_cli.generate
     import fairseq_cli.interactive
     import fairseq_cli.validate
-    from umst_plugin.patches import compile_flags
+    from umst_plugin.compilation import flags as compile_flags
 
     assert fairseq_cli.validate.main is compile_flags.validate_main
     assert fairseq_cli.interactive.main is compile_flags.interactive_main
@@ -452,17 +454,17 @@ def test_trainer_compiles_its_model_and_inference_clis_compile_what_they_load():
         cfg = cfg_of(*flags)
         task = tasks.TASK_REGISTRY["multiscale_translation"](cfg.task, d, d)
         model = task.build_model(cfg.model)
-        assert not any(compiling.is_compiled(m) for _, m in compiling.find_layers(model))  # not by building
+        assert not any(compilation.is_compiled(m) for _, m in compilation.find_layers(model))  # not by building
         trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
-        layers = [m for _, m in compiling.find_layers(trainer.model)]
-        assert layers and all(compiling.is_compiled(m) == compiled for m in layers), flags
+        layers = [m for _, m in compilation.find_layers(trainer.model)]
+        assert layers and all(compilation.is_compiled(m) == compiled for m in layers), flags
 
     cfg = cfg_of("compile")
     task = tasks.TASK_REGISTRY["multiscale_translation"](cfg.task, d, d)
     with compile_flags._CommandLine(cfg):
         model = task.build_model(cfg.model)
-    assert all(compiling.is_compiled(m) for _, m in compiling.find_layers(model))
-    assert not any(compiling.is_compiled(m) for _, m in compiling.find_layers(task.build_model(cfg.model)))
+    assert all(compilation.is_compiled(m) for _, m in compilation.find_layers(model))
+    assert not any(compilation.is_compiled(m) for _, m in compilation.find_layers(task.build_model(cfg.model)))
 
 
 def test_compile_refuses_what_it_cannot_compile():
@@ -470,19 +472,19 @@ def test_compile_refuses_what_it_cannot_compile():
     and a model without layers of a known class."""
     model, _ = dev.build_model("transformer", {**TINY, "checkpoint_activations": True})
     with pytest.raises(ValueError, match="--checkpoint-activations"):
-        compiling.compile_layers(model, check=False)
+        compilation.compile_layers(model, check=False)
     with pytest.raises(ValueError, match="no encoder or decoder layer"):
-        compiling.compile_layers(torch.nn.Sequential(torch.nn.Linear(2, 2)), check=False)
+        compilation.compile_layers(torch.nn.Sequential(torch.nn.Linear(2, 2)), check=False)
 
 
 def test_compile_stops_at_start_up_where_inductor_has_no_cpp_compiler(monkeypatch):
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(compiling, "_available", {})
-    monkeypatch.setattr(compiling, "_smoke", lambda x: torch.tanh(x * 3.0 - 0.5))  # not in any cache
+    monkeypatch.setattr(STATE, "probed", {})
+    monkeypatch.setattr(probe, "_smoke", lambda x: torch.tanh(x * 3.0 - 0.5))  # not in any cache
     with inductor_config.patch({"cpp.cxx": ("/nonexistent/c++",), "fx_graph_cache": False}), \
-            pytest.raises(compiling.CompileUnavailable, match="install a C\\+\\+ compiler"):
-        compiling.check_available("cpu")
+            pytest.raises(compilation.CompileUnavailable, match="install a C\\+\\+ compiler"):
+        compilation.check_available("cpu")
 
 
 def test_tf32_warns_without_tf32_and_switches_it_on_with_it(monkeypatch, caplog):
@@ -490,22 +492,22 @@ def test_tf32_warns_without_tf32_and_switches_it_on_with_it(monkeypatch, caplog)
     try:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False  # not torch's default (True): so that switching it on shows
-        with caplog.at_level(logging.INFO, logger="umst_plugin.compile"):
-            assert compiling.set_tf32(False) is False
+        with caplog.at_level(logging.INFO, logger="umst_plugin.compilation"):
+            assert compilation.set_tf32(False) is False
             assert not caplog.records  # off: nothing said, nothing changed
-            assert compiling.set_tf32(True, "cpu") is False
+            assert compilation.set_tf32(True, "cpu") is False
         assert "--tf32: TF32 needs an NVIDIA GPU" in caplog.text and caplog.records[-1].levelname == "WARNING"
         assert torch.backends.cuda.matmul.allow_tf32 is False
         caplog.clear()
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100 (faked)")
-        with caplog.at_level(logging.INFO, logger="umst_plugin.compile"):
-            assert compiling.set_tf32(True, "cuda") is True
+        with caplog.at_level(logging.INFO, logger="umst_plugin.compilation"):
+            assert compilation.set_tf32(True, "cuda") is True
         assert "TensorFloat-32" in caplog.text and caplog.records[-1].levelname == "INFO"
         assert torch.backends.cuda.matmul.allow_tf32 is True and torch.backends.cudnn.allow_tf32 is True
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
-        assert compiling.set_tf32(True, "cuda") is False  # a V100: no TF32
+        assert compilation.set_tf32(True, "cuda") is False  # a V100: no TF32
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
 
@@ -543,16 +545,16 @@ def test_a_fallback_names_where_an_error_without_a_message_was_raised():
         assert False  # noqa: B011 -- an assertion without a message, as torch's
     except AssertionError as e:
         e.args = (f"\n\nfrom user code:\n{user}    return DynamicConvolution.apply(...)\n",)
-        reason = compiling._reason(e)
+        reason = fallback.reason(e)
     assert re.fullmatch(r"AssertionError \(no message\) in test_compile\.py:\d+ "
                         r"\(test_a_fallback_names_where_an_error_without_a_message_was_raised\); tracing "
                         r"umst_plugin/modules/prime/dynamic_conv\.py:231 \(multi_dynamic_convolution\)", reason), reason
     error = RuntimeError(f"shapes do not match\n\nfrom user code:\n{user}")
-    assert compiling._reason(error) == "RuntimeError: shapes do not match"
+    assert fallback.reason(error) == "RuntimeError: shapes do not match"
 
 
 def _failing_backend(gm, example_inputs):
-    if len(gm.graph.nodes) > 8:  # a layer's graph, not compile.check_available's three-op smoke test
+    if len(gm.graph.nodes) > 8:  # a layer's graph, not probe.check_available's three-op smoke test
         raise RuntimeError("planted: this backend cannot compile a layer")
     return gm.forward
 
@@ -566,7 +568,7 @@ def test_every_arch_falls_back_to_eager_where_its_layers_fail_to_compile(arch, o
     model.train()
     eager = copy.deepcopy(model)
     _take_plain_inputs(eager)  # as the fallen-back layers get them
-    compiling.compile_layers(model, backend=_failing_backend)
+    compilation.compile_layers(model, backend=_failing_backend)
     sample = next(_batches(task, 1))
     with caplog.at_level(logging.WARNING):
         out, _ = _seeded_backward(model, sample)
@@ -574,7 +576,7 @@ def test_every_arch_falls_back_to_eager_where_its_layers_fail_to_compile(arch, o
     torch.testing.assert_close(out, ref_out, atol=0, rtol=0)
     for (name, p), q in zip(model.named_parameters(), eager.parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=0, rtol=0, msg=lambda m: f"{name}: {m}")
-    fallbacks = compiling.eager_fallbacks(model)
+    fallbacks = compiled_layers.eager_fallbacks(model)
     assert len(fallbacks) >= 2 and all("planted: this backend cannot compile a layer" in f for f in fallbacks)
     warnings = [r.getMessage() for r in caplog.records if "runs eager from now on" in r.getMessage()]
     assert len(warnings) == len(fallbacks) and all(re.search(r"inputs [^;]*\d+x\d+ (float32|int64|bool)", w)
@@ -600,10 +602,11 @@ def test_the_partition_patch_saves_the_size_inputs_a_split_left_out(monkeypatch)
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch import partitioners
 
+    from umst_plugin import patches
     from umst_plugin.patches import partition_symbols
 
     split = partitioners._extract_fwd_bwd_modules
-    split = getattr(split, "__wrapped__", split) if getattr(split, "_umst_patched", False) else split
+    split = patches.original(split) if patches.installed(split, partition_symbols.__name__) else split
     backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward),
                            bw_compiler=lambda gm, _: make_boxed_func(gm.forward),
                            partition_fn=partitioners.min_cut_rematerialization_partition)
@@ -636,11 +639,12 @@ def test_the_partition_patch_is_for_torch_before_2_13_only():
     torch), and there only where the split raised; a newer torch is left as it is."""
     from torch._functorch import partitioners
 
+    from umst_plugin import patches
     from umst_plugin.patches import partition_symbols
 
     assert partition_symbols.applies("2.11.0+cu130") and partition_symbols.applies("2.12.1")
     assert not partition_symbols.applies("2.13.0+cpu") and not partition_symbols.applies("2.14.0")
-    patched = getattr(partitioners._extract_fwd_bwd_modules, "_umst_patched", False)
+    patched = patches.installed(partitioners._extract_fwd_bwd_modules, partition_symbols.__name__)
     assert patched == partition_symbols.applies(), torch.__version__
 
 
@@ -654,7 +658,7 @@ def test_layers_compile_under_bf16_autocast_on_a_cpu(arch, overrides, fresh_fall
     test_the_partition_patch_saves_the_size_inputs_a_split_left_out)."""
     model, task = dev.build_model(arch, {**TINY, **DROPOUT, **overrides})
     model.train()
-    compiling.compile_layers(model)
+    compilation.compile_layers(model)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits, loss = _loss(model, next(_batches(task, 1)))
     loss.backward()

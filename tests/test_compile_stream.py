@@ -18,7 +18,10 @@ import torch.nn.functional as F
 
 import e2e
 import umst_plugin  # noqa: F401  (installs the patches)
-from umst_plugin import compile as compiling
+from umst_dev import compiled_layers
+from umst_plugin import compilation
+from umst_plugin.compilation import retry
+from umst_plugin.compilation.state import STATE
 
 NO_DROPOUT = ("--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0")
 # the paper's kernels (prime_base's default 3,15: sources and targets of the toy corpus are shorter and longer
@@ -176,12 +179,12 @@ def test_a_failing_compile_at_start_up_or_at_a_recompile_runs_that_variant_eager
 
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(compiling, "_eager_variants", {})
+    monkeypatch.setattr(STATE, "eager_variants", {})
     torch.manual_seed(0)
     model = _relu_layers()()
     eager = copy.deepcopy(model)
-    assert [type(m).__name__ for _, m in compiling.find_layers(model)] == ["EncoderLayer", "DecoderLayer"]
-    compiling.compile_layers(model)
+    assert [type(m).__name__ for _, m in compilation.find_layers(model)] == ["EncoderLayer", "DecoderLayer"]
+    compilation.compile_layers(model)
 
     def batch(src_len, tgt_len, bsz, seed):  # the first sentence's source ends in 2 pads (none at 2 tokens)
         g = torch.Generator().manual_seed(seed)
@@ -201,10 +204,10 @@ def test_a_failing_compile_at_start_up_or_at_a_recompile_runs_that_variant_eager
     # start-up: evaluation, no autograd (its programs are apart from training's)
     model.eval(), eager.eval()
     with inductor_config.patch({"cpp.inject_relu_bug_TESTING_ONLY": "compile_error", "fx_graph_cache": False}), \
-            caplog.at_level(logging.WARNING, logger="umst_plugin.compile"), torch.no_grad():
+            caplog.at_level(logging.WARNING, logger="umst_plugin.compilation"), torch.no_grad():
         got, want = model(*sample), eager(*sample)
     assert torch.equal(got, want)
-    warned = [r.getMessage() for r in caplog.records if r.name == "umst_plugin.compile"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "umst_plugin.compilation"]
     assert any(re.search(r"compiled forward of EncoderLayer failed \(evaluation, no autograd; inputs 6x3x16 float32, "
                          r"encoder_padding_mask=3x6 bool\): InductorError: CppCompileError", w) for w in warned), warned
     assert any(re.search(r"compiled forward of DecoderLayer failed \(evaluation, no autograd; inputs 5x3x16 float32, "
@@ -215,25 +218,25 @@ def test_a_failing_compile_at_start_up_or_at_a_recompile_runs_that_variant_eager
     model.train(), eager.train()
     both(sample)
     with inductor_config.patch({"cpp.inject_relu_bug_TESTING_ONLY": "compile_error", "fx_graph_cache": False}), \
-            caplog.at_level(logging.WARNING, logger="umst_plugin.compile"):
+            caplog.at_level(logging.WARNING, logger="umst_plugin.compilation"):
         one = batch(7, 4, 1, 1)
         got, want = both(one)
         assert torch.equal(got, want)
         for (name, p), q in zip(model.named_parameters(), eager.parameters()):
             assert p.grad is None and q.grad is None or torch.equal(p.grad, q.grad), name
-        warned = [r.getMessage() for r in caplog.records if r.name == "umst_plugin.compile"]
+        warned = [r.getMessage() for r in caplog.records if r.name == "umst_plugin.compilation"]
         assert any(re.search(r"compiled forward of EncoderLayer failed \(training, autograd; inputs 7x1x16 float32, "
                              r"encoder_padding_mask=1x7 bool\): InductorError: CppCompileError", w)
                    for w in warned), warned
         caplog.clear()
-        graphs = compiling.compiled_graphs()
+        graphs = compilation.compiled_graphs()
         got, want = both(batch(8, 6, 4, 2))  # compiled, as before
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-        assert compiling.compiled_graphs() == graphs
+        assert compilation.compiled_graphs() == graphs
         got, want = both(batch(5, 3, 1, 3))  # eager, nothing compiled
-        assert torch.equal(got, want) and compiling.compiled_graphs() == graphs
-    assert not [r for r in caplog.records if r.name == "umst_plugin.compile"], caplog.text
-    variants = compiling.eager_variants()
+        assert torch.equal(got, want) and compilation.compiled_graphs() == graphs
+    assert not [r for r in caplog.records if r.name == "umst_plugin.compilation"], caplog.text
+    variants = compiled_layers.eager_variants()
     assert len(variants) == 4 and all("CppCompileError" in why or "compile" in why.lower() for why in
                                       variants.values()), variants
 
@@ -250,15 +253,15 @@ def test_a_failing_compiled_backward_is_traced_to_its_layer_and_that_variant_run
     windows built by the forward's ops, as before the fix of issue 63, in a layer compiled with dynamic shapes (a
     fairseq encoder layer class whose forward is the convolution): compiled on a batch shorter than the widest
     kernel (T 10, B 5), its compiled backward fails on the next short batch of another batch size (T 5, B 4)
-    (``assert_size_stride``). ``compile.backward_failure`` names the layer class, the backward and the shapes,
+    (``assert_size_stride``). ``retry.backward_failure`` names the layer class, the backward and the shapes,
     and marks that variant eager; the retried step (what fairseq's Trainer does with it) runs the eager forward
-    and backward, with the eager gradients. (The Trainer's retry loop around it: patches/compile_flags.py.)"""
+    and backward, with the eager gradients. (The Trainer's retry loop around it: compilation/retry.py.)"""
     from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 
     from umst_plugin.modules.prime.dynamic_conv import DynamicConvolution, multi_dynamic_convolution
 
     monkeypatch.setattr(DynamicConvolution, "_backward_windows", staticmethod(_old_backward_windows))
-    monkeypatch.setattr(compiling, "_eager_variants", {})
+    monkeypatch.setattr(STATE, "eager_variants", {})
 
     class ConvLayer(TransformerEncoderLayerBase):  # a layer class --compile compiles
         def __init__(self):
@@ -269,7 +272,7 @@ def test_a_failing_compiled_backward_is_traced_to_its_layer_and_that_variant_run
             return multi_dynamic_convolution(x, [short, wide], [1, 7], self.gates)
 
     model = torch.nn.Sequential(ConvLayer())
-    compiling.compile_layers(model)
+    compilation.compile_layers(model)
     layer = model[0]
 
     def step(T, B):
@@ -279,7 +282,7 @@ def test_a_failing_compiled_backward_is_traced_to_its_layer_and_that_variant_run
         for logits in inputs[1:]:  # constant kernel widths, as in a Prime layer (tests/test_dynamic_conv.py)
             torch._dynamo.mark_static(logits, 3)
         layer.gates.grad = None
-        compiling.start_step()
+        retry.start_step()
         layer(*inputs).sum().backward()
         return [t.grad for t in inputs] + [layer.gates.grad]
 
@@ -292,15 +295,15 @@ def test_a_failing_compiled_backward_is_traced_to_its_layer_and_that_variant_run
     step(10, 5)
     with pytest.raises(Exception) as caught:
         step(5, 4)
-    failure = compiling.backward_failure(caught.value)
-    assert isinstance(failure, compiling.CompileFailure), caught.value
+    failure = retry.backward_failure(caught.value)
+    assert isinstance(failure, compilation.CompileFailure), caught.value
     assert re.search(r"compiled backward of ConvLayer failed \(inputs 5x4x8 float32, 5x4x2x3 float32, 5x4x2x15 "
                      r"float32\): AssertionError", str(failure)), str(failure)
-    assert len(compiling.eager_variants()) == 1
-    graphs = compiling.compiled_graphs()
+    assert len(compiled_layers.eager_variants()) == 1
+    graphs = compilation.compiled_graphs()
     for got, want in zip(step(5, 4), eager_step(5, 4)):  # the retried step: eager, nothing compiled
         assert torch.equal(got, want)
-    assert compiling.compiled_graphs() == graphs
+    assert compilation.compiled_graphs() == graphs
 
 
 def test_the_trainer_retries_an_update_whose_compiled_backward_failed_and_goes_on_eager(monkeypatch, caplog):
@@ -322,7 +325,7 @@ def test_the_trainer_retries_an_update_whose_compiled_backward_failed_and_goes_o
     from umst_plugin.modules.prime.dynamic_conv import DynamicConvolution, multi_dynamic_convolution
 
     monkeypatch.setattr(DynamicConvolution, "_backward_windows", staticmethod(_old_backward_windows))
-    monkeypatch.setattr(compiling, "_eager_variants", {})
+    monkeypatch.setattr(STATE, "eager_variants", {})
 
     class ConvLayer(TransformerEncoderLayerBase):  # an encoder layer class --compile compiles
         def __init__(self, dim):
@@ -349,7 +352,7 @@ def test_the_trainer_retries_an_update_whose_compiled_backward_failed_and_goes_o
         model = task.build_model(cfg.model)
         model.encoder.layers = torch.nn.ModuleList([ConvLayer(16)])
         trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
-        compiling.uncompile_layers(model.decoder)  # (only the convolution compiles: seconds, not minutes)
+        compiled_layers.uncompile_layers(model.decoder)  # (only the convolution compiles: seconds, not minutes)
         for update, (bsz, src_len) in enumerate(((5, 10), (4, 5), (3, 12)), 1):
             trainer.train_step([dev.random_sample(task, bsz, src_len, 7, seed=update)])
         assert trainer.get_num_updates() == 3
@@ -358,7 +361,7 @@ def test_the_trainer_retries_an_update_whose_compiled_backward_failed_and_goes_o
     with caplog.at_level(logging.WARNING):
         compiled = run("compile")
     assert "retrying update 2 (the same batches) with that variant eager" in caplog.text, caplog.text
-    (why,) = compiling.eager_variants().values()
+    (why,) = compiled_layers.eager_variants().values()
     assert why.startswith("backward: AssertionError"), why
     assert re.search(r"compiled backward of ConvLayer failed \(training, autograd; inputs 5x4x16 float32, "
                      r"encoder_padding_mask=4x5 bool\): AssertionError: expected size", caplog.text), caplog.text

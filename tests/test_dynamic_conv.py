@@ -217,9 +217,10 @@ def test_compiled_backward_takes_short_batches_of_any_size():
     corpus's stream: tests/test_compile_stream.py trains Prime compiled.)"""
     import logging
 
-    from umst_plugin import compile as compiling
+    from umst_dev import compiled_layers
+    from umst_plugin.compilation import dispatch
 
-    compiling._configure_dynamo()
+    dispatch.configure_dynamo()
     logging.getLogger("filelock").setLevel(logging.WARNING)
 
     def conv(x, short, wide, gates):
@@ -240,4 +241,4 @@ def test_compiled_backward_takes_short_batches_of_any_size():
             grads.append([out] + [t.grad for t in leaves])
         for got, want in zip(*grads):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=lambda m: f"T {T}, B {B}: {m}")
-    assert compiling.cache_entries(conv) == 1
+    assert compiled_layers.cache_entries(conv) == 1

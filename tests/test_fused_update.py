@@ -1,4 +1,4 @@
-"""The fused update (umst_plugin/patches/fused_adam.py, grad_norm.py): fairseq's adam and grad norm -- fairseq's own
+"""The fused update (umst_plugin/training/fused_adam.py, grad_norm.py): fairseq's adam and grad norm -- fairseq's own
 functions are the reference -- in a handful of launches instead of several per parameter tensor."""
 import copy
 import math
@@ -10,7 +10,7 @@ from fairseq.optim.adam import Adam  # fairseq's adam: the patch replaces Fairse
 import umst_plugin  # noqa: F401  (installs the patches)
 from benchmarks import bench_launches
 from umst_plugin.op_counts import KernelLaunches
-from umst_plugin.patches import fused_adam, grad_norm
+from umst_plugin.training import fused_adam, grad_norm
 
 SHAPES = [(64, 32), (32,), (1000,), (7,), (3, 4, 2)]
 
@@ -189,9 +189,9 @@ def test_fairseq_trainer_same_weights_as_old_adam(precision):
 
 @pytest.mark.parametrize("max_norm", [0.0, 0.5, 1e6])
 def test_grad_norm_equals_fairseqs(max_norm):
-    """Against fairseq's own ``utils.clip_grad_norm_`` (kept by the patch as ``ORIGINAL``), a bf16 weight among
+    """Against fairseq's own ``utils.clip_grad_norm_`` (kept by the patch as ``__wrapped__``), a bf16 weight among
     them, a parameter without a gradient, and an ``aggregate_norm_fn``."""
-    fairseq_clip = grad_norm.clip_grad_norm_.ORIGINAL
+    fairseq_clip = grad_norm.clip_grad_norm_.__wrapped__
     ref, new = _params(), _params()
     g = torch.Generator().manual_seed(3)
     ref += [torch.nn.Parameter(torch.randn(5, 3, generator=g)) for _ in range(35)]
@@ -215,7 +215,7 @@ def test_grad_norm_equals_fairseqs(max_norm):
 
 @pytest.mark.parametrize("bad", ["inf", "nan", "fp16 overflow", "no gradients", "one tensor"])
 def test_grad_norm_edge_cases_equal_fairseqs(bad):
-    fairseq_clip = grad_norm.clip_grad_norm_.ORIGINAL
+    fairseq_clip = grad_norm.clip_grad_norm_.__wrapped__
     results = []
     for clip in (fairseq_clip, grad_norm.clip_grad_norm_):
         g = torch.Generator().manual_seed(4)

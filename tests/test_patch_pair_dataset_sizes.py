@@ -46,7 +46,7 @@ def test_fairseq_alone_warns_here():
         else:
             pytest.skip("this numpy / torch pair does not warn")
         with pytest.raises(DeprecationWarning, match="copy=False"):
-            build(LanguagePairDataset.__init__._umst_original, torch.tensor)
+            build(LanguagePairDataset.__init__.__wrapped__, torch.tensor)
 
 
 def test_fairseqs_inference_dataset_from_a_hub_batch_gives_no_warning():

@@ -62,7 +62,7 @@ def test_a_resume_in_epoch_2_continues_with_the_batches_of_the_uninterrupted_run
 def test_fairseq_alone_cuts_other_batches_and_the_resumed_epoch_repeats_and_drops_sentences(toy_databin,
                                                                                             uninterrupted):
     """What the patch fixes is real in this fairseq: the same resume through fairseq's own function."""
-    iterator = _resumed(toy_databin, FairseqTask.get_batch_iterator._umst_original)
+    iterator = _resumed(toy_databin, FairseqTask.get_batch_iterator.__wrapped__)
     rest = _epoch(iterator)
     assert rest != uninterrupted[1][RESUMED_AT:]
     trained = [i for batch in uninterrupted[1][:RESUMED_AT] + rest for i in batch]
@@ -72,7 +72,7 @@ def test_fairseq_alone_cuts_other_batches_and_the_resumed_epoch_repeats_and_drop
 
 def test_iterators_built_anew_every_epoch_and_epoch_1_are_fairseqs(toy_databin):
     task = _task(toy_databin)
-    original = FairseqTask.get_batch_iterator._umst_original
+    original = FairseqTask.get_batch_iterator.__wrapped__
     for epoch, kwargs in ((2, dict(disable_iterator_cache=True)), (2, dict(update_epoch_batch_itr=True)),
                           (1, {})):
         patched = _iterator(task, epoch, **kwargs).frozen_batches

@@ -1,5 +1,5 @@
 """The plugin's precision flags under any task, fairseq's ``translation`` included, in every CLI
-(umst_plugin/patches/amp_dtype_flag.py, task_autocast.py, generate_cli.py, checkpoint_precision.py).
+(umst_plugin/training/amp_dtype_flag.py; umst_plugin/patches/task_autocast.py, generate_cli.py, checkpoint_precision.py).
 
 ``fairseq-train --user-dir umst_plugin --task translation --arch transformer --amp --amp-dtype bfloat16`` used
 to stop with status 2 (``unrecognized arguments: --amp-dtype bfloat16``): the flag belonged to
@@ -84,7 +84,8 @@ def test_a_parser_built_before_the_plugin_gets_the_flag_from_the_task():
 def test_the_patches_are_idempotent():
     from fairseq.dataclass.configs import CommonConfig
     from fairseq.tasks.fairseq_task import FairseqTask
-    from umst_plugin.patches import amp_dtype_flag, checkpoint_precision, generate_cli, task_autocast
+    from umst_plugin.patches import checkpoint_precision, generate_cli, task_autocast
+    from umst_plugin.training import amp_dtype_flag
 
     before = (dict(CommonConfig.__dataclass_fields__), CommonConfig.__init__, FairseqTask.valid_step,
               FairseqTask.__dict__["add_args"])

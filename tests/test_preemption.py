@@ -1,4 +1,4 @@
-"""umst_plugin/patches/preemption.py: a signal stops training at an update boundary every rank agrees on, with
+"""umst_plugin/training/preemption.py: a signal stops training at an update boundary every rank agrees on, with
 checkpoint_last.pt saved mid-epoch; outside training the signals act as before; the checkpoint a multi-rank resume
 broadcasts loads on the other ranks (patches/broadcast_checkpoint_load.py). The Slurm path (the sbatch scripts'
 --signal, requeue, resume to the same losses) is tests/test_rehearsal.py."""
@@ -29,7 +29,7 @@ def test_signals_act_as_before_outside_training():
     """The patch's handlers are installed by a Trainer; with none alive, SIGTERM still ends the process (its
     default action) and an ignored SIGUSR1 stays ignored."""
     code = ("import os, signal, time, umst_plugin\n"
-            "from umst_plugin.patches import preemption\n"
+            "from umst_plugin.training import preemption\n"
             "signal.signal(signal.SIGUSR1, signal.SIG_IGN)\n"
             "preemption._install_handlers([signal.SIGUSR1, signal.SIGTERM])\n"
             "assert signal.getsignal(signal.SIGTERM) is preemption._handler\n"
@@ -40,7 +40,7 @@ def test_signals_act_as_before_outside_training():
     proc = subprocess.run([sys.executable, "-c", code], env=e2e.cli_env(), capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "usr1 ignored", proc.stderr[-2000:]
     assert proc.returncode == -signal.SIGTERM, (proc.returncode, proc.stderr[-2000:])
-    from umst_plugin.patches.preemption import parse_signals
+    from umst_plugin.training.preemption import parse_signals
 
     assert parse_signals("USR1, sigterm") == [signal.SIGUSR1, signal.SIGTERM] and parse_signals("none") == []
     with pytest.raises(ValueError, match="KILL"):

@@ -1,4 +1,4 @@
-"""--tf32 in fairseq-validate, -generate and -interactive (umst_plugin/patches/compile_flags.py): on while the CLI's
+"""--tf32 in fairseq-validate, -generate and -interactive (umst_plugin/compilation/flags.py): on while the CLI's
 main runs, and torch's settings as they were once it returns (the setting is process-wide). torch's defaults:
 matmul.allow_tf32 False, cudnn.allow_tf32 True."""
 import pytest
@@ -6,7 +6,7 @@ import torch
 from omegaconf import OmegaConf
 
 import umst_plugin  # noqa: F401  (installs the patches)
-from umst_plugin.patches import compile_flags
+from umst_plugin.compilation import flags as compile_flags
 
 
 @pytest.mark.parametrize("main", ["validate", "generate", "interactive"])
@@ -15,8 +15,10 @@ def test_tf32_is_restored_after_the_cli_main(monkeypatch, main):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100 (faked)")
     seen = []
-    # the CLI's own main, replaced by a probe of what it would run under
-    monkeypatch.setitem(compile_flags._originals, main, lambda *args: seen.append(
+    # the CLI's own main (what the wrapper wraps), replaced by a probe of what it would run under
+    wrapper = {"validate": compile_flags.validate_main, "generate": compile_flags.generate_main,
+               "interactive": compile_flags.interactive_main}[main]
+    monkeypatch.setattr(wrapper, "__wrapped__", lambda *args: seen.append(
         (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)))
     before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     try:

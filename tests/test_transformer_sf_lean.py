@@ -520,22 +520,23 @@ def test_compiled_input_region_equals_the_reference_in_float64():
     compares the whole model compiled by inductor with eager), in float64, training mode with dropout under the
     same masks, both padding sides, with no host-side character length (the encoder reads it before the compiled
     region): the step equals the reference modules' eager step."""
-    from umst_plugin import compile as compiling
+    from umst_dev import compiled_layers
+    from umst_plugin import compilation
 
     model, d = build(overrides=DROPOUTS)
     model.double().train()
     set_lean(model, False)
     reference = [train_step(model, d, seed=3, left_pad=left_pad) for left_pad in (True, False)]
     set_lean(model, True)
-    compiling.compile_layers(model, backend="aot_eager_decomp_partition")
-    for _, layer in compiling.find_layers(model):
+    compilation.compile_layers(model, backend="aot_eager_decomp_partition")
+    for _, layer in compilation.find_layers(model):
         if layer is not model.encoder.inputs:  # only the input region compiled
             layer.__dict__.pop("_umst_compiled")
             layer.__dict__.pop("forward")
-    graphs = compiling.compiled_graphs()
+    graphs = compilation.compiled_graphs()
     for left_pad, want in zip((True, False), reference):
         assert_same_step(want, train_step(model, d, seed=3, left_pad=left_pad))
-    assert compiling.compiled_graphs() > graphs and not compiling.eager_variants()  # compiled, no fall back
+    assert compilation.compiled_graphs() > graphs and not compiled_layers.eager_variants()  # compiled, no fall back
 
 
 def test_compiled_bf16_cross_attention_gradients_equal_eager():
@@ -547,7 +548,7 @@ def test_compiled_bf16_cross_attention_gradients_equal_eager():
     finite bf16 update. Widths 128/32 with 2 heads are the smallest found that showed it."""
     import torch._inductor.config as inductor_config
 
-    from umst_plugin import compile as compiling
+    from umst_plugin.compilation import dispatch
 
     torch.manual_seed(0)
     attn = WidthChangingAttention(128, 32, 2, dropout=0.1).train()
@@ -571,7 +572,7 @@ def test_compiled_bf16_cross_attention_gradients_equal_eager():
                     **{f"{i}.{n}": p.grad for i, m in enumerate(modules) for n, p in m.named_parameters()})
 
     eager = step(WidthChangingAttention.forward_lean)
-    compiling._configure_dynamo()
+    dispatch.configure_dynamo()
     compiled_forward = torch.compile(WidthChangingAttention.forward_lean, dynamic=True, fullgraph=True)
     with inductor_config.patch(fallback_random=True):
         compiled = step(compiled_forward)

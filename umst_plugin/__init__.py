@@ -2,8 +2,11 @@
 
 Load with ``fairseq-train --user-dir umst_plugin``. Importing the package
 
-1. installs the plugin's changes to fairseq and torch internals, every one of them in ``umst_plugin/patches``
-   (one module per target, each checking the code it replaces; ``python -m umst_plugin.patches`` lists them);
+1. installs the plugin's fixes of fairseq and torch internals (``umst_plugin/patches``: one module per target,
+   each checking the code it replaces), then its features that change fairseq's code, each living with what it
+   serves (``umst_plugin/features.py`` lists them in install order: ``--amp-dtype``, the fused adam, the
+   gradient norm, ``--compile`` / ``--tf32``, ``--stop-on-signals``); ``python -m umst_plugin.patches`` lists
+   both;
 2. registers the ``multiscale_translation`` task (``umst_plugin/tasks``);
 3. registers every architecture (``umst_plugin/models``; each module imported here, so that registration
    happens exactly once).
@@ -16,11 +19,12 @@ checkpoint's precision rules (``umst_plugin/hub.py``, docs/inference.md).
 import importlib
 import os
 
-from umst_plugin import patches
+from umst_plugin import features, patches
 
 __version__ = "0.1.0"
 
-patches.install_all()
+patches.install_all()  # the fixes first (patches.PATCHES order), then the features (features.FEATURES order)
+features.install_all()
 
 
 def _import_all(subpackage):

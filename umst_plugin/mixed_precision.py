@@ -1,10 +1,11 @@
 """Mixed precision on every device: ``--amp --amp-dtype {float16,bfloat16}`` on CUDA and on CPU, under any task.
 
-The pieces that change fairseq's own code live in ``umst_plugin/patches`` (``amp_dtype_flag``: ``--amp-dtype`` in
-fairseq's common options, so every task and CLI has it; ``amp_optimizer``: the grad scaler per device and dtype,
-gradients unscaled once; ``task_autocast``: every task's training, validation and decoding steps autocast on the
-model's device; ``bf16_cli_flag`` and ``generate_cli``: the command line's precision recorded, plain ``--bf16``
-off TPUs; ``checkpoint_precision``: the dtype a loaded checkpoint was trained in). This module holds what they
+The pieces that change fairseq's own code live in ``umst_plugin/training/amp_dtype_flag.py`` (``--amp-dtype`` in
+fairseq's common options, so every task and CLI has it) and in ``umst_plugin/patches`` (``amp_optimizer``: the
+grad scaler per device and dtype, gradients unscaled once; ``task_autocast``: every task's training, validation
+and decoding steps autocast on the model's device; ``bf16_cli_flag`` and ``generate_cli``: the command line's
+precision recorded, plain ``--bf16`` off TPUs; ``checkpoint_precision``: the dtype a loaded checkpoint was trained
+in). This module holds what they
 and the tasks share:
 
 * :func:`autocast`: ``torch.autocast`` on the device the model lives on, in the ``--amp-dtype``;
@@ -23,7 +24,7 @@ import logging
 import torch
 
 from umst_plugin import amp_weights
-from umst_plugin import compile as compiling
+from umst_plugin.compilation import layers_eager
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ def amp_train_step(task, sample, model, criterion, optimizer, update_num, ignore
         # the recording update runs compiled layers eager: compiled code refuses the recorder's dispatch mode
         # (and would take it for a failed compile)
         with cache.record(amp_dtype(dtype_name)) if recording else contextlib.nullcontext(), \
-                compiling.layers_eager() if recording else contextlib.nullcontext():
+                layers_eager() if recording else contextlib.nullcontext():
             with autocast(model, dtype_name, what="training"):
                 with amp_weights.cast_weights_once(model, amp_dtype(dtype_name), cache, usage):
                     loss, sample_size, logging_output = criterion(model, sample)

@@ -38,12 +38,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The code under test, by role: every mutant names one of these keys.
 FILES = {
-    "fused_adam": "umst_plugin/patches/fused_adam.py",
+    "fused_adam": "umst_plugin/training/fused_adam.py",
     "resume_batch_order": "umst_plugin/patches/resume_batch_order.py",
     "broadcast_checkpoint_load": "umst_plugin/patches/broadcast_checkpoint_load.py",
     "partition_symbols": "umst_plugin/patches/partition_symbols.py",
-    "compile": "umst_plugin/compile.py",
-    "compile_flags": "umst_plugin/patches/compile_flags.py",
+    "compile": "umst_plugin/compilation/dispatch.py",
+    "compile_retry": "umst_plugin/compilation/retry.py",
     "prime_dynamic_conv": "umst_plugin/modules/prime/dynamic_conv.py",
     "prime_layer": "umst_plugin/modules/prime/layer.py",
     "umst_graphs": "umst_plugin/modules/umst/graphs.py",
@@ -107,8 +107,8 @@ MUTANTS = (
            "    if t.requires_grad:\n        return t.detach().clone(memory_format=torch.contiguous_format)",
            ("tests/test_compile.py::test_every_arch_falls_back_to_eager_where_its_layers_fail_to_compile",),
            "a compiled layer's copied input cut from autograd (no gradient flows back through it)"),
-    Mutant("compile-backward-retry", "compile_flags",
-           "except compiling.CompileFailure as failure:", "except ZeroDivisionError as failure:",
+    Mutant("compile-backward-retry", "compile_retry",
+           "except CompileFailure as failure:", "except ZeroDivisionError as failure:",
            ("tests/test_compile_stream.py::"
             "test_the_trainer_retries_an_update_whose_compiled_backward_failed_and_goes_on_eager",),
            "fairseq's Trainer does not retry an update whose compiled backward failed"),

@@ -26,7 +26,7 @@ if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]] && (( NCPUS < SLURM_CPUS_PER_TASK )); the
 fi
 EXTRA=()
 [[ "${TRAIN_SH_DRY_RUN:-0}" != 1 ]] || EXTRA+=(--dry-run)
-# SIGUSR1 and SIGTERM ignored from here until training installs its handlers (umst_plugin/patches/preemption.py;
+# SIGUSR1 and SIGTERM ignored from here until training installs its handlers (umst_plugin/training/preemption.py;
 # an ignored signal stays ignored across exec): a signal during start-up neither kills a node's training alone nor
 # its parent process while the GPU workers it spawns save (Slurm sends SIGTERM to every process of the step).
 trap '' USR1 TERM

@@ -22,7 +22,7 @@
 # Preemption and resume: the sbatch scripts ask Slurm for SIGUSR1 to the batch shell 180 s before the time limit
 # (--signal=B:USR1@180) and allow requeueing (--requeue). On it this script passes SIGUSR1 to srun, which passes it
 # to every node's training; training finishes its update, saves checkpoint_last.pt (mid-epoch, with the data
-# position) and stops (umst_plugin/patches/preemption.py; SAVE_DIR/stopped-on-signal.json says so), and this
+# position) and stops (umst_plugin/training/preemption.py; SAVE_DIR/stopped-on-signal.json says so), and this
 # script requeues the job (scontrol requeue). The requeued job runs the same command: fairseq resumes from
 # SAVE_DIR/checkpoint_last.pt. Slurm checks time limits periodically (every 30 s in 22.05) and may send the warning
 # up to a minute early: it can come while training is still starting, before it listens (launch.sh ignores the

@@ -28,7 +28,7 @@ from fairseq.models.transformer import TransformerModel, base_architecture
 from fairseq.models.transformer.transformer_encoder import TransformerEncoderBase
 from fairseq.modules import PositionalEmbedding
 
-from umst_plugin.compile import is_compiled
+from umst_plugin.compilation import is_compiled
 from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
 from umst_plugin.models._sizes import transformer_big_sizes
 from umst_plugin.modules.transformer_sf.char_table import CHAR_PAD, STYLES, CharTable
@@ -240,11 +240,13 @@ class SlowFastEncoder(FairseqEncoder):
 class SlowFastInput(nn.Module):
     """What the encoder runs before its first block, as one module: the characters of the batch
     (``CharTable``), both branches' embeddings, and the stack's ``prepare`` (the lean path's plan and the subword
-    GCN on the input). ``--compile`` compiles it as one program like the layers (``umst_plugin.compile``), so the
+    GCN on the input). ``--compile`` compiles it as one program like the layers (``umst_plugin.compilation``), so the
     many small integer and elementwise ops of this part fuse instead of each launching a kernel eagerly.
 
     Holds no parameters: it reads its encoder's modules (a plain reference, not a submodule, so the checkpoint's
     keys stay the encoder's)."""
+
+    compile_region = True  # --compile compiles it as one program (umst_plugin/compilation/regions.py)
 
     def __init__(self, encoder):
         super().__init__()

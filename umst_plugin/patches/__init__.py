@@ -1,18 +1,30 @@
-"""Every change the plugin makes to fairseq's (and torch's) internals, in one place: one module per target.
+"""The plugin's fixes of fairseq's (and torch's) internals, in one place: one module per target.
 
 Each module names its ``TARGET`` (what it replaces or wraps), the ``SYMPTOM`` users saw without it, and
-``REMOVE_WHEN`` (the upstream change that makes it unnecessary), and has an idempotent ``install()``. Before
-replacing anything, ``install()`` checks the signature of what it replaces (:func:`expect_signature`) and
-raises :class:`PatchError` on a fairseq whose code differs, instead of silently patching something else.
+``REMOVE_WHEN`` (the upstream change that makes it unnecessary), and has an idempotent ``install()``. Every
+function or method a patch replaces is replaced through :func:`wrap`, which
+
+* checks the signature of what it replaces (:func:`expect_signature`) and raises :class:`PatchError` on a fairseq
+  whose code differs, instead of silently patching something else;
+* marks the replacement with the patch's name (``_umst_patch``), so a second ``install()`` changes nothing, even
+  after another patch wrapped the same function since;
+* keeps the original as the replacement's ``__wrapped__`` (:func:`original`), as ``functools.wraps`` does: what
+  the replacement calls, what ``inspect.signature`` reports, what a test compares with.
+
 The patches were written against fairseq-fixed ``FAIRSEQ_VERSION``; on another version :func:`install_all`
 logs a warning and relies on the signature checks.
+
+The plugin's features with their own options (``--amp-dtype``, ``--compile``, ``--stop-on-signals``, fairseq's adam
+in one kernel, ...) live with what they serve and change fairseq's code through :func:`wrap` too; they are listed,
+in install order, in ``umst_plugin/features.py``, and installed after the fixes.
 
 Importing the plugin installs every patch for every fairseq run in the process, stock ``--task translation
 --arch transformer`` runs included. :data:`STOCK_NUMBERS` says, per patch, whether it changes such a run's numbers
 (losses, weights, outputs): no, or yes because it fixes a named fairseq bug. ``tests/test_resume_matrix.py``
 holds a stock fp32 transformer's 50-update losses with and without the plugin to float32 rounding.
 
-``python -m umst_plugin.patches`` prints the table (docs/install.md, "What the plugin changes in fairseq").
+``python -m umst_plugin.patches`` prints the table of the fixes, then that of the features (docs/install.md,
+"What the plugin changes in fairseq").
 """
 import importlib
 import inspect
@@ -28,21 +40,16 @@ PATCHES = (
     "hydra_legacy_models",
     "prefetch_thread_exit",
     "lightconv_conv_bias",
-    "amp_dtype_flag",
     "bf16_cli_flag",
     "generate_cli",
     "checkpoint_precision",
     "amp_optimizer",
     "task_autocast",
     "cudnn_attention",
-    "fused_adam",
-    "grad_norm",
     "pair_dataset_sizes",
     "resume_batch_order",
     "incremental_state_lookup",
-    "compile_flags",
     "broadcast_checkpoint_load",
-    "preemption",
     "partition_symbols",
 )
 
@@ -56,7 +63,6 @@ STOCK_NUMBERS = {
     "prefetch_thread_exit": "no: only how the prefetch thread ends at exit",
     "lightconv_conv_bias": "no: the unused conv_bias of lightconv/dynamicconv holds zeros instead of "
                            "uninitialized memory; the forward pass never reads it",
-    "amp_dtype_flag": "no: adds --amp-dtype (default float16, fairseq's)",
     "bf16_cli_flag": "yes with --bf16 off TPUs, because fairseq died there (get_tpu_device); no otherwise",
     "generate_cli": "no: records the command line's --amp / --amp-dtype for decoding",
     "checkpoint_precision": "yes with --amp at decoding and a bf16-trained checkpoint, because fairseq autocast it "
@@ -68,17 +74,12 @@ STOCK_NUMBERS = {
                      "and validation/decoding autocast under --amp; no without --amp",
     "cudnn_attention": "yes for fp16/bf16 attention on a GPU where torch picked cuDNN's backend, because its "
                        "backward gave wrong gradients or failed; no on a CPU and for fp32",
-    "fused_adam": "no: fairseq's adam's update to float32 rounding (a stock fp32 transformer's losses agree to "
-                  "2.3e-7 relative over 50 updates); --use-old-adam gives fairseq's loop",
-    "grad_norm": "no: the same per-tensor float32 norms and clip coefficient, summed in another order (rounding)",
     "pair_dataset_sizes": "no: the same sizes, without numpy's warning",
     "resume_batch_order": "yes for a run resumed in epoch 2 or later, because fairseq cut its batches from another "
                           "example order than the run it resumes (some sentences twice in the epoch, others not "
                           "at all); no for uninterrupted runs and resumes in epoch 1",
     "incremental_state_lookup": "no: the same lookup result, tested for a missing state first",
-    "compile_flags": "no unless --compile or --tf32 is given (both off by default)",
     "broadcast_checkpoint_load": "no: the same bytes loaded on every rank (without it, a multi-rank resume stopped)",
-    "preemption": "no: on SIGUSR1/SIGTERM a run saves and stops instead of dying; the updates are the same",
     "partition_symbols": "no: only torch.compile's split of a graph that torch < 2.13 failed to split (a layer "
                          "that fell back to eager is compiled instead); not installed on torch >= 2.13",
 }
@@ -98,6 +99,47 @@ def expect_signature(func, expected, patch):
             f"{patch}: {getattr(func, '__qualname__', func)} has signature {found}, expected {expected} "
             f"(written for fairseq-fixed {FAIRSEQ_VERSION}, found fairseq {fairseq.__version__}). "
             "The plugin does not know this fairseq; install fairseq-fixed==0.12.3.1 (docs/install.md).")
+
+
+MARKER = "_umst_patch"  # a replacement's attribute: the name of the patch that installed it
+
+
+def installed(function, patch):
+    """Whether ``function`` is ``patch``'s replacement, or wraps it (another patch wrapped the same target since)."""
+    while function is not None:
+        if getattr(function, MARKER, None) == patch:
+            return True
+        function = getattr(function, "__wrapped__", None)
+    return False
+
+
+def original(function):
+    """What the replacement ``function`` replaced (its ``__wrapped__``): fairseq's or torch's own, or the
+    replacement of a patch installed before."""
+    return function.__wrapped__
+
+
+def wrap(owner, name, make, patch, signature=None):
+    """Replace ``owner.name`` -- a function of a module, or a method of a class (a staticmethod or classmethod of its
+    own stays one) -- by ``make(original)``, where ``original`` is the function found there now; once per
+    ``patch``. Before replacing it, its signature must print as ``signature`` (:func:`expect_signature`; None: not
+    checked, for a target whose arguments the patch does not depend on). The replacement is marked with ``patch``,
+    keeps ``original`` as ``__wrapped__`` and takes its docstring where it has none of its own. Returns the
+    replacement, or None where ``patch`` had installed it already."""
+    raw = owner.__dict__.get(name) if isinstance(owner, type) and name in owner.__dict__ else getattr(owner, name)
+    kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
+    current = raw.__func__ if kind is not None else raw
+    if installed(current, patch):
+        return None
+    if signature is not None:
+        expect_signature(getattr(owner, name), signature, patch)
+    replacement = make(current)
+    setattr(replacement, MARKER, patch)
+    replacement.__wrapped__ = current
+    if replacement.__doc__ is None:
+        replacement.__doc__ = current.__doc__
+    setattr(owner, name, kind(replacement) if kind is not None else replacement)
+    return replacement
 
 
 def as_config(cfg):

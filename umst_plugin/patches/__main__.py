@@ -1,4 +1,7 @@
-"""``python -m umst_plugin.patches``: the table of what the plugin changes in fairseq and torch."""
-from umst_plugin.patches import markdown_table
+"""``python -m umst_plugin.patches``: the tables of what the plugin changes in fairseq and torch: its fixes, then its
+features (``umst_plugin/features.py``)."""
+from umst_plugin import features, patches
 
-print(markdown_table())
+print(patches.markdown_table())
+print()
+print(features.markdown_table())

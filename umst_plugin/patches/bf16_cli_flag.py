@@ -14,7 +14,7 @@ import logging
 import torch
 
 from umst_plugin import mixed_precision
-from umst_plugin.patches import expect_signature
+from umst_plugin.patches import wrap
 
 logger = logging.getLogger(__name__)
 
@@ -59,15 +59,12 @@ def install():
     """Route fairseq's CLI entry through ``plain_bf16_means_bf16`` and the ``--amp`` / ``--amp-dtype`` record."""
     from fairseq.distributed import utils as distributed_utils
 
-    if getattr(distributed_utils.call_main, "_umst_bf16", False):
-        return
-    call_main = distributed_utils.call_main
-    expect_signature(call_main, "(cfg: fairseq.dataclass.configs.FairseqConfig, main, **kwargs)", __name__)
+    def make(call_main):
+        def call_main_with_bf16_on_any_device(cfg, main, **kwargs):
+            plain_bf16_means_bf16(cfg)
+            mixed_precision.record_command_line(cfg)
+            return call_main(cfg, main, **kwargs)
+        return call_main_with_bf16_on_any_device
 
-    def call_main_with_bf16_on_any_device(cfg, main, **kwargs):
-        plain_bf16_means_bf16(cfg)
-        mixed_precision.record_command_line(cfg)
-        return call_main(cfg, main, **kwargs)
-
-    call_main_with_bf16_on_any_device._umst_bf16 = True
-    distributed_utils.call_main = call_main_with_bf16_on_any_device
+    wrap(distributed_utils, "call_main", make, __name__,
+         "(cfg: fairseq.dataclass.configs.FairseqConfig, main, **kwargs)")

@@ -16,7 +16,7 @@ call only (``torch.serialization.safe_globals``), instead of switching the check
 import collections
 import typing
 
-from umst_plugin.patches import expect_signature
+from umst_plugin.patches import wrap
 
 TARGET = "fairseq.distributed.utils._broadcast_object_slow (the torch.load of Trainer.load_checkpoint's broadcast)"
 SYMPTOM = ("resuming a multi-GPU or multi-node run: every rank but 0 stops with 'Weights only load failed ... "
@@ -39,19 +39,17 @@ def install():
     import torch
     from fairseq.distributed import utils as distributed_utils
 
-    original = distributed_utils._broadcast_object_slow
-    if getattr(original, "_umst_safe_globals", False):
-        return
     safe_globals = getattr(torch.serialization, "safe_globals", None)
     if safe_globals is None:  # torch < 2.5: no weights_only default to work around
         return
-    expect_signature(original, "(obj: Any, src_rank: int, group: object, dist_device: torch.device) -> Any", __name__)
-    classes = broadcast_classes()
 
-    def _broadcast_object_slow(obj, src_rank, group, dist_device):
-        with safe_globals(classes):
-            return original(obj, src_rank, group, dist_device)
+    def make(original):
+        classes = broadcast_classes()
 
-    _broadcast_object_slow._umst_safe_globals = True
-    _broadcast_object_slow.__wrapped__ = original
-    distributed_utils._broadcast_object_slow = _broadcast_object_slow
+        def _broadcast_object_slow(obj, src_rank, group, dist_device):
+            with safe_globals(classes):
+                return original(obj, src_rank, group, dist_device)
+        return _broadcast_object_slow
+
+    wrap(distributed_utils, "_broadcast_object_slow", make, __name__,
+         "(obj: Any, src_rank: int, group: object, dist_device: torch.device) -> Any")

@@ -11,7 +11,7 @@ key: a bf16 checkpoint decoded under fp16 autocast there. The patch wraps
 (``common.amp_dtype``, or the task's ``amp_dtype`` that older ``multiscale_translation`` checkpoints store).
 """
 from umst_plugin import mixed_precision
-from umst_plugin.patches import expect_signature
+from umst_plugin.patches import wrap
 
 TARGET = "fairseq.checkpoint_utils.load_model_ensemble_and_task"
 SYMPTOM = ("--amp without --amp-dtype decodes a bf16-trained checkpoint under fp16 autocast (fairseq-generate, "
@@ -22,23 +22,19 @@ REMOVE_WHEN = "fairseq records and applies an autocast dtype itself"
 def install():
     from fairseq import checkpoint_utils
 
-    if getattr(checkpoint_utils.load_model_ensemble_and_task, "_umst_precision", False):
-        return
-    original = checkpoint_utils.load_model_ensemble_and_task
-    expect_signature(original, "(filenames, arg_overrides: Optional[Dict[str, Any]] = None, task=None, strict=True, "
-                               "suffix='', num_shards=1, state=None)", __name__)
+    def make(original):
+        def load_model_ensemble_and_task(filenames, arg_overrides=None, task=None, strict=True, suffix="",
+                                         num_shards=1, state=None):
+            ensemble, cfg, task = original(filenames, arg_overrides=arg_overrides, task=task, strict=strict,
+                                           suffix=suffix, num_shards=num_shards, state=state)
+            if task is not None:
+                try:
+                    task.checkpoint_amp_dtype = mixed_precision.configured_amp_dtype(cfg)
+                except ValueError:  # a value this plugin does not know: leave the choice to the command line
+                    task.checkpoint_amp_dtype = None
+            return ensemble, cfg, task
+        return load_model_ensemble_and_task
 
-    def load_model_ensemble_and_task(filenames, arg_overrides=None, task=None, strict=True, suffix="",
-                                     num_shards=1, state=None):
-        ensemble, cfg, task = original(filenames, arg_overrides=arg_overrides, task=task, strict=strict,
-                                       suffix=suffix, num_shards=num_shards, state=state)
-        if task is not None:
-            try:
-                task.checkpoint_amp_dtype = mixed_precision.configured_amp_dtype(cfg)
-            except ValueError:  # a value this plugin does not know: leave the choice to the command line
-                task.checkpoint_amp_dtype = None
-        return ensemble, cfg, task
-
-    load_model_ensemble_and_task._umst_precision = True
-    load_model_ensemble_and_task.__doc__ = original.__doc__
-    checkpoint_utils.load_model_ensemble_and_task = load_model_ensemble_and_task
+    wrap(checkpoint_utils, "load_model_ensemble_and_task", make, __name__,
+         "(filenames, arg_overrides: Optional[Dict[str, Any]] = None, task=None, strict=True, suffix='', "
+         "num_shards=1, state=None)")

@@ -9,7 +9,7 @@ decoded in fp32. The patch wraps ``fairseq_cli.generate.main`` (``cli_main`` loo
 ``--user-dir`` imported the plugin) to record the same from its config first.
 """
 from umst_plugin import mixed_precision
-from umst_plugin.patches import as_config, expect_signature
+from umst_plugin.patches import as_config, wrap
 
 TARGET = "fairseq_cli.generate.main"
 SYMPTOM = "fairseq-generate --task translation --amp --amp-dtype bfloat16 decodes in fp32"
@@ -19,16 +19,11 @@ REMOVE_WHEN = "fairseq-generate enters through distributed_utils.call_main like 
 def install():
     import fairseq_cli.generate as generate
 
-    if getattr(generate.main, "_umst_precision", False):
-        return
-    original = generate.main
-    expect_signature(original, "(cfg: omegaconf.dictconfig.DictConfig)", __name__)
+    def make(original):
+        def main(cfg):
+            cfg = as_config(cfg)
+            mixed_precision.record_command_line(cfg)
+            return original(cfg)
+        return main
 
-    def main(cfg):
-        cfg = as_config(cfg)
-        mixed_precision.record_command_line(cfg)
-        return original(cfg)
-
-    main._umst_precision = True
-    main.__doc__ = original.__doc__
-    generate.main = main
+    wrap(generate, "main", make, __name__, "(cfg: omegaconf.dictconfig.DictConfig)")

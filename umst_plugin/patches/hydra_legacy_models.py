@@ -22,12 +22,11 @@ the checkpoint looks like a fairseq-train one. Namespace configs (fairseq-train,
 fairseq-generate/interactive on any checkpoint written that way) and dataclass
 models pass through untouched.
 """
-import functools
 from argparse import Namespace
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from umst_plugin.patches import expect_signature
+from umst_plugin.patches import wrap
 
 TARGET = "fairseq.models.build_model"
 SYMPTOM = ("fairseq-hydra-train cannot build argparse-style archs: missing add_args defaults, "
@@ -111,15 +110,10 @@ def install():
     module docstring). Idempotent; the plugin's ``__init__`` calls it."""
     import fairseq.models as models
 
-    if getattr(models.build_model, "umst_legacy_hydra", False):
-        return
-    original = models.build_model
-    expect_signature(original, "(cfg: fairseq.dataclass.configs.FairseqDataclass, task, from_checkpoint=False)",
-                     __name__)
+    def make(original):
+        def build_model(cfg, task, from_checkpoint=False):
+            return original(model_config_for_build(cfg), task, from_checkpoint)
+        return build_model
 
-    @functools.wraps(original)
-    def build_model(cfg, task, from_checkpoint=False):
-        return original(model_config_for_build(cfg), task, from_checkpoint)
-
-    build_model.umst_legacy_hydra = True
-    models.build_model = build_model
+    wrap(models, "build_model", make, __name__,
+         "(cfg: fairseq.dataclass.configs.FairseqDataclass, task, from_checkpoint=False)")

@@ -17,14 +17,12 @@ from typing import Dict, Optional
 
 from torch import Tensor
 
-from umst_plugin.patches import expect_signature
+from umst_plugin.patches import wrap
 
 TARGET = "fairseq.incremental_decoding_utils.FairseqIncrementalState.get_incremental_state"
 SYMPTOM = ("--compile compiled one program per decoder layer (the per-layer state key was read, and guarded on, "
            "even without an incremental state)")
 REMOVE_WHEN = "fairseq tests for a missing incremental state before building the key"
-
-_INSTALLED = "_umst_lookup_none_first"
 
 
 def get_incremental_state(
@@ -41,16 +39,9 @@ def get_incremental_state(
     return incremental_state[full_key]
 
 
-setattr(get_incremental_state, _INSTALLED, True)
-
-
 def install():
     from fairseq.incremental_decoding_utils import FairseqIncrementalState
 
-    if getattr(FairseqIncrementalState.get_incremental_state, _INSTALLED, False):
-        return
-    expect_signature(FairseqIncrementalState.get_incremental_state,
-                     "(self, incremental_state: Optional[Dict[str, Dict[str, Optional[torch.Tensor]]]], key: str) "
-                     "-> Optional[Dict[str, Optional[torch.Tensor]]]", __name__)
-    get_incremental_state.__wrapped_original__ = FairseqIncrementalState.get_incremental_state  # for the test
-    FairseqIncrementalState.get_incremental_state = get_incremental_state
+    wrap(FairseqIncrementalState, "get_incremental_state", lambda original: get_incremental_state, __name__,
+         "(self, incremental_state: Optional[Dict[str, Dict[str, Optional[torch.Tensor]]]], key: str) "
+         "-> Optional[Dict[str, Optional[torch.Tensor]]]")

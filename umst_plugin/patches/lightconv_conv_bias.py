@@ -17,28 +17,22 @@ when ``has_conv_bias`` is set, exactly as before.
 """
 import torch
 
-from umst_plugin.patches import expect_signature
+from umst_plugin.patches import wrap
 
 TARGET = "fairseq.modules.dynamic_convolution.DynamicConv_scripatable.reset_parameters"
 SYMPTOM = "lightconv/dynamicconv checkpoints hold uninitialized memory (NaN/Inf) in the unused conv_bias"
 REMOVE_WHEN = "fairseq initializes conv_bias when conv_bias=False"
 
-_INSTALLED = "_umst_defined_conv_bias"
-
 
 def install():
     from fairseq.modules.dynamic_convolution import DynamicConv_scripatable
 
-    if getattr(DynamicConv_scripatable.reset_parameters, _INSTALLED, False):
-        return
-    original = DynamicConv_scripatable.reset_parameters
-    expect_signature(original, "(self)", __name__)
+    def make(original):
+        def reset_parameters(self):
+            original(self)
+            if not self.has_conv_bias:
+                with torch.no_grad():
+                    self.conv_bias.zero_()
+        return reset_parameters
 
-    def reset_parameters(self):
-        original(self)
-        if not self.has_conv_bias:
-            with torch.no_grad():
-                self.conv_bias.zero_()
-
-    setattr(reset_parameters, _INSTALLED, True)
-    DynamicConv_scripatable.reset_parameters = reset_parameters
+    wrap(DynamicConv_scripatable, "reset_parameters", make, __name__, "(self)")

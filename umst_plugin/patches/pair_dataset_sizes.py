@@ -10,7 +10,7 @@ for a tensor on another device): ``np.array`` copies it as before, so the datase
 """
 import torch
 
-from umst_plugin.patches import expect_signature
+from umst_plugin.patches import wrap
 
 TARGET = "fairseq.data.language_pair_dataset.LanguagePairDataset.__init__"
 SYMPTOM = ("a DeprecationWarning (numpy: '__array__ implementation doesn't accept a copy keyword, so passing "
@@ -28,19 +28,14 @@ def sizes_as_numpy(sizes):
 def install():
     from fairseq.data.language_pair_dataset import LanguagePairDataset
 
-    if getattr(LanguagePairDataset.__init__, "_umst_sizes", False):
-        return
-    original = LanguagePairDataset.__init__
-    expect_signature(original, "(self, src, src_sizes, src_dict, tgt=None, tgt_sizes=None, tgt_dict=None, "
-                               "left_pad_source=True, left_pad_target=False, shuffle=True, input_feeding=True, "
-                               "remove_eos_from_source=False, append_eos_to_target=False, align_dataset=None, "
-                               "constraints=None, append_bos=False, eos=None, num_buckets=0, src_lang_id=None, "
-                               "tgt_lang_id=None, pad_to_multiple=1)", __name__)
+    def make(original):
+        def __init__(self, src, src_sizes, src_dict, tgt=None, tgt_sizes=None, *args, **kwargs):
+            original(self, src, sizes_as_numpy(src_sizes), src_dict, tgt, sizes_as_numpy(tgt_sizes), *args,
+                     **kwargs)
+        return __init__
 
-    def __init__(self, src, src_sizes, src_dict, tgt=None, tgt_sizes=None, *args, **kwargs):
-        original(self, src, sizes_as_numpy(src_sizes), src_dict, tgt, sizes_as_numpy(tgt_sizes), *args, **kwargs)
-
-    __init__._umst_sizes = True
-    __init__._umst_original = original
-    __init__.__doc__ = original.__doc__
-    LanguagePairDataset.__init__ = __init__
+    wrap(LanguagePairDataset, "__init__", make, __name__,
+         "(self, src, src_sizes, src_dict, tgt=None, tgt_sizes=None, tgt_dict=None, left_pad_source=True, "
+         "left_pad_target=False, shuffle=True, input_feeding=True, remove_eos_from_source=False, "
+         "append_eos_to_target=False, align_dataset=None, constraints=None, append_bos=False, eos=None, "
+         "num_buckets=0, src_lang_id=None, tgt_lang_id=None, pad_to_multiple=1)")

@@ -16,8 +16,11 @@ again. A split that succeeds is not touched. Installed on torch < 2.13 only; ``t
 :func:`wrap` recovers it.
 """
 import functools
+import inspect
 
 import torch
+
+from umst_plugin import patches
 
 TARGET = "torch._functorch.partitioners._extract_fwd_bwd_modules (torch < 2.13)"
 SYMPTOM = ("torch.compile under torch 2.11: UMST's encoder layer and TranSFormer's SlowFastLayer fail AOTAutograd's "
@@ -59,23 +62,18 @@ def install():
         return
     from torch._functorch import partitioners
 
-    original = partitioners._extract_fwd_bwd_modules
-    if getattr(original, "_umst_patched", False):
-        return
-    import inspect
-
-    from umst_plugin.patches import PatchError
-
-    names = list(inspect.signature(original).parameters)
+    # the parameters it is called with by name, not the whole signature (it changes between torch releases)
+    names = list(inspect.signature(partitioners._extract_fwd_bwd_modules).parameters)
     if names[:3] != ["joint_module", "saved_values", "saved_sym_nodes"] or "num_fwd_outputs" not in names:
-        raise PatchError(f"partition_symbols: {TARGET} takes {names}; written for torch 2.11's "
-                         "(joint_module, saved_values, saved_sym_nodes, *, num_fwd_outputs, ...)")
-    partitioners._extract_fwd_bwd_modules = wrap(original, partitioners)
+        raise patches.PatchError(f"partition_symbols: {TARGET} takes {names}; written for torch 2.11's "
+                                 "(joint_module, saved_values, saved_sym_nodes, *, num_fwd_outputs, ...)")
+    patches.wrap(partitioners, "_extract_fwd_bwd_modules", lambda original: wrap(original, partitioners), __name__)
 
 
 def wrap(original, partitioners):
     """``original`` (torch's ``_extract_fwd_bwd_modules``) made again with the missing size inputs saved where it
-    raised the error of a split that left them out (what :func:`install` puts in its place on torch < 2.13)."""
+    raised the error of a split that left them out (what :func:`install` puts in its place on torch < 2.13, through
+    :func:`umst_plugin.patches.wrap`)."""
     @functools.wraps(original)
     def extract_fwd_bwd_modules(joint_module, saved_values, saved_sym_nodes, *args, **kwargs):
         try:
@@ -88,6 +86,4 @@ def wrap(original, partitioners):
                 raise
             saved_sym_nodes.extend(missing)  # the caller's list: it counts the saved symbols after the split
             return original(joint_module, saved_values, saved_sym_nodes, *args, **kwargs)
-
-    extract_fwd_bwd_modules._umst_patched = True
     return extract_fwd_bwd_modules

@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 
-from umst_plugin.patches import expect_signature
+from umst_plugin.patches import wrap
 
 TARGET = "fairseq.data.iterators.BackgroundConsumer.__init__"
 SYMPTOM = "a run stopping mid-epoch aborts at exit: 'terminate called without an active exception' (SIGABRT)"
@@ -62,17 +62,12 @@ def stop_prefetch_threads(timeout=_JOIN_SECONDS):
 def install():
     from fairseq.data import iterators
 
-    consumer_cls = iterators.BackgroundConsumer
-    if getattr(consumer_cls, "_umst_stoppable", False):
-        return
-    original_init = consumer_cls.__init__
-    expect_signature(original_init, "(self, queue, source, max_len, cuda_device)", __name__)
+    def make(original_init):
+        def __init__(self, queue, source, max_len, cuda_device):
+            self._umst_stop = threading.Event()
+            original_init(self, queue, _stoppable(source, self._umst_stop), max_len, cuda_device)
+            _consumers.add(self)
+        return __init__
 
-    def __init__(self, queue, source, max_len, cuda_device):
-        self._umst_stop = threading.Event()
-        original_init(self, queue, _stoppable(source, self._umst_stop), max_len, cuda_device)
-        _consumers.add(self)
-
-    consumer_cls.__init__ = __init__
-    consumer_cls._umst_stoppable = True
-    atexit.register(stop_prefetch_threads)
+    if wrap(iterators.BackgroundConsumer, "__init__", make, __name__, "(self, queue, source, max_len, cuda_device)"):
+        atexit.register(stop_prefetch_threads)

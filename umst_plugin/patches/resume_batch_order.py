@@ -22,7 +22,7 @@ off (``disable_iterator_cache``: fairseq-train's epochs over sharded data), ``--
 """
 import inspect
 
-from umst_plugin.patches import expect_signature
+from umst_plugin.patches import wrap
 
 TARGET = "fairseq.tasks.fairseq_task.FairseqTask.get_batch_iterator"
 SYMPTOM = ("a run resumed in epoch 2 or later trains on other batches than the run it continues (the examples "
@@ -47,30 +47,25 @@ def reused_across_epochs(task, dataset, disable_iterator_cache, update_epoch_bat
 def install():
     from fairseq.tasks.fairseq_task import FairseqTask
 
-    if getattr(FairseqTask.get_batch_iterator, "_umst_resume_order", False):
-        return
-    original = FairseqTask.get_batch_iterator
-    expect_signature(original, SIGNATURE, __name__)
-    signature = inspect.signature(original)
+    def make(original):
+        signature = inspect.signature(original)
 
-    def get_batch_iterator(self, dataset, *args, **kwargs):
-        bound = signature.bind(self, dataset, *args, **kwargs)
-        bound.apply_defaults()
-        arguments = bound.arguments
-        epoch = arguments["epoch"]
-        if (epoch <= 1 or dataset in getattr(self, "dataset_to_epoch_iter", {})
-                or not reused_across_epochs(self, dataset, arguments["disable_iterator_cache"],
-                                            arguments["update_epoch_batch_itr"])):
-            return original(self, dataset, *args, **kwargs)
-        # the uninterrupted run built this iterator in epoch 1 and reused it since: build it as then, then move it
-        # (and the dataset) to the epoch asked for, as a constructor given that epoch would have set them
-        arguments["epoch"] = 1
-        iterator = original(**arguments)
-        iterator.epoch = epoch
-        dataset.set_epoch(epoch)
-        return iterator
+        def get_batch_iterator(self, dataset, *args, **kwargs):
+            bound = signature.bind(self, dataset, *args, **kwargs)
+            bound.apply_defaults()
+            arguments = bound.arguments
+            epoch = arguments["epoch"]
+            if (epoch <= 1 or dataset in getattr(self, "dataset_to_epoch_iter", {})
+                    or not reused_across_epochs(self, dataset, arguments["disable_iterator_cache"],
+                                                arguments["update_epoch_batch_itr"])):
+                return original(self, dataset, *args, **kwargs)
+            # the uninterrupted run built this iterator in epoch 1 and reused it since: build it as then, then move
+            # it (and the dataset) to the epoch asked for, as a constructor given that epoch would have set them
+            arguments["epoch"] = 1
+            iterator = original(**arguments)
+            iterator.epoch = epoch
+            dataset.set_epoch(epoch)
+            return iterator
+        return get_batch_iterator
 
-    get_batch_iterator._umst_resume_order = True
-    get_batch_iterator._umst_original = original
-    get_batch_iterator.__doc__ = original.__doc__
-    FairseqTask.get_batch_iterator = get_batch_iterator
+    wrap(FairseqTask, "get_batch_iterator", make, __name__, SIGNATURE)

@@ -13,7 +13,7 @@ the transformer rows, so the fix is installed once, on the base class, for every
   computes its loss and its BLEU decoding through these two, so they are covered too.
 """
 from umst_plugin import mixed_precision
-from umst_plugin.patches import expect_signature
+from umst_plugin.patches import wrap
 
 TARGET = ("fairseq.tasks.fairseq_task.FairseqTask.train_step, .valid_step, .inference_step")
 SYMPTOM = ("--amp trains in fp32 on a CPU; --amp-dtype bfloat16 cannot take effect inside fairseq's fp16 autocast; "
@@ -24,32 +24,30 @@ REMOVE_WHEN = "fairseq autocasts every step with torch.autocast(device_type, dty
 def install():
     from fairseq.tasks.fairseq_task import FairseqTask
 
-    if getattr(FairseqTask.train_step, "_umst_autocast", False):
-        return
-    original_train, original_valid, original_inference = (FairseqTask.train_step, FairseqTask.valid_step,
-                                                          FairseqTask.inference_step)
-    expect_signature(original_train, "(self, sample, model, criterion, optimizer, update_num, ignore_grad=False)",
-                     __name__)
-    expect_signature(original_valid, "(self, sample, model, criterion)", __name__)
-    expect_signature(original_inference, "(self, generator, models, sample, prefix_tokens=None, constraints=None)",
-                     __name__)
+    def make_train_step(original_train):
+        def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+            if mixed_precision.is_amp_optimizer(optimizer) and \
+                    mixed_precision.model_device_type(model) in mixed_precision.AUTOCAST_DEVICE_TYPES:
+                return mixed_precision.amp_train_step(self, sample, model, criterion, optimizer, update_num,
+                                                      ignore_grad)
+            return original_train(self, sample, model, criterion, optimizer, update_num, ignore_grad)
+        return train_step
 
-    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
-        if mixed_precision.is_amp_optimizer(optimizer) and \
-                mixed_precision.model_device_type(model) in mixed_precision.AUTOCAST_DEVICE_TYPES:
-            return mixed_precision.amp_train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad)
-        return original_train(self, sample, model, criterion, optimizer, update_num, ignore_grad)
+    def make_valid_step(original_valid):
+        def valid_step(self, sample, model, criterion):
+            with mixed_precision.inference_autocast(self, model, "validation"):
+                return original_valid(self, sample, model, criterion)
+        return valid_step
 
-    def valid_step(self, sample, model, criterion):
-        with mixed_precision.inference_autocast(self, model, "validation"):
-            return original_valid(self, sample, model, criterion)
+    def make_inference_step(original_inference):
+        def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
+            with mixed_precision.inference_autocast(self, models[0], "decoding"):
+                return original_inference(self, generator, models, sample, prefix_tokens=prefix_tokens,
+                                          constraints=constraints)
+        return inference_step
 
-    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
-        with mixed_precision.inference_autocast(self, models[0], "decoding"):
-            return original_inference(self, generator, models, sample, prefix_tokens=prefix_tokens,
-                                      constraints=constraints)
-
-    for name, fn in (("train_step", train_step), ("valid_step", valid_step), ("inference_step", inference_step)):
-        fn._umst_autocast = True
-        fn.__doc__ = getattr(FairseqTask, name).__doc__
-        setattr(FairseqTask, name, fn)
+    wrap(FairseqTask, "train_step", make_train_step, __name__,
+         "(self, sample, model, criterion, optimizer, update_num, ignore_grad=False)")
+    wrap(FairseqTask, "valid_step", make_valid_step, __name__, "(self, sample, model, criterion)")
+    wrap(FairseqTask, "inference_step", make_inference_step, __name__,
+         "(self, generator, models, sample, prefix_tokens=None, constraints=None)")

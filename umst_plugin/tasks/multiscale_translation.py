@@ -63,7 +63,7 @@ class MultiscaleTranslationConfig(TranslationConfig):
                                     "preprocessing.json says (normalisation, lowercasing, Moses options, BPE "
                                     "codes; --tokenizer/--bpe, if given, must agree with it); arguments = only "
                                     "by --tokenizer/--bpe as given, the record ignored"})
-    # --amp-dtype is one of fairseq's common options (umst_plugin/patches/amp_dtype_flag.py), for every task;
+    # --amp-dtype is one of fairseq's common options (umst_plugin/training/amp_dtype_flag.py), for every task;
     # the task keeps the key, following it, so that configs and checkpoints that set task.amp_dtype (before the
     # flag was common, or +task.amp_dtype=... under fairseq-hydra-train) keep their meaning. oc.select, not II:
     # fairseq-hydra-train composes its config before the plugin adds common.amp_dtype, so the key may be absent

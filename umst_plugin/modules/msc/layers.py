@@ -108,6 +108,7 @@ class _PreNormMSCLayer(nn.Module):
     optional context attention fused with the layer's main attention (Eqs. 12 / 13),
     and the pre-norm FFN sub-layer."""
 
+    compile_region = True  # --compile compiles it as one program (umst_plugin/compilation/regions.py)
     reference = False  # True: the reference form (fairseq's attention modules one by one); use_reference_path
 
     def __init__(

@@ -98,6 +98,8 @@ class PrimeLayer(nn.Module):
         init: "pytorch" or "xavier" (see module docstring).
     """
 
+    compile_region = True  # --compile compiles it as one program (umst_plugin/compilation/regions.py)
+
     def __init__(
         self,
         embed_dim: int,

@@ -159,6 +159,8 @@ def slow_branch_is_read(cfg):
 
 
 class SlowFastLayer(nn.Module):
+    compile_region = True  # --compile compiles it as one program (umst_plugin/compilation/regions.py)
+
     def __init__(self, cfg: SlowFastConfig, layer_id: int, level):
         super().__init__()
         interact = layer_id in cfg.interaction_layers

@@ -131,6 +131,7 @@ class WordPool(nn.Module):
 
 class UMSTEncoderLayer(nn.Module):
     reference = False  # True: the plain reference form of the block (see use_reference_path)
+    compile_region = True  # --compile compiles it as one program (umst_plugin/compilation/regions.py)
 
     def __init__(
         self,

@@ -1,8 +1,8 @@
-"""Patch: the gradient norm in one multi-tensor op, not one norm per parameter tensor.
+"""The gradient norm in one multi-tensor op, not one norm per parameter tensor.
 
 fairseq's ``utils.clip_grad_norm_`` (every optimizer's ``clip_grad_norm``, run once an update whatever
 ``--clip-norm`` is: fairseq logs the norm) uses apex's ``multi_tensor_l2norm`` where apex is installed and
-otherwise ``torch.norm`` on each gradient, one kernel per parameter tensor (344 for ``umst_base``). The patch
+otherwise ``torch.norm`` on each gradient, one kernel per parameter tensor (344 for ``umst_base``). This module
 computes the same norm -- the 2-norm of the per-tensor 2-norms, in float32 -- with ``torch._foreach_norm`` (one
 multi-tensor op per device and dtype), and clips with ``torch._foreach_mul_`` by a coefficient that stays on
 the device (as fairseq's does): no host sync, no per-tensor kernel. Expert gradients (MoE) are clipped but not
@@ -12,8 +12,9 @@ from collections import defaultdict
 
 import torch
 
-from umst_plugin.patches import expect_signature
+from umst_plugin.patches import wrap
 
+OPTIONS = "none: every run (fairseq computes the norm every update, whatever `--clip-norm` is)"
 TARGET = "fairseq.utils.clip_grad_norm_"
 SYMPTOM = "the gradient norm launched one kernel per parameter tensor every update (without apex)"
 REMOVE_WHEN = "fairseq computes the norm with torch._foreach_norm"
@@ -63,9 +64,6 @@ def _by_device_dtype(tensors):
 def install():
     from fairseq import utils
 
-    if getattr(utils.clip_grad_norm_, "_umst_patched", False):
-        return
-    expect_signature(utils.clip_grad_norm_, "(params, max_norm, aggregate_norm_fn=None) -> torch.Tensor", __name__)
-    clip_grad_norm_.ORIGINAL = utils.clip_grad_norm_  # fairseq's own: the reference in tests/test_fused_update.py
-    clip_grad_norm_._umst_patched = True
-    utils.clip_grad_norm_ = clip_grad_norm_
+    # fairseq's own stays clip_grad_norm_.__wrapped__: the reference in tests/test_fused_update.py
+    wrap(utils, "clip_grad_norm_", lambda original: clip_grad_norm_, __name__,
+         "(params, max_norm, aggregate_norm_fn=None) -> torch.Tensor")

@@ -1,9 +1,9 @@
-"""Patch: training stops cleanly on a signal -- it saves ``checkpoint_last.pt`` at the next update boundary and
+"""Training stops cleanly on a signal -- it saves ``checkpoint_last.pt`` at the next update boundary and
 exits -- so that a Slurm job warned before its time limit (``#SBATCH --signal=B:USR1@180``) or preempted
 (SIGTERM) can be requeued and resume where it stopped (docs/wmt-on-gpus.md, "Preemption and resume").
 
 fairseq has no signal handling: SIGTERM kills a run at once, SIGUSR1 too, and everything since the last
-``--save-interval-updates`` checkpoint is lost. With this patch, while a ``Trainer`` exists in the process, the
+``--save-interval-updates`` checkpoint is lost. With the plugin loaded, while a ``Trainer`` exists in the process, the
 signals of ``--stop-on-signals`` (default ``SIGUSR1,SIGTERM``) only set a flag; the update in progress finishes,
 and at the update boundary where every rank knows of the flag training saves ``checkpoint_last.pt`` through
 fairseq's own ``checkpoint_utils.save_checkpoint`` -- mid-epoch, with the data iterator's position, so that
@@ -13,7 +13,7 @@ after a resume; none is lost.
 
 Where the ranks agree, without a collective of its own: every update, fairseq all-reduces the logging outputs and
 its own extra statistics (``Trainer._aggregate_logging_outputs``: sample size, OOMs, training time, one buffer in
-one collective). The patch adds one number to that list: this rank's flag. Every rank reads the same sum at the
+one collective). The plugin adds one number to that list: this rank's flag. Every rank reads the same sum at the
 same update and stops at the same boundary (``fairseq_cli.train.validate_and_save``), even when only one rank got
 the signal. Rank 0 also writes ``SAVE_DIR/stopped-on-signal.json``: the job script requeues the job only then (not
 when the signal came after the last update). The summed flag is a CPU value where fairseq reduces on the CPU
@@ -24,8 +24,8 @@ added to an update (that branch has not run on a GPU yet; the gloo/CPU one is te
 all-reduce): its own flag.
 
 Outside training the handlers do what the signal did before (the previous handler, or the default action), so
-a program that imports the plugin and never trains is not changed. ``--stop-on-signals none`` turns the
-patch off for a run.
+a program that imports the plugin and never trains is not changed. ``--stop-on-signals none`` turns it
+off for a run.
 """
 import dataclasses
 import logging
@@ -37,10 +37,12 @@ import weakref
 
 from fairseq.dataclass import FairseqDataclass
 
-from umst_plugin.patches import common_options, expect_signature
+from umst_plugin import common_options
+from umst_plugin.patches import wrap
 
 logger = logging.getLogger(__name__)
 
+OPTIONS = "`--stop-on-signals`"
 TARGET = ("fairseq.dataclass.configs.CommonConfig (common_options); fairseq.trainer.Trainer.__init__, "
           "Trainer._aggregate_logging_outputs; fairseq_cli.train.validate_and_save")
 SYMPTOM = ("a Slurm job warned before its time limit (SIGUSR1) or preempted (SIGTERM) dies without saving: every "
@@ -90,7 +92,7 @@ def _handler(signum, frame):
 
 
 def _pass_on(signum, frame):
-    """What the signal did before the patch: the previous Python handler, ignored, or the default action."""
+    """What the signal did before the plugin took it: the previous Python handler, ignored, or the default action."""
     previous = _previous.get(signum, signal.SIG_DFL)
     if callable(previous):
         return previous(signum, frame)
@@ -155,25 +157,19 @@ class _AgreedFlag:
 def _install_aggregation():
     from fairseq.trainer import Trainer
 
-    original = Trainer._aggregate_logging_outputs
-    if getattr(original, "_umst_preemption", False):
-        return
-    expect_signature(original, "(self, logging_outputs: List[Dict[str, Any]], *extra_stats_to_sum, ignore=False)",
-                     __name__)
+    def make(original):
+        def _aggregate_logging_outputs(self, logging_outputs, *extra_stats_to_sum, ignore=False):
+            flag = getattr(self, "_umst_agreed_stop", None)
+            if flag is None:  # --stop-on-signals none, or a Trainer built before the plugin: fairseq's call
+                return original(self, logging_outputs, *extra_stats_to_sum, ignore=ignore)
+            mine = 1.0 if _received else 0.0
+            logging_outputs, extra = original(self, logging_outputs, *extra_stats_to_sum, mine, ignore=ignore)
+            flag.store(extra[-1])
+            return logging_outputs, list(extra[:-1])
+        return _aggregate_logging_outputs
 
-    def _aggregate_logging_outputs(self, logging_outputs, *extra_stats_to_sum, ignore=False):
-        flag = getattr(self, "_umst_agreed_stop", None)
-        if flag is None:  # --stop-on-signals none, or a Trainer built before the patch: fairseq's call
-            return original(self, logging_outputs, *extra_stats_to_sum, ignore=ignore)
-        mine = 1.0 if _received else 0.0
-        logging_outputs, extra = original(self, logging_outputs, *extra_stats_to_sum, mine, ignore=ignore)
-        flag.store(extra[-1])
-        return logging_outputs, list(extra[:-1])
-
-    _aggregate_logging_outputs._umst_preemption = True
-    _aggregate_logging_outputs.__wrapped__ = original
-    _aggregate_logging_outputs.__doc__ = original.__doc__
-    Trainer._aggregate_logging_outputs = _aggregate_logging_outputs
+    wrap(Trainer, "_aggregate_logging_outputs", make, __name__,
+         "(self, logging_outputs: List[Dict[str, Any]], *extra_stats_to_sum, ignore=False)")
 
 
 def agreed_request(trainer):
@@ -191,26 +187,20 @@ def agreed_request(trainer):
 def _install_trainer():
     from fairseq.trainer import Trainer
 
-    original = Trainer.__init__
-    if getattr(original, "_umst_preemption", False):
-        return
-    expect_signature(original, "(self, cfg: fairseq.dataclass.configs.FairseqConfig, task, model, criterion, "
-                               "quantizer=None)", __name__)
+    def make(original):
+        def __init__(self, cfg, task, model, criterion, quantizer=None):
+            original(self, cfg, task, model, criterion, quantizer)
+            signals = parse_signals(getattr(cfg.common, "stop_on_signals", DEFAULT_SIGNALS))
+            if signals:
+                self._umst_agreed_stop = _AgreedFlag()
+                if not any(True for _ in _trainers):
+                    reset()  # a request that stopped an earlier training of this process is done with
+                _trainers.add(self)
+                _install_handlers(signals)
+        return __init__
 
-    def __init__(self, cfg, task, model, criterion, quantizer=None):
-        original(self, cfg, task, model, criterion, quantizer)
-        signals = parse_signals(getattr(cfg.common, "stop_on_signals", DEFAULT_SIGNALS))
-        if signals:
-            self._umst_agreed_stop = _AgreedFlag()
-            if not any(True for _ in _trainers):
-                reset()  # a request that stopped an earlier training of this process is done with
-            _trainers.add(self)
-            _install_handlers(signals)
-
-    __init__._umst_preemption = True
-    __init__.__wrapped__ = original
-    __init__.__doc__ = original.__doc__
-    Trainer.__init__ = __init__
+    wrap(Trainer, "__init__", make, __name__,
+         "(self, cfg: fairseq.dataclass.configs.FairseqConfig, task, model, criterion, quantizer=None)")
 
 
 def _fairseq_saves(cfg, epoch_itr, num_updates, end_of_epoch):
@@ -241,45 +231,47 @@ def _write_marker(save_dir, name, num_updates, epoch_itr):
 def _install_stop():
     import fairseq_cli.train as train_cli
 
-    original = train_cli.validate_and_save
-    if getattr(original, "_umst_preemption", False):
-        return
-    expect_signature(original, "(cfg: omegaconf.dictconfig.DictConfig, trainer: fairseq.trainer.Trainer, "
-                               "task: fairseq.tasks.fairseq_task.FairseqTask, epoch_itr, valid_subsets: List[str], "
-                               "end_of_epoch: bool) -> Tuple[List[Optional[float]], bool]", __name__)
+    def make(original):
+        def validate_and_save(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch):
+            if not agreed_request(trainer):
+                return original(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch)
+            return _stop(original, cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch)
+        return validate_and_save
 
-    def validate_and_save(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch):
-        if not agreed_request(trainer):
-            return original(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch)
-        from fairseq import checkpoint_utils
+    wrap(train_cli, "validate_and_save", make, __name__,
+         "(cfg: omegaconf.dictconfig.DictConfig, trainer: fairseq.trainer.Trainer, "
+         "task: fairseq.tasks.fairseq_task.FairseqTask, epoch_itr, valid_subsets: List[str], "
+         "end_of_epoch: bool) -> Tuple[List[Optional[float]], bool]")
 
-        num_updates = trainer.get_num_updates()
-        saves = _fairseq_saves(cfg, epoch_itr, num_updates, end_of_epoch)
-        if end_of_epoch or saves:  # what fairseq does at this update (validation, epoch checkpoint) stays as it was
-            valid_losses, stopped = original(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch)
-            saved = saves or stopped
-        else:
-            valid_losses, saved = [None], False
-        # --no-save: fairseq saves nothing, so there is nothing to resume: no marker either (a job script that
-        # found one would requeue a run that starts over)
-        no_save = bool(getattr(cfg.checkpoint, "no_save", False))
-        if not saved and not no_save:  # checkpoint_last.pt, mid-epoch: the iterator's position goes with it
-            checkpoint_utils.save_checkpoint(cfg.checkpoint, trainer, epoch_itr, None)
-        name, when, update = local_request() or ("a signal on another rank", time.time(), num_updates)
-        if trainer.data_parallel_rank == 0 and not no_save:
-            _write_marker(cfg.checkpoint.save_dir, name, num_updates, epoch_itr)
-        where = (f"update {num_updates}, epoch {epoch_itr.epoch} ({epoch_itr.iterations_in_epoch} batches in)")
-        logger.warning(f"Stopping training on {name} (received during update {update + 1}, {time.time() - when:.1f} s "
-                       f"ago): " + (f"nothing saved at {where} (--no-save): the run cannot be resumed" if no_save else
-                                    f"checkpoint_last.pt saved at {where}; the same command resumes from it (a job of "
-                                    "scripts/slurm/train-*.sbatch requeues itself on the time limit's warning, and "
-                                    "Slurm requeues a preempted one)"))
-        return valid_losses, True
 
-    validate_and_save._umst_preemption = True
-    validate_and_save.__wrapped__ = original
-    validate_and_save.__doc__ = original.__doc__
-    train_cli.validate_and_save = validate_and_save
+def _stop(validate_and_save, cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch):
+    """fairseq's ``validate_and_save`` at the update boundary where every rank stops: what fairseq does at this
+    update anyway (validation, an epoch checkpoint), ``checkpoint_last.pt`` saved mid-epoch, the marker, one
+    line; returns (validation losses, stop)."""
+    from fairseq import checkpoint_utils
+
+    num_updates = trainer.get_num_updates()
+    saves = _fairseq_saves(cfg, epoch_itr, num_updates, end_of_epoch)
+    if end_of_epoch or saves:  # what fairseq does at this update (validation, epoch checkpoint) stays as it was
+        valid_losses, stopped = validate_and_save(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch)
+        saved = saves or stopped
+    else:
+        valid_losses, saved = [None], False
+    # --no-save: fairseq saves nothing, so there is nothing to resume: no marker either (a job script that
+    # found one would requeue a run that starts over)
+    no_save = bool(getattr(cfg.checkpoint, "no_save", False))
+    if not saved and not no_save:  # checkpoint_last.pt, mid-epoch: the iterator's position goes with it
+        checkpoint_utils.save_checkpoint(cfg.checkpoint, trainer, epoch_itr, None)
+    name, when, update = local_request() or ("a signal on another rank", time.time(), num_updates)
+    if trainer.data_parallel_rank == 0 and not no_save:
+        _write_marker(cfg.checkpoint.save_dir, name, num_updates, epoch_itr)
+    where = (f"update {num_updates}, epoch {epoch_itr.epoch} ({epoch_itr.iterations_in_epoch} batches in)")
+    logger.warning(f"Stopping training on {name} (received during update {update + 1}, {time.time() - when:.1f} s "
+                   f"ago): " + (f"nothing saved at {where} (--no-save): the run cannot be resumed" if no_save else
+                                f"checkpoint_last.pt saved at {where}; the same command resumes from it (a job of "
+                                "scripts/slurm/train-*.sbatch requeues itself on the time limit's warning, and "
+                                "Slurm requeues a preempted one)"))
+    return valid_losses, True
 
 
 def install():

@@ -1,7 +1,7 @@
-"""Options the plugin adds to fairseq's common options (``CommonConfig``); shared by the patches that add one.
+"""Options the plugin adds to fairseq's common options (``CommonConfig``); shared by the features that add one.
 
-Not a patch itself: ``amp_dtype_flag`` (``--amp-dtype``) and ``compile_flags`` (``--compile``, ``--tf32``) call
-:func:`add_fields`. A field of fairseq's ``CommonConfig`` (the dataclass behind ``--amp``, ``--fp16``, ``--cpu``)
+``training/amp_dtype_flag.py`` (``--amp-dtype``), ``compilation/flags.py`` (``--compile``, ``--tf32``) and
+``training/preemption.py`` (``--stop-on-signals``) call :func:`add_fields`. A field of fairseq's ``CommonConfig`` (the dataclass behind ``--amp``, ``--fp16``, ``--cpu``)
 is, from fairseq itself,
 
 * an option of every parser built after the plugin was imported: the CLIs' (fairseq-train, -validate,
@@ -19,7 +19,7 @@ adds each added option the parser lacks (:func:`add_missing_arguments`).
 """
 import dataclasses
 
-from umst_plugin.patches import PatchError, expect_signature
+from umst_plugin.patches import PatchError, expect_signature, wrap
 
 # field name -> (patch that added it, the dataclass whose instance makes its argument)
 _ADDED = {}
@@ -69,37 +69,33 @@ def _single_field_dataclass(fields_cls, f):
                                       bases=(FairseqDataclass,))
 
 
-def _wrap_add_args(task_cls):
+def _wrap_add_args(task_cls, signature=None):
     """Make ``task_cls.add_args`` (its own, classmethod or staticmethod) also add the added options."""
     own = task_cls.__dict__.get("add_args")
-    if own is None or getattr(own.__func__, "_umst_common_options", False):
+    if own is None:
         return
-    function = own.__func__
-    if isinstance(own, staticmethod):
-        def add_args(parser):
-            function(parser)
-            add_missing_arguments(parser)
-        wrapped = staticmethod(add_args)
-    elif isinstance(own, classmethod):
-        def add_args(cls, parser):
-            function(cls, parser)
-            add_missing_arguments(parser)
-        wrapped = classmethod(add_args)
-    else:
+    if not isinstance(own, (staticmethod, classmethod)):
         raise PatchError(f"{__name__}: {task_cls.__qualname__}.add_args is neither a classmethod nor a staticmethod")
-    add_args._umst_common_options = True
-    add_args.__doc__ = function.__doc__
-    task_cls.add_args = wrapped
+
+    def make(function):  # the function of the staticmethod or classmethod (wrap makes the replacement one too)
+        if isinstance(own, classmethod):
+            def add_args(cls, parser):
+                function(cls, parser)
+                add_missing_arguments(parser)
+        else:
+            def add_args(parser):
+                function(parser)
+                add_missing_arguments(parser)
+        return add_args
+
+    wrap(task_cls, "add_args", make, __name__, signature)
 
 
-def _install_parser_hook(patch):
+def _install_parser_hook():
     from fairseq.tasks import TASK_REGISTRY
     from fairseq.tasks.fairseq_task import FairseqTask
 
-    own = FairseqTask.__dict__["add_args"]
-    if not getattr(own.__func__, "_umst_common_options", False):
-        expect_signature(FairseqTask.add_args, "(parser)", patch)
-    _wrap_add_args(FairseqTask)
+    _wrap_add_args(FairseqTask, "(parser)")
     for task_cls in set(TASK_REGISTRY.values()):
         if isinstance(task_cls.__dict__.get("add_args"), (staticmethod, classmethod)):
             _wrap_add_args(task_cls)
@@ -107,19 +103,15 @@ def _install_parser_hook(patch):
 
 def _install_init(common_config):
     """One ``CommonConfig.__init__`` for every added field: fairseq's own, then the added fields' values."""
-    if getattr(common_config.__init__, "_umst_common_options", False):
-        return
-    original_init = common_config.__init__
+    def make(original_init):
+        def __init__(self, *args, **kwargs):
+            extra = {name: kwargs.pop(name) for name in list(kwargs) if name in _ADDED}
+            original_init(self, *args, **kwargs)
+            for name in _ADDED:
+                setattr(self, name, extra.get(name, common_config.__dataclass_fields__[name].default))
+        return __init__
 
-    def __init__(self, *args, **kwargs):
-        extra = {name: kwargs.pop(name) for name in list(kwargs) if name in _ADDED}
-        original_init(self, *args, **kwargs)
-        for name in _ADDED:
-            setattr(self, name, extra.get(name, common_config.__dataclass_fields__[name].default))
-
-    __init__._umst_common_options = True
-    __init__.__wrapped__ = original_init
-    common_config.__init__ = __init__
+    wrap(common_config, "__init__", make, __name__)
 
 
 def add_fields(patch, fields_cls, after=None):
@@ -138,7 +130,7 @@ def add_fields(patch, fields_cls, after=None):
         raise PatchError(f"{patch}: fairseq's CommonConfig already has {foreign}; this patch is not needed on this "
                          "fairseq and would replace fairseq's own field(s)")
     if len(present) == len(new):
-        _install_parser_hook(patch)  # tasks registered since (idempotent)
+        _install_parser_hook()  # tasks registered since (idempotent)
         return
     _check_target(CommonConfig, FairseqConfig, patch)
     expect_signature(hydra_init, "(cfg_name='config') -> None", patch)
@@ -165,4 +157,4 @@ def add_fields(patch, fields_cls, after=None):
     # fairseq stored its schema (ConfigStore) when it was imported; every config fairseq composes
     # (convert_namespace_to_omegaconf, fairseq-hydra-train) is checked against it
     hydra_init()
-    _install_parser_hook(patch)
+    _install_parser_hook()

@@ -1,8 +1,8 @@
-"""Patch: ``--compile`` (regional torch.compile of every encoder and decoder layer) and ``--tf32``, as fairseq common
+"""``--compile`` (regional torch.compile of every encoder and decoder layer) and ``--tf32``, as fairseq common
 options, so every task and every CLI has them (fairseq-train, -validate, -generate, -interactive).
 
-The fields ``compile`` and ``tf32`` join fairseq's ``CommonConfig`` (``patches/common_options.py``, shared with
-``--amp-dtype``). What they do is :mod:`umst_plugin.compile`; where it happens:
+The fields ``compile`` and ``tf32`` join fairseq's ``CommonConfig`` (``umst_plugin/common_options.py``, shared with
+``--amp-dtype``). What they do is :mod:`umst_plugin.compilation`; where it happens:
 
 * **training** -- ``fairseq.trainer.Trainer.__init__``: after fairseq's own, which has moved the model to its
   device and dtype, with the full config of the run (``cfg.common``). Every training entry builds its Trainer
@@ -12,7 +12,7 @@ The fields ``compile`` and ``tf32`` join fairseq's ``CommonConfig`` (``patches/c
   inductor's caches in ``SAVE_DIR/compile_cache`` (a resumed or requeued run compiles from them), then compiles
   the layers; ``--tf32`` switches TF32 on for the Trainer's device. ``Trainer.train_step`` logs the compile
   seconds of each update that compiled (cache hits and misses) and retries an update whose compiled backward
-  failed, with that layer variant eager (``compile.backward_failure``).
+  failed, with that layer variant eager (``umst_plugin/compilation/retry.py``).
 * **fairseq-validate, -generate, -interactive** -- their ``main`` (``generate``: ``_main``, which ``main`` calls
   either way) records the command line's ``common.compile`` / ``common.tf32`` while it runs, and
   ``FairseqTask.build_model`` compiles each model built meanwhile (the checkpoint's config is not asked: a model
@@ -27,12 +27,23 @@ is on its device; the Trainer has both but only training builds one.
 import dataclasses
 import logging
 import os
-from fairseq.dataclass import FairseqDataclass
 
-from umst_plugin.patches import as_config, common_options, expect_signature
+import fairseq_cli.generate as generate_cli
+import fairseq_cli.interactive as interactive_cli
+import fairseq_cli.validate as validate_cli
+import torch
+from fairseq.dataclass import FairseqDataclass
+from fairseq.tasks.fairseq_task import FairseqTask
+from fairseq.trainer import Trainer
+
+from umst_plugin import common_options, compilation
+from umst_plugin.compilation import retry, telemetry
+from umst_plugin.compilation.state import STATE
+from umst_plugin.patches import as_config, original, wrap
 
 logger = logging.getLogger(__name__)
 
+OPTIONS = "`--compile`, `--tf32`"
 TARGET = ("fairseq.dataclass.configs.CommonConfig (common_options); fairseq.trainer.Trainer.__init__ and .train_step; "
           "fairseq_cli.validate.main, fairseq_cli.generate._main, fairseq_cli.interactive.main; "
           "fairseq.tasks.FairseqTask.build_model")
@@ -61,12 +72,10 @@ class _CompileFields(FairseqDataclass):
 # ---- training: the Trainer ------------------------------------------------------------------------------------
 
 def _setup_training(trainer):
-    from umst_plugin import compile as compiling
-
     cfg = trainer.cfg
     common = cfg.common
     if getattr(common, "tf32", False):
-        compiling.set_tf32(True, trainer.device)
+        compilation.set_tf32(True, trainer.device)
     if not getattr(common, "compile", False):
         return
     backend = getattr(cfg.distributed_training, "ddp_backend", None)
@@ -74,129 +83,63 @@ def _setup_training(trainer):
             getattr(cfg.distributed_training, "pipeline_model_parallel", False):
         what = "--tpu" if getattr(common, "tpu", False) else (
             "--pipeline-model-parallel" if backend != "fully_sharded" else "--ddp-backend fully_sharded")
-        raise compiling.CompileUnavailable(f"--compile is not supported with {what}; drop one of them")
+        raise compilation.CompileUnavailable(f"--compile is not supported with {what}; drop one of them")
     checkpoint = cfg.checkpoint
     if not getattr(checkpoint, "no_save", False) and getattr(checkpoint, "save_dir", None):
         # compiled code kept with the run: a resumed or requeued run of the same command reuses it
-        directory, graphs = compiling.use_cache_dir(os.path.join(checkpoint.save_dir, compiling.CACHE_DIRNAME))
+        directory, graphs = compilation.use_cache_dir(os.path.join(checkpoint.save_dir, compilation.CACHE_DIRNAME))
         logger.info("--compile: compiled code cached in %s (%s)", directory,
                     f"{graphs} graph(s) from an earlier run" if graphs else "empty: compiling from scratch")
-    names = compiling.compile_layers(trainer._model, device=trainer.device)
+    names = compilation.compile_layers(trainer._model, device=trainer.device)
     logger.info("--compile: %d layers compiled on %s (%s); the first updates compile them (logged)", len(names),
-                trainer.device, compiling.describe(trainer._model))
-    trainer._umst_compile_log = [compiling.compile_seconds(), *compiling.cache_counts()]
-    _catch_compiled_backward(trainer.task)
-
-
-def _catch_compiled_backward(task):
-    """The task's ``train_step`` (forward and backward of one batch) with a failure of a compiled layer's backward
-    raised as :class:`~umst_plugin.compile.CompileFailure` (a RuntimeError: fairseq's Trainer passes it on as it
-    is, without writing crash.pt), for :func:`_train_step` to retry the update."""
-    from umst_plugin import compile as compiling
-
-    if "train_step" in task.__dict__:
-        return
-    original = task.train_step
-
-    def train_step(*args, **kwargs):
-        try:
-            return original(*args, **kwargs)
-        except Exception as e:
-            failure = compiling.backward_failure(e)
-            if failure is None:
-                raise
-            raise failure from e
-    task.train_step = train_step
+                trainer.device, compilation.describe(trainer._model))
+    trainer._umst_compile_log = [compilation.compile_seconds(), *telemetry.cache_counts()]
+    retry.catch_compiled_backward(trainer.task)
 
 
 def _log_compiling(trainer):
     """After an update that compiled something: its compile seconds and the cache's hits and misses."""
-    from umst_plugin import compile as compiling
-
-    seconds, hits, misses = compiling.compile_seconds(), *compiling.cache_counts()
+    seconds, hits, misses = compilation.compile_seconds(), *telemetry.cache_counts()
     last = trainer._umst_compile_log
     if seconds - last[0] > 0.05 or hits != last[1] or misses != last[2]:
+        new_hits, new_misses = hits - last[1], misses - last[2]
         logger.info("--compile: update %d: compile: %.1f s (%s: %d hit(s), %d miss(es)); %.1f s in this process",
-                    trainer.get_num_updates(), seconds - last[0], compiling.cache_word(hits - last[1], misses - last[2]),
-                    hits - last[1], misses - last[2], seconds)
+                    trainer.get_num_updates(), seconds - last[0], telemetry.cache_word(new_hits, new_misses),
+                    new_hits, new_misses, seconds)
         trainer._umst_compile_log = [seconds, hits, misses]
 
 
-def _train_step(trainer, original, samples, raise_oom):
-    """fairseq's ``Trainer.train_step`` under ``--compile``: an update whose compiled backward failed is retried from
-    the start (fairseq zeroes the gradients and sets the same seed) with the failing layer variant eager; each
-    failure turns one more variant eager, so the retries end. (Failures of a compiled forward fall back to eager
-    inside the layer call: :func:`umst_plugin.compile._dispatch`.)"""
-    from umst_plugin import compile as compiling
-
+def _train_step(trainer, original_step, samples, raise_oom):
+    """fairseq's ``Trainer.train_step`` under ``--compile``: an update whose compiled backward failed retried with
+    that variant eager (``compilation/retry.py``: every step of it), then the update's compile seconds logged."""
     try:
-        for _ in range(compiling.RECOMPILE_LIMIT):
-            compiling.start_step()
-            try:
-                return original(trainer, samples, raise_oom)
-            except compiling.CompileFailure as failure:
-                if trainer.data_parallel_world_size > 1:
-                    raise compiling.CompileFailure(
-                        f"{failure} -- with {trainer.data_parallel_world_size} processes the update cannot be "
-                        "retried (the others are inside its gradient all-reduce); resume the run (the same command) "
-                        "from its last checkpoint, or drop --compile") from failure
-                logger.warning("--compile: retrying update %d (the same batches) with that variant eager",
-                               trainer.get_num_updates() + 1)
-        raise RuntimeError(f"--compile: update {trainer.get_num_updates() + 1} failed in {compiling.RECOMPILE_LIMIT} "
-                           "compiled variants")
+        return retry.train_step(trainer, original_step, samples, raise_oom)
     finally:
-        compiling.start_step()
         _log_compiling(trainer)
 
 
-def _installed(function):
-    """Whether ``function`` is this patch's wrapper, or wraps it (another patch installed after this one)."""
-    while function is not None:
-        if getattr(function, "_umst_compile", False):
-            return True
-        function = getattr(function, "__wrapped__", None)
-    return False
-
-
 def _install_trainer():
-    from fairseq.trainer import Trainer
+    def make_init(original_init):
+        def __init__(self, cfg, task, model, criterion, quantizer=None):
+            original_init(self, cfg, task, model, criterion, quantizer)
+            _setup_training(self)
+        return __init__
 
-    if _installed(Trainer.__init__):
-        return
-    original = Trainer.__init__
-    expect_signature(original, "(self, cfg: fairseq.dataclass.configs.FairseqConfig, task, model, criterion, "
-                               "quantizer=None)", __name__)
+    def make_train_step(original_step):
+        def train_step(self, samples, raise_oom=False):
+            if "_umst_compile_log" not in self.__dict__:  # not compiling
+                return original_step(self, samples, raise_oom)
+            return _train_step(self, original_step, samples, raise_oom)
+        return train_step
 
-    def __init__(self, cfg, task, model, criterion, quantizer=None):
-        original(self, cfg, task, model, criterion, quantizer)
-        _setup_training(self)
-
-    __init__._umst_compile = True
-    __init__.__doc__ = original.__doc__
-    __init__.__wrapped__ = original
-    Trainer.__init__ = __init__
-
-    original_step = Trainer.train_step
-    expect_signature(original_step, "(self, samples, raise_oom=False)", __name__)
-
-    def train_step(self, samples, raise_oom=False):
-        if "_umst_compile_log" not in self.__dict__:  # not compiling
-            return original_step(self, samples, raise_oom)
-        return _train_step(self, original_step, samples, raise_oom)
-
-    train_step.__doc__ = original_step.__doc__
-    train_step.__wrapped__ = original_step
-    Trainer.train_step = train_step
+    wrap(Trainer, "__init__", make_init, __name__,
+         "(self, cfg: fairseq.dataclass.configs.FairseqConfig, task, model, criterion, quantizer=None)")
+    wrap(Trainer, "train_step", make_train_step, __name__, "(self, samples, raise_oom=False)")
 
 
 # ---- fairseq-validate, -generate, -interactive: the command line while main runs ------------------------------
 
-_request = []  # stack of (compile, tf32, device) of the CLI mains running in this process
-
-
 def _device(cfg):
-    import torch
-
     common = cfg.common
     return "cuda" if torch.cuda.is_available() and not getattr(common, "cpu", False) else "cpu"
 
@@ -204,12 +147,10 @@ def _device(cfg):
 def _checkpoint_cache(cfg):
     """``compile_cache`` next to the (first) checkpoint of ``--path``, where its training run kept its compiled code;
     None where there is none."""
-    from umst_plugin import compile as compiling
-
     path = getattr(getattr(cfg, "common_eval", None), "path", None)
     if not path:
         return None
-    directory = os.path.join(os.path.dirname(os.path.abspath(path.split(os.pathsep)[0])), compiling.CACHE_DIRNAME)
+    directory = os.path.join(os.path.dirname(os.path.abspath(path.split(os.pathsep)[0])), compilation.CACHE_DIRNAME)
     return directory if os.path.isdir(directory) else None
 
 
@@ -225,99 +166,71 @@ class _CommandLine:
     def __enter__(self):
         compile_, tf32, device = self.entry
         if tf32:
-            import torch
-
-            from umst_plugin import compile as compiling
-
             # the setting is process-wide: a main called in a longer process (a test, a notebook) gives it back
             self.tf32_before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-            compiling.set_tf32(True, device)
+            compilation.set_tf32(True, device)
         if compile_:
-            from umst_plugin import compile as compiling
-
             cache = _checkpoint_cache(self.cfg)
             if cache:  # the training run's compiled code, next to the checkpoint
-                directory, graphs = compiling.use_cache_dir(cache)
+                directory, graphs = compilation.use_cache_dir(cache)
                 logger.info("--compile: compiled code cached in %s (%d graph(s))", directory, graphs)
-            compiling.check_available(device)  # before any model is loaded: a clear error first
-            self.log = compiling.CompileTimeLog()
-        _request.append(self.entry)
+            compilation.check_available(device)  # before any model is loaded: a clear error first
+            self.log = compilation.CompileTimeLog()
+        STATE.requests.append(self.entry)
         return self
 
     def __exit__(self, *exc):
-        _request.pop()
+        STATE.requests.pop()
         if self.entry[1]:
-            import torch
-
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.tf32_before
         if self.entry[0] and exc[0] is None:
             self.log.summary("this run")
         return False
 
 
-_originals = {}
-
-
 def validate_main(cfg, override_args=None):
     """fairseq-validate's ``main`` with ``--compile`` / ``--tf32`` (see the module docstring)."""
     cfg = as_config(cfg)
     with _CommandLine(cfg):
-        return _originals["validate"](cfg, override_args)
+        return original(validate_main)(cfg, override_args)
 
 
 def interactive_main(cfg):
     """fairseq-interactive's ``main`` with ``--compile`` / ``--tf32``."""
     cfg = as_config(cfg)
     with _CommandLine(cfg):
-        return _originals["interactive"](cfg)
+        return original(interactive_main)(cfg)
 
 
 def generate_main(cfg, output_file):
     """fairseq-generate's ``_main`` with ``--compile`` / ``--tf32``."""
     with _CommandLine(cfg):
-        return _originals["generate"](cfg, output_file)
+        return original(generate_main)(cfg, output_file)
 
 
 def _install_cli():
-    import fairseq_cli.generate as generate
-    import fairseq_cli.interactive as interactive
-    import fairseq_cli.validate as validate
-
-    for key, module, name, wrapper, signature in (
-            ("validate", validate, "main", validate_main, "(cfg: omegaconf.dictconfig.DictConfig, override_args=None)"),
-            ("interactive", interactive, "main", interactive_main,
-             "(cfg: fairseq.dataclass.configs.FairseqConfig)"),
-            ("generate", generate, "_main", generate_main, "(cfg: omegaconf.dictconfig.DictConfig, output_file)")):
-        current = getattr(module, name)
-        if current is wrapper:
-            continue
-        expect_signature(current, signature, __name__)
-        _originals[key] = current
-        setattr(module, name, wrapper)
+    wrap(validate_cli, "main", lambda _: validate_main, __name__,
+         "(cfg: omegaconf.dictconfig.DictConfig, override_args=None)")
+    wrap(interactive_cli, "main", lambda _: interactive_main, __name__,
+         "(cfg: fairseq.dataclass.configs.FairseqConfig)")
+    wrap(generate_cli, "_main", lambda _: generate_main, __name__,
+         "(cfg: omegaconf.dictconfig.DictConfig, output_file)")
 
 
 def _install_build_model():
-    from fairseq.tasks.fairseq_task import FairseqTask
+    def make(original_build):
+        def build_model(self, cfg, from_checkpoint=False):
+            model = original_build(self, cfg, from_checkpoint)
+            requests = STATE.requests
+            if requests and requests[-1][0]:
+                names = compilation.compile_layers(model, device=requests[-1][2])
+                logger.info("--compile: %d layers compiled (%s); full-sequence calls compile on first use, "
+                            "incremental decoding steps stay eager", len(names), compilation.describe(model))
+            return model
+        return build_model
 
-    if _installed(FairseqTask.build_model):
-        return
-    original = FairseqTask.build_model
-    expect_signature(original, "(self, cfg: fairseq.dataclass.configs.FairseqDataclass, from_checkpoint=False)", __name__)
-
-    def build_model(self, cfg, from_checkpoint=False):
-        model = original(self, cfg, from_checkpoint)
-        if _request and _request[-1][0]:
-            from umst_plugin import compile as compiling
-
-            names = compiling.compile_layers(model, device=_request[-1][2])
-            logger.info("--compile: %d layers compiled (%s); full-sequence calls compile on first use, incremental "
-                        "decoding steps stay eager", len(names), compiling.describe(model))
-        return model
-
-    build_model._umst_compile = True
-    build_model.__doc__ = original.__doc__
-    build_model.__wrapped__ = original
-    FairseqTask.build_model = build_model
+    wrap(FairseqTask, "build_model", make, __name__,
+         "(self, cfg: fairseq.dataclass.configs.FairseqDataclass, from_checkpoint=False)")
 
 
 def install():

@@ -1,10 +1,10 @@
-"""Patch: ``--amp-dtype`` is a flag of fairseq's common options, so every task and every CLI has it (and, beside it,
+"""``--amp-dtype`` is a flag of fairseq's common options, so every task and every CLI has it (and, beside it,
 ``--no-amp-weight-cache``: autocast's own per-parameter casts instead of ``umst_plugin/amp_weights.py``'s one).
 
 fairseq's ``--amp`` always autocasts to float16. The plugin's ``--amp-dtype {float16,bfloat16}`` used to be an
 option of the ``multiscale_translation`` task alone: under fairseq's ``--task translation`` (a baseline row)
 ``fairseq-train --amp --amp-dtype bfloat16`` stopped with ``unrecognized arguments: --amp-dtype bfloat16``.
-The patch adds the field ``amp_dtype`` to fairseq's ``CommonConfig`` (the dataclass behind ``--amp``,
+This module adds the field ``amp_dtype`` to fairseq's ``CommonConfig`` (the dataclass behind ``--amp``,
 ``--fp16``, ``--bf16``), next to ``amp``, and stores fairseq's hydra schema again with it. From there fairseq
 itself makes it
 
@@ -15,13 +15,13 @@ itself makes it
   config before ``common.user_dir`` imports the plugin: there it is ``+common.amp_dtype=bfloat16``.
 
 A program that builds its parser first and passes ``--user-dir`` in the arguments of
-``options.parse_args_and_arch`` imports the plugin after that parser exists, so the patch also adds
+``options.parse_args_and_arch`` imports the plugin after that parser exists, so it also adds
 ``--amp-dtype`` where ``parse_args_and_arch`` next hands the parser over: the task's ``add_args``
 (``FairseqTask.add_args``, and every registered task that defines its own). ``multiscale_translation``'s own
 ``amp_dtype`` follows the common one (``${common.amp_dtype}``); the value older checkpoints stored there is
 still read (``mixed_precision.configured_amp_dtype``).
 
-How the field is added (and the task ``add_args`` hook): ``patches/common_options.py``, shared with the other
+How the field is added (and the task ``add_args`` hook): ``umst_plugin/common_options.py``, shared with the other
 common options of the plugin.
 
 Unset (``None``) means float16 for training, as fairseq's ``--amp``; for validation and decoding, the dtype
@@ -32,9 +32,9 @@ from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
-from umst_plugin import mixed_precision
-from umst_plugin.patches import common_options
+from umst_plugin import common_options, mixed_precision
 
+OPTIONS = "`--amp-dtype`, `--no-amp-weight-cache`"
 TARGET = ("fairseq.dataclass.configs.CommonConfig (and the hydra schema fairseq stores from it); "
           "fairseq.tasks.FairseqTask.add_args (and each registered task's own)")
 SYMPTOM = ("--amp-dtype exists under --task multiscale_translation only: fairseq-train --task translation --amp "

@@ -1,4 +1,4 @@
-"""Patch: ``--optimizer adam`` is fairseq's adam, computed in one fused multi-tensor kernel, on CUDA and on the CPU.
+"""``--optimizer adam`` is fairseq's adam, computed in one fused multi-tensor kernel, on CUDA and on the CPU.
 
 fairseq's ``FairseqAdam`` uses apex's fused Adam when apex is installed (CUDA only) and otherwise its own
 ``fairseq.optim.adam.Adam``, which loops over the parameter tensors in Python: about 7 kernels per tensor
@@ -46,10 +46,11 @@ import math
 
 import torch
 
-from umst_plugin.patches import expect_signature
+from umst_plugin.patches import wrap
 
 logger = logging.getLogger(__name__)
 
+OPTIONS = "fairseq's `--optimizer adam`; its `--use-old-adam` turns this off"
 TARGET = "fairseq.optim.adam.FairseqAdam.__init__, .load_state_dict"
 SYMPTOM = ("--optimizer adam loops over every parameter tensor in Python (about 7 kernels each: 2,410 launches an "
            "update for umst_base, as many as forward and backward); its AMP step syncs with the host")
@@ -236,41 +237,36 @@ def _steps_to_int(state):
 def install():
     from fairseq.optim.adam import Adam, FairseqAdam
 
-    if getattr(FairseqAdam, "_umst_patched", False):
-        return
-    original_init = FairseqAdam.__init__
-    original_load = FairseqAdam.load_state_dict
-    expect_signature(original_init, "(self, cfg: fairseq.optim.adam.FairseqAdamConfig, params)", __name__)
-    expect_signature(original_load, "(self, state_dict, optimizer_overrides=None)", __name__)
+    def make_init(original_init):
+        def __init__(self, cfg, params):
+            params = list(params)
+            implementation = None
+            if not (getattr(cfg, "use_old_adam", False) or getattr(cfg, "tpu", False)
+                    or getattr(cfg, "fp16_adam_stats", False)):
+                implementation = fused_available(_flat_params(params))
+            if implementation is None:
+                original_init(self, cfg, params)
+                why = ("--use-old-adam" if getattr(cfg, "use_old_adam", False) else
+                       "non-float32 parameters or --fp16-adam-stats or a TPU")
+                if ("old", why) not in _announced:
+                    _announced.add(("old", why))
+                    logger.info("--optimizer adam: fairseq's per-parameter Adam (%s)", why)
+                return
+            super(FairseqAdam, self).__init__(cfg)  # FairseqOptimizer.__init__
+            self._optimizer = FusedAdam(params, **self.optimizer_config)
+            if implementation not in _announced:
+                _announced.add(implementation)
+                logger.info("--optimizer adam: fairseq's adam in torch's fused AdamW kernel, all parameters in one "
+                            "multi-tensor step (--use-old-adam: fairseq's per-parameter loop)")
+        return __init__
 
-    def __init__(self, cfg, params):
-        params = list(params)
-        implementation = None
-        if not (getattr(cfg, "use_old_adam", False) or getattr(cfg, "tpu", False)
-                or getattr(cfg, "fp16_adam_stats", False)):
-            implementation = fused_available(_flat_params(params))
-        if implementation is None:
-            original_init(self, cfg, params)
-            why = ("--use-old-adam" if getattr(cfg, "use_old_adam", False) else
-                   "non-float32 parameters or --fp16-adam-stats or a TPU")
-            if ("old", why) not in _announced:
-                _announced.add(("old", why))
-                logger.info("--optimizer adam: fairseq's per-parameter Adam (%s)", why)
-            return
-        super(FairseqAdam, self).__init__(cfg)  # FairseqOptimizer.__init__
-        self._optimizer = FusedAdam(params, **self.optimizer_config)
-        if implementation not in _announced:
-            _announced.add(implementation)
-            logger.info("--optimizer adam: fairseq's adam in torch's fused AdamW kernel, all parameters in one "
-                        "multi-tensor step (--use-old-adam: fairseq's per-parameter loop)")
+    def make_load_state_dict(original_load):
+        def load_state_dict(self, state_dict, optimizer_overrides=None):
+            if isinstance(self._optimizer, Adam):
+                state_dict = dict(state_dict, state=_steps_to_int(dict(state_dict.get("state", {}))))
+            return original_load(self, state_dict, optimizer_overrides)
+        return load_state_dict
 
-    def load_state_dict(self, state_dict, optimizer_overrides=None):
-        if isinstance(self._optimizer, Adam):
-            state_dict = dict(state_dict, state=_steps_to_int(dict(state_dict.get("state", {}))))
-        return original_load(self, state_dict, optimizer_overrides)
-
-    FairseqAdam.__init__ = __init__
-    FairseqAdam.load_state_dict = load_state_dict
-    FairseqAdam._umst_patched = True
-    FairseqAdam.__init__.ORIGINAL = original_init
-    FairseqAdam.load_state_dict.ORIGINAL = original_load
+    wrap(FairseqAdam, "__init__", make_init, __name__, "(self, cfg: fairseq.optim.adam.FairseqAdamConfig, params)")
+    wrap(FairseqAdam, "load_state_dict", make_load_state_dict, __name__,
+         "(self, state_dict, optimizer_overrides=None)")

@@ -1,0 +1,190 @@
+"""The shape of the code base, checked so that it stays as it was built.
+
+* **No import circle** among the project's modules (``umst_plugin``, ``umst_tools``, ``benchmarks``, ``umst_dev``),
+  imports inside functions counted. Every ``.py`` file is parsed with ``ast``; every ``import`` statement anywhere
+  in it (module level, in a function, in a ``try``) is resolved to the project module it loads:
+
+  - ``import a.b.c`` and ``from a.b import c`` point at the deepest project module named (``a.b.c`` where ``c`` is a
+    module, else ``a.b``); relative imports are resolved from the importing module's package;
+  - a bare ``import common`` in a script whose own folder holds ``common.py`` (a benchmark run as a script: its
+    folder is ``sys.path[0]``) points at that sibling;
+  - the packages above the module named (whose ``__init__`` Python runs first) are not counted: every submodule of
+    the plugin would otherwise import ``umst_plugin/__init__.py``, which imports them all.
+
+  The strongly connected components of that graph (Tarjan) must each be one module: a circle shows as the modules
+  it joins and the lines that import each other.
+"""
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("umst_plugin", "umst_tools", "benchmarks", "umst_dev")
+
+
+def project_modules(root=ROOT, packages=PACKAGES):
+    """{dotted module name: path} of every .py file of the project's packages (a package by its ``__init__``)."""
+    modules = {}
+    for package in packages:
+        top = os.path.join(root, package)
+        if not os.path.isdir(top):
+            continue
+        for folder, dirs, files in os.walk(top):
+            dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__pycache__")))
+            for name in sorted(files):
+                if not name.endswith(".py"):
+                    continue
+                parts = os.path.relpath(os.path.join(folder, name), root)[:-3].split(os.sep)
+                if parts[-1] == "__init__":
+                    parts = parts[:-1]
+                modules[".".join(parts)] = os.path.join(folder, name)
+    return modules
+
+
+def _deepest(name, modules):
+    """The longest prefix of the dotted ``name`` that is a project module, or None."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:end])
+        if candidate in modules:
+            return candidate
+    return None
+
+
+def imports_of(module, path, modules):
+    """[(project module imported, line)] of every import statement in ``path`` (the module ``module``)."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), filename=path)
+    is_package = os.path.basename(path) == "__init__.py"
+    package = module if is_package else module.rpartition(".")[0]
+    folder = os.path.dirname(path)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                target = _deepest(alias.name, modules)
+                if target is None and "." not in alias.name and os.path.isfile(os.path.join(folder,
+                                                                                             alias.name + ".py")):
+                    target = _deepest(f"{package}.{alias.name}" if package else alias.name, modules)  # sibling
+                if target is not None:
+                    found.append((target, node.lineno))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package.split(".") if package else []
+                base_parts = base_parts[:len(base_parts) - (node.level - 1)]
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+                top = base.split(".")[0]
+                if top not in {m.split(".")[0] for m in modules} and os.path.isfile(os.path.join(folder, top + ".py")):
+                    base = f"{package}.{base}" if package else base  # a sibling of a script
+            for alias in node.names:
+                submodule = f"{base}.{alias.name}"
+                target = submodule if submodule in modules else _deepest(base, modules)
+                if target is not None:
+                    found.append((target, node.lineno))
+    return found
+
+
+def import_graph(root=ROOT, packages=PACKAGES):
+    """{module: {imported module: first line}} over the project's modules (a module importing itself left out)."""
+    modules = project_modules(root, packages)
+    graph = {name: {} for name in modules}
+    for name, path in modules.items():
+        for target, line in imports_of(name, path, modules):
+            if target != name:
+                graph[name].setdefault(target, line)
+    return graph
+
+
+def strongly_connected_components(graph):
+    """Tarjan's algorithm, iterative: the components of ``graph`` ({node: iterable of nodes})."""
+    index, low, on_stack, stack, components = {}, {}, set(), [], []
+    counter = 0
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(graph[start]))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            advanced = False
+            for child in children:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(graph[child])))
+                    advanced = True
+                    break
+                if child in on_stack:
+                    low[node] = min(low[node], index[child])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                components.append(sorted(component))
+    return components
+
+
+def import_circles(root=ROOT, packages=PACKAGES):
+    """Each circle (a strongly connected component of more than one module) as lines 'a (line n) -> b'."""
+    graph = import_graph(root, packages)
+    circles = []
+    for component in strongly_connected_components(graph):
+        if len(component) > 1:
+            members = set(component)
+            circles.append([f"{a} (line {line}) -> {b}" for a in component for b, line in sorted(graph[a].items())
+                            if b in members])
+    return circles
+
+
+def test_no_import_circle_among_the_project_modules():
+    circles = import_circles()
+    assert not circles, "import circles:\n" + "\n\n".join("\n".join(c) for c in circles)
+
+
+def _write(root, files):
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+@pytest.mark.parametrize("files,circle", [
+    # a circle closed by an import inside a function, through a relative import
+    ({"umst_plugin/__init__.py": "", "umst_plugin/a.py": "from umst_plugin import b\n",
+      "umst_plugin/b.py": "def f():\n    from . import a\n"}, {"umst_plugin.a", "umst_plugin.b"}),
+    # from a package import a name its __init__ defines: the package itself
+    ({"umst_plugin/__init__.py": "from umst_plugin.c import x\n", "umst_plugin/c.py": "from umst_plugin import y\n"},
+     {"umst_plugin", "umst_plugin.c"}),
+    # a benchmark script's bare import of its sibling, across packages
+    ({"benchmarks/__init__.py": "", "benchmarks/common.py": "import umst_tools.t\n",
+      "benchmarks/run.py": "import common\n", "umst_tools/__init__.py": "",
+      "umst_tools/t.py": "try:\n    from benchmarks.run import main\nexcept ImportError:\n    pass\n"},
+     {"benchmarks.common", "benchmarks.run", "umst_tools.t"}),
+    # no circle: packages above the module named are not counted
+    ({"umst_plugin/__init__.py": "from umst_plugin import a\n", "umst_plugin/a.py": "import umst_plugin.sub.b\n",
+      "umst_plugin/sub/__init__.py": "", "umst_plugin/sub/b.py": "import os\n"}, None),
+])
+def test_the_circle_check_finds_circles_made_every_way(tmp_path, files, circle):
+    _write(tmp_path, files)
+    circles = import_circles(str(tmp_path))
+    if circle is None:
+        assert circles == []
+    else:
+        assert len(circles) == 1 and {line.split(" ")[0] for line in circles[0]} == circle, circles

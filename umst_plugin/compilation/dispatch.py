@@ -1,0 +1,139 @@
+"""Compiling the layers of a model (:func:`compile_layers`), and what a compiled layer's ``forward`` runs
+(:func:`_dispatch`): its class's compiled forward, or its eager one for incremental decoding steps, inside
+:func:`layers_eager`, and for the variants whose compile failed (``fallback``).
+"""
+import contextlib
+import inspect
+import time
+import types
+
+import torch
+import torch.fx.experimental._config as fx_config
+
+from umst_plugin.compilation import fallback, probe, regions, retry, telemetry
+from umst_plugin.compilation.state import STATE
+
+
+def is_compiled(module):
+    return "_umst_compiled" in module.__dict__
+
+
+@contextlib.contextmanager
+def layers_eager():
+    """Inside, compiled layers run their eager forward (nothing is compiled, nothing falls back): for a pass under
+    a dispatch mode, which compiled code refuses (the first ``--amp`` update records autocast's casts with one,
+    ``amp_weights.WeightCache``)."""
+    before = STATE.layers_eager
+    STATE.layers_eager = True
+    try:
+        yield
+    finally:
+        STATE.layers_eager = before
+
+
+def _incremental_index(function):
+    """Position of ``incremental_state`` among ``function``'s positional parameters after ``self`` (None if it
+    has none)."""
+    params = list(inspect.signature(function).parameters)
+    if "incremental_state" not in params:
+        return None
+    return params.index("incremental_state") - 1
+
+
+def _plain(t):
+    """``t`` as a contiguous tensor of its own (not a view). dynamo guards on strides and on whether an input is a
+    view of another tensor: the first encoder layer gets a transposed view and the others a plain tensor, and
+    fairseq's decoder passes its causal mask sliced from a buffer that is sometimes exactly its size -- as they
+    come, each of those would compile a graph of its own. A copy costs one small kernel; a mask passed to every
+    layer of a stack is copied once (the last one is kept while the same tensor, unchanged, comes again)."""
+    if t._base is None and t.is_contiguous():
+        return t
+    if t.requires_grad:
+        return t.clone(memory_format=torch.contiguous_format)
+    source, version, copy = STATE.last_plain
+    current = None if t.is_inference() else t._version
+    if source is t and version == current and current is not None:
+        return copy
+    copy = t.clone(memory_format=torch.contiguous_format)
+    STATE.last_plain = (t, current, copy)
+    return copy
+
+
+def _dispatch(self, *args, **kwargs):
+    """A compiled layer's ``forward``: its class's compiled forward, except for incremental decoding steps and for
+    the variants whose compiling failed (run eager, see ``fallback.fall_back``)."""
+    compiled, eager, index = self._umst_compiled
+    if STATE.layers_eager:
+        return eager(self, *args, **kwargs)
+    if index is not None:
+        state = kwargs.get("incremental_state") if "incremental_state" in kwargs else (
+            args[index] if len(args) > index else None)
+        if state is not None:
+            return eager(self, *args, **kwargs)
+    args = tuple(_plain(a) if isinstance(a, torch.Tensor) else a for a in args)
+    kwargs = {k: _plain(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    key = (eager, fallback.variant(self, args, kwargs)) if STATE.eager_variants else None
+    if key is not None and key in STATE.eager_variants:
+        return eager(self, *args, **kwargs)
+    graphs, start = telemetry.compiled_graphs(), time.perf_counter()
+    try:
+        out = compiled(self, *args, **kwargs)
+    except Exception as e:  # noqa: BLE001 -- a failed compile falls back to eager; eager's own errors are raised
+        if fallback.out_of_memory(e):
+            raise  # fairseq's OOM handling, as eager
+        fallback.fall_back(self, eager, fallback.variant(self, args, kwargs), fallback.shapes(args, kwargs),
+                           "forward", e)
+        return eager(self, *args, **kwargs)
+    if telemetry.compiled_graphs() != graphs:
+        telemetry.log_compiled(self, eager, time.perf_counter() - start, telemetry.compiled_graphs() - graphs)
+    if torch.is_grad_enabled():
+        retry.mark_backward(self, eager, args, kwargs, out)  # where its backward starts, if that fails
+    return out
+
+
+def configure_dynamo():
+    """dynamo's settings while ``--compile`` is on (process-wide; see the package's docstring)."""
+    import torch._dynamo.config as config  # (the compiler: imported only once something compiles)
+
+    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # (torch < 2.7)
+    if getattr(config, limit) < fallback.RECOMPILE_LIMIT:
+        setattr(config, limit, fallback.RECOMPILE_LIMIT)
+    config.specialize_float = True  # Python floats (dropout rates, scale fractions) are constants, not inputs
+    # no duck sizing: two sizes equal in the first batch (as many words as tokens, a length equal to the width) are
+    # not taken for one symbol, whose next batch would compile again; sizes that must be equal still are (guards)
+    fx_config.use_duck_shape = False
+    if hasattr(config, "fail_on_recompile_limit_hit"):
+        config.fail_on_recompile_limit_hit = True  # an error, not a silent fall back to eager
+
+
+def compile_layers(model, *, device=None, backend="inductor", mode=None, dynamic=True, fullgraph=True, check=True):
+    """Compile every encoder and decoder layer of ``model`` in place (see the package's docstring); returns the
+    layers' names. ``check``: first ``probe.check_available`` on ``device`` (default: the model's). Compiling is
+    lazy: each layer class compiles at its first call. Raises ValueError for a model without layers this knows,
+    ``CompileUnavailable`` where torch.compile cannot run."""
+    layers = regions.find_layers(model)
+    if not layers:
+        raise ValueError(f"--compile: {type(model).__name__} has no encoder or decoder layer of a class "
+                         f"--compile knows ({regions.KNOWN})")
+    wrapped = [name for name, layer in layers if "forward" in layer.__dict__ and not is_compiled(layer)]
+    if wrapped:  # fairseq's --checkpoint-activations replaces a layer's forward: compiling would drop it
+        raise ValueError(f"--compile: the forward of {wrapped[0]} is replaced already (fairseq's "
+                         "--checkpoint-activations?); compiling it would undo that: drop one of the two")
+    if check:
+        if device is None:
+            param = next(model.parameters(), None)
+            device = param.device if param is not None else "cpu"
+        probe.check_available(device, backend)
+    configure_dynamo()
+    options = (backend, mode, dynamic, fullgraph)
+    for _, layer in layers:
+        if "_umst_compiled" in layer.__dict__:
+            continue
+        eager = type(layer).forward
+        key = (eager, options)
+        if key not in STATE.compiled_functions:
+            STATE.compiled_functions[key] = torch.compile(eager, backend=backend, mode=mode, dynamic=dynamic,
+                                                          fullgraph=fullgraph)
+        layer._umst_compiled = (STATE.compiled_functions[key], eager, _incremental_index(eager))
+        layer.forward = types.MethodType(_dispatch, layer)
+    return [name for name, _ in layers]
