@@ -11,7 +11,7 @@ setup(
     name="umst-plugin",
     version="0.1.0",
     description="Multiscale encoders for fairseq: UMST, TranSFormer, MSC, MSMSA, Prime",
-    packages=find_packages(include=["umst_plugin", "umst_plugin.*", "umst_tools", "umst_tools.*", "benchmarks"]),
+    packages=find_packages(include=["umst_plugin", "umst_plugin.*", "umst_tools", "umst_tools.*"]),
     python_requires=">=3.9",
     install_requires=[
         "torch>=2.1",

@@ -51,8 +51,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 [ "$DRY" = 1 ] || mkdir -p "$VENV"
 # Bump the stamp when the install list changes, so existing venvs pick up the new packages
-# (v2: tensorboardX, for --tensorboard-logdir; v3: the umst_tools package in the editable install).
-STAMP="$VENV/.umst_setup_v3"
+# (v2: tensorboardX, for --tensorboard-logdir; v3: the umst_tools package in the editable install; v4: benchmarks no
+# longer installed, it is imported from the checkout).
+STAMP="$VENV/.umst_setup_v4"
 # Slurm: Debian's packages, as root with apt-get, only when missing (one line; fast when present)
 if [ "$SLURM" = 1 ]; then
   if [ "$DRY" = 1 ]; then

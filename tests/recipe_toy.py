@@ -4,7 +4,7 @@ import os
 import shutil
 
 from umst_plugin import toy
-from umst_tools.text_preprocessing import sha256_file as sha256  # noqa: F401  (used here and by tests)
+from umst_plugin.text_preprocessing import sha256_file as sha256  # noqa: F401  (used here and by tests)
 
 LAYOUTS = {
     # dataset: (target language, training corpus prefixes, valid sgm (src, ref), test sgm (src, ref))

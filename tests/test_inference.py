@@ -31,7 +31,7 @@ import torch
 
 import e2e
 import recipe_toy
-from umst_tools import text_preprocessing as textprep
+from umst_plugin import text_preprocessing as textprep
 
 ROOT = e2e.ROOT
 MERGES = 300

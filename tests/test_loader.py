@@ -20,7 +20,7 @@ import torch
 import e2e
 import umst_plugin
 from fairseq.hub_utils import GeneratorHubInterface
-from umst_tools import text_preprocessing as textprep
+from umst_plugin import text_preprocessing as textprep
 
 SRC = e2e.SRC
 

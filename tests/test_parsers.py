@@ -284,7 +284,7 @@ def test_the_recorded_stanza_package_reaches_the_parser_of_raw_input(tmp_path, m
     from fairseq.data import Dictionary
 
     from umst_plugin import dev, hub
-    from umst_tools import text_preprocessing as textprep
+    from umst_plugin import text_preprocessing as textprep
 
     monkeypatch.setenv("STANZA_RESOURCES_DIR", str(tmp_path / "stanza"))
     db = tmp_path / "data-bin"

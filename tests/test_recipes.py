@@ -126,7 +126,7 @@ def test_prepare_writes_databin_with_side_data_and_stats(prepared, dataset):
 def assert_record(p, lowercase, aggressive_dash_splits, romanian):
     """DATA_BIN/preprocessing.json says what the tokenize stage did, and its steps reproduce the recipe's
     tokenized and BPE'd test lines from the extracted text, on both sides (docs/inference.md)."""
-    from umst_tools import text_preprocessing as textprep
+    from umst_plugin import text_preprocessing as textprep
 
     record = textprep.read_record(p["databin"])
     assert record is not None, os.listdir(p["databin"])
@@ -214,7 +214,7 @@ def test_multi30k_prepare_runs_every_stage(prepared):
     assert os.path.exists(os.path.join(p["work"], "tok", "test.en"))  # the table's sample sources
     assert_record(p, lowercase=True, aggressive_dash_splits=False, romanian=[])
     # the variant's own record: the same text steps, and the parse it was made with (none), not the main one's
-    from umst_tools import text_preprocessing as textprep
+    from umst_plugin import text_preprocessing as textprep
 
     main, variant = textprep.read_record(db), textprep.read_record(noparse)
     assert (main.source_parser, main.source_parser_model) == ("spacy", "en_core_web_md")

@@ -28,7 +28,7 @@ from omegaconf import open_dict
 
 from fairseq import hub_utils, utils
 
-from umst_tools import text_preprocessing as textprep  # (the constructor's keyword takes the plain name)
+from umst_plugin import text_preprocessing as textprep  # (the constructor's keyword takes the plain name)
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ recipes need no Perl checkout:
   wmt16-scripts, the Lee et al. 2018 / Kasai et al. 2020 setup), then
   tokenizer.perl -a (aggressive hyphen splitting, as fairseq's recipe), via sacremoses.
 * ``record``: DATA_BIN/preprocessing.json, what ``tokenize`` did and the BPE codes, which the
-  multiscale_translation task applies to raw input (umst_tools/text_preprocessing.py, whose
+  multiscale_translation task applies to raw input (umst_plugin/text_preprocessing.py, whose
   LinePreparer is also what ``tokenize`` runs).
 * ``lowercase``: lowercase a file (the detokenized reference of the lowercased Multi30k recipe).
 * ``normalize-ro``: only the Romanian normalisation and diacritic removal, for
@@ -28,7 +28,7 @@ import re
 import sys
 from multiprocessing import Pool
 
-from umst_tools import text_preprocessing as textprep
+from umst_plugin import text_preprocessing as textprep
 
 SEG = re.compile(r"<seg[^>]*>\s*(.*?)\s*</seg>", re.I)
 

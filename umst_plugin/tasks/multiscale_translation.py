@@ -9,7 +9,7 @@ markers of the source dictionary and heads from ``--source-parser``, or the
 no-edge fallback graph with a one-time warning.
 
 Raw text (fairseq-interactive, ``from_pretrained(...).translate``, ``umst-inspect --sentence``) is
-prepared as the data-bin's ``preprocessing.json`` says (``umst_tools.text_preprocessing``): the task
+prepared as the data-bin's ``preprocessing.json`` says (``umst_plugin.text_preprocessing``): the task
 reads the record at set-up, and ``build_tokenizer`` / ``build_bpe`` return its pipeline.
 """
 import itertools
@@ -27,7 +27,7 @@ from omegaconf import II
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-from umst_tools import text_preprocessing as textprep  # (the config field takes the plain name)
+from umst_plugin import text_preprocessing as textprep  # (the config field takes the plain name)
 from umst_plugin import mixed_precision
 from umst_plugin.data.side_data_dataset import SideDataLanguagePairDataset
 from umst_plugin.data.side_inputs import (HINT_KEYS, SIDE_INPUT_KEYS, BatchHints,  # noqa: F401

@@ -25,8 +25,9 @@ remove-diacritics.py (``["ro"]`` in the WMT16 En-Ro recipe). ``bpe.codes`` is re
 as DATA_BIN/source-parse.json and :func:`write_record` folds that file in, so that raw input at inference is
 parsed as the training text was (``umst_plugin.from_pretrained``).
 
-This module imports neither fairseq nor torch at module level: ``scripts/wmt_prep.py`` loads it by
-path, and its ``tokenize`` stage runs :class:`LinePreparer`, so a recipe and inference run the same code.
+The recipes' text preparation (``umst_tools/wmt_prep.py``, behind ``scripts/wmt_prep.py``) runs
+:class:`LinePreparer` in its ``tokenize`` stage, so a recipe and inference run the same code. The module imports
+neither fairseq nor torch at module level (fairseq's encoders only where a BPE or tokenizer object is built).
 """
 import hashlib
 import json
