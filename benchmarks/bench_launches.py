@@ -632,8 +632,10 @@ def main(argv=None):
 
     for name in names:
         arch, overrides = ARCHS[name]
+        row_start = time.time()
         rows.append(measure(name, arch, overrides, args.precision, True, args.quick, args.device, args.compile,
                             lengths))
+        rows[-1]["wall_s"] = round(time.time() - row_start, 1)
         print(f"  {name}: {rows[-1]['launches']:,} launches, {rows[-1]['flops'] / 1e9:.1f} GFLOP"
               + (f", compiled in {rows[-1]['compile_s']:.0f} s (eager {rows[-1]['eager_launches']:,})"
                  if args.compile else "")

@@ -110,6 +110,31 @@ def test_umst_recomputed_core_equals_the_kept_one_with_dropout():
         close(a, b)
 
 
+def test_umst_compiled_form_keeps_the_core_and_equals_the_recomputed_one(monkeypatch):
+    """Under --compile the relative core is not checkpointed (the compiler keeps what its backward reads) and its
+    q, k, v are copied in one stack: float64, padded, dropout on with the same mask, the same output and gradients
+    as the checkpointed form, and no checkpoint taken."""
+    from umst_plugin.modules.umst import rectified_attention
+
+    att = _umst_attention(dropout=0.3).train()
+    q, k, v = (torch.randn(2, 2, 6, 8, **F64) for _ in range(3))
+    pad = padding_mask(2, 6, seed=4)
+    torch.manual_seed(5)
+    recomputed = grads_of(lambda a, b, c: att._subword_attention(a, b, c, pad), q, k, v)
+    checkpoints = []
+    monkeypatch.setattr(rectified_attention, "checkpoint", lambda *a, **k: checkpoints.append(a) or None)
+    monkeypatch.setattr(rectified_attention, "compiling", lambda: True)
+    stacked = []
+    real_stack = torch.stack
+    monkeypatch.setattr(torch, "stack", lambda ts, *a: stacked.append(len(ts)) or real_stack(ts, *a))
+    torch.manual_seed(5)
+    compiled_form = grads_of(lambda a, b, c: att._subword_attention(a, b, c, pad), q, k, v)
+    assert checkpoints == [] and stacked == [3]
+    close(recomputed[0], compiled_form[0])
+    for a, b in zip(recomputed[1], compiled_form[1]):
+        close(a, b)
+
+
 # ---- TranSFormer ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("embed,kv_dim,heads", [(64, 8, 4), (8, 64, 2)], ids=["reassociated", "projected"])

@@ -273,6 +273,14 @@ def test_inductor_generates_the_gpu_program_on_a_cpu():
     assert not forward.unsized and not backward.unsized
     torch._dynamo.reset()
 
+    # a product of a slice of a packed projection (q of q, k, v) reads the slice, not the packed buffer
+    backend = simulated_gpu.Backend("h200")
+    w3, w2 = torch.randn(8, 24), torch.randn(8, 8)
+    torch.compile(lambda x: (x @ w3)[:, 8:16] @ w2, backend=backend, dynamic=True)(x.detach())
+    (program,) = backend.programs
+    assert program.bytes["extern:mm"] == ((4 * 8 + 8 * 24 + 4 * 24) + (4 * 8 + 8 * 8 + 4 * 8)) * 4
+    torch._dynamo.reset()
+
     def attention(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, dropout_p=0.1).relu()
 

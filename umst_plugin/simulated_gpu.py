@@ -186,7 +186,8 @@ class Program:
     """The GPU program inductor generated for one graph, as counted: ``kind`` (forward or backward), ``launches``
     (:func:`count_launches`), ``bytes`` by the same kinds (the memory one call reads and writes: the Triton kernels'
     by inductor's estimate, :func:`triton_bytes`; each library call and fallback its inputs' and outputs' bytes by
-    their shapes, the scheduler's ``get_read_write_buffers_sizes``), ``flops`` (the matrix products' and
+    their shapes: the elements each input's view covers, the outputs by the scheduler's
+    ``get_read_write_buffer_accesses``), ``flops`` (the matrix products' and
     attentions' FLOPs, inductor's ``estimate_flops``, the same formulas as ``torch.utils.flop_counter``), and
     ``unsized``: launches whose bytes inductor did not estimate (counted as 0). Sizes are the graph's first inputs'
     (under dynamic shapes, the hints of its size symbols)."""
@@ -237,8 +238,37 @@ def _library_traffic(scheduler):
             kind = name and _launch_kind(name)
             if kind is None:
                 continue
-            out.append((kind, int(node.get_read_write_buffers_sizes()), _flops(node.node)))
+            writes = sum(node.get_read_write_buffer_accesses(include_reads=False, include_writes=True).values())
+            reads = sum(_view_bytes(inp) for inp in _tensor_inputs(node.node.inputs))
+            out.append((kind, int(reads + writes), _flops(node.node)))
     return out
+
+
+def _tensor_inputs(inputs):
+    for inp in inputs:
+        if isinstance(inp, (list, tuple)):
+            yield from _tensor_inputs(inp)
+        elif inp is not None and hasattr(inp, "get_size"):
+            yield inp
+
+
+def _view_bytes(view):
+    """Bytes a library call reads of one input: the elements its view covers, a broadcast (stride 0) dimension once.
+    (The scheduler's own estimate counts every buffer an input views whole: q, k and v as three slices of one
+    packed projection were read as the packed buffer, the FFN's columns included.)"""
+    from torch._inductor.utils import get_dtype_size
+    from torch._inductor.virtualized import V
+
+    hint = V.graph.sizevars.optimization_hint
+    try:
+        sizes, strides = view.get_size(), view.get_stride()
+    except (AttributeError, NotImplementedError):
+        return 0
+    elements = 1
+    for size, stride in zip(sizes, strides):
+        if hint(stride, fallback=1) != 0:
+            elements *= hint(size, fallback=0)
+    return elements * get_dtype_size(view.get_dtype())
 
 
 def _flops(ir_node):
