@@ -135,6 +135,26 @@ def test_umst_compiled_form_keeps_the_core_and_equals_the_recomputed_one(monkeyp
         close(a, b)
 
 
+def test_umst_relative_core_traced_by_dynamo_equals_eager():
+    """The compiled form of the relative core as dynamo and AOTAutograd trace it (the stack of q, k, v, no
+    checkpoint; ``aot_eager``: the traced forward and backward graphs run as aten ops), float64, padded, training:
+    the output and gradients of eager training (dropout off, so both draw nothing)."""
+    att = _umst_attention(dropout=0.0).train()
+    q, k, v = (torch.randn(2, 2, 6, 8, **F64) for _ in range(3))
+    pad = padding_mask(2, 6, seed=4)
+    eager = grads_of(lambda a, b, c: att._subword_attention(a, b, c, pad), q, k, v)
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(lambda a, b, c: att._subword_attention(a, b, c, pad), backend="aot_eager",
+                                 fullgraph=True)
+        traced = grads_of(compiled, q, k, v)
+    finally:
+        torch._dynamo.reset()
+    close(eager[0], traced[0])
+    for a, b in zip(eager[1], traced[1]):
+        close(a, b)
+
+
 # ---- TranSFormer ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("embed,kv_dim,heads", [(64, 8, 4), (8, 64, 2)], ids=["reassociated", "projected"])
