@@ -42,12 +42,22 @@ real one). The stock row stays eager: what a user gets without the plugin.
     python benchmarks/bench_launches.py --compile --archs transformer,umst   # compiled layers (minutes per arch)
     python benchmarks/bench_launches.py --compile --floor --archs prime      # and a transformer of Prime's shape
     python benchmarks/bench_launches.py --compile --simulate-gpu h200 --precision bf16 --archs transformer
+    python benchmarks/bench_launches.py --compile --simulate-gpu h200 --precision bf16 --archs transformer,prime \
+        --floor --max-tokens 4096 --lengths wmt14           # bytes and kernels per FLOP at a WMT batch
 
 ``--simulate-gpu h200`` (with ``--compile``, on a CPU, under a CUDA build of torch with Triton: the GPU machines'
 torch runs on a CPU): the compiled layers' forward and backward are counted as inductor's GPU program, Triton
 kernels and library calls, generated on this CPU for a simulated H200 and not run
 (``umst_plugin/simulated_gpu.py``); the graphs run eagerly for the numbers. Fused attention counts as the GPU's one
-kernel each way. The eager rows and phases stay this CPU's count.
+kernel each way. The eager rows and phases stay this CPU's count. It also measures what those programs move: bytes
+(each Triton kernel by inductor's estimate, each library call by its input views and outputs) and FLOPs (the products'
+and attentions') of the compiled layers in the counted update, forward and backward apart, and gives their bytes and
+kernels per FLOP against the plugin transformer's of the same run (and with ``--floor`` against the row's own shape's):
+the second table (docs/compile.md, "Memory traffic per FLOP, counted on a CPU").
+
+``--max-tokens N --lengths wmt14``: one full batch of N tokens drawn from a length distribution
+(``bench_archs.lengths_batch``) instead of 32 sentences of up to 25 tokens, the same in every row (the stock row's
+process too). ``--dump-gpu-code DIR`` keeps each simulated program (inductor's wrapper, its Triton kernels inside).
 
 ``--floor``: Prime's 12+12 layers at d 384 launch more per FLOP than the 6+6 transformer at d 512 whatever their
 layers do; the ``transformer_prime_shape`` row (fairseq's post-norm transformer at prime_base's sizes) is what

@@ -12,7 +12,11 @@ program on the CPU, without compiling or running it:
   is one kernel (:func:`count_launches`);
 * the graph itself runs eagerly on the CPU inside a profiler range named with that count
   (:data:`umst_plugin.op_counts.SIMULATED_GPU_PREFIX`), so ``op_counts.profiled_launches`` counts a compiled
-  update as the GPU would launch it, the eager ops around the layers as it counts them anyway.
+  update as the GPU would launch it, the eager ops around the layers as it counts them anyway;
+* what each program moves and computes (:class:`Program`): every Triton kernel's bytes as inductor estimates them
+  (``kernel_num_gb``), every library call's by its input views and outputs, and the FLOPs of the products and
+  attentions; :meth:`Backend.traffic` sums them over the programs' runs in a counted block (a memory-traffic proxy
+  for a GPU's time per FLOP where launches are not what it waits for).
 
 It needs what a GPU machine's torch has and a CPU wheel lacks: a CUDA build of torch and Triton (on a machine
 without a driver: ``VENV=/tmp/venv-cu TORCH_VERSION=2.11.0 bash scripts/setup_env.sh``, the GPU machines'
