@@ -43,12 +43,22 @@ real one). The stock row stays eager: what a user gets without the plugin.
     python benchmarks/bench_launches.py --compile --archs transformer,umst   # compiled layers (minutes per arch)
     python benchmarks/bench_launches.py --compile --floor --archs prime      # and a transformer of Prime's shape
     python benchmarks/bench_launches.py --compile --simulate-gpu h200 --precision bf16 --archs transformer
+    python benchmarks/bench_launches.py --compile --simulate-gpu h200 --precision bf16 --archs transformer,prime \
+        --floor --max-tokens 4096 --lengths wmt14           # bytes and kernels per FLOP at a WMT batch
 
 ``--simulate-gpu h200`` (with ``--compile``, on a CPU, under a CUDA build of torch with Triton: the GPU machines'
 torch runs on a CPU): the compiled layers' forward and backward are counted as inductor's GPU program, Triton
 kernels and library calls, generated on this CPU for a simulated H200 and not run
 (``umst_plugin/simulated_gpu.py``); the graphs run eagerly for the numbers. Fused attention counts as the GPU's one
-kernel each way. The eager rows and phases stay this CPU's count.
+kernel each way. The eager rows and phases stay this CPU's count. It also measures what those programs move: bytes
+(each Triton kernel by inductor's estimate, each library call by its input views and outputs) and FLOPs (the products'
+and attentions') of the compiled layers in the counted update, forward and backward apart, and gives their bytes and
+kernels per FLOP against the plugin transformer's of the same run (and with ``--floor`` against the row's own shape's):
+the second table (docs/compile.md, "Memory traffic per FLOP, counted on a CPU").
+
+``--max-tokens N --lengths wmt14``: one full batch of N tokens drawn from a length distribution
+(``bench_archs.lengths_batch``) instead of 32 sentences of up to 25 tokens, the same in every row (the stock row's
+process too). ``--dump-gpu-code DIR`` keeps each simulated program (inductor's wrapper, its Triton kernels inside).
 
 ``--floor``: Prime's 12+12 layers at d 384 launch more per FLOP than the 6+6 transformer at d 512 whatever their
 layers do; the ``transformer_prime_shape`` row (fairseq's post-norm transformer at prime_base's sizes) is what
@@ -77,12 +87,14 @@ PHASES = ("forward", "backward", "amp", "grad norm", "optimizer", "zero grad", "
 FWD_BWD = ("forward", "backward")
 COMPILE_WARMUP = 2  # --compile: updates that compile the layers (training variants) before the counted one
 COMPILE_BACKEND = "inductor"  # --compile's backend, fairseq-train --compile's
+DUMP_GPU_CODE = None  # --dump-gpu-code: a folder for the simulated GPU programs' wrappers
 PRENORM = dict(encoder_normalize_before=True, decoder_normalize_before=True)
 # name -> (arch, overrides): the plugin's rows (the plugin loaded); "stock" runs in its own process
 ARCHS = {
     "transformer": ("transformer", PRENORM),
     "transformer_old_adam": ("transformer", dict(PRENORM, use_old_adam=True)),
     "umst": ("umst_base", {}),
+    "umst_rpr": ("umst_base_rpr", {}),
     "transformer_sf": ("transformer_sf_base", {}),
     "msc": ("msc_base", {}),
     "msmsa": ("msmsa_base", {}),
@@ -127,16 +139,20 @@ def make_dictionary(vocab):
     return d
 
 
-def random_pairs(dictionary, n=SENTENCES, max_len=MAX_LEN, seed=0):
-    """``n`` (source, target) token lists of 2..max_len tokens, each ending in a whole word (no </s>)."""
+def random_pairs(dictionary, n=SENTENCES, max_len=MAX_LEN, seed=0, lengths=None):
+    """``n`` (source, target) token lists of 2..max_len tokens, each ending in a whole word (no </s>); with
+    ``lengths`` ((source lengths, target lengths), </s> included, as ``bench_archs.lengths_batch`` gives them) one
+    pair of each of those lengths instead."""
     rng = random.Random(seed)
     symbols = list(range(dictionary.nspecial, len(dictionary)))
     whole = [s for s in symbols if not dictionary[s].endswith("@@")]
 
-    def sentence():
-        pieces = [rng.choice(symbols) for _ in range(rng.randint(2, max_len))]
+    def sentence(length=None):
+        pieces = [rng.choice(symbols) for _ in range(rng.randint(2, max_len) if length is None else length)]
         pieces[-1] = rng.choice(whole)
         return pieces
+    if lengths is not None:
+        return [(sentence(s - 1), sentence(t - 1)) for s, t in zip(*lengths)]
     return [(sentence(), sentence()) for _ in range(n)]
 
 
@@ -181,7 +197,7 @@ def overrides_to_argv(overrides):
     return argv
 
 
-def build_trainer(arch, overrides, precision, plugin, quick, device="cpu"):
+def build_trainer(arch, overrides, precision, plugin, quick, device="cpu", lengths=None):
     """fairseq's Trainer for ``arch`` on the synthetic vocabulary, and the batch; ``plugin``: with
     ``--user-dir umst_plugin`` and its task, else fairseq's ``translation`` task alone."""
     from fairseq import options, tasks
@@ -216,7 +232,7 @@ def build_trainer(arch, overrides, precision, plugin, quick, device="cpu"):
     model = task.build_model(cfg.model)
     criterion = task.build_criterion(cfg.criterion)
     trainer = Trainer(cfg, task, model, criterion)
-    sample = sample_for(task, dictionary, random_pairs(dictionary), side_data=plugin)
+    sample = sample_for(task, dictionary, random_pairs(dictionary, lengths=lengths), side_data=plugin)
     return trainer, sample
 
 
@@ -282,11 +298,20 @@ def compile_and_count(trainer, sample, row, device):
         before = compilation.compile_seconds()
         for _ in range(COMPILE_WARMUP):
             trainer.train_step([sample])
-        compiled, by_op = profiled_update(trainer, sample)
+        with COMPILE_BACKEND.count_runs() if simulated else contextlib.nullcontext():
+            compiled, by_op = profiled_update(trainer, sample)
     if simulated:
         row["simulated_gpu"] = COMPILE_BACKEND.device
         row["simulated_graphs"] = [(kind, dict(counts)) for kind, counts in COMPILE_BACKEND.graphs[graphs_before:]]
         row["simulated_library_calls"] = by_op.get("simulated library calls", 0)
+        # the compiled layers' memory traffic and FLOPs in the counted update, forward and backward
+        row["simulated_traffic"] = COMPILE_BACKEND.traffic()
+        row["simulated_programs"] = [p.record() for p in COMPILE_BACKEND.programs[graphs_before:]]
+        if DUMP_GPU_CODE:
+            os.makedirs(DUMP_GPU_CODE, exist_ok=True)
+            for i, program in enumerate(COMPILE_BACKEND.programs[graphs_before:]):
+                with open(os.path.join(DUMP_GPU_CODE, f"{row['name']}-{i}-{program.kind}.py"), "w") as f:
+                    f.write(program.code)
     row["compile_s"] = round(compilation.compile_seconds() - before, 1)
     row["eager_by_phase"], row["eager_launches"] = dict(row["by_phase"]), row["launches"]
     row["profiled_eager"] = {p: eager[p] for p in FWD_BWD}
@@ -301,12 +326,12 @@ def compile_and_count(trainer, sample, row, device):
     row["launches"] = sum(row["by_phase"].values())
 
 
-def measure(name, arch, overrides, precision, plugin, quick, device="cpu", compile=False):
+def measure(name, arch, overrides, precision, plugin, quick, device="cpu", compile=False, lengths=None):
     from torch.utils.flop_counter import FlopCounterMode
 
     KernelLaunches = op_counts_module().KernelLaunches
 
-    trainer, sample = build_trainer(arch, overrides, precision, plugin, quick, device)
+    trainer, sample = build_trainer(arch, overrides, precision, plugin, quick, device, lengths)
     trainer.train_step([sample])  # warm-up: the optimizer's state and lazy buffers are built
     counter = KernelLaunches()
     instrument(trainer, counter)
@@ -320,7 +345,10 @@ def measure(name, arch, overrides, precision, plugin, quick, device="cpu", compi
     row = dict(name=name, arch=arch, precision=precision, plugin=plugin, launches=counter.total, by_phase=by_phase,
                top_ops=top, flops=flops.get_total_flops(), parameter_tensors=params,
                optimizer=type(trainer.optimizer.optimizer).__name__,
-               target_tokens=int(sample["ntokens"]))
+               sentences=int(sample["nsentences"]), target_tokens=int(sample["ntokens"]),
+               source_tokens=int(sample["net_input"]["src_lengths"].sum()),
+               padded_source_tokens=int(sample["net_input"]["src_tokens"].numel()),
+               padded_target_tokens=int(sample["target"].numel()))
     if compile:
         compile_and_count(trainer, sample, row, device)
     if str(device).startswith("cuda"):  # what the GPU ran: kernels by phase from the profiler, busy
@@ -350,11 +378,13 @@ def op_counts_module():
     return module
 
 
-def stock_row(precision, quick, device="cpu"):
+def stock_row(precision, quick, device="cpu", lengths=None):
     """The stock transformer's row, measured in a child process that never imports the plugin."""
     argv = [sys.executable, os.path.abspath(__file__), "--stock", "--precision", precision, "--device", device]
     if quick:
         argv.append("--quick")
+    if lengths is not None:
+        argv += ["--batch-lengths", json.dumps(lengths)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT)
     if proc.returncode != 0:
@@ -377,7 +407,87 @@ def ratios(rows):
         floor = next((f for f in rows if f["name"] == FLOORS.get(r["name"])), None)
         if floor is not None:  # --floor: forward + backward per FLOP against a transformer of the row's shape
             r["fwd_bwd_vs_floor"] = r["fwd_bwd_per_flop_ratio"] / floor["fwd_bwd_per_flop_ratio"]
+    traffic_ratios(rows)
     return rows
+
+
+TRAFFIC_PHASES = ("forward", "backward", "forward + backward")
+
+
+def _traffic_phase(traffic, phase):
+    if phase in traffic:
+        return traffic[phase]
+    return {key: sum(traffic[p][key] for p in FWD_BWD) for key in traffic["forward"]}
+
+
+def traffic_ratios(rows):
+    """``--simulate-gpu``: each row's compiled layers' bytes and kernels per FLOP (the layers' own matrix-product
+    and attention FLOPs), forward, backward and both, and both against the plugin transformer's of the same run
+    (``vs_transformer``) and against the transformer of the row's own shape (``vs_own_shape``, ``--floor``)."""
+    def per_flop(r):
+        out = {}
+        for phase in TRAFFIC_PHASES:
+            t = _traffic_phase(r["simulated_traffic"], phase)
+            out[phase] = dict(bytes_per_flop=t["bytes"] / t["flops"] if t["flops"] else None,
+                              kernels_per_gflop=t["launches"] / t["flops"] * 1e9 if t["flops"] else None)
+        return out
+
+    def against(mine, theirs):
+        return {phase: {key: (mine[phase][key] / theirs[phase][key] if mine[phase][key] and theirs[phase][key]
+                              else None) for key in mine[phase]} for phase in TRAFFIC_PHASES}
+
+    measured = {r["name"]: r for r in rows if "simulated_traffic" in r}
+    for r in measured.values():
+        r["traffic_per_flop"] = per_flop(r)
+    reference = measured.get("transformer")
+    for r in measured.values():
+        if reference is not None:
+            r["traffic_vs_transformer"] = against(r["traffic_per_flop"], reference["traffic_per_flop"])
+        floor = measured.get(FLOORS.get(r["name"]))
+        if floor is not None:
+            r["traffic_vs_own_shape"] = against(r["traffic_per_flop"], floor["traffic_per_flop"])
+
+
+def traffic_markdown(result):
+    """The ``--simulate-gpu`` table: the compiled layers' FLOPs, kernels and bytes moved in one update, forward and
+    backward apart, per FLOP against the plugin transformer's (and the row's own shape's, ``--floor``)."""
+    rows = [r for r in result["rows"] if "simulated_traffic" in r]
+    if not rows:
+        return ""
+    floors = any("traffic_vs_own_shape" in r for r in rows)
+    head = ["arch", "layers' GFLOP fwd + bwd", "kernels fwd + bwd", "GB moved fwd + bwd", "bytes/FLOP fwd, bwd",
+            "bytes/FLOP vs transformer fwd, bwd (both)", "kernels/FLOP vs transformer fwd, bwd (both)"]
+    if floors:
+        head += ["bytes/FLOP vs own shape (both)", "kernels/FLOP vs own shape (both)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+
+    def pair(values, fmt):
+        return " + ".join(format(v, fmt) for v in values)
+
+    def ratios(r, key, measure):
+        if key not in r:
+            return "-"
+        f, b, both = (r[key][phase][measure] for phase in TRAFFIC_PHASES)
+        return f"{f:.2f}, {b:.2f} ({both:.2f})" if None not in (f, b, both) else "-"
+
+    for r in rows:
+        t, per = r["simulated_traffic"], r["traffic_per_flop"]
+        cells = [LABELS.get(r["name"], r["arch"]) + benchmark_common().partly_eager(r),
+                 pair((t[p]["flops"] / 1e9 for p in FWD_BWD), ".1f"), pair((t[p]["launches"] for p in FWD_BWD), ","),
+                 pair((t[p]["bytes"] / 1e9 for p in FWD_BWD), ".2f"),
+                 ", ".join(f"{per[p]['bytes_per_flop']:.4f}" if per[p]["bytes_per_flop"] else "-" for p in FWD_BWD),
+                 ratios(r, "traffic_vs_transformer", "bytes_per_flop"),
+                 ratios(r, "traffic_vs_transformer", "kernels_per_gflop")]
+        if floors:
+            cells += [ratios(r, "traffic_vs_own_shape", m).split(" (")[-1].rstrip(")") if "traffic_vs_own_shape" in r
+                      else "-" for m in ("bytes_per_flop", "kernels_per_gflop")]
+        lines.append("| " + " | ".join(cells) + " |")
+    unsized = [f"{r['name']}: {sum(t['unsized'] for t in r['simulated_traffic'].values())}" for r in rows
+               if any(t["unsized"] for t in r["simulated_traffic"].values())]
+    if unsized:
+        lines.append("")
+        lines.append("Launches without a byte estimate (counted as 0 bytes): " + ", ".join(unsized))
+    return "\n".join(lines)
 
 
 def markdown(result):
@@ -414,6 +524,9 @@ def markdown(result):
                       f"{c['busy']:.2f}"] if c else ["-"] * 4
         lines.append("| " + " | ".join(cells) + " |")
     lines += benchmark_common().eager_fallback_lines([(LABELS.get(r["name"], r["arch"]), r) for r in result["rows"]])
+    traffic = traffic_markdown(result)
+    if traffic:
+        lines += ["", traffic]
     return "\n".join(lines)
 
 
@@ -440,6 +553,16 @@ def main(argv=None):
                         "transformer_prime_shape, 12+12 layers at prime_base's sizes; transformer_sf: "
                         "transformer_sf_shape, fairseq's layers in its two branches) and give the row's forward + "
                         "backward per FLOP against it: what its shape alone costs")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="count one full batch of this many tokens (sentences x the longer side, as fairseq packs) "
+                        "with the lengths of --lengths (bench_archs.lengths_batch), instead of 32 sentences of up "
+                        "to 25 tokens")
+    p.add_argument("--lengths", choices=("multi30k", "wmt14"), default="multi30k",
+                   help="with --max-tokens: the length distribution (Multi30k's pairs, or WMT14 En-De's after BPE)")
+    p.add_argument("--dump-gpu-code", metavar="DIR", default=None,
+                   help="with --simulate-gpu: write each generated GPU program (inductor's wrapper, the Triton kernels "
+                        "inside) to DIR, ROW-INDEX-forward/backward.py")
+    p.add_argument("--batch-lengths", default=None, help=argparse.SUPPRESS)  # the stock child's batch
     p.add_argument("--json", default=None)
     p.add_argument("--markdown", default=None, help="also write the table here")
     p.add_argument("--dry-run", action="store_true", help="check the arguments and the arch names, measure nothing")
@@ -452,9 +575,10 @@ def main(argv=None):
 
     logging.disable(logging.WARNING)  # fairseq's and hydra's start-up chatter
     warnings.filterwarnings("ignore")
+    lengths = json.loads(args.batch_lengths) if args.batch_lengths else None
     if args.stock:  # child process: fairseq alone
         row = measure("stock", "transformer", PRENORM, "fp16" if args.precision != "fp32" else "fp32", False,
-                      args.quick, args.device)
+                      args.quick, args.device, lengths=lengths)
         assert "umst_plugin" not in sys.modules, "the stock row imported the plugin"
         print(json.dumps(row))
         return 0
@@ -475,11 +599,26 @@ def main(argv=None):
             p.error(f"--simulate-gpu: {why}; run it under a CUDA build of torch (docs/compile.md)")
         global COMPILE_BACKEND
         COMPILE_BACKEND = simulated_gpu.Backend(args.simulate_gpu)
+    if args.dump_gpu_code and not args.simulate_gpu:
+        p.error("--dump-gpu-code writes the programs --simulate-gpu generates: give --simulate-gpu")
+    if args.dump_gpu_code:
+        global DUMP_GPU_CODE
+        DUMP_GPU_CODE = args.dump_gpu_code
+    if args.max_tokens:
+        try:
+            from benchmarks import bench_archs
+        except ImportError:
+            import bench_archs
+        lengths = bench_archs.lengths_batch(args.max_tokens,
+                                            lengths="wmt14" if args.lengths == "wmt14" else bench_archs.LENGTHS)
+    batch = (f"{len(lengths[0])} sentences of {args.lengths}'s lengths, {args.max_tokens:,} tokens" if lengths
+             else f"{SENTENCES} sentences of up to {MAX_LEN} tokens")
     if args.dry_run:
-        print(f"bench_launches: would count one update of stock and {names} in {args.precision} on {args.device}")
+        print(f"bench_launches: would count one update of stock and {names} in {args.precision} on {args.device}, "
+              f"{batch}")
         return 0
     start = time.time()
-    rows = [stock_row(args.precision, args.quick, args.device)]
+    rows = [stock_row(args.precision, args.quick, args.device, lengths)]
     if args.compile and not args.device.startswith("cuda") and COMPILE_BACKEND == "inductor":
         # the profiler sees inductor's C++ kernels only when they are compiled to report themselves (on a GPU
         # Triton's launches report themselves; leaving the setting alone there keeps inductor's cache of the other
@@ -498,23 +637,32 @@ def main(argv=None):
     def result_so_far():
         return dict(device=device_name(args.device), torch=torch.__version__, precision=args.precision,
                     simulated_gpu=args.simulate_gpu,
-                    quick=args.quick, compile=args.compile, sentences=SENTENCES, max_len=MAX_LEN, rows=ratios(rows),
+                    quick=args.quick, compile=args.compile, batch=batch, max_tokens=args.max_tokens,
+                    lengths=args.lengths if lengths else None,
+                    sentences=len(lengths[0]) if lengths else SENTENCES, max_len=None if lengths else MAX_LEN,
+                    rows=ratios(rows),
                     seconds=round(time.time() - start, 1))
 
     for name in names:
         arch, overrides = ARCHS[name]
-        rows.append(measure(name, arch, overrides, args.precision, True, args.quick, args.device, args.compile))
+        row_start = time.time()
+        rows.append(measure(name, arch, overrides, args.precision, True, args.quick, args.device, args.compile,
+                            lengths))
+        rows[-1]["wall_s"] = round(time.time() - row_start, 1)
         print(f"  {name}: {rows[-1]['launches']:,} launches, {rows[-1]['flops'] / 1e9:.1f} GFLOP"
               + (f", compiled in {rows[-1]['compile_s']:.0f} s (eager {rows[-1]['eager_launches']:,})"
                  if args.compile else "")
+              + (", layers' traffic (forward, backward): " + "; ".join(
+                  f"{t['launches']:,} kernels, {t['bytes'] / 1e9:.2f} GB, {t['flops'] / 1e9:.1f} GFLOP"
+                  for t in (rows[-1]["simulated_traffic"][p] for p in FWD_BWD))
+                 if "simulated_traffic" in rows[-1] else "")
               + common.fell_back(rows[-1]), flush=True)
         partial = result_so_far()  # after every row: a run stopped at a time limit keeps the rows it counted
         common.write_results(partial, markdown(partial), args.json, args.markdown)
     result = result_so_far()
     table = markdown(result)
     simulated = f" (counted as inductor's program for a simulated {args.simulate_gpu})" if args.simulate_gpu else ""
-    print(f"\n{result['device']}, torch {result['torch']}, {args.precision}{', layers compiled' if args.compile else ''}{simulated}, one update of {SENTENCES} sentences "
-          f"of up to {MAX_LEN} tokens\n\n{table}")
+    print(f"\n{result['device']}, torch {result['torch']}, {args.precision}{', layers compiled' if args.compile else ''}{simulated}, one update of {batch}\n\n{table}")
     if args.top:
         for r in rows:
             print(f"\n{r['name']}: " + "; ".join(f"{ph}: " + ", ".join(f"{op} {n}" for op, n in ops)

@@ -110,6 +110,51 @@ def test_umst_recomputed_core_equals_the_kept_one_with_dropout():
         close(a, b)
 
 
+def test_umst_compiled_form_keeps_the_core_and_equals_the_recomputed_one(monkeypatch):
+    """Under --compile the relative core is not checkpointed (the compiler keeps what its backward reads) and its
+    q, k, v are copied in one stack: float64, padded, dropout on with the same mask, the same output and gradients
+    as the checkpointed form, and no checkpoint taken."""
+    from umst_plugin.modules.umst import rectified_attention
+
+    att = _umst_attention(dropout=0.3).train()
+    q, k, v = (torch.randn(2, 2, 6, 8, **F64) for _ in range(3))
+    pad = padding_mask(2, 6, seed=4)
+    torch.manual_seed(5)
+    recomputed = grads_of(lambda a, b, c: att._subword_attention(a, b, c, pad), q, k, v)
+    checkpoints = []
+    monkeypatch.setattr(rectified_attention, "checkpoint", lambda *a, **k: checkpoints.append(a) or None)
+    monkeypatch.setattr(rectified_attention, "compiling", lambda: True)
+    stacked = []
+    real_stack = torch.stack
+    monkeypatch.setattr(torch, "stack", lambda ts, *a: stacked.append(len(ts)) or real_stack(ts, *a))
+    torch.manual_seed(5)
+    compiled_form = grads_of(lambda a, b, c: att._subword_attention(a, b, c, pad), q, k, v)
+    assert checkpoints == [] and stacked == [3]
+    close(recomputed[0], compiled_form[0])
+    for a, b in zip(recomputed[1], compiled_form[1]):
+        close(a, b)
+
+
+def test_umst_relative_core_traced_by_dynamo_equals_eager():
+    """The compiled form of the relative core as dynamo and AOTAutograd trace it (the stack of q, k, v, no
+    checkpoint; ``aot_eager``: the traced forward and backward graphs run as aten ops), float64, padded, training:
+    the output and gradients of eager training (dropout off, so both draw nothing)."""
+    att = _umst_attention(dropout=0.0).train()
+    q, k, v = (torch.randn(2, 2, 6, 8, **F64) for _ in range(3))
+    pad = padding_mask(2, 6, seed=4)
+    eager = grads_of(lambda a, b, c: att._subword_attention(a, b, c, pad), q, k, v)
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(lambda a, b, c: att._subword_attention(a, b, c, pad), backend="aot_eager",
+                                 fullgraph=True)
+        traced = grads_of(compiled, q, k, v)
+    finally:
+        torch._dynamo.reset()
+    close(eager[0], traced[0])
+    for a, b in zip(eager[1], traced[1]):
+        close(a, b)
+
+
 # ---- TranSFormer ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("embed,kv_dim,heads", [(64, 8, 4), (8, 64, 2)], ids=["reassociated", "projected"])

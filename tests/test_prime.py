@@ -239,6 +239,33 @@ def test_fused_projection_equals_unfused(arch, extra):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("arch", ["prime_base", "prime_simple_base"])
+def test_compiled_training_projects_the_branches_one_by_one(arch, monkeypatch):
+    """Under --compile, training with output dropout: the fused layer projects each branch with its own product
+    (no stack of the branches is copied for a batched product), not the batched product over d-wide chunks; float64,
+    a padded batch, every dropout on: the same output and gradients as the batched form under the same masks.
+    (Compiled outputs equal eager ones: tests/test_compile.py.)"""
+    from test_prime_lean import fused_or_branchwise_step
+
+    model, _ = tiny(arch, dropout=0.3, activation_dropout=0.2, prime_conv_weight_dropout=0.2,
+                    encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32)
+    model = model.double().train()
+    src, lengths, prev = batch()
+    products = []
+    bmm = torch.bmm
+    monkeypatch.setattr(torch, "bmm", lambda a, b: products.append(a.shape) or bmm(a, b))
+    batched = fused_or_branchwise_step(model, src, lengths, prev, True, monkeypatch)
+    assert any(shape[-1] == 16 for shape in products)  # the batched projection (d 16)
+    products.clear()
+    monkeypatch.setattr(prime_layer, "compiling", lambda: True)
+    compiled_form = fused_or_branchwise_step(model, src, lengths, prev, True, monkeypatch)
+    assert not any(shape[-1] == 16 for shape in products), products
+    torch.testing.assert_close(compiled_form[0], batched[0], rtol=1e-12, atol=1e-12)
+    assert len(compiled_form[1]) == len(batched[1])
+    for a, b in zip(compiled_form[1], batched[1]):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("arch,extra", ARCH_VARIANTS)
 def test_fused_equals_unfused_with_input_dropout(arch, extra):
     """With input dropout the fused input projection is two multiplies (dropped rows, the rest); the same masks

@@ -53,6 +53,99 @@ def test_a_wrapper_s_launches_are_its_kernels_library_calls_and_fallbacks():
                       "fallback:umst_simulated.attention.default": 1}
 
 
+# a wrapper as inductor (torch 2.11) writes it under config.benchmark_kernel, abridged: each Triton kernel's source
+# embedded as a string, with its estimated bytes in its metadata and a benchmark harness of its own (a ``call`` that
+# launches it: not the graph's); the graph's call launches the first kernel twice
+KERNEL = """
+@triton_heuristics.persistent_reduction(
+    size_hints={{'x': 64, 'r0_': 8}},
+    inductor_meta={{'grid_type': 'Grid1D', 'kernel_name': '{name}', 'kernel_num_gb': {gb}, 'kernel_flop': 0}},
+)
+@triton.jit
+def {name}(in_out_ptr0, in_ptr0, xnumel, r0_numel, XBLOCK : tl.constexpr):
+    tl.store(in_out_ptr0 + (x0), tmp29, xmask)
+
+
+def call(args):
+    with torch.cuda._DeviceGuard(0):
+        stream0 = get_raw_stream(0)
+        {name}.run(*args, stream=stream0)
+
+
+if __name__ == '__main__':
+    num_gb = {gb}
+"""
+Q = "'" * 3  # the quotes inductor puts around a kernel's source
+BENCHMARK_WRAPPER = f"""
+triton_per_fused_0 = async_compile.triton('triton_per_fused_0', {Q}{KERNEL.format(name="triton_per_fused_0", gb=2.56e-06)}{Q}, device_str='cuda')
+
+
+triton_poi_fused_1 = async_compile.triton('triton_poi_fused_1', {Q}{KERNEL.format(name="triton_poi_fused_1", gb=0.001)}{Q}, device_str='cuda')
+
+
+async_compile.wait(globals())
+
+class Runner:
+    def call(self, args):
+        primals_1, primals_2, primals_3 = args
+        with torch.cuda._DeviceGuard(0):
+            buf0 = empty_strided_cuda((s77, 8), (8, 1), torch.float32)
+            extern_kernels.mm(primals_2, primals_3, out=buf0)
+            stream0 = get_raw_stream(0)
+            triton_per_fused_0.run(buf4, buf0, s77, 8, stream=stream0)
+            triton_poi_fused_1.run(buf4, s77, stream=stream0)
+            triton_per_fused_0.run(buf5, buf4, s77, 8, stream=stream0)
+        return (buf4, )
+
+runner = Runner(partitions=[])
+call = runner.call
+
+
+def benchmark_compiled_module(args, times=10, repeat=10):
+    fn = lambda: call(list(args))
+    return print_performance(fn, times=times, repeat=repeat)
+"""
+
+
+def test_a_benchmark_wrapper_s_launches_and_bytes_are_its_call_s_not_its_kernels_harnesses():
+    """The kernels' own benchmark harnesses (each with a ``call`` of its own) launch nothing of the graph; each launch
+    of a kernel moves the bytes its metadata estimates (a kernel launched twice: twice)."""
+    assert simulated_gpu.count_launches(BENCHMARK_WRAPPER) == {"extern:mm": 1, "triton": 3}
+    assert simulated_gpu.triton_bytes(BENCHMARK_WRAPPER) == (2 * 2560 + 1_000_000, [])
+    unestimated = BENCHMARK_WRAPPER.replace("'kernel_num_gb': 0.001, ", "")
+    assert simulated_gpu.triton_bytes(unestimated) == (2 * 2560, ["triton_poi_fused_1.run"])
+
+
+def test_a_program_s_bytes_are_its_kernels_estimates_and_its_library_calls_operands():
+    """A Program adds the library calls' bytes and FLOPs (the scheduler's, one record per call) to the Triton kernels';
+    a launch kind the records do not account for is named as unsized, not silently 0."""
+    mm_bytes = (64 * 8 + 8 * 8 + 64 * 8) * 4
+    program = simulated_gpu.Program("forward", BENCHMARK_WRAPPER, [("extern:mm", mm_bytes, 2 * 64 * 8 * 8)])
+    assert program.bytes == {"triton": 1_005_120, "extern:mm": 4352}
+    assert program.flops == 8192 and program.unsized == []
+    record = program.record()
+    assert record["launches"] == {"extern:mm": 1, "triton": 3} and record["bytes"]["extern:mm"] == 4352
+    assert simulated_gpu.Program("forward", BENCHMARK_WRAPPER, []).unsized == ["extern:mm: 1 launched, 0 sized"]
+
+
+def test_the_backend_s_traffic_is_each_program_times_its_runs():
+    """An update's traffic: each program's launches, bytes and FLOPs times how often it ran in the counted block (a
+    layer class's program once per layer), forward and backward apart; runs before the block are not counted."""
+    backend = simulated_gpu.Backend("h200")
+    forward = simulated_gpu.Program("forward", BENCHMARK_WRAPPER, [("extern:mm", 4352, 8192)])
+    backward = simulated_gpu.Program("backward", WRAPPER, [("extern:mm", 100, 10), ("fallback:randint.low_out", 8, 0),
+                                                           ("fallback:umst_simulated.attention.default", 50, 5)])
+    backend.programs = [forward, backward]
+    backend.runs[0] = 99  # an earlier update
+    with backend.count_runs():
+        backend.runs.update({0: 6, 1: 2})
+    traffic = backend.traffic()
+    assert traffic["forward"] == dict(launches=24, triton=18, bytes=6 * 1_009_472, triton_bytes=6 * 1_005_120,
+                                      flops=6 * 8192, unsized=0, runs=6)
+    assert traffic["backward"]["launches"] == 8 and traffic["backward"]["bytes"] == 2 * 158
+    assert traffic["backward"]["flops"] == 30 and traffic["backward"]["unsized"] == 2  # its Triton kernel (no estimate), twice
+
+
 def test_the_profiler_counts_a_simulated_graph_as_its_gpu_launches_not_the_ops_it_ran():
     x = torch.randn(4, 8)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -170,6 +263,22 @@ def test_inductor_generates_the_gpu_program_on_a_cpu():
     compiled.sum().backward()
     assert backend.graphs == [("forward", {"extern:mm": 1, "fallback:randint.low_out": 1, "triton": 1}),
                               ("backward", {"triton": 1, "extern:mm": 2})]
+    # what they move: each product its operands and output by shape (float32; x 4 x 8, w 8 x 8), the Triton kernels
+    # inductor's estimate (at least the product's output they read), and the products' FLOPs
+    forward, backward = backend.programs
+    product = (4 * 8 + 8 * 8 + 4 * 8) * 4
+    assert forward.bytes["extern:mm"] == product and backward.bytes["extern:mm"] == 2 * product
+    assert forward.bytes["triton"] >= 4 * 8 * 4 and backward.bytes["triton"] >= 4 * 8 * 4
+    assert (forward.flops, backward.flops) == (2 * 4 * 8 * 8, 2 * 2 * 4 * 8 * 8)
+    assert not forward.unsized and not backward.unsized
+    torch._dynamo.reset()
+
+    # a product of a slice of a packed projection (q of q, k, v) reads the slice, not the packed buffer
+    backend = simulated_gpu.Backend("h200")
+    w3, w2 = torch.randn(8, 24), torch.randn(8, 8)
+    torch.compile(lambda x: (x @ w3)[:, 8:16] @ w2, backend=backend, dynamic=True)(x.detach())
+    (program,) = backend.programs
+    assert program.bytes["extern:mm"] == ((4 * 8 + 8 * 24 + 4 * 24) + (4 * 8 + 8 * 8 + 4 * 8)) * 4
     torch._dynamo.reset()
 
     def attention(q, k, v):
@@ -185,4 +294,71 @@ def test_inductor_generates_the_gpu_program_on_a_cpu():
     assert backward["fallback:_scaled_dot_product_efficient_attention_backward.default"] == 1, backward
     assert not any("umst_simulated" in kind for counts in (forward, backward) for kind in counts)
     assert q.grad is not None and torch.isfinite(q.grad).all()
+    # the fused attention's FLOPs are torch.utils.flop_counter's, with dropout (the stand-in, lowered as the GPU's
+    # memory-efficient kernel) and without (the CPU's flash kernel, which the counter has no formula of its own for)
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    shapes = (q.shape, k.shape, v.shape)
+    assert [p.flops for p in backend.programs] == [sdpa_flop_count(*shapes), sdpa_backward_flop_count(q.shape, *shapes)]
     torch._dynamo.reset()
+    backend = simulated_gpu.Backend("h200")
+    torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v).relu(), backend=backend,
+                  dynamic=True)(q, k, v).sum().backward()
+    assert [p.flops for p in backend.programs] == [sdpa_flop_count(*shapes), sdpa_backward_flop_count(q.shape, *shapes)]
+    assert all(p.bytes[kind] > 0 for p in backend.programs for kind in p.launches if kind != "triton")
+    torch._dynamo.reset()
+
+
+def _traffic(fwd, bwd):
+    """A simulated_traffic record: (launches, bytes, FLOPs) forward and backward."""
+    return {kind: dict(launches=n, triton=n // 2, bytes=b, triton_bytes=b // 2, flops=f, unsized=0, runs=1)
+            for kind, (n, b, f) in (("forward", fwd), ("backward", bwd))}
+
+
+def test_bench_launches_gives_each_arch_s_layer_traffic_per_flop_against_the_transformer_s_and_its_shape_s():
+    """bench_launches --simulate-gpu: bytes and kernels per FLOP of the compiled layers, forward, backward and both,
+    against the plugin transformer's of the same run and (--floor) the transformer of the row's shape, from rows of
+    known figures."""
+    from benchmarks import bench_launches
+
+    rows = [dict(name="transformer", arch="transformer", simulated_traffic=_traffic((100, 10e9, 1e12), (200, 30e9, 2e12))),
+            dict(name="prime", arch="prime_base", simulated_traffic=_traffic((150, 12e9, 0.8e12), (300, 40e9, 1.6e12))),
+            dict(name="transformer_prime_shape", arch="transformer",
+                 simulated_traffic=_traffic((160, 10e9, 0.8e12), (320, 32e9, 1.6e12)))]
+    bench_launches.traffic_ratios(rows)
+    prime = rows[1]
+    assert prime["traffic_per_flop"]["forward"]["bytes_per_flop"] == pytest.approx(0.015)
+    assert prime["traffic_per_flop"]["forward + backward"]["kernels_per_gflop"] == pytest.approx(450 / 2400)
+    against = prime["traffic_vs_transformer"]
+    assert against["forward"]["bytes_per_flop"] == pytest.approx(1.5)  # 0.015 against 0.010
+    assert against["backward"]["bytes_per_flop"] == pytest.approx(25 / 15)
+    assert against["forward + backward"]["bytes_per_flop"] == pytest.approx((52 / 2.4) / (40 / 3))
+    assert against["backward"]["kernels_per_gflop"] == pytest.approx((300 / 1.6) / (200 / 2))
+    own = prime["traffic_vs_own_shape"]
+    assert own["forward + backward"]["bytes_per_flop"] == pytest.approx(52 / 42)
+    assert own["forward"]["kernels_per_gflop"] == pytest.approx(150 / 160)
+    assert "traffic_vs_own_shape" not in rows[0]
+    table = bench_launches.traffic_markdown(dict(rows=rows))
+    line = next(line for line in table.splitlines() if line.startswith("| prime_base"))
+    assert "| 800.0 + 1600.0 | 150 + 300 | 12.00 + 40.00 | 0.0150, 0.0250 |" in line
+    assert "| 1.50, 1.67 (1.62) |" in line and "| 1.24 |" in line
+
+
+def test_bench_launches_counts_a_batch_of_the_tokens_and_lengths_asked_for_in_every_row(tmp_path):
+    """--max-tokens N --lengths wmt14: one full batch drawn from WMT14's lengths (bench_archs.lengths_batch), the same
+    in the plugin's rows and in the stock row's own process."""
+    import json
+
+    from benchmarks import bench_archs, bench_launches
+
+    out = tmp_path / "launches.json"
+    bench_launches.main(["--quick", "--archs", "transformer", "--max-tokens", "1024", "--lengths", "wmt14",
+                         "--json", str(out)])
+    result = json.loads(out.read_text())
+    sources, targets = bench_archs.lengths_batch(1024, lengths="wmt14")
+    assert result["sentences"] == len(sources) and result["max_tokens"] == 1024 and result["lengths"] == "wmt14"
+    for row in result["rows"]:
+        assert row["sentences"] == len(sources)
+        assert row["source_tokens"] == sum(sources) and row["target_tokens"] == sum(targets)
+        assert row["padded_source_tokens"] == len(sources) * max(sources)
+        assert 0.9 * 1024 <= len(sources) * max(max(sources), max(targets)) <= 1024

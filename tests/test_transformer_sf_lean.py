@@ -226,6 +226,36 @@ def _band_function_inputs():
     return pad, cols, valid, heads, [a.requires_grad_() for a in args]
 
 
+@pytest.mark.parametrize("use_boundary", [True, False])
+def test_band_terms_added_by_index_equal_the_scatter(use_boundary):
+    """``add_band``'s compiled form (each band entry read by index in an element-wise sum, which inductor fuses into
+    the next kernel) adds what the eager ``scatter_add_`` adds, to the same elements: float64, a padded batch, the
+    clamped columns at both ends of the sentences, k = 3 > some words' length; the values bit for bit and the
+    gradients of both operands."""
+    from umst_plugin.modules.transformer_sf.fast_attention import add_band
+
+    torch.manual_seed(2)
+    batch, heads, length, k = 3, 2, 11, 3
+    pad = padding_mask(batch, length, seed=5)
+    groups = (torch.arange(length)[None, :] // 4 + 1).expand(batch, -1).masked_fill(pad, 0)
+    cols, valid = boundary_band(groups, k, use_boundary)
+    band_cols = cols.unsqueeze(1).expand(-1, heads, -1, -1)
+    full = torch.randn(batch, heads, length, length, **F64)
+    band = torch.randn(batch, heads, length, 2 * k + 1, **F64) * valid.unsqueeze(1)
+    weights = torch.randn(batch, heads, length, length, **F64)
+    results = []
+    for gather in (False, True):
+        f, b = full.clone().requires_grad_(), band.clone().requires_grad_()
+        out = add_band(f.clone(), b, band_cols, gather=gather)
+        (out * weights).sum().backward()
+        results.append((out.detach(), f.grad, b.grad))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    # a band entry of an invalid pair is never read (it is zero here): compare the gradients where it is valid
+    torch.testing.assert_close(results[0][2] * valid.unsqueeze(1), results[1][2] * valid.unsqueeze(1),
+                               rtol=0, atol=0)
+    assert not torch.equal(results[0][0], full)  # the band did add something
+
+
 def test_boundary_relative_attention_gradcheck():
     pad, cols, valid, heads, args = _band_function_inputs()
 

@@ -12,7 +12,11 @@ program on the CPU, without compiling or running it:
   is one kernel (:func:`count_launches`);
 * the graph itself runs eagerly on the CPU inside a profiler range named with that count
   (:data:`umst_plugin.op_counts.SIMULATED_GPU_PREFIX`), so ``op_counts.profiled_launches`` counts a compiled
-  update as the GPU would launch it, the eager ops around the layers as it counts them anyway.
+  update as the GPU would launch it, the eager ops around the layers as it counts them anyway;
+* what each program moves and computes (:class:`Program`): every Triton kernel's bytes as inductor estimates them
+  (``kernel_num_gb``), every library call's by its input views and outputs, and the FLOPs of the products and
+  attentions; :meth:`Backend.traffic` sums them over the programs' runs in a counted block (a memory-traffic proxy
+  for a GPU's time per FLOP where launches are not what it waits for).
 
 It needs what a GPU machine's torch has and a CPU wheel lacks: a CUDA build of torch and Triton (on a machine
 without a driver: ``VENV=/tmp/venv-cu TORCH_VERSION=2.11.0 bash scripts/setup_env.sh``, the GPU machines'
@@ -67,30 +71,61 @@ def unavailable():
     return None
 
 
+_KERNEL_SOURCE = re.compile(r"^(\w+) = async_compile\.triton\('\w+', '\'\'(.*?)'\'\'", re.S | re.M)
+_KERNEL_BYTES = re.compile(r"'kernel_num_gb': ([0-9.eE+-]+)")
+
+
+def _call_body(wrapper_code):
+    """The lines of the wrapper's ``call``: what one run of the graph launches (the kernels' own sources, which
+    inductor embeds in the wrapper as strings and which hold benchmark code of their own, left out)."""
+    code = _KERNEL_SOURCE.sub(lambda m: f"{m.group(1)} = async_compile.triton(...)", wrapper_code)
+    start = code.index("def call(")
+    end = code.find("\nrunner = ", start)  # torch 2.11: the call method of a Runner, then module code
+    return code[start:end if end > 0 else None].splitlines()[1:]
+
+
+def _launch_kind(fn):
+    """The kind of kernel a wrapper call ``fn`` launches (see :func:`count_launches`), or None: no kernel."""
+    if fn in _NO_KERNEL or fn.endswith((".size", ".stride", ".storage_offset", ".numel", ".item")):
+        return None
+    if fn.endswith(".run"):
+        return "triton"
+    if fn.startswith("extern_kernels."):
+        return "extern:" + fn[len("extern_kernels."):]
+    if fn.startswith(("torch.ops.", "aten.")):
+        return "fallback:" + fn.split("ops.", 1)[-1].replace("aten.", "", 1)
+    return "other:" + fn
+
+
 def count_launches(wrapper_code):
     """Kernels one call of an inductor-generated GPU wrapper launches, by kind: ``triton`` (a generated kernel),
     ``extern:<name>`` (a library call: mm, bmm, addmm, ...), ``fallback:<op>`` (an aten op inductor did not
     lower), ``other:<call>`` (anything else the wrapper calls, counted as one launch so it is seen)."""
-    start = wrapper_code.index("def call(")
-    end = wrapper_code.find("\nrunner = ", start)  # torch 2.11: the call method of a Runner, then module code
-    body = wrapper_code[start:end if end > 0 else None].splitlines()[1:]
     counts = collections.Counter()
-    for line in body:
+    for line in _call_body(wrapper_code):
         match = _CALL.match(line.strip())
-        if not match:
-            continue
-        fn = match.group(1)
-        if fn in _NO_KERNEL or fn.endswith((".size", ".stride", ".storage_offset", ".numel", ".item")):
-            continue
-        if fn.endswith(".run"):
-            counts["triton"] += 1
-        elif fn.startswith("extern_kernels."):
-            counts["extern:" + fn[len("extern_kernels."):]] += 1
-        elif fn.startswith(("torch.ops.", "aten.")):
-            counts["fallback:" + fn.split("ops.", 1)[-1].replace("aten.", "", 1)] += 1
-        else:
-            counts["other:" + fn] += 1
+        kind = match and _launch_kind(match.group(1))
+        if kind:
+            counts[kind] += 1
     return counts
+
+
+def triton_bytes(wrapper_code):
+    """Bytes the generated Triton kernels of one call of the wrapper read and write: inductor's estimate per
+    kernel (``kernel_num_gb``, written into each kernel's metadata under ``config.benchmark_kernel``: every input
+    and output buffer it touches, a sliced one by its slices, at the sizes of the graph's first inputs), summed
+    over the call's launches. A kernel without the estimate counts 0 and is named in ``missing``."""
+    gigabytes = {name: _KERNEL_BYTES.search(source) for name, source in _KERNEL_SOURCE.findall(wrapper_code)}
+    total, missing = 0, []
+    for line in _call_body(wrapper_code):
+        match = _CALL.match(line.strip())
+        if match and match.group(1).endswith(".run"):
+            found = gigabytes.get(match.group(1)[:-len(".run")])
+            if found is None:
+                missing.append(match.group(1))
+            else:
+                total += round(float(found.group(1)) * 1e9)
+    return total, missing
 
 
 @contextlib.contextmanager
@@ -146,9 +181,116 @@ def simulated_device(device="h200"):
 class _Generated(Exception):
     """Raised once inductor has written the wrapper: nothing is compiled or loaded."""
 
-    def __init__(self, code):
+    def __init__(self, code, library):
         super().__init__("wrapper generated")
-        self.code = code
+        self.code, self.library = code, library
+
+
+class Program:
+    """The GPU program inductor generated for one graph, as counted: ``kind`` (forward or backward), ``launches``
+    (:func:`count_launches`), ``bytes`` by the same kinds (the memory one call reads and writes: the Triton kernels'
+    by inductor's estimate, :func:`triton_bytes`; each library call and fallback its inputs' and outputs' bytes by
+    their shapes: the elements each input's view covers, the outputs by the scheduler's
+    ``get_read_write_buffer_accesses``), ``flops`` (the matrix products' and
+    attentions' FLOPs, inductor's ``estimate_flops``, the same formulas as ``torch.utils.flop_counter``), and
+    ``unsized``: launches whose bytes inductor did not estimate (counted as 0). Sizes are the graph's first inputs'
+    (under dynamic shapes, the hints of its size symbols)."""
+
+    def __init__(self, kind, code, library):
+        self.kind, self.code = kind, code
+        self.launches = count_launches(code)
+        self.bytes = collections.Counter()
+        self.bytes["triton"], missing = triton_bytes(code)
+        self.unsized = list(missing)
+        self.flops = 0
+        library_calls = collections.Counter()
+        for kind_, nbytes, flops in library:
+            self.bytes[kind_] += nbytes
+            self.flops += flops
+            library_calls[kind_] += 1
+        # every library call and fallback of the wrapper has its scheduler node (the two are the same list)
+        for kind_, n in self.launches.items():
+            if kind_ != "triton" and library_calls[kind_] != n:
+                self.unsized.append(f"{kind_}: {n} launched, {library_calls[kind_]} sized")
+
+    def record(self):
+        """A JSON-able summary."""
+        return dict(kind=self.kind, launches=dict(self.launches), bytes=dict(self.bytes), flops=self.flops,
+                    unsized=self.unsized)
+
+
+def _library_traffic(scheduler):
+    """(launch kind, bytes, FLOPs) of each library call and fallback among a scheduler's nodes (after code
+    generation). Attention without dropout stays the CPU's flash kernel in the graph (one kernel each way, as the
+    GPU's: see :func:`fused_attention`), which ``torch.utils.flop_counter`` has no formula for: it is counted with
+    the GPU's flash attention's."""
+    from torch._inductor import ir
+    from torch._inductor.scheduler import ExternKernelSchedulerNode
+    from torch.utils import flop_counter
+
+    aten = torch.ops.aten
+    registry = flop_counter.flop_registry
+    cpu_attention = {aten._scaled_dot_product_flash_attention_for_cpu: registry[aten._scaled_dot_product_flash_attention],
+                     aten._scaled_dot_product_flash_attention_for_cpu_backward:
+                         registry[aten._scaled_dot_product_flash_attention_backward]}
+    out = []
+    with mock.patch.dict(registry, {k: v for k, v in cpu_attention.items() if k not in registry}):
+        for node in scheduler.nodes:
+            if not isinstance(node, ExternKernelSchedulerNode) or isinstance(node.node, ir.MultiOutput):
+                continue
+            name = getattr(node.node, "python_kernel_name", None)
+            kind = name and _launch_kind(name)
+            if kind is None:
+                continue
+            writes = sum(node.get_read_write_buffer_accesses(include_reads=False, include_writes=True).values())
+            reads = sum(_view_bytes(inp) for inp in _tensor_inputs(node.node.inputs))
+            out.append((kind, int(reads + writes), _flops(node.node)))
+    return out
+
+
+def _tensor_inputs(inputs):
+    for inp in inputs:
+        if isinstance(inp, (list, tuple)):
+            yield from _tensor_inputs(inp)
+        elif inp is not None and hasattr(inp, "get_size"):
+            yield inp
+
+
+def _view_bytes(view):
+    """Bytes a library call reads of one input: the elements its view covers, a broadcast (stride 0) dimension once.
+    (The scheduler's own estimate counts every buffer an input views whole: q, k and v as three slices of one
+    packed projection were read as the packed buffer, the FFN's columns included.)"""
+    from torch._inductor.utils import get_dtype_size
+    from torch._inductor.virtualized import V
+
+    hint = V.graph.sizevars.optimization_hint
+    try:
+        sizes, strides = view.get_size(), view.get_stride()
+    except (AttributeError, NotImplementedError):
+        return 0
+    elements = 1
+    for size, stride in zip(sizes, strides):
+        if hint(stride, fallback=1) != 0:
+            elements *= hint(size, fallback=0)
+    return elements * get_dtype_size(view.get_dtype())
+
+
+def _flops(ir_node):
+    """The FLOPs of an extern kernel's op at the graph's size hints (``estimate_flops`` of inductor's scheduler,
+    not its cached value: that was taken before the CPU attention's formula was there)."""
+    from torch._inductor.fx_utils import count_flops_fx
+    from torch._inductor.virtualized import V
+
+    origin = ir_node.get_origin_node()
+    if origin is None:  # a fallback kernel (attention): the graph node of its op among its origins
+        op = getattr(ir_node, "op_overload", None)
+        origin = next((n for n in getattr(ir_node, "origins", ()) if op is not None and n.target is op), None)
+    flops = None if origin is None else count_flops_fx(origin)
+    if flops is None:
+        return 0
+    if isinstance(flops, torch.SymInt):
+        flops = flops.node.expr
+    return int(V.graph.sizevars.optimization_hint(flops, fallback=0))
 
 
 def _on_cuda(gm):
@@ -236,9 +378,10 @@ def _as_gpu_attention(graph):
             graph.erase_node(node)
 
 
-def gpu_wrapper_code(gm, example_inputs, device="h200", **inner_kwargs):
-    """The Python wrapper inductor generates for ``gm`` (an AOTAutograd forward or backward graph, traced on the
+def gpu_program(gm, example_inputs, device="h200", **inner_kwargs):
+    """The :class:`Program` inductor generates for ``gm`` (an AOTAutograd forward or backward graph, traced on the
     CPU) on the simulated ``device``."""
+    import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.graph import GraphLowering
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
@@ -250,13 +393,17 @@ def gpu_wrapper_code(gm, example_inputs, device="h200", **inner_kwargs):
 
     def generate_only(self):
         wrapper, _ = self.codegen()
-        raise _Generated(getattr(wrapper, "value", wrapper))
+        raise _Generated(getattr(wrapper, "value", wrapper), _library_traffic(self.scheduler))
 
     gm = _on_cuda(gm)
     with simulated_device(device):  # every node's value on the GPU (the attention nodes are new)
         FakeTensorProp(gm, mode=fake_mode).propagate_dont_convert_inputs(*inputs)
+    kind = "backward" if inner_kwargs.get("is_backward") else "forward"
     try:
-        with simulated_device(device), mock.patch.object(GraphLowering, "compile_to_module", generate_only):
+        # benchmark_kernel: each Triton kernel's metadata carries inductor's estimate of its bytes (kernel_num_gb);
+        # it changes no kernel, only adds benchmark code to each kernel's source
+        with simulated_device(device), mock.patch.object(GraphLowering, "compile_to_module", generate_only), \
+                inductor_config.patch(benchmark_kernel=True):
             compile_fx_inner(gm, inputs, **inner_kwargs)
     except Exception as e:  # inductor wraps what its code generation raised
         cause = e
@@ -264,18 +411,27 @@ def gpu_wrapper_code(gm, example_inputs, device="h200", **inner_kwargs):
             cause = getattr(cause, "inner_exception", None) or cause.__cause__ or cause.__context__
         if cause is None:
             raise
-        return cause.code
+        return Program(kind, cause.code, cause.library)
     raise RuntimeError("inductor compiled the graph without generating a wrapper")
+
+
+def gpu_wrapper_code(gm, example_inputs, device="h200", **inner_kwargs):
+    """The Python wrapper inductor generates for ``gm`` on the simulated ``device`` (:func:`gpu_program`)."""
+    return gpu_program(gm, example_inputs, device, **inner_kwargs).code
 
 
 class Backend:
     """A ``torch.compile`` backend: AOTAutograd and inductor's graph passes as ``"inductor"``, then each forward
-    and backward graph counted as the simulated GPU would launch it (:func:`gpu_wrapper_code`) and run eagerly
-    on the CPU inside a profiler range that carries the count. ``graphs``: (forward/backward, counts) per graph."""
+    and backward graph counted as the simulated GPU would launch it (:func:`gpu_program`) and run eagerly
+    on the CPU inside a profiler range that carries the count. ``graphs``: (forward/backward, counts) per graph;
+    ``programs``: the :class:`Program` of each; ``runs``: how often each program (by its index) ran since
+    :meth:`count_runs` last cleared it (see :meth:`traffic`)."""
 
     def __init__(self, device="h200"):
         self.device = device
         self.graphs = []
+        self.programs = []
+        self.runs = collections.Counter()
         self.__name__ = f"simulated_{device}"
 
     def __call__(self, gm, example_inputs):
@@ -290,18 +446,47 @@ class Backend:
             return compile_fx(gm, example_inputs, inner_compile=self._inner)
 
     def _inner(self, gm, example_inputs, **kwargs):
-        counts = count_launches(gpu_wrapper_code(gm, example_inputs, self.device, **kwargs))
-        self.graphs.append(("backward" if kwargs.get("is_backward") else "forward", counts))
+        program = gpu_program(gm, example_inputs, self.device, **kwargs)
+        index = len(self.programs)
+        self.programs.append(program)
+        counts = program.launches
+        self.graphs.append((program.kind, counts))
         from umst_plugin.op_counts import SIMULATED_GPU_PREFIX
 
         label = f"{SIMULATED_GPU_PREFIX}{sum(counts.values())}:{counts['triton']}"
         run = gm.forward
+        runs = self.runs
 
         def call(args):
+            runs[index] += 1
             with torch.profiler.record_function(label):
                 return run(*args)
         call._boxed_call = True  # AOTAutograd passes a list
         return call
+
+    @contextlib.contextmanager
+    def count_runs(self):
+        """Count the programs' runs afresh inside the block (:meth:`traffic` reads them)."""
+        self.runs.clear()
+        yield self
+
+    def traffic(self):
+        """What the programs' counted runs moved, by kind (forward, backward): launches, Triton launches, bytes,
+        Triton bytes, FLOPs and the launches without a byte estimate, summed over runs (a layer class's program
+        runs once per layer)."""
+        out = {kind: dict(launches=0, triton=0, bytes=0, triton_bytes=0, flops=0, unsized=0, runs=0)
+               for kind in ("forward", "backward")}
+        for index, n in self.runs.items():
+            program = self.programs[index]
+            row = out[program.kind]
+            row["runs"] += n
+            row["launches"] += n * sum(program.launches.values())
+            row["triton"] += n * program.launches["triton"]
+            row["bytes"] += n * sum(program.bytes.values())
+            row["triton_bytes"] += n * program.bytes["triton"]
+            row["flops"] += n * program.flops
+            row["unsized"] += n * len(program.unsized)
+        return out
 
 
 # ---- fused attention, as a GPU runs it ----------------------------------------------------------------------
