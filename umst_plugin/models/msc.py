@@ -55,6 +55,7 @@ from fairseq.models.transformer.transformer_decoder import TransformerDecoder
 from fairseq.models.transformer import transformer_legacy
 from fairseq.modules import FairseqDropout, LayerNorm, PositionalEmbedding
 
+from umst_plugin import families
 from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
 from umst_plugin.models._sizes import transformer_big_sizes
 from umst_plugin.modules.msc.grad_norms import EncoderGradNormLogger, PerTokenLossTerm
@@ -785,3 +786,10 @@ def msc_big(args):
     """transformer_big sizes (1024 / 4096 / 16 heads), table 4."""
     transformer_big_sizes(args)
     msc_base_architecture(args)
+
+
+families.register(families.Family(
+    name="msc", title="MSC", paper="Wei et al., ACL 2020: Multiscale Collaborative Deep Models for NMT",
+    model=MSCModel, encoder=MSCEncoder, layers=(MSCEncoderLayer, MSCDecoderLayer),
+    bench_rows={"msc": families.BenchRow("msc_base", "msc_big", quick=dict(encoder_blocks=2, encoder_layers_per_block=1),
+                                         baseline="transformer_dropout")}))

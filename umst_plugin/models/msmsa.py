@@ -26,6 +26,7 @@ from fairseq.models.transformer import (
 )
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
+from umst_plugin import families
 from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
 from umst_plugin.modules.msmsa.layers import FairseqMultiScaleSelfAttention, MSMSADecoderLayer, MSMSAEncoderLayer  # noqa: F401
 from umst_plugin.modules.msmsa.windowed_attention import (
@@ -204,3 +205,9 @@ def msmsa_big(args):
     args.decoder_normalize_before = getattr(args, "decoder_normalize_before", True)
     _msmsa_defaults(args)
     transformer_vaswani_wmt_en_de_big(args)
+
+
+families.register(families.Family(
+    name="msmsa", title="MSMSA", paper="Guo et al., AAAI 2020: Multi-Scale Self-Attention for Text Classification",
+    model=MSMSAModel, encoder=MSMSAEncoder, layers=(MSMSAEncoderLayer, MSMSADecoderLayer),
+    bench_rows={"msmsa": families.BenchRow("msmsa_base", "msmsa_big")}))

@@ -25,6 +25,7 @@ from fairseq.models.transformer import (
     base_architecture,
 )
 
+from umst_plugin import families
 from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
 from umst_plugin.modules.prime.layer import PrimeDecoderLayer, PrimeEncoderLayer, share_mask_memo
 
@@ -326,3 +327,23 @@ def prime_simple_big(args):
     args.prime_conv_type = getattr(args, "prime_conv_type", "none")
     args.input_dropout = getattr(args, "input_dropout", 0.0)
     prime_big(args)
+
+
+# Prime's shape (12+12 layers, narrower and deeper than the transformer's 6+6): activations grow with layers x
+# width and matmul FLOPs with layers x width^2, so a narrower model keeps more bytes per FLOP whatever its layers
+# are. This transformer tells the shape's share of Prime's ratio from the layers'.
+_PRIME_SHAPE = families.BenchRow(
+    "transformer", "transformer_vaswani_wmt_en_de_big",
+    overrides=dict(encoder_normalize_before=True, decoder_normalize_before=True, encoder_layers=12, decoder_layers=12,
+                   encoder_embed_dim=384, decoder_embed_dim=384, encoder_ffn_embed_dim=768, decoder_ffn_embed_dim=768,
+                   encoder_attention_heads=4, decoder_attention_heads=4, dropout=0.4),
+    big_overrides=dict(encoder_embed_dim=768, decoder_embed_dim=768, encoder_ffn_embed_dim=3072,
+                       decoder_ffn_embed_dim=3072, encoder_attention_heads=16, decoder_attention_heads=16, dropout=0.3),
+    label=" (Prime's shape)", baseline_only=True)
+families.register(families.Family(
+    name="prime", title="Prime", paper="Zhao et al. 2019: MUSE, Parallel Multi-Scale Attention (Unified Transformer)",
+    model=PrimeModel, encoder=PrimeEncoder, layers=(PrimeEncoderLayer, PrimeDecoderLayer),
+    bench_rows={"prime": families.BenchRow("prime_base", "prime_big", shape_baseline="transformer_prime_shape"),
+                "prime_simple": families.BenchRow("prime_simple_base", "prime_simple_big",
+                                                  shape_baseline="transformer_prime_shape"),
+                "transformer_prime_shape": _PRIME_SHAPE}))

@@ -29,6 +29,7 @@ from fairseq.models.transformer.transformer_encoder import TransformerEncoderBas
 from fairseq.modules import PositionalEmbedding
 
 from umst_plugin.compilation import is_compiled
+from umst_plugin import families
 from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
 from umst_plugin.models._sizes import transformer_big_sizes
 from umst_plugin.modules.transformer_sf.char_table import CHAR_PAD, STYLES, CharTable
@@ -37,6 +38,7 @@ from umst_plugin.modules.transformer_sf.encoder import (
     SLOW_GCN,
     SlowFastConfig,
     SlowFastEncoderStack,
+    SlowFastLayer,
     parse_interaction_layers,
     slow_branch_is_read,
 )
@@ -361,3 +363,15 @@ def transformer_sf_fast_only_big(args):
     """The big counterpart: characters at width 64 (transformer_sf_big's), decoder 1024."""
     _fast_only(args)
     transformer_sf_big(args)
+
+
+_SF_QUICK = dict(fast_embed_dim=8, fast_ffn_embed_dim=16, fast_attention_heads=2)
+families.register(families.Family(
+    name="transformer_sf", title="TranSFormer", paper="Li et al., ACL 2023: TranSFormer, Slow-Fast Transformer",
+    model=TransformerSlowFastModel, encoder=SlowFastEncoder, layers=(SlowFastLayer, SlowFastInput),
+    bench_rows={"transformer_sf": families.BenchRow("transformer_sf_base", "transformer_sf_big", quick=_SF_QUICK,
+                                                    baseline="transformer_dropout"),
+                # the trade-off flag: the character branch's sub-layers recomputed in backward rather than kept
+                "transformer_sf_recompute": families.BenchRow(
+                    "transformer_sf_base", "transformer_sf_big", overrides={"sf_recompute_fast": True},
+                    quick=_SF_QUICK, baseline="transformer_dropout", label=" --sf-recompute-fast", extra=True)}))

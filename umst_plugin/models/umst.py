@@ -19,6 +19,7 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerEncoderBase, TransformerModel
 from fairseq.models.transformer.transformer_legacy import base_architecture
 
+from umst_plugin import families
 from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
 from umst_plugin.models._sizes import transformer_big_sizes
 from umst_plugin.modules.common.amp_functions import compute_dtype
@@ -312,3 +313,10 @@ def umst_iwslt_de_en_architecture(args):
     args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 1024)
     args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
     umst_base_architecture(args)
+
+
+families.register(families.Family(
+    name="umst", title="UMST", paper="Li et al., ICML 2022: Universal MultiScale Transformer",
+    model=UMSTModel, encoder=UMSTEncoder, layers=(UMSTEncoderLayer,),
+    bench_rows={"umst": families.BenchRow("umst_base", "umst_big", baseline="transformer_dropout"),
+                "umst_rpr": families.BenchRow("umst_base_rpr", "umst_big_rpr", baseline="transformer_dropout")}))
