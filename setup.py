@@ -10,7 +10,7 @@ from setuptools import find_packages, setup
 setup(
     name="umst-plugin",
     version="0.1.0",
-    description="Multiscale encoders for fairseq: UMST, TranSFormer, MSC, MSMSA, Prime",
+    description="Multiscale encoders for fairseq: five encoder families, dependency-parse preprocessing, WMT recipes",
     packages=find_packages(include=["umst_plugin", "umst_plugin.*", "umst_tools", "umst_tools.*"]),
     python_requires=">=3.9",
     install_requires=[

@@ -177,9 +177,9 @@ if [ "$SMOKE" = 1 ]; then
   step "5/5 smoke check"
   ( set -x; "$PY" -c "
 import fairseq, torch, umst_plugin
-from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.tasks import TASK_REGISTRY
-archs = sorted(a for a in ARCH_MODEL_REGISTRY if a.startswith(('umst', 'transformer_sf', 'msc', 'msmsa', 'prime')))
+from umst_plugin import families
+archs = list(families.archs())
 assert 'umst_base' in archs and 'multiscale_translation' in TASK_REGISTRY, archs
 print('fairseq', fairseq.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())
 print(len(archs), 'plugin archs:', ' '.join(archs))

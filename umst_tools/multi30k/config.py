@@ -3,6 +3,8 @@ import argparse
 import os
 import re
 
+import yaml  # PyYAML, a dependency of omegaconf (fairseq's config)
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -10,37 +12,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CONFIGS = os.path.join(ROOT, "configs")
 
 
-ROWS = ["m30k-transformer", "m30k-transformer-prenorm", "m30k-umst", "m30k-transformer-sf", "m30k-msc",
-        "m30k-msmsa", "m30k-prime", "m30k-prime-simple", "m30k-umst-noparse", "m30k-umst-random-phrase"]
+TABLE = os.path.join(CONFIGS, "tables", "multi30k.yaml")  # the rows, labels, baseline and pairs of the table
 
 
-LABELS = {
-    "m30k-transformer": "Transformer-tiny (post-norm)", "m30k-transformer-prenorm": "Transformer-tiny (pre-norm)",
-    "m30k-umst": "UMST", "m30k-transformer-sf": "TranSFormer", "m30k-msc": "MSC", "m30k-msmsa": "MSMSA",
-    "m30k-prime": "Prime", "m30k-prime-simple": "Prime-simple",
-    "m30k-umst-noparse": "UMST, `--parser none` (no phrase edges)",
-    "m30k-umst-random-phrase": "UMST, `--phrase-adjacency-noise random`",
-}
+def _table():
+    with open(TABLE, encoding="utf-8") as f:
+        return yaml.safe_load(f)
 
 
-DATA_VARIANT = {"m30k-umst-noparse": "_noparse"}
-
-
+_TABLE = _table()
+ROWS = list(_TABLE["rows"])
+LABELS = dict(_TABLE["rows"])
+DATA_VARIANT = dict(_TABLE["data_variant"])
 TEST_SETS = [("test", "2016 Flickr"), ("test1", "2017 Flickr"), ("test2", "2017 MSCOCO")]
-
-
-REFERENCE = {"m30k-transformer": 41.02}  # Wu et al. 2021 (Revisit-MMT), tokenized BLEU, test_2016_flickr
-
-
-BASELINE = "m30k-transformer-prenorm"  # what --significance compares every other row with, seed by seed
-
-
-ABLATIONS = ["m30k-umst-noparse", "m30k-umst-random-phrase"]  # UMST's parse ablation: never --close-seeds
-
-
-# Pairs the table also compares directly with --significance (first row minus second, same seed): UMST
-# against its parse ablations (UMST table 8) and Prime against Prime without its convolution branch.
-COMPARE = "m30k-umst:m30k-umst-noparse,m30k-umst:m30k-umst-random-phrase,m30k-prime:m30k-prime-simple"
+REFERENCE = dict(_TABLE["reference"])
+BASELINE = _TABLE["baseline"]  # what --significance compares every other row with, seed by seed
+ABLATIONS = list(_TABLE["ablations"])  # never --close-seeds
+COMPARE = _TABLE["compare"]  # pairs --significance also compares directly (first minus second, same seed)
 
 
 SEGMENT_HEADER = "# started "  # train.log: one header per training segment (a resumed run has several)
