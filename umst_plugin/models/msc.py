@@ -95,7 +95,7 @@ class MSCEncoder(FairseqEncoder):
     (The reference form, ``reference = True``, returns the lists alone.)
     """
 
-    msc_reference_switch = True  # layers.use_reference_path switches it
+    reference_switch = True  # modules.common.reference.use_reference_path switches it
     reference = False
 
     def __init__(self, args, dictionary, embed_tokens):
@@ -274,11 +274,11 @@ class MSCDecoder(TransformerDecoder):
     ``index_select`` per beam reorder) and one for the cross-attention keys/values and source mask, built at
     the first step (once per sentence under a beam, as fairseq's beamable attention; reordered only when the
     batch shrinks, fairseq's rule), and the layers' packed weights, cast and concatenated once per decoding.
-    ``reference = True`` (``layers.use_reference_path``) runs the decoder as first written (fairseq's
+    ``reference = True`` (``modules.common.reference.use_reference_path``) runs the decoder as first written (fairseq's
     attention modules and their incremental state, per layer).
     """
 
-    msc_reference_switch = True
+    reference_switch = True
     reference = False
     INITIAL_CAPACITY = 16  # target positions the self-attention cache holds at first; doubled when full
 

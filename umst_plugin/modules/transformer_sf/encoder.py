@@ -36,7 +36,8 @@ from torch.utils.checkpoint import checkpoint
 
 from fairseq.modules import MultiheadAttention
 
-from umst_plugin.modules.umst.group_gcn import GroupGCN
+from umst_plugin.modules.common import lean_ops
+from umst_plugin.modules.common.group_gcn import GroupGCN
 from umst_plugin.modules.transformer_sf.fast_attention import BoundaryRelativeSelfAttention, boundary_band
 from umst_plugin.modules.transformer_sf.fusion import FUSIONS, CrossGranularityFusion
 from umst_plugin.modules.transformer_sf import lean
@@ -220,7 +221,7 @@ class SlowFastLayer(nn.Module):
 
     # ------------------------------------------------------------------ lean path
     def _ldrop(self, x):
-        return lean.dropout(x, self.dropout, self.training)
+        return lean_ops.dropout(x, self.dropout, self.training)
 
     def _fast_attention_lean(self, x_fast, side):
         h = self.fast_attn.forward_lean(x_fast, self.fast_attn_norm, side)
@@ -253,8 +254,8 @@ class SlowFastLayer(nn.Module):
             x_fast = self._fast(self._fast_fused_lean, x_fast, fast_mid, slow_mid, side)
         if self.slow_ffn is not None:
             ffn = self.slow_ffn
-            h = lean.dropout(F.relu(ffn.fc1(ffn.layer_norm(x_slow))), ffn.activation_dropout, self.training)
-            x_slow = x_slow + lean.dropout(ffn.fc2(h), ffn.dropout, self.training)
+            h = lean_ops.dropout(F.relu(ffn.fc1(ffn.layer_norm(x_slow))), ffn.activation_dropout, self.training)
+            x_slow = x_slow + lean_ops.dropout(ffn.fc2(h), ffn.dropout, self.training)
         if self.fast_ffn is not None:
             x_fast = lean.lean_ffn(self.fast_ffn, x_fast, self.training)  # memory-lean: never recomputed
         return x_slow, x_fast

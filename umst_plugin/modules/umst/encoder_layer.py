@@ -27,7 +27,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from umst_plugin.modules.umst.group_gcn import GroupGCN, group_mean
+from umst_plugin.modules.common import lean_ops
+from umst_plugin.modules.common.group_gcn import GroupGCN, group_mean
 from umst_plugin.modules.umst.graphs import UMSTGraphs, downsample_words
 from umst_plugin.modules.umst.lean_gcn import _operator, lean_phrase_gcn, lean_word_gcn
 from umst_plugin.modules.umst.rectified_attention import RectifiedSelfAttention
@@ -131,6 +132,7 @@ class WordPool(nn.Module):
 
 class UMSTEncoderLayer(nn.Module):
     reference = False  # True: the plain reference form of the block (see use_reference_path)
+    reference_switch = True  # modules.common.reference.use_reference_path switches it
     compile_region = True  # --compile compiles it as one program (umst_plugin/compilation/regions.py)
 
     def __init__(
@@ -259,20 +261,7 @@ class UMSTEncoderLayer(nn.Module):
 
         # torch.native_dropout: the masks F.dropout draws, one kernel on any device
         h = self.self_attn(self.self_attn_layer_norm(x), x_word, graphs)
-        x = x + _dropout(h, self.dropout, self.training)
-        h = _dropout(F.relu(self.fc1(self.final_layer_norm(x))), self.activation_dropout, self.training)
-        return x + _dropout(self.fc2(h), self.dropout, self.training)
+        x = x + lean_ops.dropout(h, self.dropout, self.training)
+        h = lean_ops.dropout(F.relu(self.fc1(self.final_layer_norm(x))), self.activation_dropout, self.training)
+        return x + lean_ops.dropout(self.fc2(h), self.dropout, self.training)
 
-
-def _dropout(x, p, training):
-    return torch.native_dropout(x, p, True)[0] if training and p > 0 else x
-
-
-def use_reference_path(module: nn.Module, on: bool = True) -> nn.Module:
-    """Run every UMST block under ``module`` in its plain reference form (separate Q/K/V projections, index-based
-    pooling, gather and segment means, ``F.dropout``), or back in the default dense form (``on=False``). The two
-    are the same math with the same dropout masks (tested in float64); the reference launches more kernels."""
-    for m in module.modules():
-        if isinstance(m, (UMSTEncoderLayer, RectifiedSelfAttention)):
-            m.reference = on
-    return module

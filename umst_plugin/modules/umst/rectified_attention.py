@@ -143,7 +143,8 @@ class RectifiedSelfAttention(nn.Module):
     branch with one ``baddbmm``; ``reference = True`` (or graphs without dense operators) runs the plain form
     (separate projections, index-based pooling and gather), which it equals (tested in float64)."""
 
-    reference = False  # set True (e.g. umst_encoder_layer.use_reference_path) for the plain reference form
+    reference = False  # set True (modules.common.reference.use_reference_path) for the plain reference form
+    reference_switch = True
 
     def __init__(
         self,
