@@ -382,7 +382,7 @@ def test_lean_group_gcn_equals_group_gcn():
 
 def test_lean_ffn_and_layer_norm_linear_equal_their_modules():
     from umst_plugin.modules.transformer_sf import lean
-    from umst_plugin.modules.transformer_sf.encoder import PreNormFFN
+    from umst_plugin.modules.transformer_sf.layer import PreNormFFN
 
     torch.manual_seed(8)
     ffn = PreNormFFN(8, 24, dropout=0.3, activation_dropout=0.2).double().train()

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from test_umst import PAD, TINY, build, collate, random_sentences, ref_G, ref_phrase_adj, ref_word_adj, token_slice
-from umst_plugin.modules.common.reference import use_reference_path
+from umst_plugin.modules.common.lean_ops import use_reference_path
 from umst_plugin.modules.umst.graphs import (
     build_graphs,
     dependency_adjacency,

@@ -1,7 +1,15 @@
-"""Pieces of the families' hand-written backward passes (the lean GCNs, attention and fusion blocks): dropout as
-one op with its 1-byte mask, its backward, and LayerNorm's backward in the weight's dtype."""
+"""What the families' lean paths share: pieces of their hand-written backward passes (the lean GCNs, attention
+and fusion blocks: dropout as one op with its 1-byte mask, its backward, LayerNorm's backward in the weight's
+dtype), and the switch to their reference path (:func:`use_reference_path`).
+
+A module class that has a plain reference form of its computation sets ``reference_switch = True`` and reads
+``self.reference`` (False by default): UMST's blocks and rectified attention (separate Q/K/V projections,
+index-based pooling, gather and segment means, ``F.dropout``), MSC's layers, encoder and decoder (fairseq's
+attention modules one by one, masks and cross-attention keys/values per layer, fairseq's incremental state).
+Both forms are the same math with the same dropout masks (tested in float64); the reference launches more
+kernels."""
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
@@ -32,3 +40,12 @@ def layer_norm_backward(grad, x, mean, rstd, weight, bias, need):
     dtype = weight.dtype if weight is not None else x.dtype
     return torch.ops.aten.native_layer_norm_backward(grad.to(dtype), x.to(dtype), [x.size(-1)], mean, rstd,
                                                      weight, bias, need)
+
+
+def use_reference_path(module: nn.Module, on: bool = True) -> nn.Module:
+    """Run every module under ``module`` that has a reference form (``reference_switch``) in it, or back in the
+    default form (``on=False``); returns ``module``."""
+    for m in module.modules():
+        if getattr(type(m), "reference_switch", False):
+            m.reference = on
+    return module

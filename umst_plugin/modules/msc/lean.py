@@ -1,4 +1,4 @@
-"""The launch-lean building blocks of MSC's layers (``layers.py``) and decoder (``models/msc.py``).
+"""The launch-lean building blocks of MSC's layers (``layer.py``) and decoder (``models/msc/decoder.py``).
 
 The same math as the reference path (fairseq's ``MultiheadAttention`` per attention, ``FeatureFusion``,
 ``FairseqDropout``), in fewer kernels:

@@ -1,5 +1,5 @@
 """Memory- and launch-lean training kernels for UMST's two GCN blocks: the same math as the reference modules
-(``group_gcn.GroupGCN`` for Eq. 2, ``umst_encoder_layer.PhraseGCN`` for Eq. 3), with a hand-written
+(``common.group_gcn.GroupGCN`` for Eq. 2, ``layer.PhraseGCN`` for Eq. 3), with a hand-written
 backward that keeps 1-byte masks instead of float activations and launches few kernels.
 
 Why: plain autograd keeps, per GCN block, the LayerNorm output, the linear map's input, the ReLU
@@ -12,7 +12,7 @@ and recompute in backward only the LayerNorm and one per-word mean; no d x d mat
 is repeated.
 
 Kernel launches: every per-word mean, gather to subwords and Â product is one ``bmm`` with a dense operator
-built once per batch (``umst_graphs.dense_operators``), forward and backward; dropout is
+built once per batch (``graphs.dense_operators``), forward and backward; dropout is
 ``torch.native_dropout`` (one kernel) and its backward ``native_dropout_backward`` (one kernel, which also
 applies a merged ReLU mask). Per block, training: the word GCN launches 10 kernels forward and 12 backward,
 the phrase GCN (Eq. 3) 6 and 8.

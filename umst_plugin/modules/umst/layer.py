@@ -19,7 +19,7 @@ pooling) | gat (single-head graph attention of Velickovic et al. over the same-w
 ``inter_group`` on/off; shared GCN projections are passed in as ``word_proj`` / ``phrase_proj``.
 
 Training memory (``gcn_activations``, see GCN_ACTIVATIONS below): by default the word GCN (operator
-gcn) and the phrase GCN run through ``umst_lean_gcn``'s autograd functions (in evaluation too), the
+gcn) and the phrase GCN run through ``lean_gcn``'s autograd functions (in evaluation too), the
 same math and dropout masks as the modules' own forward (which ``store`` and ``recompute`` use).
 """
 import torch
@@ -35,7 +35,7 @@ from umst_plugin.modules.umst.rectified_attention import RectifiedSelfAttention
 
 INTRA_GROUP_OPS = ("gcn", "pool", "gat")
 # How training keeps what the GCN blocks' backward needs (same math and dropout masks in all three):
-#   lean (default): umst_lean_gcn's hand-written backward keeps the block inputs, LayerNorm statistics
+#   lean (default): lean_gcn's hand-written backward keeps the block inputs, LayerNorm statistics
 #                   and 1-byte masks, and recomputes only LayerNorm and per-word means;
 #   store:          plain autograd keeps every intermediate (reference implementation);
 #   recompute:      plain autograd under torch.utils.checkpoint, also around RSAN's word branch:
@@ -51,7 +51,7 @@ PHRASE_GCN_FORMS = ("eq3", "authors")
 
 class PhraseGCN(nn.Module):
     """Pre-norm residual GCN over the normalised dependency adjacency Â_p; ``adj`` is B x W x W (dense,
-    see umst_graphs).
+    see graphs.py).
 
     ``form="eq3"`` (default), the paper's Eq. 3 with W_p an affine map (``nn.Linear``):
 
@@ -132,7 +132,7 @@ class WordPool(nn.Module):
 
 class UMSTEncoderLayer(nn.Module):
     reference = False  # True: the plain reference form of the block (see use_reference_path)
-    reference_switch = True  # modules.common.reference.use_reference_path switches it
+    reference_switch = True  # modules.common.lean_ops.use_reference_path switches it
     compile_region = True  # --compile compiles it as one program (umst_plugin/compilation/regions.py)
 
     def __init__(

@@ -20,7 +20,7 @@ dropout, but know nothing of dictionaries, arguments or encoder-out dicts.
 Every layer has two forms of the same math: the lean default (``lean.py``: the two attentions of Eq. 12 / 13
 as one attention call, packed projections, one-kernel gate and dropout, masks and cross-attention keys/values
 built once per stack by the caller; a preallocated incremental cache) and the reference form (``reference =
-True``, ``modules.common.reference.use_reference_path``): fairseq's attention modules one by one, as first written. Tests check they
+True``, ``modules.common.lean_ops.use_reference_path``): fairseq's attention modules one by one, as first written. Tests check they
 agree (tests/test_msc_lean.py).
 """
 
@@ -110,7 +110,7 @@ class _PreNormMSCLayer(nn.Module):
 
     compile_region = True  # --compile compiles it as one program (umst_plugin/compilation/regions.py)
     reference = False  # True: the reference form (fairseq's attention modules one by one); use_reference_path
-    reference_switch = True  # (modules.common.reference) switches it
+    reference_switch = True  # (modules.common.lean_ops) switches it
 
     def __init__(
         self,
