@@ -8,9 +8,9 @@ The sample is built by the ``multiscale_translation`` task exactly as training/g
 (``--index``: the binarized split and its side files) or fairseq-interactive (``--sentence``:
 tokenizer/BPE, word ids from the dictionary's subword markers, heads from ``--source-parser``)
 see it. The scale graphs are drawn from ``umst_plugin.modules.umst.graphs``; with ``--path`` the
-checkpoint is loaded the fairseq way and its encoder run once in evaluation mode (see
-``capture.py`` for what is read from which module). Every fairseq-interactive option is accepted
-(``--tokenizer``, ``--bpe``, ``--source-lang``, ``--model-overrides``, ``--cpu`` ...).
+checkpoint is loaded the fairseq way and its encoder run once in evaluation mode (the family's
+``umst_plugin/models/<family>/capture.py`` says what is read from which module). Every fairseq-interactive
+option is accepted (``--tokenizer``, ``--bpe``, ``--source-lang``, ``--model-overrides``, ``--cpu`` ...).
 Documentation: docs/inspect.md.
 """
 import os
