@@ -26,7 +26,8 @@ from fairseq.models import ARCH_MODEL_REGISTRY, register_model, register_model_a
 from fairseq.models.transformer import TransformerConfig
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
-from umst_plugin.models.transformer_sf import SlowFastEncoder, TransformerSlowFastModel, transformer_sf_base
+from umst_plugin.models.transformer_sf.encoder import SlowFastEncoder
+from umst_plugin.models.transformer_sf.model import TransformerSlowFastModel, transformer_sf_base
 
 NAME = "transformer_sf_shape"
 

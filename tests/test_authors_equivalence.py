@@ -194,7 +194,7 @@ def test_umst_defaults_differ_from_the_authors_only_by_the_documented_flags():
 def test_umst_phrase_gcn_forms_differ_by_the_second_product_and_the_bias_placement():
     """The two phrase-GCN forms written out on one word batch: eq3 = xw + ReLU(Â_p (LN(xw) W + b)),
     authors = xw + Â_p ReLU(W (Â_p LN(xw)) + b); the bias inside Â_p is scaled by Â_p's row sums (not 1)."""
-    from umst_plugin.modules.umst.encoder_layer import PhraseGCN
+    from umst_plugin.modules.umst.layer import PhraseGCN
 
     _, graphs, _, wid, heads = _umst_case({})
     _, _, A_p = umst_dense_graphs(wid, heads)

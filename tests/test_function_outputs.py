@@ -81,7 +81,7 @@ MODELS = [p.values for p in ARCHS] + [("umst_base_rpr", {}), ("umst_base", dict(
 
 
 def test_every_autograd_function_returns_a_tensor_of_its_own(watched_functions):
-    from umst_plugin.models.msc import PerTokenLossTerm
+    from umst_plugin.modules.msc.grad_norms import PerTokenLossTerm
     from umst_plugin.modules.prime.dynamic_conv import reference_dynamic_convolution
     from umst_plugin.modules.umst.graphs import segment_sum_keeping_index
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from umst_plugin.modules.umst.group_gcn import GroupGCN, group_mean, normalized_group_adjacency
+from umst_plugin.modules.common.group_gcn import GroupGCN, group_mean, normalized_group_adjacency
 
 
 def numpy_reference_adjacency(group_ids):

@@ -220,7 +220,7 @@ def test_umst_maps_are_the_modules_own(toy, checkpoints):
 
 
 def test_record_hooks_do_not_change_outputs():
-    from umst_plugin.modules.msc.layers import FeatureFusion
+    from umst_plugin.modules.msc.layer import FeatureFusion
     from umst_plugin.modules.transformer_sf.fusion import WidthChangingAttention
 
     torch.manual_seed(0)

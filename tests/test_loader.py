@@ -101,7 +101,7 @@ def test_fairseqs_own_loader_turns_capitals_into_unk(toy_raw, recorded_databin, 
 
 @pytest.mark.slow
 def test_the_plugin_classes_from_pretrained_is_the_same_loader(toy_raw, recorded_databin, checkpoints):
-    from umst_plugin.models.prime import PrimeModel
+    from umst_plugin.models.prime.model import PrimeModel
 
     _, cased = first_test_sentence(toy_raw)
     by_class = PrimeModel.from_pretrained(checkpoints["prime_simple"], checkpoint_file="checkpoint_last.pt",

@@ -1,4 +1,4 @@
-"""Tests of the MSC model (umst_plugin/models/msc.py, umst_plugin/modules/msc/layers.py)."""
+"""Tests of the MSC model (umst_plugin/models/msc/, umst_plugin/modules/msc/layer.py)."""
 
 import json
 import os
@@ -16,7 +16,8 @@ from fairseq.models.transformer import TransformerModel
 from fairseq.tasks.translation import TranslationTask
 
 import umst_plugin  # noqa: F401  (registers the models)
-from umst_plugin.models.msc import MSCEncoder, MSCModel
+from umst_plugin.models.msc.encoder import MSCEncoder
+from umst_plugin.models.msc.model import MSCModel
 
 
 TINY = ["--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
@@ -90,8 +91,8 @@ def random_batch(bsz=3, src_len=7, tgt_len=5, vocab=40, seed=0, left_pad=True):
 def test_arch_defaults(arch, dim, ffn, heads):
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(parser, ["/x", "--task", "translation", "--arch", arch])
-    from umst_plugin.models import msc
-    msc.msc_base_architecture(args)
+    from umst_plugin.models.msc.model import msc_base_architecture
+    msc_base_architecture(args)
     assert (args.encoder_embed_dim, args.encoder_ffn_embed_dim, args.encoder_attention_heads) == (dim, ffn, heads)
     assert (args.decoder_embed_dim, args.decoder_ffn_embed_dim, args.decoder_attention_heads) == (dim, ffn, heads)
     assert args.encoder_blocks == 6 and args.encoder_layers_per_block == 1
@@ -158,7 +159,7 @@ def test_encoder_out_carries_blocks_and_contexts_and_reorders(name):
 
 def test_context_recurrence_and_gate_formulas():
     """C^n = GRU(C^{n-1}, B^n) (Eq. 9) and the gate of Eqs. 12-13."""
-    from umst_plugin.modules.msc.layers import FeatureFusion
+    from umst_plugin.modules.msc.layer import FeatureFusion
     model, _, _ = build("msc_iwslt_de_en", TINY)
     model.eval()
     src, lengths, _, _ = random_batch()

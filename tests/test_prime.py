@@ -1,4 +1,4 @@
-"""Tests of the Unified Transformer / Prime (umst_plugin/models/prime.py, umst_plugin/modules/prime/layer.py,
+"""Tests of the Unified Transformer / Prime (umst_plugin/models/prime/, umst_plugin/modules/prime/layer.py,
 umst_plugin/modules/prime/multi_kernel_conv.py)."""
 import math
 
@@ -10,7 +10,8 @@ import umst_plugin  # noqa: F401  (registers the prime model)
 from fairseq import options
 from fairseq.data import Dictionary
 from fairseq.tasks.translation import TranslationTask
-from umst_plugin.models.prime import PrimeModel, layer_kernels
+from umst_plugin.models.prime.config import layer_kernels
+from umst_plugin.models.prime.model import PrimeModel
 from umst_plugin.modules.prime import layer as prime_layer
 from umst_plugin.modules.prime.multi_kernel_conv import MultiKernelConv
 from umst_plugin.modules.prime.layer import PrimeLayer

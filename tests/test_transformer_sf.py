@@ -11,7 +11,8 @@ from fairseq.tasks.translation import TranslationTask
 
 from umst_plugin.modules.transformer_sf.char_table import CHAR_PAD, CHAR_SEP, CharTable
 from umst_plugin.modules.transformer_sf.fast_attention import BoundaryRelativeSelfAttention, boundary_band
-from umst_plugin.modules.transformer_sf.encoder import SlowFastConfig, SlowFastEncoderStack, parse_interaction_layers
+from umst_plugin.models.transformer_sf.config import SlowFastConfig, parse_interaction_layers
+from umst_plugin.modules.transformer_sf.layer import SlowFastEncoderStack
 from umst_plugin.modules.transformer_sf.fusion import chars_to_tokens, tokens_to_chars
 
 TINY = {

@@ -358,7 +358,7 @@ def test_self_attention_lean_equals_fairseq():
 
 def test_lean_group_gcn_equals_group_gcn():
     from umst_plugin.modules.transformer_sf import lean
-    from umst_plugin.modules.umst.group_gcn import GroupGCN
+    from umst_plugin.modules.common.group_gcn import GroupGCN
 
     torch.manual_seed(6)
     gcn = GroupGCN(8, dropout=0.3, activation_dropout=0.2).double().train()
@@ -382,7 +382,7 @@ def test_lean_group_gcn_equals_group_gcn():
 
 def test_lean_ffn_and_layer_norm_linear_equal_their_modules():
     from umst_plugin.modules.transformer_sf import lean
-    from umst_plugin.modules.transformer_sf.encoder import PreNormFFN
+    from umst_plugin.modules.transformer_sf.layer import PreNormFFN
 
     torch.manual_seed(8)
     ffn = PreNormFFN(8, 24, dropout=0.3, activation_dropout=0.2).double().train()

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import umst_plugin  # noqa: F401  (registers the model and task)
-from umst_plugin.modules.umst.group_gcn import group_mean
+from umst_plugin.modules.common.group_gcn import group_mean
 from umst_plugin.modules.umst.graphs import (
     build_graphs,
     downsample_words,
@@ -607,8 +607,8 @@ def test_gcn_activation_modes_give_identical_outputs_and_gradients(left_pad, ext
 
 
 def _lean_case(left_pad, dtype=torch.float64, form="eq3"):
-    from umst_plugin.modules.umst.group_gcn import GroupGCN
-    from umst_plugin.modules.umst.encoder_layer import PhraseGCN
+    from umst_plugin.modules.common.group_gcn import GroupGCN
+    from umst_plugin.modules.umst.layer import PhraseGCN
 
     sents = random_sentences(4, seed=17)
     src, wid, heads = collate(sents, left_pad=left_pad, extra_pad=2)

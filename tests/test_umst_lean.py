@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from test_umst import PAD, TINY, build, collate, random_sentences, ref_G, ref_phrase_adj, ref_word_adj, token_slice
-from umst_plugin.modules.umst.encoder_layer import use_reference_path
+from umst_plugin.modules.common.lean_ops import use_reference_path
 from umst_plugin.modules.umst.graphs import (
     build_graphs,
     dependency_adjacency,
@@ -156,7 +156,7 @@ def test_dense_operators_in_the_compute_dtype_and_shuffled_groups():
     assert g.phrase_adj.dtype == torch.float32  # the graph itself stays float32
     torch.manual_seed(1)
     g = build_graphs(src, wid, heads, PAD, word_boundary_noise="shuffle", dtype=torch.float64)
-    from umst_plugin.modules.umst.group_gcn import normalized_group_adjacency
+    from umst_plugin.modules.common.group_gcn import normalized_group_adjacency
     torch.testing.assert_close(g.group_adj, normalized_group_adjacency(g.word_groups, torch.float64), atol=1e-15,
                                rtol=0)
     g = build_graphs(src, wid, heads, PAD, word_boundary_noise="random")

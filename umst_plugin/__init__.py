@@ -8,8 +8,8 @@ Load with ``fairseq-train --user-dir umst_plugin``. Importing the package
    gradient norm, ``--compile`` / ``--tf32``, ``--stop-on-signals``); ``python -m umst_plugin.patches`` lists
    both;
 2. registers the ``multiscale_translation`` task (``umst_plugin/tasks``);
-3. registers every architecture (``umst_plugin/models``; each module imported here, so that registration
-   happens exactly once).
+3. registers every architecture (``umst_plugin/models``: each family's package imported here, so that it
+   registers its model, its archs and its family exactly once).
 
 ``umst_plugin.from_pretrained(model_dir, checkpoint_file=..., data_name_or_path=DATA_BIN)`` loads any
 checkpoint (any arch, fairseq's transformer included, trained under the plugin's task or fairseq's
@@ -28,10 +28,16 @@ features.install_all()
 
 
 def _import_all(subpackage):
+    """Import every module and package of ``subpackage`` (sorted; ``_private`` ones left out): a model family is a
+    package (``models/<family>/``) that registers itself on import."""
     pkg_dir = os.path.join(os.path.dirname(__file__), subpackage)
     for name in sorted(os.listdir(pkg_dir)):
-        if name.endswith(".py") and not name.startswith("_"):
+        if name.startswith("_"):
+            continue
+        if name.endswith(".py"):
             importlib.import_module(f"umst_plugin.{subpackage}.{name[:-3]}")
+        elif os.path.isfile(os.path.join(pkg_dir, name, "__init__.py")):
+            importlib.import_module(f"umst_plugin.{subpackage}.{name}")
 
 
 # Registration side effects: tasks first, then models (models may look up tasks).

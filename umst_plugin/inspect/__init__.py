@@ -8,9 +8,9 @@ The sample is built by the ``multiscale_translation`` task exactly as training/g
 (``--index``: the binarized split and its side files) or fairseq-interactive (``--sentence``:
 tokenizer/BPE, word ids from the dictionary's subword markers, heads from ``--source-parser``)
 see it. The scale graphs are drawn from ``umst_plugin.modules.umst.graphs``; with ``--path`` the
-checkpoint is loaded the fairseq way and its encoder run once in evaluation mode (see
-``capture.py`` for what is read from which module). Every fairseq-interactive option is accepted
-(``--tokenizer``, ``--bpe``, ``--source-lang``, ``--model-overrides``, ``--cpu`` ...).
+checkpoint is loaded the fairseq way and its encoder run once in evaluation mode (the family's
+``umst_plugin/models/<family>/capture.py`` says what is read from which module). Every fairseq-interactive
+option is accepted (``--tokenizer``, ``--bpe``, ``--source-lang``, ``--model-overrides``, ``--cpu`` ...).
 Documentation: docs/inspect.md.
 """
 import os
@@ -21,7 +21,7 @@ from typing import List, Optional
 import numpy as np
 import torch
 
-from umst_plugin.inspect.capture import CAPTURES, FAMILIES, Capture, InspectError, Panel, family_of  # noqa: F401
+from umst_plugin.inspect.capture import Capture, InspectError, Panel, capture_for, family_of, known_families
 
 PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -63,7 +63,8 @@ def add_inspect_args(parser):
     group.add_argument("--layer", type=int, default=None, metavar="L",
                        help="1-based encoder layer whose maps are drawn (default: the last one)")
     group.add_argument("--head", type=int, default=None, metavar="H",
-                       help="1-based attention head (default: mean over heads; MSMSA: every head)")
+                       help="1-based attention head (default: mean over heads; every head where the family draws "
+                            "one panel per head)")
     group.add_argument("--columns", type=int, default=3, metavar="C", help="heatmaps per row (default 3)")
     group.add_argument("--dpi", type=int, default=100, help="resolution of the PNG (default 100)")
     group.add_argument("--hardware", default=None, metavar="TEXT",
@@ -224,11 +225,11 @@ def run(argv=None, log=print):
         family = family_of(model)
         if family is None:
             raise InspectError(f"don't know how to inspect a checkpoint of arch {arch!r} (encoder "
-                               f"{type(model.encoder).__name__}); known families: {', '.join(FAMILIES)}")
+                               f"{type(model.encoder).__name__}); known families: {', '.join(known_families())}")
         device = next(model.parameters()).device
         from umst_plugin.batches import move_sample
 
-        capture = CAPTURES[family](model, move_sample(sample, device), source, layer=args.layer, head=args.head)
+        capture = capture_for(family)(model, move_sample(sample, device), source, layer=args.layer, head=args.head)
 
     from umst_plugin.inspect.draw import make_figure
 

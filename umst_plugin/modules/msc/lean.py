@@ -1,4 +1,4 @@
-"""The launch-lean building blocks of MSC's layers (``layers.py``) and decoder (``models/msc.py``).
+"""The launch-lean building blocks of MSC's layers (``layer.py``) and decoder (``models/msc/decoder.py``).
 
 The same math as the reference path (fairseq's ``MultiheadAttention`` per attention, ``FeatureFusion``,
 ``FairseqDropout``), in fewer kernels:
@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from umst_plugin.modules.common.amp_functions import autocast_cast, compute_dtype  # noqa: F401  (lean.compute_dtype)
+from umst_plugin.modules.common import lean_ops
 from umst_plugin.modules.common.attention import attention
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -68,9 +69,7 @@ def gate_halves(gate_proj: torch.nn.Linear, device_type: str) -> Tensor:
 
 def dropout(x: Tensor, module) -> Tensor:
     """``module`` (a FairseqDropout) applied to ``x`` with one kernel."""
-    if module.p > 0 and (module.training or module.apply_during_inference):
-        return torch.native_dropout(x, module.p, True)[0]
-    return x
+    return lean_ops.dropout(x, module.p, module.training or module.apply_during_inference)
 
 
 def lowest(dtype: torch.dtype) -> float:

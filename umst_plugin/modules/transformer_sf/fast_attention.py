@@ -32,10 +32,10 @@ from torch.utils.checkpoint import checkpoint
 
 from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward
 from umst_plugin.modules.common.attention import attention
+from umst_plugin.modules.common.lean_ops import layer_norm_backward
 from umst_plugin.modules.common.segment_ops import accumulation_dtype, upcast_half
 from umst_plugin.modules.common.tracing import compiling
 from umst_plugin.modules.transformer_sf import lean
-from umst_plugin.modules.transformer_sf.lean import _layer_norm_backward
 
 
 def boundary_band(groups, max_distance, use_boundary=True):
@@ -316,7 +316,7 @@ class BoundaryRelativeAttention(torch.autograd.Function):
             length * batch, -1)
         grad_weight = grad_qkv.t().mm(normed) if need[4] else None
         grad_bias = grad_qkv.sum(0, dtype=accumulation_dtype(grad_qkv.dtype)) if need[5] else None
-        grad_x, grad_ln_weight, grad_ln_bias = _layer_norm_backward(
+        grad_x, grad_ln_weight, grad_ln_bias = layer_norm_backward(
             grad_qkv.mm(weight), x, mean, rstd, ln_weight, ln_bias, [need[0], need[1], need[2]])
         return (grad_x, grad_ln_weight, grad_ln_bias, None, grad_weight, grad_bias, grad_rel_keys, grad_rel_values,
                 None, None, None, None, None, None)

@@ -23,15 +23,8 @@ from torch import Tensor
 from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward, autocast_cast, compute_dtype  # noqa: F401  (compute_dtype: lean.compute_dtype)
 from umst_plugin.modules.common import attention as common_attention
 from umst_plugin.modules.common.attention import attention
+from umst_plugin.modules.common.lean_ops import dropout_and_mask, dropout_backward, layer_norm_backward
 from umst_plugin.modules.common.segment_ops import accumulation_dtype, segment_sum
-
-
-def dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    """``F.dropout`` as one op (``torch.native_dropout``: the same mask from the same RNG state on a tensor of
-    the same layout, a 1-byte mask kept for backward)."""
-    if training and p > 0:
-        return torch.native_dropout(x, p, True)[0]
-    return x
 
 
 def gcn_rows(groups: Tensor, num_groups: int) -> Tuple[Tensor, Tensor]:
@@ -51,34 +44,15 @@ def gcn_rows(groups: Tensor, num_groups: int) -> Tuple[Tensor, Tensor]:
     return slot, torch.cat([size.new_full((batch, 1), float("inf")), size], dim=1).view(-1)
 
 
-def _layer_norm_backward(grad, x, mean, rstd, weight, bias, need):
-    """``native_layer_norm_backward`` with the gradient and the input in the dtype of the LayerNorm's weight
-    (float32 under autocast, where a product of the backward pass hands a bf16/fp16 gradient to a float32 input;
-    bf16 in a pure-bf16 model): the kernels expect them to match the weight."""
-    dtype = weight.dtype if weight is not None else x.dtype
-    return torch.ops.aten.native_layer_norm_backward(grad.to(dtype), x.to(dtype), [x.size(-1)], mean, rstd,
-                                                     weight, bias, need)
-
-
 def _segment_mean(rows: Tensor, slot: Tensor, size: Tensor) -> Tensor:
     """Per-slot means of ``rows`` (``size``: the slots' sizes, inf on padding slots: mean 0), in rows' dtype."""
     acc = accumulation_dtype(rows.dtype)
     return (segment_sum(rows, slot, size.numel()) / size.to(acc).unsqueeze(-1)).to(rows.dtype)
 
 
-def _dropout_and_mask(t: Tensor, p: float, training: bool):
-    if training and p > 0:
-        return torch.native_dropout(t, p, True)
-    return t, None
-
-
-def _dropout_backward(grad: Tensor, mask, p: float) -> Tensor:
-    return grad if mask is None else torch.ops.aten.native_dropout_backward(grad, mask, 1.0 / (1.0 - p))
-
-
 class LeanGroupGCN(torch.autograd.Function):
     """Flat rows ``x`` (N x C) -> ``x + Drop(Â Drop_act(ReLU(Â LN(x) W + b)))`` for a same-group graph (the
-    reference: ``umst.group_gcn.GroupGCN``). Â x is the mean of x's group; ``slot`` (N) names each row's group
+    reference: ``common.group_gcn.GroupGCN``). Â x is the mean of x's group; ``slot`` (N) names each row's group
     row, ``size`` (R) the rows per group (inf on padding groups: their mean is 0, so padding rows get ``x`` back
     and send nothing). The d x d map runs once per group ((Â LN(x)) W = gather((mean LN(x)) W)).
 
@@ -91,9 +65,9 @@ class LeanGroupGCN(torch.autograd.Function):
     def forward(ctx, x, ln_weight, ln_bias, weight, bias, slot, size, eps, p_act, p_out, training):
         normed, mean, rstd = torch.native_layer_norm(x, (x.size(-1),), ln_weight, ln_bias, eps)
         pre = F.linear(_segment_mean(normed, slot, size), weight, bias)  # R x C, once per group
-        hidden, keep_act = _dropout_and_mask(F.relu(pre).index_select(0, slot), p_act, training)
+        hidden, keep_act = dropout_and_mask(F.relu(pre).index_select(0, slot), p_act, training)
         passed = hidden > 0  # ReLU > 0 and kept (the dropout's scale keeps the sign)
-        branch, keep_out = _dropout_and_mask(_segment_mean(hidden, slot, size).index_select(0, slot), p_out,
+        branch, keep_out = dropout_and_mask(_segment_mean(hidden, slot, size).index_select(0, slot), p_out,
                                              training)
         ctx.save_for_backward(x, ln_weight, ln_bias, weight, mean, rstd, slot, size, passed, keep_out)
         ctx.eps, ctx.p_act, ctx.p_out = eps, (p_act if keep_act is not None else 0.0), p_out
@@ -104,7 +78,7 @@ class LeanGroupGCN(torch.autograd.Function):
     def backward(ctx, grad):
         x, ln_weight, ln_bias, weight, mean, rstd, slot, size, passed, keep_out = ctx.saved_tensors
         need = ctx.needs_input_grad
-        g = _dropout_backward(grad, keep_out, ctx.p_out)
+        g = dropout_backward(grad, keep_out, ctx.p_out)
         # Â and the gathers are symmetric: the adjoint of "mean into groups, gather back" is itself
         g = _segment_mean(g, slot, size).index_select(0, slot)
         g = torch.ops.aten.native_dropout_backward(g, passed, 1.0 / (1.0 - ctx.p_act))  # ReLU and dropout
@@ -114,7 +88,7 @@ class LeanGroupGCN(torch.autograd.Function):
         grad_bias = g_pre.sum(0, dtype=accumulation_dtype(g_pre.dtype)) if need[4] else None
         acc = accumulation_dtype(g_pre.dtype)
         g_normed = (g_pre.mm(weight).to(acc) / size.to(acc).unsqueeze(-1)).to(g_pre.dtype)
-        grad_x, grad_ln_weight, grad_ln_bias = _layer_norm_backward(
+        grad_x, grad_ln_weight, grad_ln_bias = layer_norm_backward(
             g_normed.index_select(0, slot), x, mean, rstd, ln_weight, ln_bias, [need[0], need[1], need[2]])
         grad_x = grad + grad_x.to(grad.dtype) if need[0] else None
         return grad_x, grad_ln_weight, grad_ln_bias, grad_weight, grad_bias, None, None, None, None, None, None
@@ -226,7 +200,7 @@ class LeanFFN(torch.autograd.Function):
         g_pre = torch.ops.aten.native_dropout_backward(g_hidden, passed, ctx.scale_act)
         grad_w1 = g_pre.t().mm(normed) if need[3] else None
         grad_b1 = g_pre.sum(0, dtype=accumulation_dtype(g_pre.dtype)) if need[4] else None
-        grad_x, grad_ln_weight, grad_ln_bias = _layer_norm_backward(
+        grad_x, grad_ln_weight, grad_ln_bias = layer_norm_backward(
             g_pre.mm(w1), x, mean, rstd, ln_weight, ln_bias, [need[0], need[1], need[2]])
         grad_x = grad + grad_x.to(grad.dtype) if need[0] else None
         return (grad_x, grad_ln_weight, grad_ln_bias, grad_w1, grad_b1, grad_w2, grad_b2, None, None, None,
@@ -265,7 +239,7 @@ class LayerNormLinear(torch.autograd.Function):
             grad_weight = grad.t().mm(normed)
         if need[5]:
             grad_bias = grad.sum(0, dtype=accumulation_dtype(grad.dtype))
-        grad_x, grad_ln_weight, grad_ln_bias = _layer_norm_backward(
+        grad_x, grad_ln_weight, grad_ln_bias = layer_norm_backward(
             grad.mm(weight), x, mean, rstd, ln_weight, ln_bias, [need[0], need[1], need[2]])
         return grad_x, grad_ln_weight, grad_ln_bias, None, grad_weight, grad_bias
 

@@ -14,7 +14,7 @@ Python loop over the batch):
 * the subword -> word map G_{b->w} as a per-token index (``token_word``); it is
   never materialised as an L x L' matrix, and never per head;
 * the word-level (intra-group) graph A_w as group ids for
-  :mod:`umst_plugin.modules.umst.group_gcn`, which applies D^-1/2 (A_w+I) D^-1/2 as a
+  :mod:`umst_plugin.modules.common.group_gcn`, which applies D^-1/2 (A_w+I) D^-1/2 as a
   segment mean (a dense B x T x T matrix only for the "random A_w" ablation);
 * the phrase-level (inter-group) graph: normalised D^-1/2 (A_p+I) D^-1/2 with
   A_p the *symmetric* dependency adjacency, as a dense B x W x W matrix.
@@ -38,7 +38,7 @@ from torch import Tensor
 from umst_plugin.data.side_inputs import check_side_input_shapes, check_side_inputs
 from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward, distinct_output
 from umst_plugin.modules.common.attention import additive_mask
-from umst_plugin.modules.umst.group_gcn import normalized_group_adjacency  # noqa: F401  (re-exported for tests)
+from umst_plugin.modules.common.group_gcn import normalized_group_adjacency  # noqa: F401  (re-exported for tests)
 from umst_plugin.modules.common.segment_ops import accumulation_dtype, segment_sum
 
 UPSAMPLE_MODES = ("gather", "nearest", "linear")

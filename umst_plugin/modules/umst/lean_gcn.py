@@ -1,5 +1,5 @@
 """Memory- and launch-lean training kernels for UMST's two GCN blocks: the same math as the reference modules
-(``group_gcn.GroupGCN`` for Eq. 2, ``umst_encoder_layer.PhraseGCN`` for Eq. 3), with a hand-written
+(``common.group_gcn.GroupGCN`` for Eq. 2, ``layer.PhraseGCN`` for Eq. 3), with a hand-written
 backward that keeps 1-byte masks instead of float activations and launches few kernels.
 
 Why: plain autograd keeps, per GCN block, the LayerNorm output, the linear map's input, the ReLU
@@ -12,7 +12,7 @@ and recompute in backward only the LayerNorm and one per-word mean; no d x d mat
 is repeated.
 
 Kernel launches: every per-word mean, gather to subwords and Â product is one ``bmm`` with a dense operator
-built once per batch (``umst_graphs.dense_operators``), forward and backward; dropout is
+built once per batch (``graphs.dense_operators``), forward and backward; dropout is
 ``torch.native_dropout`` (one kernel) and its backward ``native_dropout_backward`` (one kernel, which also
 applies a merged ReLU mask). Per block, training: the word GCN launches 10 kernels forward and 12 backward,
 the phrase GCN (Eq. 3) 6 and 8.
@@ -41,25 +41,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from umst_plugin.modules.common.amp_functions import amp_backward, amp_forward, autocast_cast
+from umst_plugin.modules.common.lean_ops import dropout_and_mask, layer_norm_backward
 from umst_plugin.modules.common.segment_ops import accumulation_dtype
 
 _dropout_backward = torch.ops.aten.native_dropout_backward
-
-
-def _layer_norm_backward(grad, x, mean, rstd, weight, bias, need):
-    """``native_layer_norm_backward`` with the gradient and the input in the dtype of the LayerNorm's weight
-    (float32 under autocast, where a matmul of the backward pass can hand a bf16/fp16 gradient to a float32
-    block input; bf16 in a pure-bf16 model). The kernels expect them to match the weight (seen on CUDA:
-    "expected scalar type Float but found BFloat16")."""
-    dtype = weight.dtype if weight is not None else x.dtype
-    return torch.ops.aten.native_layer_norm_backward(grad.to(dtype), x.to(dtype), [x.size(-1)], mean, rstd,
-                                                     weight, bias, need)
-
-
-def _dropout(t: Tensor, p: float, training: bool):
-    if training and p > 0:
-        return torch.native_dropout(t, p, True)
-    return t, None
 
 
 def _scale(p: float, mask) -> float:
@@ -82,10 +67,10 @@ class LeanWordGCN(torch.autograd.Function):
     def forward(ctx, x, ln_weight, ln_bias, weight, bias, onehot, mean, adj, eps, p_act, p_out, training):
         normed, mu, rstd = torch.native_layer_norm(x, (x.size(-1),), ln_weight, ln_bias, eps)
         pre = F.linear(torch.bmm(mean, normed), weight, bias)  # B x W x C, once per group
-        hidden, keep_act = _dropout(torch.bmm(onehot, F.relu(pre)), p_act, training)  # per subword
+        hidden, keep_act = dropout_and_mask(torch.bmm(onehot, F.relu(pre)), p_act, training)  # per subword
         # ReLU > 0 of the token's group and the activation keep-mask, at once (dropout scales by > 0)
         active = hidden > 0
-        branch, keep_out = _dropout(torch.bmm(adj, hidden), p_out, training)
+        branch, keep_out = dropout_and_mask(torch.bmm(adj, hidden), p_out, training)
         ctx.save_for_backward(x, ln_weight, ln_bias, weight, mu, rstd, onehot, mean, adj, active, keep_out)
         ctx.eps, ctx.scale_act, ctx.scale_out = eps, _scale(p_act, keep_act), _scale(p_out, keep_out)
         return x + branch
@@ -105,7 +90,7 @@ class LeanWordGCN(torch.autograd.Function):
         if need[4]:
             grad_bias = _flat(g_pre).sum(0, dtype=accumulation_dtype(g_pre.dtype))
         g_normed = torch.bmm(mean.transpose(1, 2), g_pre.matmul(weight))
-        grad_x, grad_ln_weight, grad_ln_bias = _layer_norm_backward(
+        grad_x, grad_ln_weight, grad_ln_bias = layer_norm_backward(
             g_normed, x, mu, rstd, ln_weight, ln_bias, [need[0], need[1], need[2]])
         grad_x = grad + grad_x.to(grad.dtype) if need[0] else None
         return (grad_x, grad_ln_weight, grad_ln_bias, grad_weight, grad_bias, None, None, None, None, None, None,
@@ -123,7 +108,7 @@ class LeanPhraseGCN(torch.autograd.Function):
     def forward(ctx, xw, ln_weight, ln_bias, weight, bias, adj, eps, p, training):
         normed, mu, rstd = torch.native_layer_norm(xw, (xw.size(-1),), ln_weight, ln_bias, eps)
         mixed = torch.bmm(adj, F.linear(normed, weight, bias))
-        dropped, kept = _dropout(mixed, p, training)
+        dropped, kept = dropout_and_mask(mixed, p, training)
         keep = dropped > 0  # ReLU > 0 and the dropout keep-mask
         ctx.save_for_backward(xw, ln_weight, ln_bias, weight, mu, rstd, adj, keep)
         ctx.eps, ctx.scale = eps, _scale(p, kept)
@@ -141,7 +126,7 @@ class LeanPhraseGCN(torch.autograd.Function):
             grad_weight = _flat(g_lin).t().mm(_flat(normed).to(g_lin.dtype))
         if need[4]:
             grad_bias = _flat(g_lin).sum(0, dtype=accumulation_dtype(g_lin.dtype))
-        grad_xw, grad_ln_weight, grad_ln_bias = _layer_norm_backward(
+        grad_xw, grad_ln_weight, grad_ln_bias = layer_norm_backward(
             g_lin.matmul(weight), xw, mu, rstd, ln_weight, ln_bias, [need[0], need[1], need[2]])
         grad_xw = grad + grad_xw.to(grad.dtype) if need[0] else None
         return grad_xw, grad_ln_weight, grad_ln_bias, grad_weight, grad_bias, None, None, None, None
@@ -161,9 +146,9 @@ class LeanPhraseGCNAuthors(torch.autograd.Function):
     def forward(ctx, xw, ln_weight, ln_bias, weight, bias, adj, eps, p_act, p_out, training):
         normed, mu, rstd = torch.native_layer_norm(xw, (xw.size(-1),), ln_weight, ln_bias, eps)
         pre = F.linear(torch.bmm(adj, normed), weight, bias)
-        dropped, keep_act = _dropout(pre, p_act, training)
+        dropped, keep_act = dropout_and_mask(pre, p_act, training)
         active = dropped > 0  # ReLU > 0 and the activation dropout's keep-mask
-        branch, keep_out = _dropout(torch.bmm(adj, F.relu(dropped)), p_out, training)
+        branch, keep_out = dropout_and_mask(torch.bmm(adj, F.relu(dropped)), p_out, training)
         ctx.save_for_backward(xw, ln_weight, ln_bias, weight, mu, rstd, adj, active, keep_out)
         ctx.eps, ctx.scale_act, ctx.scale_out = eps, _scale(p_act, keep_act), _scale(p_out, keep_out)
         return xw + branch
@@ -182,7 +167,7 @@ class LeanPhraseGCNAuthors(torch.autograd.Function):
         if need[3]:
             normed = torch.native_layer_norm(xw, (xw.size(-1),), ln_weight, ln_bias, ctx.eps)[0]  # recomputed
             grad_weight = _flat(g_back).t().mm(_flat(normed).to(g_back.dtype))
-        grad_xw, grad_ln_weight, grad_ln_bias = _layer_norm_backward(
+        grad_xw, grad_ln_weight, grad_ln_bias = layer_norm_backward(
             g_back.matmul(weight), xw, mu, rstd, ln_weight, ln_bias, [need[0], need[1], need[2]])
         grad_xw = grad + grad_xw.to(grad.dtype) if need[0] else None
         return grad_xw, grad_ln_weight, grad_ln_bias, grad_weight, grad_bias, None, None, None, None, None

@@ -24,7 +24,7 @@ which here would be the fused map ``(ATTN1 + ATTN2')/2`` and would force buildin
 of ATTN2' that come from one word pair share one draw): each branch is still an unbiased estimate
 of its map, so the expected output is the same as with ``fused``, only the noise differs; in
 evaluation the two are identical. ``fused`` keeps the exact transformer-style form: in training it
-builds ATTN1 and ATTN2' (gathers, ``umst_graphs.upsample_attention_map``), averages them and drops
+builds ATTN1 and ATTN2' (gathers, ``graphs.upsample_attention_map``), averages them and drops
 entries of the average (O(B.H.L^2) more memory and time); with relative positions, Shaw et al.'s
 value term sees ATTN1's share of the same dropped entries. Tests check that the two paths agree
 exactly without dropout and that ``fused`` drops entries of the dense reference map.
@@ -138,12 +138,13 @@ def _packed(linears, x):
 class RectifiedSelfAttention(nn.Module):
     """Multi-head RSAN. Batch-first: ``forward(x B x T x C, x_word B x W x C, graphs) -> B x T x C``.
 
-    With the graphs' dense operators (``umst_graphs.dense_operators``) the default path projects Q, K, V in one
+    With the graphs' dense operators (``graphs.dense_operators``) the default path projects Q, K, V in one
     product, the word Q, K in another, pools the values to words with one bmm and up-samples and adds the word
     branch with one ``baddbmm``; ``reference = True`` (or graphs without dense operators) runs the plain form
     (separate projections, index-based pooling and gather), which it equals (tested in float64)."""
 
-    reference = False  # set True (e.g. umst_encoder_layer.use_reference_path) for the plain reference form
+    reference = False  # set True (modules.common.lean_ops.use_reference_path) for the plain reference form
+    reference_switch = True
 
     def __init__(
         self,

@@ -24,11 +24,9 @@ the slow branch, the fast branch's last block needs only its GCN and SAN (its
 CGA and FFN would feed nothing), and fast blocks above the last interaction
 layer are dropped. This keeps every parameter on the gradient path (DDP with
 ``find_unused_parameters=False``) and changes the count by < 0.1%.
-Tensors are time-first (L x B x C); padding masks are B x L, True at padding.
+Tensors are time-first (L x B x C); padding masks are B x L, True at padding. The blocks and the stack take
+their sizes and switches as one ``cfg``, a ``SlowFastConfig`` (``umst_plugin/models/transformer_sf/config.py``).
 """
-from dataclasses import dataclass, field
-from typing import FrozenSet
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -36,84 +34,11 @@ from torch.utils.checkpoint import checkpoint
 
 from fairseq.modules import MultiheadAttention
 
-from umst_plugin.modules.umst.group_gcn import GroupGCN
+from umst_plugin.modules.common import lean_ops
+from umst_plugin.modules.common.group_gcn import GroupGCN
 from umst_plugin.modules.transformer_sf.fast_attention import BoundaryRelativeSelfAttention, boundary_band
-from umst_plugin.modules.transformer_sf.fusion import FUSIONS, CrossGranularityFusion
+from umst_plugin.modules.transformer_sf.fusion import CrossGranularityFusion
 from umst_plugin.modules.transformer_sf import lean
-
-ENCODER_OUTPUTS = ("slow", "fast", "both")
-SLOW_GCN = ("input", "every-layer", "none")
-INTERACTION_PRESETS = ("all", "last", "bottom3", "top3", "every2", "none")
-
-
-def parse_interaction_layers(spec, num_layers):
-    """'all' | 'last' | 'bottom3' | 'top3' | 'every2' | 'none' | '1,3,5' (1-based) -> frozenset of 1-based ids."""
-    spec = str(spec).strip()
-    if spec == "none":  # the branches never meet (fast only: --sf-encoder-output fast)
-        layers = []
-    elif spec == "all":
-        layers = range(1, num_layers + 1)
-    elif spec == "last":
-        layers = [num_layers]
-    elif spec == "bottom3":
-        layers = range(1, min(3, num_layers) + 1)
-    elif spec == "top3":
-        layers = range(max(1, num_layers - 2), num_layers + 1)
-    elif spec == "every2":
-        layers = range(1, num_layers + 1, 2)
-    else:
-        try:
-            layers = [int(p) for p in spec.split(",") if p.strip()]
-        except ValueError:
-            raise ValueError(
-                f"interaction layers {spec!r}: expected one of {INTERACTION_PRESETS} or a comma list like 1,3,5"
-            ) from None
-        bad = [i for i in layers if not 1 <= i <= num_layers]
-        if bad or not layers:
-            raise ValueError(f"interaction layers {spec!r}: ids must be in 1..{num_layers}")
-    return frozenset(layers)
-
-
-@dataclass
-class SlowFastConfig:
-    slow_dim: int = 512
-    slow_ffn_dim: int = 2048
-    slow_heads: int = 8
-    fast_dim: int = 32
-    fast_ffn_dim: int = 128
-    fast_heads: int = 4
-    layers: int = 6
-    dropout: float = 0.1
-    attention_dropout: float = 0.1
-    activation_dropout: float = 0.1
-    fusion: str = "cga"
-    interaction_layers: FrozenSet[int] = field(default_factory=lambda: frozenset(range(1, 7)))
-    unidirectional: bool = False  # fast -> slow only (table 5 #2)
-    encoder_output: str = "slow"
-    slow_gcn: str = "input"
-    char_gcn: bool = True  # False: --no-char-boundary (table 5 #3)
-    boundary_pe_distance: int = 3  # k; 0 = --no-boundary-pe (table 5 #5)
-    # training: recompute the fast (character) branch's attention and fusion sub-layers in backward instead of
-    # keeping their activations (same values, same dropout masks): less memory, more kernel launches
-    # (--sf-recompute-fast; docs/transformer_sf.md). Its GCN and FFN keep little either way (lean.py).
-    recompute_fast: bool = False
-    # the launch-lean implementation (modules/transformer_sf/lean.py); False runs the reference modules
-    # (the same function, more and smaller ops: tests compare the two)
-    lean: bool = True
-
-    def validate(self):
-        if self.fusion not in FUSIONS:
-            raise ValueError(f"--sf-fusion {self.fusion!r}: expected one of {FUSIONS}")
-        if self.encoder_output not in ENCODER_OUTPUTS:
-            raise ValueError(f"--sf-encoder-output {self.encoder_output!r}: expected one of {ENCODER_OUTPUTS}")
-        if self.slow_gcn not in SLOW_GCN:
-            raise ValueError(f"--sf-slow-gcn {self.slow_gcn!r}: expected one of {SLOW_GCN}")
-        if self.encoder_output == "slow" and not self.interaction_layers:
-            raise ValueError("the fast branch never reaches the slow output: no interaction layers "
-                             "(a slow-only model is fairseq's transformer)")
-        if self.encoder_output == "fast" and self.unidirectional:
-            raise ValueError("--unidirectional-cga (fast -> slow only) with --sf-encoder-output fast "
-                             "leaves the slow branch unread")
 
 
 class PreNormFFN(nn.Module):
@@ -161,7 +86,7 @@ def slow_branch_is_read(cfg):
 class SlowFastLayer(nn.Module):
     compile_region = True  # --compile compiles it as one program (umst_plugin/compilation/regions.py)
 
-    def __init__(self, cfg: SlowFastConfig, layer_id: int, level):
+    def __init__(self, cfg, layer_id: int, level):
         super().__init__()
         interact = layer_id in cfg.interaction_layers
         self.slow_gcn = self.slow_attn = self.slow_attn_norm = self.slow_fusion = self.slow_ffn = None
@@ -220,7 +145,7 @@ class SlowFastLayer(nn.Module):
 
     # ------------------------------------------------------------------ lean path
     def _ldrop(self, x):
-        return lean.dropout(x, self.dropout, self.training)
+        return lean_ops.dropout(x, self.dropout, self.training)
 
     def _fast_attention_lean(self, x_fast, side):
         h = self.fast_attn.forward_lean(x_fast, self.fast_attn_norm, side)
@@ -253,8 +178,8 @@ class SlowFastLayer(nn.Module):
             x_fast = self._fast(self._fast_fused_lean, x_fast, fast_mid, slow_mid, side)
         if self.slow_ffn is not None:
             ffn = self.slow_ffn
-            h = lean.dropout(F.relu(ffn.fc1(ffn.layer_norm(x_slow))), ffn.activation_dropout, self.training)
-            x_slow = x_slow + lean.dropout(ffn.fc2(h), ffn.dropout, self.training)
+            h = lean_ops.dropout(F.relu(ffn.fc1(ffn.layer_norm(x_slow))), ffn.activation_dropout, self.training)
+            x_slow = x_slow + lean_ops.dropout(ffn.fc2(h), ffn.dropout, self.training)
         if self.fast_ffn is not None:
             x_fast = lean.lean_ffn(self.fast_ffn, x_fast, self.training)  # memory-lean: never recomputed
         return x_slow, x_fast
@@ -302,7 +227,7 @@ class SlowFastEncoderStack(nn.Module):
     fast_num_groups (upper bounds on the group ids, to skip a device sync).
     """
 
-    def __init__(self, cfg: SlowFastConfig):
+    def __init__(self, cfg):
         super().__init__()
         cfg.validate()
         self.cfg = cfg

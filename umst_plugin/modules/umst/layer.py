@@ -19,7 +19,7 @@ pooling) | gat (single-head graph attention of Velickovic et al. over the same-w
 ``inter_group`` on/off; shared GCN projections are passed in as ``word_proj`` / ``phrase_proj``.
 
 Training memory (``gcn_activations``, see GCN_ACTIVATIONS below): by default the word GCN (operator
-gcn) and the phrase GCN run through ``umst_lean_gcn``'s autograd functions (in evaluation too), the
+gcn) and the phrase GCN run through ``lean_gcn``'s autograd functions (in evaluation too), the
 same math and dropout masks as the modules' own forward (which ``store`` and ``recompute`` use).
 """
 import torch
@@ -27,14 +27,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from umst_plugin.modules.umst.group_gcn import GroupGCN, group_mean
+from umst_plugin.modules.common import lean_ops
+from umst_plugin.modules.common.group_gcn import GroupGCN, group_mean
 from umst_plugin.modules.umst.graphs import UMSTGraphs, downsample_words
 from umst_plugin.modules.umst.lean_gcn import _operator, lean_phrase_gcn, lean_word_gcn
 from umst_plugin.modules.umst.rectified_attention import RectifiedSelfAttention
 
 INTRA_GROUP_OPS = ("gcn", "pool", "gat")
 # How training keeps what the GCN blocks' backward needs (same math and dropout masks in all three):
-#   lean (default): umst_lean_gcn's hand-written backward keeps the block inputs, LayerNorm statistics
+#   lean (default): lean_gcn's hand-written backward keeps the block inputs, LayerNorm statistics
 #                   and 1-byte masks, and recomputes only LayerNorm and per-word means;
 #   store:          plain autograd keeps every intermediate (reference implementation);
 #   recompute:      plain autograd under torch.utils.checkpoint, also around RSAN's word branch:
@@ -50,7 +51,7 @@ PHRASE_GCN_FORMS = ("eq3", "authors")
 
 class PhraseGCN(nn.Module):
     """Pre-norm residual GCN over the normalised dependency adjacency Â_p; ``adj`` is B x W x W (dense,
-    see umst_graphs).
+    see graphs.py).
 
     ``form="eq3"`` (default), the paper's Eq. 3 with W_p an affine map (``nn.Linear``):
 
@@ -131,6 +132,7 @@ class WordPool(nn.Module):
 
 class UMSTEncoderLayer(nn.Module):
     reference = False  # True: the plain reference form of the block (see use_reference_path)
+    reference_switch = True  # modules.common.lean_ops.use_reference_path switches it
     compile_region = True  # --compile compiles it as one program (umst_plugin/compilation/regions.py)
 
     def __init__(
@@ -259,20 +261,7 @@ class UMSTEncoderLayer(nn.Module):
 
         # torch.native_dropout: the masks F.dropout draws, one kernel on any device
         h = self.self_attn(self.self_attn_layer_norm(x), x_word, graphs)
-        x = x + _dropout(h, self.dropout, self.training)
-        h = _dropout(F.relu(self.fc1(self.final_layer_norm(x))), self.activation_dropout, self.training)
-        return x + _dropout(self.fc2(h), self.dropout, self.training)
+        x = x + lean_ops.dropout(h, self.dropout, self.training)
+        h = lean_ops.dropout(F.relu(self.fc1(self.final_layer_norm(x))), self.activation_dropout, self.training)
+        return x + lean_ops.dropout(self.fc2(h), self.dropout, self.training)
 
-
-def _dropout(x, p, training):
-    return torch.native_dropout(x, p, True)[0] if training and p > 0 else x
-
-
-def use_reference_path(module: nn.Module, on: bool = True) -> nn.Module:
-    """Run every UMST block under ``module`` in its plain reference form (separate Q/K/V projections, index-based
-    pooling, gather and segment means, ``F.dropout``), or back in the default dense form (``on=False``). The two
-    are the same math with the same dropout masks (tested in float64); the reference launches more kernels."""
-    for m in module.modules():
-        if isinstance(m, (UMSTEncoderLayer, RectifiedSelfAttention)):
-            m.reference = on
-    return module

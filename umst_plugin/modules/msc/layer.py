@@ -20,7 +20,7 @@ dropout, but know nothing of dictionaries, arguments or encoder-out dicts.
 Every layer has two forms of the same math: the lean default (``lean.py``: the two attentions of Eq. 12 / 13
 as one attention call, packed projections, one-kernel gate and dropout, masks and cross-attention keys/values
 built once per stack by the caller; a preallocated incremental cache) and the reference form (``reference =
-True``, :func:`use_reference_path`): fairseq's attention modules one by one, as first written. Tests check they
+True``, ``modules.common.lean_ops.use_reference_path``): fairseq's attention modules one by one, as first written. Tests check they
 agree (tests/test_msc_lean.py).
 """
 
@@ -110,6 +110,7 @@ class _PreNormMSCLayer(nn.Module):
 
     compile_region = True  # --compile compiles it as one program (umst_plugin/compilation/regions.py)
     reference = False  # True: the reference form (fairseq's attention modules one by one); use_reference_path
+    reference_switch = True  # (modules.common.lean_ops) switches it
 
     def __init__(
         self,
@@ -456,13 +457,3 @@ class DecoderStep:
     def __init__(self, self_kv, index, self_mask, cross_k, cross_v, cross_mask, weights):
         self.self_kv, self.index, self.self_mask = self_kv, index, self_mask
         self.cross_k, self.cross_v, self.cross_mask, self.weights = cross_k, cross_v, cross_mask, weights
-
-
-def use_reference_path(module: nn.Module, on: bool = True) -> nn.Module:
-    """Run every MSC layer (and MSC encoder / decoder) under ``module`` in its reference form: fairseq's attention
-    modules one by one, masks and cross-attention keys/values per layer, fairseq's incremental state. The lean
-    default computes the same (tested in float64 with the same dropout masks) in fewer kernels."""
-    for m in module.modules():
-        if isinstance(m, _PreNormMSCLayer) or getattr(type(m), "msc_reference_switch", False):
-            m.reference = on
-    return module
