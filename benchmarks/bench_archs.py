@@ -53,8 +53,8 @@ try:  # imported from the installed benchmarks package (tests), or run as a scri
 except ImportError:
     import common
 
-from umst_plugin import dev
-from umst_plugin import op_counts  # noqa: F401  (registers the FLOP formulas torch lacks: addbmm)
+from umst_dev import dev
+from umst_dev import op_counts  # noqa: F401  (registers the FLOP formulas torch lacks: addbmm)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LENGTHS = os.path.join(HERE, "multi30k_lengths.json")

@@ -25,7 +25,7 @@ vocabulary, gold dependency side files), under ``--task multiscale_translation``
 * **Kernel launches per decoding step** (``--launch-sentences`` 8 sentences x ``--launch-beam`` 5, the same
   models): one later incremental step as fairseq's ``EnsembleModel`` runs it -- ``reorder`` (the beam reorder of
   the incremental state and the encoder output) and ``decoder`` (the decoder on the last token and the output
-  log-probabilities) -- counted with ``umst_plugin.op_counts.KernelLaunches`` on the CPU (every aten op that
+  log-probabilities) -- counted with ``umst_dev.op_counts.KernelLaunches`` on the CPU (every aten op that
   launches a kernel, what a GPU would run); and ``generate``: a whole SequenceGenerator call (beam search
   included) per decoder step, the encoder excluded, counted on the run's device. With ``--device cuda`` the
   step is also counted there both ways: KernelLaunches (the ops CUDA dispatches) and the CUDA kernels
@@ -121,7 +121,7 @@ def random_checkpoint(databin, arch, overrides, path, seed=1):
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from omegaconf import OmegaConf
 
-    from umst_plugin import dev
+    from umst_dev import dev
 
     cfg = convert_namespace_to_omegaconf(dev.parse_args(arch, dict(overrides, source_lang=SRC, target_lang=TGT),
                                                         data=databin))
@@ -370,7 +370,7 @@ class IncrementalDecoder:
 
 def step_launches(model, task, sample, beam, warm_steps=2):
     """KernelLaunches of one later decoding step by phase (reorder, decoder), after the first and ``warm_steps``."""
-    from umst_plugin.op_counts import KernelLaunches
+    from umst_dev.op_counts import KernelLaunches
 
     decoder = IncrementalDecoder(model, task, sample, beam)
     for _ in range(1 + warm_steps):
@@ -410,7 +410,7 @@ def generator_for(model, task, beam, length):
 def generate_launches(model, task, sample, beam, length):
     """KernelLaunches of one SequenceGenerator call (beam search included) over ``sample``: per decoder step
     (``length`` + 1 steps), the encoder excluded, and the encoder's."""
-    from umst_plugin.op_counts import KernelLaunches
+    from umst_dev.op_counts import KernelLaunches
 
     generator = generator_for(model, task, beam, length)
     with torch.no_grad():
@@ -455,7 +455,7 @@ def cuda_counts(model, task, sample, beam, length, profile_generate=False):
 def launch_counts(model, task, beam, sentences, length, device, profile_generate=False):
     """The launch counts of one model: a decoding step on the CPU (a copy there if the model is on CUDA), a whole
     generate call on the model's device; on CUDA the step there too (:func:`cuda_counts`)."""
-    from umst_plugin import dev
+    from umst_dev import dev
 
     sample = dev.random_sample(task, sentences, 12, 12, seed=1)  # as bench_op_counts.py: 8 x <= 12 subwords
     model = model.eval()

@@ -2,7 +2,7 @@
 
 On a GPU at base width a training step waits on the host: on an H200 a bf16 step of 4,096 tokens kept the GPU
 busy 0.11-0.22 of the time (docs/performance.md), so what an update costs there is much more its number of kernel
-launches than its FLOPs. This benchmark counts them without a GPU: ``umst_plugin.op_counts.KernelLaunches``
+launches than its FLOPs. This benchmark counts them without a GPU: ``umst_dev.op_counts.KernelLaunches``
 sees every aten op below autograd (views, bare allocations and metadata left out; a multi-tensor op as the
 launches CUDA's multi-tensor apply makes), on the CPU as on a GPU. Where both run the same ops the count is the
 GPU's (the transformer's eager bf16 update: 1,434 here, 1,505 CUDA kernels on the H200); where a GPU fuses what a
@@ -49,7 +49,7 @@ real one). The stock row stays eager: what a user gets without the plugin.
 ``--simulate-gpu h200`` (with ``--compile``, on a CPU, under a CUDA build of torch with Triton: the GPU machines'
 torch runs on a CPU): the compiled layers' forward and backward are counted as inductor's GPU program, Triton
 kernels and library calls, generated on this CPU for a simulated H200 and not run
-(``umst_plugin/simulated_gpu.py``); the graphs run eagerly for the numbers. Fused attention counts as the GPU's one
+(``umst_dev/simulated_gpu.py``); the graphs run eagerly for the numbers. Fused attention counts as the GPU's one
 kernel each way. The eager rows and phases stay this CPU's count. It also measures what those programs move: bytes
 (each Triton kernel by inductor's estimate, each library call by its input views and outputs) and FLOPs (the products'
 and attentions') of the compiled layers in the counted update, forward and backward apart, and gives their bytes and
@@ -128,7 +128,7 @@ TRAINING = dict(optimizer="adam", adam_betas="(0.9,0.98)", lr=5e-4, lr_scheduler
 
 
 def make_dictionary(vocab):
-    """A subword-nmt style dictionary (every third entry continues its word), as ``umst_plugin.dev``'s, built
+    """A subword-nmt style dictionary (every third entry continues its word), as ``umst_dev.dev``'s, built
     without importing the plugin (the stock process must not load its patches)."""
     from fairseq.data import Dictionary
 
@@ -186,7 +186,7 @@ def sample_for(task, dictionary, pairs, side_data):
 
 
 def overrides_to_argv(overrides):
-    """``umst_plugin.dev.overrides_to_argv``, kept here for the same reason as :func:`make_dictionary`."""
+    """``umst_dev.dev.overrides_to_argv``, kept here for the same reason as :func:`make_dictionary`."""
     argv = []
     for key, value in overrides.items():
         flag = "--" + key.replace("_", "-")
@@ -285,7 +285,7 @@ def compile_and_count(trainer, sample, row, device):
     from umst_plugin import compilation
 
     eager, _ = profiled_update(trainer, sample)
-    from umst_plugin import simulated_gpu
+    from umst_dev import simulated_gpu
 
     simulated = isinstance(COMPILE_BACKEND, simulated_gpu.Backend)  # --simulate-gpu
     if simulated:  # the compiled layers' attention as a GPU's fused kernel
@@ -365,17 +365,10 @@ def benchmark_common():
 
 
 def op_counts_module():
-    """``umst_plugin/op_counts.py`` loaded by its path: importing it as ``umst_plugin.op_counts`` would run the
-    package's ``__init__`` (the archs, the fairseq patches), which the stock process must not."""
-    import importlib.util
+    """``umst_dev.op_counts`` (it imports torch only: the stock process may load it without the plugin)."""
+    from umst_dev import op_counts
 
-    if "umst_plugin" in sys.modules:
-        from umst_plugin import op_counts
-        return op_counts
-    spec = importlib.util.spec_from_file_location("umst_op_counts", os.path.join(ROOT, "umst_plugin", "op_counts.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return op_counts
 
 
 def stock_row(precision, quick, device="cpu", lengths=None):
@@ -547,7 +540,7 @@ def main(argv=None):
     p.add_argument("--simulate-gpu", metavar="DEVICE", choices=("h200",), default=None,
                    help="with --compile on a CPU: count the compiled layers as inductor's GPU program for this device "
                         "(Triton kernels and library calls, generated here and not run; needs a CUDA build of torch "
-                        "with Triton, umst_plugin/simulated_gpu.py); eager parts stay this CPU's count")
+                        "with Triton, umst_dev/simulated_gpu.py); eager parts stay this CPU's count")
     p.add_argument("--floor", action="store_true",
                    help="also count a transformer of the same shape as each row that has one (prime, prime_simple: "
                         "transformer_prime_shape, 12+12 layers at prime_base's sizes; transformer_sf: "
@@ -592,7 +585,7 @@ def main(argv=None):
         if not args.compile or args.device != "cpu":
             p.error("--simulate-gpu counts compiled layers on a CPU: give --compile and leave --device cpu")
         import umst_plugin  # noqa: F401  (the archs, before the backend)
-        from umst_plugin import simulated_gpu
+        from umst_dev import simulated_gpu
 
         why = simulated_gpu.unavailable()
         if why:
@@ -624,7 +617,7 @@ def main(argv=None):
         # Triton's launches report themselves; leaving the setting alone there keeps inductor's cache of the other
         # benchmarks' programs valid: the setting is part of its key)
         import umst_plugin  # noqa: F401  (the archs; before inductor's settings, which the plugin does not touch)
-        from umst_plugin.op_counts import count_generated_kernels
+        from umst_dev.op_counts import count_generated_kernels
 
         count_generated_kernels().__enter__()  # for the whole process: every compilation below
     try:

@@ -33,7 +33,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (  # noqa: E402
 )
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
-from umst_plugin import dev  # noqa: E402
+from umst_dev import dev  # noqa: E402
 
 SMALL = dict(encoder_embed_dim=256, decoder_embed_dim=256, encoder_ffn_embed_dim=512,
              decoder_ffn_embed_dim=512, encoder_attention_heads=4, decoder_attention_heads=4)

@@ -1,6 +1,6 @@
 """Per architecture: matrix products left in fp32 under bf16 autocast, and host-device syncs per step.
 
-Counted with ``umst_plugin.op_counts`` (TorchDispatchMode: every aten op, on the CPU as on a GPU), at each arch's
+Counted with ``umst_dev.op_counts`` (TorchDispatchMode: every aten op, on the CPU as on a GPU), at each arch's
 paper-default width on a batch of 8 random sentences of up to 12 subwords:
 
 * ``fp32 bwd``: matrix products of one backward pass under ``torch.autocast("cpu", bfloat16)`` whose inputs
@@ -21,8 +21,8 @@ import json
 import torch
 import torch.nn.functional as F
 
-from umst_plugin import dev
-from umst_plugin.op_counts import HostSyncs, MatmulDtypes
+from umst_dev import dev
+from umst_dev.op_counts import HostSyncs, MatmulDtypes
 
 ARCHS = {
     "transformer": ("transformer", dict(encoder_normalize_before=True, decoder_normalize_before=True)),

@@ -216,7 +216,7 @@ def flops_per_token(names, device, quick=False):
         from benchmarks import bench_archs
     except ImportError:
         import bench_archs
-    from umst_plugin import dev
+    from umst_dev import dev
 
     src, tgt = bench_archs.lengths_batch(4096)
     out = {}
@@ -310,8 +310,8 @@ def _run_process(runs, plan_path, out_path, work, tag, timeout):
 
 def compile_loss_comparisons(rows):
     """'arch precision' -> the eager and ``--compile`` rows' mean training loss over their last 50 common updates
-    (``umst_tools.gpu_check.compare_losses``), for every arch trained both ways in one precision."""
-    from umst_tools.gpu_check import compare_losses
+    (``umst_dev.gpu_check.compare_losses``), for every arch trained both ways in one precision."""
+    from umst_dev.gpu_check import compare_losses
 
     by = {(r["name"], r["precision"]): r for r in rows if r.get("loss")}
     compared = {}

@@ -26,7 +26,7 @@ sys.path.insert(0, ROOT)
 import common  # noqa: E402  (benchmarks/common.py)
 import umst_plugin  # noqa: E402,F401
 from fairseq import options  # noqa: E402
-from umst_plugin import dev  # noqa: E402
+from umst_dev import dev  # noqa: E402
 from fairseq.data import Dictionary  # noqa: E402
 from fairseq.tasks.translation import TranslationTask  # noqa: E402
 

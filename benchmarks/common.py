@@ -25,11 +25,11 @@ if ROOT not in sys.path:
 
 
 def __getattr__(name):
-    """``common.dev`` (``umst_plugin.dev``) on first use: importing this module must not import the plugin, whose
+    """``common.dev`` (``umst_dev.dev``) on first use: importing this module must not import the plugin, whose
     ``__init__`` patches fairseq; bench_launches' stock row profiles with :func:`cuda_profile` in a process that
     must stay stock fairseq."""
     if name == "dev":
-        from umst_plugin import dev
+        from umst_dev import dev
         return dev
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -118,7 +118,7 @@ def peak_memory(fn, device="cpu"):
 def train_step_fn(model, sample):
     """forward + backward of the token-level cross entropy (what fairseq-train does per batch)."""
     pad = model.decoder.dictionary.pad()
-    from umst_plugin import dev
+    from umst_dev import dev
 
     net_input = dev.model_inputs(model, sample)
 

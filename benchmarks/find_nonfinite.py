@@ -16,8 +16,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from umst_plugin import dev
-from umst_plugin.op_counts import tensors_in
+from umst_dev import dev
+from umst_dev.op_counts import tensors_in
 
 TINY = dict(encoder_layers=2, decoder_layers=2, encoder_embed_dim=16, decoder_embed_dim=16, encoder_ffn_embed_dim=32,
             decoder_ffn_embed_dim=32, encoder_attention_heads=2, decoder_attention_heads=2)

@@ -385,7 +385,7 @@ def child(plan_path, record_path, deadline):
                         stream=sys.stdout)
     if not spec["stock"]:
         import umst_plugin  # noqa: F401  (fairseq's --user-dir import finds it loaded)
-        from umst_plugin import op_counts  # noqa: F401  (FLOP formulas torch lacks: addbmm)
+        from umst_dev import op_counts  # noqa: F401  (FLOP formulas torch lacks: addbmm)
     import torch
 
     busy = GpuBusy(_visible_index(), enabled=torch.cuda.is_available())
@@ -825,7 +825,7 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     paths, install_s = [], None
     if args.wheelhouse:
-        from umst_tools import gpu_check
+        from umst_dev import gpu_check
 
         with open(os.path.join(work, "install-log.txt"), "a") as log:
             site, tree = gpu_check.install(sys.executable, os.path.abspath(args.wheelhouse), work, log)

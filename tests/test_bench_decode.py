@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from benchmarks import bench_decode, synthetic_corpus
-from umst_plugin import dev
+from umst_dev import dev
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = dict(train=300, valid=20, test=30)

@@ -269,7 +269,7 @@ def test_addbmm_counts_its_flops():
     """torch's FLOP counter has no addbmm formula; op_counts registers one (MSC's lean path uses addbmm)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from umst_plugin import op_counts  # noqa: F401
+    from umst_dev import op_counts  # noqa: F401
 
     a, b = torch.randn(3, 4, 5), torch.randn(3, 5, 6)
     with FlopCounterMode(display=False) as counter:

@@ -211,9 +211,9 @@ def plugin_cli_flags():
 
 
 def script_texts():
-    """The scripts, benchmarks and the fairseq-free tools they run (umst_tools: the argparse of the runner,
-    the GPU check, the recipes' Python)."""
-    paths = [p for d in ("scripts", "scripts/slurm", "benchmarks", "umst_tools", "umst_tools/multi30k")
+    """The scripts, benchmarks and the fairseq-free tools they run (umst_tools: the argparse of the runner, the
+    recipes' Python; umst_dev: the GPU check, the mutation check)."""
+    paths = [p for d in ("scripts", "scripts/slurm", "benchmarks", "umst_tools", "umst_tools/multi30k", "umst_dev")
              for p in glob.glob(os.path.join(ROOT, d, "*")) if os.path.isfile(p)]
     return {rel(p): read(p) for p in paths}
 
@@ -269,7 +269,7 @@ def test_the_command_scan_sees_commands():
         ["scripts/wmt_prep.py", "scripts/slurm/x.sbatch"]
 
 
-PATH_RE = re.compile(r"`((?:umst_plugin|umst_tools|benchmarks|scripts|tests|configs)/[\w./-]*\w)`")
+PATH_RE = re.compile(r"`((?:umst_plugin|umst_tools|umst_dev|benchmarks|scripts|tests|configs)/[\w./-]*\w)`")
 
 
 def test_every_project_path_the_docs_name_exists():
