@@ -13,6 +13,7 @@ import argparse
 import collections
 import json
 import os
+import platform
 import statistics
 import sys
 import time
@@ -20,8 +21,6 @@ import time
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 
 def __getattr__(name):
@@ -32,6 +31,28 @@ def __getattr__(name):
         from umst_dev import dev
         return dev
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+        model = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name"))
+        family = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("cpu family"))
+        number = next(line.split(":", 1)[1].strip() for line in info.splitlines()
+                      if line.startswith("model") and not line.startswith("model name"))
+        flags = next(line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags"))
+        isa = "AVX-512" if "avx512f" in flags else "AVX2"
+        extra = ", avx512_bf16" if "avx512_bf16" in flags else ""
+        return f"{model} (family {family}, model {number}), {isa}{extra}, {os.cpu_count()} cores"
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown CPU"
+
+
+def device_name(device):
+    if str(device).startswith("cuda"):
+        return torch.cuda.get_device_name(device)
+    return cpu_name()
 
 
 def sync(device):

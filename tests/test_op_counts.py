@@ -21,7 +21,8 @@ TOLERANCE = 0.02  # measured: transformer equal, UMST's backward 366 against 362
 
 @pytest.mark.parametrize("arch", ["transformer", "umst", "prime"])
 def test_profiled_count_equals_dispatch_count_on_an_eager_update(arch):
-    name, overrides = bench_launches.ARCHS[arch]
+    spec = bench_launches.launch_rows()[arch]
+    name, overrides = spec["arch"], dict(spec["overrides"])
     trainer, sample = bench_launches.build_trainer(name, overrides, "fp32", plugin=True, quick=True)
     trainer.train_step([sample])  # the optimizer's state
     counter = KernelLaunches()

@@ -349,13 +349,13 @@ def test_bench_launches_counts_a_batch_of_the_tokens_and_lengths_asked_for_in_ev
     in the plugin's rows and in the stock row's own process."""
     import json
 
-    from benchmarks import bench_archs, bench_launches
+    from benchmarks import bench_launches, harness
 
     out = tmp_path / "launches.json"
     bench_launches.main(["--quick", "--archs", "transformer", "--max-tokens", "1024", "--lengths", "wmt14",
                          "--json", str(out)])
     result = json.loads(out.read_text())
-    sources, targets = bench_archs.lengths_batch(1024, lengths="wmt14")
+    sources, targets = harness.lengths_batch(1024, lengths="wmt14")
     assert result["sentences"] == len(sources) and result["max_tokens"] == 1024 and result["lengths"] == "wmt14"
     for row in result["rows"]:
         assert row["sentences"] == len(sources)

@@ -6,8 +6,8 @@ prints, in the order they happened, the modules whose forward output or whose gr
 input holds inf/NaN (in the order they happened: the first forward event is where the forward pass breaks;
 the first backward event names the module fed by the op whose backward breaks), and the parameters with non-finite gradients.
 
-    python benchmarks/find_nonfinite.py --arch umst_base --device cuda --dtype bf16 --data demo/data-bin
-    python benchmarks/find_nonfinite.py --arch prime_simple_base --tiny --device cuda --dtype fp16
+    python -m umst_dev.find_nonfinite --arch umst_base --device cuda --dtype bf16 --data demo/data-bin
+    python -m umst_dev.find_nonfinite --arch prime_simple_base --tiny --device cuda --dtype fp16
 """
 import argparse
 import contextlib
