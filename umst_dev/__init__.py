@@ -12,6 +12,10 @@ the plugin owns (``umst_plugin.modules.common.attention.gpu_paths_on_cpu``).
 * ``simulated_gpu`` -- a GPU's compiled programs generated and counted on a CPU (inductor's Triton lowering).
 * ``gpu_check`` and ``fairseq_source`` -- the GPU check (``bash scripts/gpu-check.sh``) and the light build of
   fairseq-fixed from its source archive it installs.
+* ``argv`` -- model arguments as a dict -> fairseq's command-line flags (imports nothing of the plugin).
+* ``find_nonfinite``, ``sdpa_backends`` -- debugging tools (``python -m umst_dev.find_nonfinite``, ...): the first
+  module with a non-finite output or gradient in a mixed-precision step; torch's attention backends against a
+  float64 reference.
 * ``mutation`` -- the mutation check (``python -m umst_dev.mutation``: faults planted one at a time, each against
   the tests that claim to guard it).
 """
