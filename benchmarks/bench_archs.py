@@ -31,136 +31,23 @@ compared with it, ``vs_shape`` in the JSON, ``compare_runs.py shape``).
 
 Usage::
 
-    python benchmarks/bench_archs.py                                # base width, fp32 + bf16, this CPU
-    python benchmarks/bench_archs.py --width big --archs transformer_sf,prime
-    python benchmarks/bench_archs.py --device cuda --precisions fp16,bf16 --max-tokens 4096
-    python benchmarks/bench_archs.py --quick                        # tiny widths: a smoke run
-    python benchmarks/bench_archs.py --device cuda --compile --archs umst   # compiled layers (compile time apart)
+    python -m benchmarks archs                                # base width, fp32 + bf16, this CPU
+    python -m benchmarks archs --width big --archs transformer_sf,prime
+    python -m benchmarks archs --device cuda --precisions fp16,bf16 --max-tokens 4096
+    python -m benchmarks archs --quick                        # tiny widths: a smoke run
+    python -m benchmarks archs --device cuda --compile --archs umst   # compiled layers (compile time apart)
 """
 import argparse
-import json
-import os
-import platform
-import random
 import statistics
 import time
 
 import torch
-import torch.nn.functional as F
 
-try:  # imported from the installed benchmarks package (tests), or run as a script (its folder on sys.path)
-    from benchmarks import common
-except ImportError:
-    import common
+from benchmarks import common, harness
+from umst_dev import dev
+from umst_dev import op_counts  # noqa: F401  (registers the FLOP formulas torch lacks: addbmm)
 
-from umst_plugin import dev
-from umst_plugin import op_counts  # noqa: F401  (registers the FLOP formulas torch lacks: addbmm)
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-LENGTHS = os.path.join(HERE, "multi30k_lengths.json")
-VOCAB = 10000
-PRENORM = dict(encoder_normalize_before=True, decoder_normalize_before=True)
-
-# name -> (arch at base width, arch at big width, overrides). The transformer rows are the baselines: each arch
-# is compared with the pre-norm transformer at the same attention and activation dropout (its paper's): a
-# dropout on the attention weights has no fused kernel on a CPU, so there torch keeps the weights for backward
-# and runs the math in fp32 (also in fairseq's MultiheadAttention of every decoder); comparing with a transformer
-# without it would charge that CPU artefact to the arch (on a GPU the fused kernels take the dropout).
-DROPOUT_01 = dict(attention_dropout=0.1, activation_dropout=0.1)
-ARCHS = {
-    "transformer": ("transformer", "transformer_vaswani_wmt_en_de_big", PRENORM),
-    "transformer_dropout": ("transformer", "transformer_vaswani_wmt_en_de_big", dict(PRENORM, **DROPOUT_01)),
-    "umst": ("umst_base", "umst_big", {}),
-    "umst_rpr": ("umst_base_rpr", "umst_big_rpr", {}),
-    "transformer_sf": ("transformer_sf_base", "transformer_sf_big", {}),
-    # the trade-off flag: the character branch's sub-layers recomputed in backward rather than kept
-    "transformer_sf_recompute": ("transformer_sf_base", "transformer_sf_big", {"sf_recompute_fast": True}),
-    "msc": ("msc_base", "msc_big", {}),
-    "msmsa": ("msmsa_base", "msmsa_big", {}),
-    "prime": ("prime_base", "prime_big", {}),
-    "prime_simple": ("prime_simple_base", "prime_simple_big", {}),
-    # Prime's shape (12+12 layers, narrower and deeper than the transformer's 6+6): activations grow with
-    # layers x width and matmul FLOPs with layers x width^2, so a narrower model keeps more bytes per FLOP
-    # whatever its layers are. This transformer tells the shape's share of Prime's ratio from the layers'.
-    "transformer_prime_shape": ("transformer", "transformer_vaswani_wmt_en_de_big",
-                                dict(PRENORM, encoder_layers=12, decoder_layers=12, encoder_embed_dim=384,
-                                     decoder_embed_dim=384, encoder_ffn_embed_dim=768, decoder_ffn_embed_dim=768,
-                                     encoder_attention_heads=4, decoder_attention_heads=4, dropout=0.4),
-                                dict(encoder_embed_dim=768, decoder_embed_dim=768, encoder_ffn_embed_dim=3072,
-                                     decoder_ffn_embed_dim=3072, encoder_attention_heads=16,
-                                     decoder_attention_heads=16, dropout=0.3)),
-}
-# the others: "transformer" (attention and activation dropout 0)
-BASELINE = {name: "transformer_dropout" for name in ("umst", "umst_rpr", "transformer_sf", "transformer_sf_recompute",
-                                                     "msc")}
-LABELS = {"transformer_dropout": " (dropout 0.1)", "transformer_prime_shape": " (Prime's shape)",
-          "transformer_sf_recompute": " --sf-recompute-fast"}
-SHAPE_BASELINE = {"prime": "transformer_prime_shape", "prime_simple": "transformer_prime_shape"}
-QUICK = dict(encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_embed_dim=32,
-             encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4,
-             decoder_attention_heads=4)
-QUICK_EXTRA = {"transformer_sf": dict(fast_embed_dim=8, fast_ffn_embed_dim=16, fast_attention_heads=2),
-               "transformer_sf_recompute": dict(fast_embed_dim=8, fast_ffn_embed_dim=16, fast_attention_heads=2),
-               "msc": dict(encoder_blocks=2, encoder_layers_per_block=1)}
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-POOL_BATCHES = 9  # lengths_batch draws sentences for at least this many batches and takes the middle one
-
-
-def lengths_batch(max_tokens, seed=0, lengths=LENGTHS):
-    """(source lengths, target lengths) of one full batch as fairseq builds it, drawn from a length distribution
-    (``lengths``: a JSON file's pairs, by default Multi30k's, or ``"wmt14"``, ``synthetic_corpus.WMT14``).
-
-    A pool of sentences large enough for at least :data:`POOL_BATCHES` batches is drawn (the file's pairs in seeded
-    random orders, as ``synthetic_corpus.py`` draws a split), sorted by (source, target) length and packed while
-    bsz x max(len) <= max_tokens (lengths + 1 for </s>), as fairseq's ``batch_by_size`` packs; the batch in the
-    middle of that list is taken: sentences of the median length, and a full batch (within one sentence's length
-    of the budget), never the short remainder at a list's end."""
-    from benchmarks import synthetic_corpus
-
-    rng = random.Random(f"lengths-batch-{seed}")
-    probe = synthetic_corpus.draw_lengths(rng, lengths, 200)
-    mean = sum(max(s, t) + 1 for s, t in probe) / len(probe)
-    pool = probe + synthetic_corpus.draw_lengths(rng, lengths, int(POOL_BATCHES * max_tokens / mean) + 1)
-    pairs = sorted((s + 1, t + 1) for s, t in pool)
-    batches, current, longest = [], [], 0
-    for s, t in pairs:
-        longest_next = max(longest, s, t)
-        if current and longest_next * (len(current) + 1) > max_tokens:
-            batches.append(current)
-            current, longest_next = [], max(s, t)
-        current.append((s, t))
-        longest = longest_next
-    if current:
-        batches.append(current)
-    batch = batches[len(batches) // 2]
-    return [s for s, _ in batch], [t for _, t in batch]
-
-
-def make_sample(task, src_lengths, tgt_lengths, seed=0):
-    """A collated batch with exactly these lengths (random tokens and dependency trees)."""
-    data = dev.dataset_of_lengths(task, src_lengths, tgt_lengths, seed=seed)
-    return dev.collate(data, range(len(src_lengths)))
-
-
-def build(name, width, quick):
-    base, big, overrides, *big_overrides = ARCHS[name]
-    arch = big if width == "big" else base
-    overrides = dict(overrides, share_all_embeddings=True)
-    if width == "big" and big_overrides:
-        overrides.update(big_overrides[0])
-    if quick:
-        overrides.update(QUICK)
-        overrides.update(QUICK_EXTRA.get(name, {}))
-    model, task = dev.build_model(arch, overrides, dictionary=dev.make_dictionary(VOCAB))
-    return arch, model, task
-
-
-def loss_fn(model, sample, net_input, autocast_dtype, device_type):
-    pad = model.decoder.dictionary.pad()
-    with torch.autocast(device_type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
-        logits = model(**net_input)[0]
-    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), sample["target"].view(-1),
-                           ignore_index=pad, label_smoothing=0.1)
 
 
 def step_fn(model, sample, autocast_dtype, device_type):
@@ -168,18 +55,8 @@ def step_fn(model, sample, autocast_dtype, device_type):
 
     def step():
         model.zero_grad(set_to_none=True)
-        loss_fn(model, sample, net_input, autocast_dtype, device_type).backward()
+        harness.loss_fn(model, sample, net_input, autocast_dtype, device_type).backward()
     return step
-
-
-def matmul_flops(model, sample, device_type):
-    from torch.utils.flop_counter import FlopCounterMode
-
-    net_input = dev.model_inputs(model, sample)
-    model.zero_grad(set_to_none=True)
-    with FlopCounterMode(display=False) as counter:
-        loss_fn(model, sample, net_input, None, device_type).backward()
-    return counter.get_total_flops()
 
 
 def saved_bytes(model, sample, autocast_dtype, device_type):
@@ -197,7 +74,7 @@ def saved_bytes(model, sample, autocast_dtype, device_type):
     net_input = dev.model_inputs(model, sample)
     model.zero_grad(set_to_none=True)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = loss_fn(model, sample, net_input, autocast_dtype, device_type)
+        loss = harness.loss_fn(model, sample, net_input, autocast_dtype, device_type)
     loss.backward()
     return sum(seen.values())
 
@@ -230,7 +107,7 @@ def saved_bytes_by_module(model, sample, autocast_dtype, device_type, depth=6):
     model.zero_grad(set_to_none=True)
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss = loss_fn(model, sample, net_input, autocast_dtype, device_type)
+            loss = harness.loss_fn(model, sample, net_input, autocast_dtype, device_type)
     finally:
         for h in hooks:
             h.remove()
@@ -250,41 +127,19 @@ def event_time(fn, device):
     return common.timed(fn, device, cpu_time=True)[1]
 
 
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            info = f.read()
-        model = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name"))
-        family = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("cpu family"))
-        number = next(line.split(":", 1)[1].strip() for line in info.splitlines()
-                      if line.startswith("model") and not line.startswith("model name"))
-        flags = next(line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags"))
-        isa = "AVX-512" if "avx512f" in flags else "AVX2"
-        extra = ", avx512_bf16" if "avx512_bf16" in flags else ""
-        return f"{model} (family {family}, model {number}), {isa}{extra}, {os.cpu_count()} cores"
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
-
-
-def device_name(device):
-    if str(device).startswith("cuda"):
-        return torch.cuda.get_device_name(device)
-    return cpu_name()
-
-
 def measure(names, width, precisions, device, max_tokens, repeats, warmup, quick, log=print, memory=True,
-            profile=False, compile=False, lengths=LENGTHS):
+            profile=False, compile=False, lengths=harness.LENGTHS):
     device_type = "cuda" if str(device).startswith("cuda") else "cpu"
-    src_lengths, tgt_lengths = lengths_batch(max_tokens, lengths=lengths)
+    src_lengths, tgt_lengths = harness.lengths_batch(max_tokens, lengths=lengths)
     log(f"batch: {len(src_lengths)} sentences, source {min(src_lengths)}-{max(src_lengths)}, "
         f"target {min(tgt_lengths)}-{max(tgt_lengths)} tokens (with </s>), {sum(tgt_lengths)} target tokens")
     rows, steps = {}, {}
     for name in names:
-        arch, model, task = build(name, width, quick)
+        arch, model, task = harness.build(name, width, quick)
         model = model.to(device).train()
-        sample = dev.move_sample(make_sample(task, src_lengths, tgt_lengths), device)
+        sample = dev.move_sample(harness.make_sample(task, src_lengths, tgt_lengths), device)
         row = dict(name=name, arch=arch, params=common.n_params(model))
-        row["flops"] = matmul_flops(model, sample, device_type)
+        row["flops"] = harness.matmul_flops(model, sample, device_type)
         if memory:
             row["saved"] = {p: saved_bytes(model, sample, PRECISIONS[p], device_type) for p in precisions}
             row["peak"] = {}
@@ -330,21 +185,26 @@ def measure(names, width, precisions, device, max_tokens, repeats, warmup, quick
                 rows[name].setdefault("profile", {})[p] = common.cuda_profile(fn)
     for name in names:
         rows[name].pop("_model")
-    return dict(device=device_name(device), device_type=device_type, torch=torch.__version__,
+    return dict(device=common.device_name(device), device_type=device_type, torch=torch.__version__,
                 threads=torch.get_num_threads() if device_type == "cpu" else None, width=width,
                 max_tokens=max_tokens, sentences=len(src_lengths), repeats=repeats, quick=quick,
                 precisions=list(precisions), memory=memory, compiled=bool(compile), rows=[rows[n] for n in names])
 
 
 def baseline_of(name):
-    if name in ("transformer", "transformer_dropout"):
+    """The transformer a row is compared with (``BenchRow.baseline``; a transformer row with itself)."""
+    if name in harness.TRANSFORMER_ROWS:
         return name
-    return BASELINE.get(name, "transformer")  # transformer_prime_shape too: its shape's cost against the base
+    return harness.row(name).baseline  # a transformer of a family's shape too: its shape's cost against the base
+
+
+def label_of(name):
+    return harness.row(name).label
 
 
 def ratios(result):
     """Per row: FLOPs, saved and time ratios, and the per-FLOP ratios, against the row's baseline transformer
-    (the same attention and activation dropout: ``BASELINE``)."""
+    (the same attention and activation dropout: :func:`baseline_of`)."""
     rows = {r["name"]: r for r in result["rows"]}
     out = []
     for r in result["rows"]:
@@ -361,7 +221,7 @@ def ratios(result):
             if "profile" in r and p in r["profile"]:
                 mine, theirs = r["profile"][p], tf["profile"][p]
                 entry[p].update(kernels_per_flop=mine["kernels"] / theirs["kernels"] / flops, busy=mine["busy"])
-        shape = rows.get(SHAPE_BASELINE.get(r["name"]))
+        shape = rows.get(harness.row(r["name"]).shape_baseline)
         if shape is not None:  # also against the transformer of the arch's own shape
             entry["shape_baseline"] = shape["name"]
             for p in result["precisions"]:
@@ -394,7 +254,7 @@ def markdown(result):
     by_name = {r["name"]: r for r in result["rows"]}
     for ratio in result.get("ratios") or ratios(result):  # as recorded: older runs had one baseline
         r = by_name[ratio["name"]]
-        label = r["arch"] + LABELS.get(r["name"], "") + common.partly_eager(r)
+        label = r["arch"] + label_of(r["name"]) + common.partly_eager(r)
         cells = [label, ratio.get("baseline", "transformer").replace("transformer_dropout", "tf dropout 0.1").replace(
             "transformer", "tf"), f"{r['params'] / 1e6:.1f}M", f"{r['flops'] / 1e9:.1f}", f"{ratio['flops']:.2f}x"]
         for p in precisions:
@@ -409,7 +269,7 @@ def markdown(result):
                 cells += [f"{prof['kernels']:,}", f"{ratio[p]['kernels_per_flop']:.2f}", f"{prof['busy']:.2f}"] \
                     if prof else ["-"] * 3
         lines.append("| " + " | ".join(cells) + " |")
-    lines += common.eager_fallback_lines([(r["arch"] + LABELS.get(r["name"], ""), r) for r in result["rows"]],
+    lines += common.eager_fallback_lines([(r["arch"] + label_of(r["name"]), r) for r in result["rows"]],
                                          "kernels and times")
     return "\n".join(lines)
 
@@ -419,13 +279,14 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--width", choices=["base", "big"], default="base")
-    p.add_argument("--archs", default=",".join(ARCHS),
+    rows = harness.table()
+    p.add_argument("--archs", default=",".join(rows),
                    help="comma-separated rows (their baseline transformers are always added); choices: "
-                   + ", ".join(ARCHS))
+                   + ", ".join(rows))
     p.add_argument("--precisions", default=None,
                    help="comma-separated of fp32, bf16, fp16 (default: fp32,bf16 on CPU, fp16,bf16 on CUDA)")
     p.add_argument("--max-tokens", type=int, default=None, help="batch size in tokens (default 1024 CPU, 4096 CUDA)")
-    p.add_argument("--lengths", default=LENGTHS,
+    p.add_argument("--lengths", default=harness.LENGTHS,
                    help="the length distribution the batch is drawn from: a JSON file of (source, target) pairs "
                         "(default: Multi30k's test set) or 'wmt14' (WMT14 En-De's BPE lengths, synthetic_corpus.py)")
     p.add_argument("--repeats", type=int, default=5)
@@ -448,10 +309,10 @@ def main(argv=None):
     precisions = (args.precisions or ("fp16,bf16" if cuda else "fp32,bf16")).split(",")
     bad = [x for x in precisions if x not in PRECISIONS]
     asked = [n for n in args.archs.split(",") if n]
-    unknown = [n for n in asked if n not in ARCHS]
-    baselines = {baseline_of(n) for n in asked if n in ARCHS} | {SHAPE_BASELINE[n] for n in asked
-                                                                 if n in SHAPE_BASELINE}
-    names = sorted(baselines) + [n for n in asked if n in ARCHS and n not in baselines]
+    unknown = [n for n in asked if n not in rows]
+    shapes = harness.shape_baselines(rows)
+    baselines = {baseline_of(n) for n in asked if n in rows} | {shapes[n] for n in asked if n in shapes}
+    names = sorted(baselines) + [n for n in asked if n in rows and n not in baselines]
     if bad or unknown:
         p.error(f"unknown precision(s) {bad} or arch(s) {unknown}")
     max_tokens = args.max_tokens or (4096 if cuda else 1024)
@@ -463,11 +324,11 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if args.by_module:
-        src_lengths, tgt_lengths = lengths_batch(max_tokens, lengths=args.lengths)
+        src_lengths, tgt_lengths = harness.lengths_batch(max_tokens, lengths=args.lengths)
         for name in names:
-            arch, model, task = build(name, args.width, args.quick)
+            arch, model, task = harness.build(name, args.width, args.quick)
             model = model.to(args.device).train()
-            sample = dev.move_sample(make_sample(task, src_lengths, tgt_lengths), args.device)
+            sample = dev.move_sample(harness.make_sample(task, src_lengths, tgt_lengths), args.device)
             device_type = "cuda" if cuda else "cpu"
             counts = saved_bytes_by_module(model, sample, PRECISIONS[precisions[0]], device_type)
             total = sum(counts.values())

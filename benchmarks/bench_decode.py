@@ -25,7 +25,7 @@ vocabulary, gold dependency side files), under ``--task multiscale_translation``
 * **Kernel launches per decoding step** (``--launch-sentences`` 8 sentences x ``--launch-beam`` 5, the same
   models): one later incremental step as fairseq's ``EnsembleModel`` runs it -- ``reorder`` (the beam reorder of
   the incremental state and the encoder output) and ``decoder`` (the decoder on the last token and the output
-  log-probabilities) -- counted with ``umst_plugin.op_counts.KernelLaunches`` on the CPU (every aten op that
+  log-probabilities) -- counted with ``umst_dev.op_counts.KernelLaunches`` on the CPU (every aten op that
   launches a kernel, what a GPU would run); and ``generate``: a whole SequenceGenerator call (beam search
   included) per decoder step, the encoder excluded, counted on the run's device. With ``--device cuda`` the
   step is also counted there both ways: KernelLaunches (the ops CUDA dispatches) and the CUDA kernels
@@ -34,14 +34,15 @@ vocabulary, gold dependency side files), under ``--task multiscale_translation``
 * **Prime-simple's claim.** The Prime paper (table 3) reports Prime-simple decoding 173 tokens/s against the
   transformer's 132 (+31%, GPU, batch size 1, beam 5, 6+6 layers d 512; the authors' speed command: FFN 1024,
   4 heads, against ``transformer_iwslt_de_en``). The first ``--claim-sentences`` test sentences are decoded that
-  way (``--batch-size 1 --beam 5``) by those two models (``bench_prime.TABLE3_PRIME``), reported as measured.
+  way (``--batch-size 1 --beam 5``) by those two models (``benchmarks/paper/prime.py``'s ``DECODE_CLAIM``),
+  reported as measured.
 
 Target (issue 57): every arch's time per sentence at most 1.25x the transformer's; Prime's and Prime-simple's
 against the transformer of their own shape.
 
-    python benchmarks/bench_decode.py --quick                     # tiny widths, few sentences: a smoke run
-    python benchmarks/bench_decode.py --device cuda --json out.json
-    python benchmarks/bench_decode.py --sentences 64 --claim-sentences 8 --repeats 2   # base width on a CPU
+    python -m benchmarks decode --quick                     # tiny widths, few sentences: a smoke run
+    python -m benchmarks decode --device cuda --json out.json
+    python -m benchmarks decode --sentences 64 --claim-sentences 8 --repeats 2   # base width on a CPU
 """
 import argparse
 import collections
@@ -60,50 +61,72 @@ import warnings
 
 import torch
 
+from benchmarks import common, harness, synthetic_corpus
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-try:  # imported from the installed benchmarks package (tests), or run as a script (its folder on sys.path)
-    from benchmarks import bench_archs, common, synthetic_corpus
-except ImportError:
-    import bench_archs
-    import common
-    import synthetic_corpus
 
 PLUGIN = os.path.join(ROOT, "umst_plugin")
 SRC, TGT = synthetic_corpus.SRC, synthetic_corpus.TGT
-# row -> bench_archs.ARCHS row (its base-width arch and overrides): the same models as the training benchmark
-ROWS = ("transformer", "umst", "transformer_sf", "msc", "msmsa", "prime", "prime_simple", "transformer_prime_shape")
 BASELINE = "transformer"
-SHAPE_BASELINE = dict(bench_archs.SHAPE_BASELINE)  # prime, prime_simple -> transformer_prime_shape
 TARGET = 1.25  # time per sentence against the baseline (issue 57)
-LABELS = {"transformer": "transformer (pre-norm)", "transformer_prime_shape": "transformer, Prime's shape 12+12 d384"}
-PAPER_CLAIM = dict(transformer_tokens_per_s=132, prime_simple_tokens_per_s=173, speedup=173 / 132,
-                   setting="GPU, batch size 1, beam 5, 6+6 layers d 512 (Prime paper, table 3)")
+# not in the default rows: UMST-RPR decodes as UMST does but for its relative positions
+LEFT_OUT_BY_DEFAULT = ("umst_rpr",)
+
+
+def rows():
+    """The rows it can decode (the arch table's, at base width: the same models as the training benchmark):
+    name -> (arch, overrides)."""
+    return {name: harness.model_overrides(name) for name in harness.table()}
+
+
+def default_rows():
+    """The transformer, every family's measured row, and the transformers of a family's shape."""
+    shapes = harness.shape_baselines()
+    return [n for n in harness.measured_rows() if n not in LEFT_OUT_BY_DEFAULT] + list(dict.fromkeys(shapes.values()))
+
+
+def shape_baselines():
+    """row -> the transformer of its own shape (``BenchRow.shape_baseline``)."""
+    return harness.shape_baselines()
+
+
+def label_of(name):
+    """A row's label: the transformer's says pre-norm, a transformer of a family's shape says whose and which."""
+    if name == BASELINE:
+        return "transformer (pre-norm)"
+    from umst_plugin import families
+
+    owner = next((f for f in families.all_families() if name in f.bench_rows), None)
+    if owner is not None and harness.row(name).baseline_only:
+        o = harness.row(name).overrides
+        return (f"transformer, {owner.title}'s shape {o['encoder_layers']}+{o['decoder_layers']} "
+                f"d{o['encoder_embed_dim']}")
+    return None
+
+
+def claim_spec():
+    """The paper's decoding claim this benchmark measures (``benchmarks/paper``: a table's ``DECODE_CLAIM``)."""
+    from benchmarks import paper
+
+    return paper.decode_claim()
 
 
 def claim_rows():
-    """The paper's table 3 pair as the authors' speed command builds it (``bench_prime``)."""
-    try:
-        from benchmarks.bench_prime import TABLE3_PRIME
-    except ImportError:
-        from bench_prime import TABLE3_PRIME
-    return {"claim_transformer": ("transformer_iwslt_de_en", {}),
-            "claim_prime_simple": ("prime_simple_base", dict(TABLE3_PRIME))}
+    """The claim's pair as the authors' speed command builds it: name -> (arch, overrides)."""
+    spec = claim_spec()
+    return dict(spec["rows"]) if spec else {}
 
 
 def row_model(name, quick):
-    """(arch, overrides) of a row at base width, or tiny widths with ``quick`` (bench_archs.QUICK)."""
-    if name in ROWS:
-        arch, _, overrides = bench_archs.ARCHS[name][:3]
+    """(arch, overrides) of a row at base width, or tiny widths with ``quick`` (harness.quick_overrides)."""
+    if name in harness.table():
+        arch, overrides = harness.model_overrides(name)
     else:
         arch, overrides = claim_rows()[name]
     overrides = dict(overrides, share_all_embeddings=True)
     if quick:
-        overrides.update(bench_archs.QUICK)
-        overrides.update(bench_archs.QUICK_EXTRA.get(name, {}))
+        overrides.update(harness.quick_overrides(name) if name in harness.table() else harness.QUICK)
     return arch, overrides
 
 
@@ -121,7 +144,7 @@ def random_checkpoint(databin, arch, overrides, path, seed=1):
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from omegaconf import OmegaConf
 
-    from umst_plugin import dev
+    from umst_dev import dev
 
     cfg = convert_namespace_to_omegaconf(dev.parse_args(arch, dict(overrides, source_lang=SRC, target_lang=TGT),
                                                         data=databin))
@@ -370,7 +393,7 @@ class IncrementalDecoder:
 
 def step_launches(model, task, sample, beam, warm_steps=2):
     """KernelLaunches of one later decoding step by phase (reorder, decoder), after the first and ``warm_steps``."""
-    from umst_plugin.op_counts import KernelLaunches
+    from umst_dev.op_counts import KernelLaunches
 
     decoder = IncrementalDecoder(model, task, sample, beam)
     for _ in range(1 + warm_steps):
@@ -410,7 +433,7 @@ def generator_for(model, task, beam, length):
 def generate_launches(model, task, sample, beam, length):
     """KernelLaunches of one SequenceGenerator call (beam search included) over ``sample``: per decoder step
     (``length`` + 1 steps), the encoder excluded, and the encoder's."""
-    from umst_plugin.op_counts import KernelLaunches
+    from umst_dev.op_counts import KernelLaunches
 
     generator = generator_for(model, task, beam, length)
     with torch.no_grad():
@@ -455,7 +478,7 @@ def cuda_counts(model, task, sample, beam, length, profile_generate=False):
 def launch_counts(model, task, beam, sentences, length, device, profile_generate=False):
     """The launch counts of one model: a decoding step on the CPU (a copy there if the model is on CUDA), a whole
     generate call on the model's device; on CUDA the step there too (:func:`cuda_counts`)."""
-    from umst_plugin import dev
+    from umst_dev import dev
 
     sample = dev.random_sample(task, sentences, 12, 12, seed=1)  # as bench_op_counts.py: 8 x <= 12 subwords
     model = model.eval()
@@ -480,6 +503,7 @@ def ratios(rows, beams):
     """Per row and beam: time per sentence against the transformer (and against the transformer of the row's own
     shape), the target check."""
     by_name = {r["name"]: r for r in rows}
+    shapes = shape_baselines()
     for r in rows:
         r["vs"] = {}
         for beam in beams:
@@ -487,12 +511,12 @@ def ratios(rows, beams):
             if key not in r.get("generate", {}):
                 continue
             entry = {}
-            for label, base in (("transformer", BASELINE), ("shape", SHAPE_BASELINE.get(r["name"]))):
+            for label, base in (("transformer", BASELINE), ("shape", shapes.get(r["name"]))):
                 if base and base in by_name and key in by_name[base].get("generate", {}):
                     entry[label] = r["generate"][key]["ms_per_sentence"] / by_name[base]["generate"][key][
                         "ms_per_sentence"]
             compare = entry.get("shape", entry.get("transformer"))
-            if r["name"] not in (BASELINE, "transformer_prime_shape") and compare is not None:
+            if r["name"] not in {BASELINE, *shapes.values()} and compare is not None:
                 entry["target_met"] = compare <= TARGET
             r["vs"][key] = entry
         if "launches" in r and BASELINE in by_name and "launches" in by_name[BASELINE]:
@@ -505,10 +529,7 @@ def claim(result):
     rows = {r["name"]: r for r in result.get("claim_rows", [])}
     if len(rows) < 2:
         return None
-    t, p = rows["claim_transformer"]["generate"], rows["claim_prime_simple"]["generate"]
-    return dict(transformer_tokens_per_s=t["tokens_per_s"], prime_simple_tokens_per_s=p["tokens_per_s"],
-                speedup=p["tokens_per_s"] / t["tokens_per_s"], sentences=t["sentences"], paper=PAPER_CLAIM,
-                faster=p["tokens_per_s"] > t["tokens_per_s"])
+    return claim_spec()["summary"](rows)
 
 
 def git_state():
@@ -532,7 +553,7 @@ def build_rows(args, databin, ckpt_dir, log):
         arch, overrides = row_model(name, args.quick)
         checkpoints[name] = os.path.join(ckpt_dir, f"{name}.pt")
         model, task = random_checkpoint(databin, arch, overrides, checkpoints[name])
-        row = dict(name=name, arch=arch, label=LABELS.get(name, arch), params=common.n_params(model))
+        row = dict(name=name, arch=arch, label=label_of(name) or arch, params=common.n_params(model))
         if name in args.archs and args.launches:
             t = time.time()
             model = model.to(args.device)
@@ -582,7 +603,7 @@ def time_rows(args, rows, checkpoints, databin, claim_data, log):
 
 def measure(args, log=print):
     cuda = args.device.startswith("cuda")
-    result = dict(device=bench_archs.device_name(args.device), device_type="cuda" if cuda else "cpu",
+    result = dict(device=common.device_name(args.device), device_type="cuda" if cuda else "cpu",
                   torch=torch.__version__, threads=None if cuda else torch.get_num_threads(), quick=args.quick,
                   beams=args.beams, max_tokens=args.max_tokens, length=args.length, fp16=args.fp16,
                   launch_sentences=args.launch_sentences, launch_beam=args.launch_beam, git=git_state(),
@@ -662,9 +683,7 @@ def markdown(result):
             lines.append("| " + " | ".join(cells) + " |")
     c = result.get("claim")
     if c:
-        lines += ["", f"Prime-simple's claim (batch size 1, beam 5, 6+6 d512, {c['sentences']} sentences): "
-                  f"{c['prime_simple_tokens_per_s']:.1f} vs the transformer's {c['transformer_tokens_per_s']:.1f} "
-                  f"tokens/s = {c['speedup']:.2f}x (paper: 173 vs 132 = 1.31x on a GPU)"]
+        lines += ["", claim_spec()["line"](c)]
     return "\n".join(lines)
 
 
@@ -672,8 +691,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--archs", default=",".join(ROWS), help="comma-separated rows (the transformer and, for Prime "
-                   "rows, the transformer of Prime's shape are always added); choices: " + ", ".join(ROWS))
+    p.add_argument("--archs", default=None, help="comma-separated rows (the transformer and, for a family's rows, "
+                   "the transformer of its shape are always added; default: every family's measured row)")
     p.add_argument("--beams", default="1,5", help="comma-separated beam sizes (default 1,5)")
     p.add_argument("--max-tokens", type=int, default=None, help="fairseq-generate batches (default 4096 CUDA, "
                    "1024 CPU)")
@@ -681,8 +700,8 @@ def parse_args(argv=None):
                    "lengths; --quick 24)")
     p.add_argument("--length", type=int, default=None, help="forced hypothesis length L in tokens (default: "
                    "Multi30k's mean target length, 12)")
-    p.add_argument("--claim-sentences", type=int, default=None, help="sentences for Prime-simple's batch-size-1 "
-                   "claim (default 50; --quick 4; 0 skips)")
+    p.add_argument("--claim-sentences", type=int, default=None, help="sentences for a paper's batch-size-1 "
+                   "decoding claim (a DECODE_CLAIM of benchmarks/paper; default 50; --quick 4; 0 skips)")
     p.add_argument("--repeats", type=int, default=1, help="fairseq-generate calls per arch and beam (the fastest "
                    "is kept; default 1)")
     p.add_argument("--launch-sentences", type=int, default=8)
@@ -704,11 +723,12 @@ def parse_args(argv=None):
     p.add_argument("--dry-run", action="store_true", help="check the arguments, measure nothing")
     args = p.parse_args(argv)
     cuda = args.device.startswith("cuda")
-    asked = [n for n in args.archs.split(",") if n]
-    unknown = [n for n in asked if n not in ROWS]
+    known, shapes = rows(), shape_baselines()
+    asked = [n for n in (args.archs if args.archs is not None else ",".join(default_rows())).split(",") if n]
+    unknown = [n for n in asked if n not in known]
     if unknown:
-        p.error(f"unknown arch(s) {unknown}; choices: {', '.join(ROWS)}")
-    baselines = [BASELINE] + sorted({SHAPE_BASELINE[n] for n in asked if n in SHAPE_BASELINE})
+        p.error(f"unknown arch(s) {unknown}; choices: {', '.join(known)}")
+    baselines = [BASELINE] + sorted({shapes[n] for n in asked if n in shapes})
     args.archs = baselines + [n for n in asked if n not in baselines]
     try:
         args.beams = [int(b) for b in args.beams.split(",") if b]

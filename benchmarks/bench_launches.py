@@ -2,7 +2,7 @@
 
 On a GPU at base width a training step waits on the host: on an H200 a bf16 step of 4,096 tokens kept the GPU
 busy 0.11-0.22 of the time (docs/performance.md), so what an update costs there is much more its number of kernel
-launches than its FLOPs. This benchmark counts them without a GPU: ``umst_plugin.op_counts.KernelLaunches``
+launches than its FLOPs. This benchmark counts them without a GPU: ``umst_dev.op_counts.KernelLaunches``
 sees every aten op below autograd (views, bare allocations and metadata left out; a multi-tensor op as the
 launches CUDA's multi-tensor apply makes), on the CPU as on a GPU. Where both run the same ops the count is the
 GPU's (the transformer's eager bf16 update: 1,434 here, 1,505 CUDA kernels on the H200); where a GPU fuses what a
@@ -37,19 +37,19 @@ inductor fuses on both from the same graph, but where it splits a fusion group d
 a GPU's compiled kernel count less closely than the eager count does (``--device cuda --compile`` profiles the
 real one). The stock row stays eager: what a user gets without the plugin.
 
-    python benchmarks/bench_launches.py                       # every arch, fp32, this CPU
-    python benchmarks/bench_launches.py --archs umst,prime --precision bf16 --json out.json
-    python benchmarks/bench_launches.py --quick               # tiny widths: a smoke run
-    python benchmarks/bench_launches.py --compile --archs transformer,umst   # compiled layers (minutes per arch)
-    python benchmarks/bench_launches.py --compile --floor --archs prime      # and a transformer of Prime's shape
-    python benchmarks/bench_launches.py --compile --simulate-gpu h200 --precision bf16 --archs transformer
-    python benchmarks/bench_launches.py --compile --simulate-gpu h200 --precision bf16 --archs transformer,prime \
+    python -m benchmarks launches                       # every arch, fp32, this CPU
+    python -m benchmarks launches --archs umst,prime --precision bf16 --json out.json
+    python -m benchmarks launches --quick               # tiny widths: a smoke run
+    python -m benchmarks launches --compile --archs transformer,umst   # compiled layers (minutes per arch)
+    python -m benchmarks launches --compile --floor --archs prime      # and a transformer of Prime's shape
+    python -m benchmarks launches --compile --simulate-gpu h200 --precision bf16 --archs transformer
+    python -m benchmarks launches --compile --simulate-gpu h200 --precision bf16 --archs transformer,prime \
         --floor --max-tokens 4096 --lengths wmt14           # bytes and kernels per FLOP at a WMT batch
 
 ``--simulate-gpu h200`` (with ``--compile``, on a CPU, under a CUDA build of torch with Triton: the GPU machines'
 torch runs on a CPU): the compiled layers' forward and backward are counted as inductor's GPU program, Triton
 kernels and library calls, generated on this CPU for a simulated H200 and not run
-(``umst_plugin/simulated_gpu.py``); the graphs run eagerly for the numbers. Fused attention counts as the GPU's one
+(``umst_dev/simulated_gpu.py``); the graphs run eagerly for the numbers. Fused attention counts as the GPU's one
 kernel each way. The eager rows and phases stay this CPU's count. It also measures what those programs move: bytes
 (each Triton kernel by inductor's estimate, each library call by its input views and outputs) and FLOPs (the products'
 and attentions') of the compiled layers in the counted update, forward and backward apart, and gives their bytes and
@@ -65,11 +65,12 @@ layers do; the ``transformer_prime_shape`` row (fairseq's post-norm transformer 
 that shape alone costs, and ``fwd+bwd per FLOP vs own shape`` each Prime row's forward + backward per FLOP against it.
 TranSFormer's two branches (6 blocks at d 512 and 6 at d 32 over the characters, a cross-attention each way per
 block) likewise: ``transformer_sf_shape`` is ``transformer_sf_base`` with an encoder stack of fairseq's own
-transformer layers in that shape (``benchmarks/transformer_sf_shape.py``).
+transformer layers in that shape (``benchmarks/paper/transformer_sf.py``).
 """
 import argparse
 import collections
 import contextlib
+import functools
 import json
 import os
 import random
@@ -78,6 +79,8 @@ import sys
 import time
 
 import torch
+
+from benchmarks import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -88,47 +91,67 @@ FWD_BWD = ("forward", "backward")
 COMPILE_WARMUP = 2  # --compile: updates that compile the layers (training variants) before the counted one
 COMPILE_BACKEND = "inductor"  # --compile's backend, fairseq-train --compile's
 DUMP_GPU_CODE = None  # --dump-gpu-code: a folder for the simulated GPU programs' wrappers
-PRENORM = dict(encoder_normalize_before=True, decoder_normalize_before=True)
-# name -> (arch, overrides): the plugin's rows (the plugin loaded); "stock" runs in its own process
-ARCHS = {
-    "transformer": ("transformer", PRENORM),
-    "transformer_old_adam": ("transformer", dict(PRENORM, use_old_adam=True)),
-    "umst": ("umst_base", {}),
-    "umst_rpr": ("umst_base_rpr", {}),
-    "transformer_sf": ("transformer_sf_base", {}),
-    "msc": ("msc_base", {}),
-    "msmsa": ("msmsa_base", {}),
-    "prime": ("prime_base", {}),
-    "prime_simple": ("prime_simple_base", {}),
-    # the floor of Prime's shape: fairseq's transformer (post-norm, as Prime) with prime_base's sizes
-    "transformer_prime_shape": ("transformer", dict(encoder_layers=12, decoder_layers=12, encoder_embed_dim=384,
-                                                    decoder_embed_dim=384, encoder_ffn_embed_dim=768,
-                                                    decoder_ffn_embed_dim=768, encoder_attention_heads=4,
-                                                    decoder_attention_heads=4)),
-    # the floor of TranSFormer's shape: its embeddings, character table and decoder with an encoder stack of
-    # fairseq's transformer layers in its two branches (benchmarks/transformer_sf_shape.py)
-    "transformer_sf_shape": ("transformer_sf_shape", {}),
-}
-# --floor: rows compared with a transformer of their own shape (``fwd_bwd_vs_floor``) -> that transformer's row
-FLOORS = {"prime": "transformer_prime_shape", "prime_simple": "transformer_prime_shape",
-          "transformer_sf": "transformer_sf_shape"}
+# this benchmark's rows beyond the arch table's: the transformer with fairseq's adam; "stock" (fairseq's own
+# transformer, its task and adam) runs in a process of its own
+PRENORM = harness.PRENORM  # the transformer's rows, the stock one's too
+OWN_ROWS = {"transformer_old_adam": ("transformer", dict(PRENORM, use_old_adam=True))}
 LABELS = {"transformer": "transformer (plugin loaded)", "transformer_old_adam": "transformer --use-old-adam",
-          "stock": "stock fairseq transformer",
-          "transformer_prime_shape": "transformer, prime_base's shape (12+12, d 384)",
-          "transformer_sf_shape": "transformer layers, transformer_sf_base's shape (6+6 enc at d 512 and 32, 6 dec)"}
-QUICK = dict(encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_embed_dim=32,
-             encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4,
-             decoder_attention_heads=4)
-QUICK_EXTRA = {"transformer_sf_base": dict(fast_embed_dim=8, fast_ffn_embed_dim=16, fast_attention_heads=2),
-               "transformer_sf_shape": dict(fast_embed_dim=8, fast_ffn_embed_dim=16, fast_attention_heads=2),
-               "msc_base": dict(encoder_blocks=2, encoder_layers_per_block=1)}
+          "stock": "stock fairseq transformer"}
+# The floor of a family's shape (``BenchRow.shape_baseline``) is counted here as fairseq's post-norm transformer at
+# the family's sizes and the arch's default dropout, as this benchmark has always counted it (its launch targets
+# were set against that count); bench_archs measures the registry's pre-norm one at the paper's dropout. Launches
+# do not depend on the dropout rate; post-norm moves one LayerNorm per sub-layer.
+NOT_IN_FLOOR = ("encoder_normalize_before", "decoder_normalize_before", "dropout")
+
+
+@functools.lru_cache(maxsize=None)
+def launch_rows():
+    """name -> dict(arch, overrides, quick: a smoke run's sizes on top of harness.QUICK, label, floor_of: the rows
+    it is the floor of, register: what registers its model first): the transformer's rows, every family's
+    measured rows, the floors of their shapes (the registry's transformers of a family's shape, and the models of
+    a family's shape its paper table defines, ``benchmarks/paper``'s ``shape_rows``)."""
+    from benchmarks import paper
+
+    table = harness.table()
+    rows = {"transformer": dict(arch="transformer", overrides=dict(harness.PRENORM))}
+    rows.update((n, dict(arch=arch, overrides=overrides)) for n, (arch, overrides) in OWN_ROWS.items())
+    measured = [n for n in harness.measured_rows(table) if n != "transformer"]
+    for name in measured:
+        rows[name] = dict(arch=table[name].base, overrides=dict(table[name].overrides), quick=dict(table[name].quick))
+    for floor, shaped in _inverse(harness.shape_baselines(table)).items():
+        overrides = {k: v for k, v in table[floor].overrides.items() if k not in NOT_IN_FLOOR}
+        first = table[shaped[0]]
+        rows[floor] = dict(arch=table[floor].base, overrides=overrides, floor_of=shaped,
+                           label=f"transformer, {first.base}'s shape ({overrides['encoder_layers']}+"
+                                 f"{overrides['decoder_layers']}, d {overrides['encoder_embed_dim']})")
+    for name, shape in paper.shape_rows().items():
+        rows[name] = dict(shape)
+    return rows
+
+
+def _inverse(mapping):
+    out = {}
+    for key, value in mapping.items():
+        out.setdefault(value, []).append(key)
+    return out
+
+
+def floors():
+    """row -> the floor of its shape (``--floor``)."""
+    return {shaped: name for name, row in launch_rows().items() for shaped in row.get("floor_of", ())}
+
+
+def label_of(name, arch):
+    return LABELS.get(name) or launch_rows().get(name, {}).get("label") or arch
+
+
 TRAINING = dict(optimizer="adam", adam_betas="(0.9,0.98)", lr=5e-4, lr_scheduler="inverse_sqrt", warmup_updates=100,
                 clip_norm=0.1, criterion="label_smoothed_cross_entropy", label_smoothing=0.1, max_tokens=4096,
                 share_all_embeddings=True, seed=1, source_lang="src", target_lang="tgt")
 
 
 def make_dictionary(vocab):
-    """A subword-nmt style dictionary (every third entry continues its word), as ``umst_plugin.dev``'s, built
+    """A subword-nmt style dictionary (every third entry continues its word), as ``umst_dev.dev``'s, built
     without importing the plugin (the stock process must not load its patches)."""
     from fairseq.data import Dictionary
 
@@ -185,34 +208,20 @@ def sample_for(task, dictionary, pairs, side_data):
     return dataset.collater([dataset[i] for i in range(len(dataset))])
 
 
-def overrides_to_argv(overrides):
-    """``umst_plugin.dev.overrides_to_argv``, kept here for the same reason as :func:`make_dictionary`."""
-    argv = []
-    for key, value in overrides.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif value not in (False, None):
-            argv += [flag, str(value)]
-    return argv
+overrides_to_argv = harness.overrides_to_argv
 
 
 def build_trainer(arch, overrides, precision, plugin, quick, device="cpu", lengths=None):
     """fairseq's Trainer for ``arch`` on the synthetic vocabulary, and the batch; ``plugin``: with
-    ``--user-dir umst_plugin`` and its task, else fairseq's ``translation`` task alone."""
+    ``--user-dir umst_plugin`` and its task, else fairseq's ``translation`` task alone; ``quick``: a smoke run's
+    sizes (a dict of overrides, or True: ``harness.QUICK``), or None."""
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
 
     overrides = dict(TRAINING, **overrides)
-    if arch == "transformer_sf_shape":  # the --floor model of TranSFormer's shape, registered by the benchmark
-        try:
-            from benchmarks import transformer_sf_shape
-        except ImportError:
-            import transformer_sf_shape
-        transformer_sf_shape.register()
-    if quick:
-        overrides.update(QUICK, **QUICK_EXTRA.get(arch, {}))
+    if quick:  # a smoke run's sizes: a dict, or True for harness.QUICK
+        overrides.update(harness.QUICK if quick is True else quick)
     if not str(device).startswith("cuda"):
         overrides["cpu"] = True
     if precision != "fp32":
@@ -285,7 +294,7 @@ def compile_and_count(trainer, sample, row, device):
     from umst_plugin import compilation
 
     eager, _ = profiled_update(trainer, sample)
-    from umst_plugin import simulated_gpu
+    from umst_dev import simulated_gpu
 
     simulated = isinstance(COMPILE_BACKEND, simulated_gpu.Backend)  # --simulate-gpu
     if simulated:  # the compiled layers' attention as a GPU's fused kernel
@@ -357,30 +366,30 @@ def measure(name, arch, overrides, precision, plugin, quick, device="cpu", compi
 
 
 def benchmark_common():
-    try:
-        from benchmarks import common
-    except ImportError:
-        import common
+    from benchmarks import common
+
     return common
 
 
 def op_counts_module():
-    """``umst_plugin/op_counts.py`` loaded by its path: importing it as ``umst_plugin.op_counts`` would run the
-    package's ``__init__`` (the archs, the fairseq patches), which the stock process must not."""
-    import importlib.util
+    """``umst_dev.op_counts`` (it imports torch only: the stock process may load it without the plugin)."""
+    from umst_dev import op_counts
 
-    if "umst_plugin" in sys.modules:
-        from umst_plugin import op_counts
-        return op_counts
-    spec = importlib.util.spec_from_file_location("umst_op_counts", os.path.join(ROOT, "umst_plugin", "op_counts.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return op_counts
+
+
+def floored_family_rows():
+    """The families' own rows (named as the family) that have a floor of their shape: the archs whose compiled
+    launch rate has a target (at most stock's eager per FLOP, or within 10% of a transformer of their own shape)."""
+    from umst_plugin import families
+
+    floor_of = floors()
+    return [f.name for f in families.all_families() if f.name in floor_of]
 
 
 def stock_row(precision, quick, device="cpu", lengths=None):
     """The stock transformer's row, measured in a child process that never imports the plugin."""
-    argv = [sys.executable, os.path.abspath(__file__), "--stock", "--precision", precision, "--device", device]
+    argv = [sys.executable, "-m", "benchmarks.bench_launches", "--stock", "--precision", precision, "--device", device]
     if quick:
         argv.append("--quick")
     if lengths is not None:
@@ -404,7 +413,7 @@ def ratios(rows):
             r["compiled_vs_eager_fwd_bwd"] = sum(r["profiled_compiled"].values()) / sum(r["profiled_eager"].values())
             r["compiled_vs_eager"] = r["launches"] / r["eager_launches"]
     for r in rows:
-        floor = next((f for f in rows if f["name"] == FLOORS.get(r["name"])), None)
+        floor = next((f for f in rows if f["name"] == floors().get(r["name"])), None)
         if floor is not None:  # --floor: forward + backward per FLOP against a transformer of the row's shape
             r["fwd_bwd_vs_floor"] = r["fwd_bwd_per_flop_ratio"] / floor["fwd_bwd_per_flop_ratio"]
     traffic_ratios(rows)
@@ -443,7 +452,7 @@ def traffic_ratios(rows):
     for r in measured.values():
         if reference is not None:
             r["traffic_vs_transformer"] = against(r["traffic_per_flop"], reference["traffic_per_flop"])
-        floor = measured.get(FLOORS.get(r["name"]))
+        floor = measured.get(floors().get(r["name"]))
         if floor is not None:
             r["traffic_vs_own_shape"] = against(r["traffic_per_flop"], floor["traffic_per_flop"])
 
@@ -472,7 +481,7 @@ def traffic_markdown(result):
 
     for r in rows:
         t, per = r["simulated_traffic"], r["traffic_per_flop"]
-        cells = [LABELS.get(r["name"], r["arch"]) + benchmark_common().partly_eager(r),
+        cells = [label_of(r["name"], r["arch"]) + benchmark_common().partly_eager(r),
                  pair((t[p]["flops"] / 1e9 for p in FWD_BWD), ".1f"), pair((t[p]["launches"] for p in FWD_BWD), ","),
                  pair((t[p]["bytes"] / 1e9 for p in FWD_BWD), ".2f"),
                  ", ".join(f"{per[p]['bytes_per_flop']:.4f}" if per[p]["bytes_per_flop"] else "-" for p in FWD_BWD),
@@ -509,7 +518,7 @@ def markdown(result):
         head += ["CUDA kernels", "kernels / count", "update ms", "GPU busy"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in result["rows"]:
-        cells = [LABELS.get(r["name"], r["arch"]) + benchmark_common().partly_eager(r), f"{r['flops'] / 1e9:.0f}",
+        cells = [label_of(r["name"], r["arch"]) + benchmark_common().partly_eager(r), f"{r['flops'] / 1e9:.0f}",
                  f"{r['launches']:,}"]
         cells += [f"{r['by_phase'][p]:,}" for p in phases]
         if compiled:
@@ -523,7 +532,7 @@ def markdown(result):
             cells += [f"{c['kernels']:,}", f"{c['kernels'] / r['launches']:.2f}", f"{c['wall_ms']:.1f}",
                       f"{c['busy']:.2f}"] if c else ["-"] * 4
         lines.append("| " + " | ".join(cells) + " |")
-    lines += benchmark_common().eager_fallback_lines([(LABELS.get(r["name"], r["arch"]), r) for r in result["rows"]])
+    lines += benchmark_common().eager_fallback_lines([(label_of(r["name"], r["arch"]), r) for r in result["rows"]])
     traffic = traffic_markdown(result)
     if traffic:
         lines += ["", traffic]
@@ -533,7 +542,9 @@ def markdown(result):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--archs", default=",".join(ARCHS), help="comma-separated rows; choices: " + ", ".join(ARCHS))
+    p.add_argument("--archs", default=None,
+                   help="comma-separated rows (default: every row); 'floored': the families' own rows (named as the "
+                        "family) that have a floor of their shape, the rows whose compiled launch rate has a target")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
                    help="fp32, or --amp in bf16 / fp16 (the stock row: fairseq's own --amp, fp16 on CUDA only)")
     p.add_argument("--quick", action="store_true", help="tiny widths: a smoke run")
@@ -547,15 +558,15 @@ def main(argv=None):
     p.add_argument("--simulate-gpu", metavar="DEVICE", choices=("h200",), default=None,
                    help="with --compile on a CPU: count the compiled layers as inductor's GPU program for this device "
                         "(Triton kernels and library calls, generated here and not run; needs a CUDA build of torch "
-                        "with Triton, umst_plugin/simulated_gpu.py); eager parts stay this CPU's count")
+                        "with Triton, umst_dev/simulated_gpu.py); eager parts stay this CPU's count")
     p.add_argument("--floor", action="store_true",
-                   help="also count a transformer of the same shape as each row that has one (prime, prime_simple: "
-                        "transformer_prime_shape, 12+12 layers at prime_base's sizes; transformer_sf: "
-                        "transformer_sf_shape, fairseq's layers in its two branches) and give the row's forward + "
-                        "backward per FLOP against it: what its shape alone costs")
+                   help="also count a transformer of the same shape as each row that has one (a family's "
+                        "BenchRow.shape_baseline, counted post-norm; or a model of the family's shape that its paper "
+                        "table defines) and give the row's forward + backward per FLOP against it: what its shape "
+                        "alone costs")
     p.add_argument("--max-tokens", type=int, default=None,
                    help="count one full batch of this many tokens (sentences x the longer side, as fairseq packs) "
-                        "with the lengths of --lengths (bench_archs.lengths_batch), instead of 32 sentences of up "
+                        "with the lengths of --lengths (harness.lengths_batch), instead of 32 sentences of up "
                         "to 25 tokens")
     p.add_argument("--lengths", choices=("multi30k", "wmt14"), default="multi30k",
                    help="with --max-tokens: the length distribution (Multi30k's pairs, or WMT14 En-De's after BPE)")
@@ -577,22 +588,26 @@ def main(argv=None):
     warnings.filterwarnings("ignore")
     lengths = json.loads(args.batch_lengths) if args.batch_lengths else None
     if args.stock:  # child process: fairseq alone
-        row = measure("stock", "transformer", PRENORM, "fp16" if args.precision != "fp32" else "fp32", False,
-                      args.quick, args.device, lengths=lengths)
+        row = measure("stock", "transformer", harness.PRENORM, "fp16" if args.precision != "fp32" else "fp32", False,
+                      dict(harness.QUICK) if args.quick else None, args.device, lengths=lengths)
         assert "umst_plugin" not in sys.modules, "the stock row imported the plugin"
         print(json.dumps(row))
         return 0
-    names = [n for n in args.archs.split(",") if n]
-    unknown = [n for n in names if n not in ARCHS]
+    rows_known = launch_rows()  # (after --stock: the stock process must not import the plugin)
+    if args.archs == "floored":
+        args.archs = ",".join(floored_family_rows())
+    names = [n for n in (args.archs if args.archs is not None else ",".join(rows_known)).split(",") if n]
+    unknown = [n for n in names if n not in rows_known]
     if unknown:
-        p.error(f"unknown arch(s) {unknown}; choices: {', '.join(ARCHS)}")
+        p.error(f"unknown arch(s) {unknown}; choices: {', '.join(rows_known)}")
     if args.floor:
-        names += [f for f in dict.fromkeys(FLOORS[n] for n in names if n in FLOORS) if f not in names]
+        floor_of = floors()
+        names += [f for f in dict.fromkeys(floor_of[n] for n in names if n in floor_of) if f not in names]
     if args.simulate_gpu:
         if not args.compile or args.device != "cpu":
             p.error("--simulate-gpu counts compiled layers on a CPU: give --compile and leave --device cpu")
         import umst_plugin  # noqa: F401  (the archs, before the backend)
-        from umst_plugin import simulated_gpu
+        from umst_dev import simulated_gpu
 
         why = simulated_gpu.unavailable()
         if why:
@@ -605,12 +620,8 @@ def main(argv=None):
         global DUMP_GPU_CODE
         DUMP_GPU_CODE = args.dump_gpu_code
     if args.max_tokens:
-        try:
-            from benchmarks import bench_archs
-        except ImportError:
-            import bench_archs
-        lengths = bench_archs.lengths_batch(args.max_tokens,
-                                            lengths="wmt14" if args.lengths == "wmt14" else bench_archs.LENGTHS)
+        lengths = harness.lengths_batch(args.max_tokens,
+                                        lengths="wmt14" if args.lengths == "wmt14" else harness.LENGTHS)
     batch = (f"{len(lengths[0])} sentences of {args.lengths}'s lengths, {args.max_tokens:,} tokens" if lengths
              else f"{SENTENCES} sentences of up to {MAX_LEN} tokens")
     if args.dry_run:
@@ -624,18 +635,13 @@ def main(argv=None):
         # Triton's launches report themselves; leaving the setting alone there keeps inductor's cache of the other
         # benchmarks' programs valid: the setting is part of its key)
         import umst_plugin  # noqa: F401  (the archs; before inductor's settings, which the plugin does not touch)
-        from umst_plugin.op_counts import count_generated_kernels
+        from umst_dev.op_counts import count_generated_kernels
 
         count_generated_kernels().__enter__()  # for the whole process: every compilation below
-    try:
-        from benchmarks import common
-        from benchmarks.bench_archs import device_name
-    except ImportError:  # run as a script from a checkout that pip has not installed
-        import common
-        from bench_archs import device_name
+    from benchmarks import common
 
     def result_so_far():
-        return dict(device=device_name(args.device), torch=torch.__version__, precision=args.precision,
+        return dict(device=common.device_name(args.device), torch=torch.__version__, precision=args.precision,
                     simulated_gpu=args.simulate_gpu,
                     quick=args.quick, compile=args.compile, batch=batch, max_tokens=args.max_tokens,
                     lengths=args.lengths if lengths else None,
@@ -644,10 +650,13 @@ def main(argv=None):
                     seconds=round(time.time() - start, 1))
 
     for name in names:
-        arch, overrides = ARCHS[name]
+        spec = rows_known[name]
+        if spec.get("register"):  # a model of a family's shape, registered by the benchmark
+            spec["register"]()
+        quick = dict(harness.QUICK, **spec.get("quick", {})) if args.quick else None
         row_start = time.time()
-        rows.append(measure(name, arch, overrides, args.precision, True, args.quick, args.device, args.compile,
-                            lengths))
+        rows.append(measure(name, spec["arch"], dict(spec["overrides"]), args.precision, True, quick, args.device,
+                            args.compile, lengths))
         rows[-1]["wall_s"] = round(time.time() - row_start, 1)
         print(f"  {name}: {rows[-1]['launches']:,} launches, {rows[-1]['flops'] / 1e9:.1f} GFLOP"
               + (f", compiled in {rows[-1]['compile_s']:.0f} s (eager {rows[-1]['eager_launches']:,})"

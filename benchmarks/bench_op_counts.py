@@ -1,6 +1,6 @@
 """Per architecture: matrix products left in fp32 under bf16 autocast, and host-device syncs per step.
 
-Counted with ``umst_plugin.op_counts`` (TorchDispatchMode: every aten op, on the CPU as on a GPU), at each arch's
+Counted with ``umst_dev.op_counts`` (TorchDispatchMode: every aten op, on the CPU as on a GPU), at each arch's
 paper-default width on a batch of 8 random sentences of up to 12 subwords:
 
 * ``fp32 bwd``: matrix products of one backward pass under ``torch.autocast("cpu", bfloat16)`` whose inputs
@@ -13,7 +13,7 @@ paper-default width on a batch of 8 random sentences of up to 12 subwords:
   (the encoder and the first decoder step; a later step with a beam reorder), split by whose line asked:
   the plugin's, fairseq's, the caller's.
 
-    python benchmarks/bench_op_counts.py [--json out.json] [--archs umst,prime]
+    python -m benchmarks op-counts [--json out.json] [--archs umst,prime]
 """
 import argparse
 import json
@@ -21,20 +21,9 @@ import json
 import torch
 import torch.nn.functional as F
 
-from umst_plugin import dev
-from umst_plugin.op_counts import HostSyncs, MatmulDtypes
-
-ARCHS = {
-    "transformer": ("transformer", dict(encoder_normalize_before=True, decoder_normalize_before=True)),
-    "umst": ("umst_base", {}),
-    "umst_rpr": ("umst_base_rpr", {}),
-    "transformer_sf": ("transformer_sf_base", {}),
-    "msc": ("msc_base", {}),
-    "msmsa": ("msmsa_base", {}),
-    "prime": ("prime_base", {}),
-    "prime_simple": ("prime_simple_base", {}),
-}
-
+from benchmarks import harness
+from umst_dev import dev
+from umst_dev.op_counts import HostSyncs, MatmulDtypes
 
 def loss_of(model, sample):
     logits = model(**dev.model_inputs(model, sample))[0]
@@ -81,8 +70,7 @@ def decoding_syncs(model, sample, beam=2):
 
 
 def measure(name, device="cpu"):
-    arch, overrides = ARCHS[name]
-    model, task = dev.build_model(arch, dict(overrides, share_all_embeddings=True), vocab=200)
+    arch, model, task = harness.build(name, vocab=200)
     model.to(device)
     sample = dev.move_sample(dev.random_sample(task, 8, 12, 12, seed=1), device)
     device_type = "cuda" if str(device).startswith("cuda") else "cpu"
@@ -115,14 +103,16 @@ def markdown(rows):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--archs", default=",".join(ARCHS))
+    p.add_argument("--archs", default=None, help="comma-separated rows (default: the transformer and every "
+                                                 "family's measured row)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", default=None)
     p.add_argument("--markdown", default=None, help="also write the table here")
     p.add_argument("--lines", action="store_true", help="also print each sync's file:line")
     args = p.parse_args(argv)
     torch.manual_seed(0)
-    rows = [measure(n, args.device) for n in args.archs.split(",")]
+    names = args.archs.split(",") if args.archs else harness.measured_rows()
+    rows = [measure(n, args.device) for n in names]
     print(markdown(rows))
     if args.markdown:
         with open(args.markdown, "w") as f:

@@ -2,9 +2,9 @@
 (``fairseq-hydra-train common.bf16=true``: bf16 weights), every model of a group in one process, the
 precisions interleaved call by call, ratios against fp32 and against fairseq's transformer of the same run.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_precision.py --group m30k     # the Multi30k rows (d 128)
-    OMP_NUM_THREADS=1 python benchmarks/bench_precision.py --group base     # umst_base vs transformer (d 512)
-    python benchmarks/bench_precision.py --group m30k --quick               # smoke run
+    OMP_NUM_THREADS=1 python -m benchmarks precision --group m30k     # the Multi30k rows (d 128)
+    OMP_NUM_THREADS=1 python -m benchmarks precision --group base     # umst_base vs transformer (d 512)
+    python -m benchmarks precision --group m30k --quick               # smoke run
 
 Models: ``m30k`` builds every ``configs/m30k-*.yaml`` row's model (its ``model:`` section, 9,712-type joined
 dictionary as docs/multi30k.md); ``base`` builds ``umst_base`` and the pre-norm ``transformer_wmt_en_de`` at
@@ -24,9 +24,9 @@ import sys
 import torch
 from omegaconf import OmegaConf
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-from common import ROOT, dev  # noqa: E402
+from benchmarks import common
+from benchmarks.common import ROOT
+from umst_dev import dev
 
 PRECISIONS = ("fp32", "bf16-autocast", "bf16")
 BASE_MODELS = {"transformer": ("transformer_wmt_en_de", {"encoder_normalize_before": True,

@@ -1,8 +1,8 @@
 """Throughput of umst-preprocess: the side-file writer alone and each parser available here.
 
-    python benchmarks/bench_preprocess.py                 # 200k sentences for the writer, 600 for parsers
-    python benchmarks/bench_preprocess.py --sentences 1000000 --parser-sentences 2000
-    taskset -c 0 python benchmarks/bench_preprocess.py --no-writer --parsers spacy --parser-sentences 5000 \
+    python -m benchmarks preprocess                 # 200k sentences for the writer, 600 for parsers
+    python -m benchmarks preprocess --sentences 1000000 --parser-sentences 2000
+    taskset -c 0 python -m benchmarks preprocess --no-writer --parsers spacy --parser-sentences 5000 \
         --repeats 2 --parser-text ../shared/data/multi30k/train.en.gz --json docs/results/parse-rate-spacy-cpu.json
 
 Writer (one core, parse already given as arrays): BPE text -> word ids (vectorised scan) -> checks
@@ -23,9 +23,7 @@ import tempfile
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 
 def synthetic_corpus(path, n, seed=0):
@@ -149,8 +147,7 @@ def bench_writer(n, repeats, rows):
 def english_sentences(n):
     from umst_plugin.preprocess.text import parser_words
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-    from test_parsers import ENGLISH_BPE
+    from tests.test_parsers import ENGLISH_BPE
 
     base = ENGLISH_BPE.splitlines()
     return [parser_words((base[k % len(base)][:-2] + f" , item {k} .").split(), "subword-nmt") for k in range(n)]

@@ -18,8 +18,8 @@ share its imports and CUDA context, so a row costs its model build and its updat
 transformer's (``bench_archs.matmul_flops`` on one batch of the same lengths): above 1, the arch turns FLOPs
 into training faster than the transformer does.
 
-    python benchmarks/bench_train.py --data DATA_BIN [--updates 60] [--archs umst,prime] [--json out.json]
-    python benchmarks/bench_train.py --build-corpus DIR       # the synthetic corpus's data-bin, then the runs
+    python -m benchmarks train --data DATA_BIN [--updates 60] [--archs umst,prime] [--json out.json]
+    python -m benchmarks train --build-corpus DIR       # the synthetic corpus's data-bin, then the runs
 
 Each process writes its rows to ``WORK/{stock,plugin}-results.json`` after every row; the same command run again
 (same ``--work``) keeps the rows of the same plan done without an error and runs the rest.
@@ -34,26 +34,16 @@ import sys
 import threading
 import time
 
+from benchmarks import harness
+
 STOCK_SHARE = 0.4  # --deadline: the stock process's share (2 rows; the plugin process has the rest, 2 per arch)
 DEADLINE_RESERVE = 15  # --deadline: seconds kept for the FLOP counts and the results after the processes
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PLUGIN = os.path.join(ROOT, "umst_plugin")
-PRENORM = ["--encoder-normalize-before", "--decoder-normalize-before"]
-ARCHS = {  # name -> (arch, extra fairseq-train arguments)
-    "transformer": ("transformer", PRENORM),
-    "umst": ("umst_base", []),
-    "transformer_sf": ("transformer_sf_base", []),
-    "msc": ("msc_base", []),
-    "msmsa": ("msmsa_base", []),
-    "prime": ("prime_base", []),
-    "prime_simple": ("prime_simple_base", []),
-}
-QUICK = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
-         "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "4",
-         "--decoder-attention-heads", "4"]
-QUICK_EXTRA = {"transformer_sf": ["--fast-embed-dim", "8", "--fast-ffn-embed-dim", "16", "--fast-attention-heads", "2"],
-               "msc": ["--encoder-blocks", "1", "--encoder-layers-per-block", "1"]}
+# not in the default rows: UMST-RPR trains as UMST does but for its relative positions (bench_archs measures it);
+# the GPU check's budget for this step holds the other rows
+LEFT_OUT_BY_DEFAULT = ("umst_rpr",)
 PRECISION_ARGS = {"fp32": [], "bf16": ["--amp", "--amp-dtype", "bfloat16"], "fp16": ["--amp"]}
 
 
@@ -69,20 +59,24 @@ def plan(data, archs, precisions, updates, max_tokens, compile_archs=(), compile
          loss_archs=(), loss_updates=200):
     """(stock runs, plugin runs): each a dict(name, arch, precision, argv) of fairseq-train arguments; the rows of
     ``loss_archs`` (eager and compiled) train ``loss_updates`` updates, for comparing their losses."""
-    def sizes(name):
-        return QUICK + QUICK_EXTRA.get(name, []) if quick else []
+    def arch_args(name):
+        """(arch, its fairseq-train arguments): the row's overrides, a one-layer smoke run's sizes with ``quick``."""
+        arch, overrides = harness.model_overrides(name)
+        return arch, harness.overrides_to_argv(overrides) + (
+            harness.overrides_to_argv(harness.quick_overrides(name, layers=1)) if quick else [])
     stock = []
     for precision in ("fp32", "fp16"):
-        stock.append(dict(name="stock", arch="transformer", precision=precision, compiled=False,
-                          argv=common_args(data, "transformer", updates, max_tokens) + PRENORM + sizes("transformer")
+        arch, args = arch_args("transformer")
+        stock.append(dict(name="stock", arch=arch, precision=precision, compiled=False,
+                          argv=common_args(data, arch, updates, max_tokens) + args
                           + ["--task", "translation"] + PRECISION_ARGS[precision]))
     plugin = []
 
     def add(name, precision, extra=(), compiled=False, label=None):
-        arch, arch_args = ARCHS[name]
+        arch, args = arch_args(name)
         n = loss_updates if name in loss_archs and label != "transformer_old_adam" else updates
         plugin.append(dict(name=label or name, arch=arch, precision=precision, compiled=compiled,
-                           argv=common_args(data, arch, n, max_tokens) + arch_args + sizes(name)
+                           argv=common_args(data, arch, n, max_tokens) + args
                            + ["--user-dir", PLUGIN, "--task", "multiscale_translation"]
                            + PRECISION_ARGS[precision] + list(extra)))
     for name in archs:
@@ -212,19 +206,15 @@ def write_json_atomically(path, value):
 
 def flops_per_token(names, device, quick=False):
     """Each arch's matmul FLOPs per target token on one batch of Multi30k lengths (bench_archs' batch)."""
-    try:
-        from benchmarks import bench_archs
-    except ImportError:
-        import bench_archs
-    from umst_plugin import dev
+    from umst_dev import dev
 
-    src, tgt = bench_archs.lengths_batch(4096)
+    src, tgt = harness.lengths_batch(4096)
     out = {}
     for name in names:
-        _, model, task = bench_archs.build(name, "base", quick)
+        _, model, task = harness.build(name, "base", quick)
         model = model.to(device).train()
-        sample = dev.move_sample(bench_archs.make_sample(task, src, tgt), device)
-        out[name] = bench_archs.matmul_flops(model, sample, "cuda" if str(device).startswith("cuda") else "cpu") \
+        sample = dev.move_sample(harness.make_sample(task, src, tgt), device)
+        out[name] = harness.matmul_flops(model, sample, "cuda" if str(device).startswith("cuda") else "cpu") \
             / int(sample["ntokens"])
     return out
 
@@ -283,7 +273,7 @@ def _run_process(runs, plan_path, out_path, work, tag, timeout):
     with open(log_path, "w") as log:
         # the child stays in the caller's process group: a caller that kills its group (the GPU check at a step's
         # budget) stops it too
-        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", plan_path, "--child-out",
+        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.bench_train", "--child", plan_path, "--child-out",
                                  out_path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                                 text=True, errors="replace")
         relay = threading.Thread(target=relay_progress, args=(proc.stdout, log), daemon=True)
@@ -310,8 +300,8 @@ def _run_process(runs, plan_path, out_path, work, tag, timeout):
 
 def compile_loss_comparisons(rows):
     """'arch precision' -> the eager and ``--compile`` rows' mean training loss over their last 50 common updates
-    (``umst_tools.gpu_check.compare_losses``), for every arch trained both ways in one precision."""
-    from umst_tools.gpu_check import compare_losses
+    (``umst_dev.gpu_check.compare_losses``), for every arch trained both ways in one precision."""
+    from umst_dev.gpu_check import compare_losses
 
     by = {(r["name"], r["precision"]): r for r in rows if r.get("loss")}
     compared = {}
@@ -371,7 +361,8 @@ def main(argv=None):
     p.add_argument("--data", default=None, help="a data-bin with the side files (umst-preprocess)")
     p.add_argument("--build-corpus", default=None, metavar="DIR",
                    help="build the synthetic corpus of Multi30k lengths in DIR first (benchmarks/synthetic_corpus.py)")
-    p.add_argument("--archs", default=",".join(ARCHS))
+    p.add_argument("--archs", default=None, help="comma-separated rows (default: the transformer and every "
+                                                 "family's, python -m benchmarks.harness lists them)")
     p.add_argument("--precisions", default="fp32,bf16")
     p.add_argument("--compile-archs", default="", help="also these archs with --compile (comma-separated)")
     p.add_argument("--compile-precisions", default="bf16",
@@ -399,16 +390,17 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.child:
         return child(args.child, args.child_out)
+    rows = harness.table()  # (after --child: the stock process must not import the plugin)
+    if args.archs is None:
+        args.archs = ",".join(n for n in harness.measured_rows(rows) if n not in LEFT_OUT_BY_DEFAULT)
     archs = [a for a in args.archs.split(",") if a]
     compile_archs = [a for a in args.compile_archs.split(",") if a]
-    unknown = [a for a in archs + compile_archs if a not in ARCHS]
+    unknown = [a for a in archs + compile_archs if a not in rows]
     if unknown:
-        p.error(f"unknown arch(s) {unknown}; choices: {', '.join(ARCHS)}")
+        p.error(f"unknown arch(s) {unknown}; choices: {', '.join(rows)}")
     if args.build_corpus:
-        try:
-            from benchmarks import synthetic_corpus
-        except ImportError:
-            import synthetic_corpus
+        from benchmarks import synthetic_corpus
+
         args.data = synthetic_corpus.build(args.build_corpus)
     if not args.data and not args.dry_run:
         p.error("--data DATA_BIN or --build-corpus DIR is needed")
@@ -436,13 +428,9 @@ def main(argv=None):
     rows += run_process(plugin, work, "plugin", limit(1.0))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     flops = flops_per_token(sorted(set(archs) | {"transformer"}), device, args.quick)
-    try:
-        from benchmarks import common
-        from benchmarks.bench_archs import device_name
-    except ImportError:
-        import common
-        from bench_archs import device_name
-    result = dict(device=device_name(device), torch=torch.__version__, data=args.data, updates=args.updates,
+    from benchmarks import common
+
+    result = dict(device=common.device_name(device), torch=torch.__version__, data=args.data, updates=args.updates,
                   max_tokens=args.max_tokens, flops_per_token=flops, rows=ratios(rows, flops),
                   seconds=round(time.time() - start, 1))
     compared = compile_loss_comparisons(rows)

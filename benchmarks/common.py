@@ -13,6 +13,7 @@ import argparse
 import collections
 import json
 import os
+import platform
 import statistics
 import sys
 import time
@@ -20,18 +21,38 @@ import time
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 
 def __getattr__(name):
-    """``common.dev`` (``umst_plugin.dev``) on first use: importing this module must not import the plugin, whose
+    """``common.dev`` (``umst_dev.dev``) on first use: importing this module must not import the plugin, whose
     ``__init__`` patches fairseq; bench_launches' stock row profiles with :func:`cuda_profile` in a process that
     must stay stock fairseq."""
     if name == "dev":
-        from umst_plugin import dev
+        from umst_dev import dev
         return dev
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+        model = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name"))
+        family = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("cpu family"))
+        number = next(line.split(":", 1)[1].strip() for line in info.splitlines()
+                      if line.startswith("model") and not line.startswith("model name"))
+        flags = next(line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags"))
+        isa = "AVX-512" if "avx512f" in flags else "AVX2"
+        extra = ", avx512_bf16" if "avx512_bf16" in flags else ""
+        return f"{model} (family {family}, model {number}), {isa}{extra}, {os.cpu_count()} cores"
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown CPU"
+
+
+def device_name(device):
+    if str(device).startswith("cuda"):
+        return torch.cuda.get_device_name(device)
+    return cpu_name()
 
 
 def sync(device):
@@ -118,7 +139,7 @@ def peak_memory(fn, device="cpu"):
 def train_step_fn(model, sample):
     """forward + backward of the token-level cross entropy (what fairseq-train does per batch)."""
     pad = model.decoder.dictionary.pad()
-    from umst_plugin import dev
+    from umst_dev import dev
 
     net_input = dev.model_inputs(model, sample)
 

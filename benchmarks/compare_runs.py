@@ -8,12 +8,12 @@ A page marks each such table with the command that renders it, paths relative to
     <!-- compare_runs op-counts results/op-counts-cpu-before.json results/op-counts-cpu-after.json -->
     | arch | ... |
 
-and ``python benchmarks/compare_runs.py fill docs/performance.md`` re-renders every marked table in place.
+and ``python -m benchmarks compare-runs fill docs/performance.md`` re-renders every marked table in place.
 
 Usage::
 
-    python benchmarks/compare_runs.py steps docs/results/perf-cpu-before-base.json docs/results/perf-cpu-after-base.json
-    python benchmarks/compare_runs.py op-counts docs/results/op-counts-cpu-before.json \\
+    python -m benchmarks compare-runs steps docs/results/perf-cpu-before-base.json docs/results/perf-cpu-after-base.json
+    python -m benchmarks compare-runs op-counts docs/results/op-counts-cpu-before.json \\
         docs/results/op-counts-cpu-after.json --cuda docs/results/gpu-nvidia-h100-80gb-hbm3.json
 """
 import argparse
@@ -63,7 +63,7 @@ def steps_markdown(before, after):
 
 
 def shape_markdown(result):
-    """The rows measured also against a transformer of their own shape (``bench_archs.SHAPE_BASELINE``): the
+    """The rows measured also against a transformer of their own shape (``BenchRow.shape_baseline``): the
     per-FLOP ratios against the transformer, against that one, and that one's own against the transformer."""
     ratios = {r["name"]: r for r in result["ratios"]}
     arch = {r["name"]: r["arch"] for r in result["rows"]}
@@ -129,10 +129,7 @@ TABLE_KINDS = {"archs": "bench_archs", "launches": "bench_launches", "train": "b
 def _bench_module(name):
     import importlib
 
-    try:
-        return importlib.import_module(f"benchmarks.{name}")
-    except ImportError:  # run as a script from a checkout that pip has not installed: its folder is on sys.path
-        return importlib.import_module(name)
+    return importlib.import_module(f"benchmarks.{name}")  # its table renderer (markdown) and labels
 
 
 def launches_markdown(before, after):
@@ -142,7 +139,7 @@ def launches_markdown(before, after):
     head = ["arch", "launches", "forward + backward", "optimizer + grad norm + amp", "per FLOP vs stock",
             "fwd+bwd per FLOP vs stock"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    labels = _bench_module("bench_launches").LABELS
+    label_of = _bench_module("bench_launches").label_of
     for r in after["rows"]:
         if r["name"] not in old:
             continue
@@ -153,7 +150,7 @@ def launches_markdown(before, after):
 
         def upd(x):
             return sum(x["by_phase"][k] for k in ("optimizer", "grad norm", "amp"))
-        lines.append(f"| {labels.get(r['name'], r['arch'])} | {_arrow(o['launches'], r['launches'], '{:,}')} | "
+        lines.append(f"| {label_of(r['name'], r['arch'])} | {_arrow(o['launches'], r['launches'], '{:,}')} | "
                      f"{_arrow(fb(o), fb(r), '{:,}')} | {_arrow(upd(o), upd(r), '{:,}')} | "
                      f"{_arrow(o['launches_per_flop_ratio'], r['launches_per_flop_ratio'])} | "
                      f"{_arrow(o['fwd_bwd_per_flop_ratio'], r['fwd_bwd_per_flop_ratio'])} |")

@@ -1,7 +1,7 @@
 """The speed table: the words per second ``fairseq-train`` gives per arch on one GPU at the recipe's batch.
 
     bash scripts/gpu-speed.sh                          # a lent GPU's first call (install from the wheelhouse, then this)
-    python -m benchmarks.speed_table --tiny --out DIR  # any machine, CI included: the same plan at tiny sizes
+    python -m benchmarks speed-table --tiny --out DIR  # any machine, CI included: the same plan at tiny sizes
 
 How it trains. Every row is ``fairseq-train`` through its own command line (``fairseq_cli.train.main`` on
 fairseq-train's argv, as the console script calls it) on a synthetic corpus with WMT14 En-De's sentence lengths
@@ -68,6 +68,8 @@ import sys
 import threading
 import time
 
+from benchmarks import harness
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PLUGIN = os.path.join(ROOT, "umst_plugin")
@@ -80,23 +82,6 @@ TINY_MAX_TOKENS = "1024,256"
 # dense (no sparsity) bf16 tensor-core peak by the vendors' datasheets, FLOP/s, by a name fragment of the card
 DENSE_BF16_PEAK = (("H200", 989.4e12), ("H100 PCIe", 756.0e12), ("H100", 989.4e12), ("A100", 312.0e12),
                    ("L40S", 362.1e12), ("A10G", 70.0e12))
-PRENORM = ["--encoder-normalize-before", "--decoder-normalize-before"]
-# name -> (arch, extra arguments); the transformer first (every ratio's baseline)
-ARCHS = {
-    "transformer": ("transformer", PRENORM),
-    "umst": ("umst_base", []),
-    "umst_rpr": ("umst_base_rpr", []),
-    "transformer_sf": ("transformer_sf_base", []),
-    "msc": ("msc_base", []),
-    "msmsa": ("msmsa_base", []),
-    "prime": ("prime_base", []),
-    "prime_simple": ("prime_simple_base", []),
-}
-TINY = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
-        "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "4",
-        "--decoder-attention-heads", "4"]
-TINY_EXTRA = {"transformer_sf": ["--fast-embed-dim", "8", "--fast-ffn-embed-dim", "16", "--fast-attention-heads", "2"],
-              "msc": ["--encoder-blocks", "1", "--encoder-layers-per-block", "1"]}
 PRECISION_ARGS = {"fp16": ["--fp16"], "fp16-amp": ["--amp"], "bf16": ["--amp", "--amp-dtype", "bfloat16"],
                   "tf32": ["--tf32"]}
 DROPOUT_SHIFT = 1_000_003  # the warm-up's dropout masks: another stream, the same everything else
@@ -119,15 +104,16 @@ def fairseq_args(data, arch, arch_args, max_tokens, updates, log_interval, seed=
             "--log-interval", str(log_interval), "--no-progress-bar"]
 
 
-def plan(data, max_tokens_list, updates, log_interval, archs=tuple(ARCHS), compile_archs=tuple(ARCHS), tiny=False):
+def plan(data, max_tokens_list, updates, log_interval, archs, compile_archs, tiny=False, rows=None):
     """(stock rows, plugin rows), each a dict(name, arch, stock, precision, compiled, max_tokens, argv), in the
     order they run: every row of the first batch size, then of the next."""
     stock, plugin = [], []
     for max_tokens in max_tokens_list:
         def row(name, precision, compiled=False, is_stock=False):
-            arch, arch_args = ARCHS[name]
-            argv = fairseq_args(data, arch, arch_args, max_tokens, updates, log_interval)
-            argv += (TINY + TINY_EXTRA.get(name, [])) if tiny else []
+            arch, overrides = harness.model_overrides(name, rows=rows)
+            argv = fairseq_args(data, arch, harness.overrides_to_argv(overrides), max_tokens, updates, log_interval)
+            # --tiny: a one-layer smoke run (one block where a family counts blocks)
+            argv += harness.overrides_to_argv(harness.quick_overrides(name, layers=1, rows=rows)) if tiny else []
             argv += ["--task", "translation"] if is_stock else ["--user-dir", PLUGIN, "--task", "multiscale_translation"]
             argv += PRECISION_ARGS[precision] + (["--compile"] if compiled else [])
             return dict(name=("stock " if is_stock else "") + name, arch=arch, stock=is_stock, precision=precision,
@@ -385,7 +371,7 @@ def child(plan_path, record_path, deadline):
                         stream=sys.stdout)
     if not spec["stock"]:
         import umst_plugin  # noqa: F401  (fairseq's --user-dir import finds it loaded)
-        from umst_plugin import op_counts  # noqa: F401  (FLOP formulas torch lacks: addbmm)
+        from umst_dev import op_counts  # noqa: F401  (FLOP formulas torch lacks: addbmm)
     import torch
 
     busy = GpuBusy(_visible_index(), enabled=torch.cuda.is_available())
@@ -627,7 +613,7 @@ def build_corpus(directory, sizes, log, env):
             if json.load(f) == sizes and os.path.exists(os.path.join(databin, "dict.src.txt")):
                 return databin, 0.0
     start = time.time()
-    argv = [sys.executable, os.path.join(HERE, "synthetic_corpus.py"), directory,
+    argv = [sys.executable, "-m", "benchmarks.synthetic_corpus", directory,
             "--train", str(sizes["train"]), "--valid", str(sizes["valid"]), "--test", str(sizes["test"]),
             "--vocab", str(sizes["vocab"]), "--lengths", sizes["lengths"], "--workers", str(min(8, os.cpu_count() or 1))]
     log.write("$ " + shlex.join(argv) + "\n")
@@ -656,7 +642,7 @@ def warm_up(rows, work, env, timeout):
         log = open(os.path.join(work, f"warm-up-{slug(key)}-log.txt"), "w")
         proc_env = dict(env, TORCHINDUCTOR_COMPILE_THREADS=str(threads))
         procs.append((key, out, log, subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--warm-up-row", spec, "--warm-up-out", out],
+            [sys.executable, "-m", "benchmarks.speed_table", "--warm-up-row", spec, "--warm-up-out", out],
             stdout=log, stderr=subprocess.STDOUT, env=proc_env, cwd=ROOT, start_new_session=True)))
     end = time.time() + timeout
     results = {}
@@ -727,7 +713,7 @@ def run_child(rows, tag, work, record_path, env, deadline, measured_from):
         json.dump(dict(stock=tag == "stock", rows=rows, measured_from=measured_from), f)
     log_path = os.path.join(work, f"{tag}-log.txt")
     with open(log_path, "a") as log:
-        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", plan_path, "--record",
+        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.speed_table", "--child", plan_path, "--record",
                                  record_path, "--deadline-at", str(deadline or 0)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT, text=True,
                                 errors="replace", start_new_session=True)
@@ -780,7 +766,8 @@ def main(argv=None):
     p.add_argument("--updates", type=int, default=None, help="updates per row (default 24; --tiny: 8)")
     p.add_argument("--log-interval", type=int, default=None,
                    help="updates per logged record, the first of which is warm-up (default 4; --tiny: 2)")
-    p.add_argument("--archs", default=",".join(ARCHS))
+    p.add_argument("--archs", default=None, help="comma-separated rows (default: the transformer and every family's, "
+                                                 "python -m benchmarks.harness lists them)")
     p.add_argument("--compile-archs", default=None, help="archs with a --compile row (default: all; --tiny: transformer)")
     p.add_argument("--no-stock", action="store_true")
     p.add_argument("--deadline", type=float, default=None, help="seconds for the whole call")
@@ -800,21 +787,34 @@ def main(argv=None):
         return warm_up_child(args.warm_up_row, args.warm_up_out)
     start = time.time()
     deadline = start + args.deadline if args.deadline else None
-    archs = [a for a in args.archs.split(",") if a]
-    compile_default = "transformer" if args.tiny else ",".join(ARCHS)
+    work = os.path.abspath(args.work)
+    paths, install_s = [], None
+    if args.wheelhouse and not args.dry_run:  # this Python has no fairseq: the children get the one installed here
+        from umst_dev import gpu_check
+
+        os.makedirs(work, exist_ok=True)
+        with open(os.path.join(work, "install-log.txt"), "a") as log:
+            site, tree = gpu_check.install(sys.executable, os.path.abspath(args.wheelhouse), work, log)
+        paths, install_s = [site, tree], round(time.time() - start, 1)
+        print(f"[speed] installed from {args.wheelhouse} in {install_s:.0f} s", flush=True)
+    env = process_env(paths)
+    # the arch table is the plugin's registry: read where fairseq imports (a child, after an install)
+    rows = harness.table_from_child(env) if paths else harness.table()
+    measured = harness.measured_rows(rows)
+    archs = [a for a in (args.archs if args.archs is not None else ",".join(measured)).split(",") if a]
+    compile_default = "transformer" if args.tiny else ",".join(measured)
     compile_archs = [a for a in (args.compile_archs if args.compile_archs is not None else compile_default).split(",")
                      if a]
-    unknown = sorted(set(archs + compile_archs) - set(ARCHS))
+    unknown = sorted(set(archs + compile_archs) - set(rows))
     if unknown:
-        p.error(f"unknown arch(s) {', '.join(unknown)}; choices: {', '.join(ARCHS)}")
+        p.error(f"unknown arch(s) {', '.join(unknown)}; choices: {', '.join(rows)}")
     max_tokens = [int(t) for t in (args.max_tokens or (TINY_MAX_TOKENS if args.tiny else
                                                        f"{RECIPE_MAX_TOKENS},{CONTRAST_MAX_TOKENS}")).split(",")]
     args.updates = args.updates or (8 if args.tiny else 24)
     args.log_interval = args.log_interval or (2 if args.tiny else 4)
-    work = os.path.abspath(args.work)
     sizes = TINY_CORPUS if args.tiny else CORPUS
     data = args.data or os.path.join(work, "corpus", "data-bin")
-    stock, plugin = plan(data, max_tokens, args.updates, args.log_interval, archs, compile_archs, args.tiny)
+    stock, plugin = plan(data, max_tokens, args.updates, args.log_interval, archs, compile_archs, args.tiny, rows)
     if args.no_stock:
         stock = []
     if args.dry_run:
@@ -823,15 +823,6 @@ def main(argv=None):
         return 0
     os.makedirs(work, exist_ok=True)
     os.makedirs(args.out, exist_ok=True)
-    paths, install_s = [], None
-    if args.wheelhouse:
-        from umst_tools import gpu_check
-
-        with open(os.path.join(work, "install-log.txt"), "a") as log:
-            site, tree = gpu_check.install(sys.executable, os.path.abspath(args.wheelhouse), work, log)
-        paths, install_s = [site, tree], round(time.time() - start, 1)
-        print(f"[speed] installed from {args.wheelhouse} in {install_s:.0f} s", flush=True)
-    env = process_env(paths)
     env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(work, "inductor-cache")  # shared by the warm-up and the rows
     env.setdefault("OMP_NUM_THREADS", "1" if args.tiny else "4")
     import torch
@@ -840,7 +831,7 @@ def main(argv=None):
     commit = args.commit or git_commit()
     name = f"gpu-speed-{slug(info['card'])}" if info["card"] else f"speed-cpu{'-tiny' if args.tiny else ''}"
     record_path = os.path.join(args.out, f"{name}-{commit}.json")
-    command = "python -m benchmarks.speed_table " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = "python -m benchmarks speed-table " + shlex.join(sys.argv[1:] if argv is None else argv)
     record = dict(commit=commit, **info, command=command.strip(), max_tokens=max_tokens, updates=args.updates,
                   log_interval=args.log_interval, started=time.strftime("%Y-%m-%d %H:%M:%S %Z"), install_s=install_s,
                   plan=[{k: r[k] for k in ("name", "precision", "compiled", "max_tokens")} for r in stock + plugin],
@@ -879,6 +870,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    if ROOT not in sys.path:
-        sys.path.insert(0, ROOT)
     raise SystemExit(main())

@@ -29,8 +29,8 @@ Layout: ``OUT/raw/{split}.{src,tgt}`` (BPE text), ``OUT/raw/{split}.src.conllu``
 data-bin ``OUT/data-bin`` (fairseq's ``{split}.src-tgt.{src,tgt}.{bin,idx}``, ``dict.{src,tgt}.txt``, and
 umst-preprocess's side files).
 
-    python -m benchmarks.synthetic_corpus OUT                      # 29,000 / 1,014 / 1,000 sentences
-    python benchmarks/synthetic_corpus.py OUT --train 0 --test 200 --workers 4
+    python -m benchmarks synthetic-corpus OUT                      # 29,000 / 1,014 / 1,000 sentences
+    python -m benchmarks synthetic-corpus OUT --train 0 --test 200 --workers 4
 """
 import argparse
 import collections
@@ -44,8 +44,6 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-if ROOT not in sys.path:  # run as a script: the repo root holds umst_plugin
-    sys.path.insert(0, ROOT)
 
 LENGTHS = os.path.join(HERE, "multi30k_lengths.json")
 SRC, TGT = "src", "tgt"
@@ -316,7 +314,7 @@ def build(out_dir, sizes=None, seed=1, vocab=10000, workers=1, lengths=LENGTHS, 
 
 
 def get_parser():
-    p = argparse.ArgumentParser(prog="synthetic_corpus", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out_dir", help="where raw/ and data-bin/ go (created; an existing data-bin is replaced)")
     for split in SPLITS:
         p.add_argument(f"--{split}", type=int, default=DEFAULT_SIZES[split],

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The speed table (benchmarks/speed_table.py; docs/performance.md): fairseq-train words/s per arch at the recipe's
-# batch per card (38,400 tokens), stock fairseq's --fp16 and --amp, the plugin's transformer and every arch in bf16,
-# eager and --compile, the transformer in fp32 --tf32; MFU, GPU busy, peak memory, compile seconds, losses.
+# The speed table (python -m benchmarks speed-table; docs/performance.md): fairseq-train words/s per arch at
+# the recipe's batch per card (38,400 tokens), stock fairseq's --fp16 and --amp, the plugin's transformer and every
+# arch in bf16, eager and --compile, the transformer in fp32 --tf32; MFU, GPU busy, peak memory, compile seconds, losses.
 # What a lent GPU's first call runs, from this checkout and the wheelhouse carried as .whl/
 # (bash scripts/offline-wheelhouse.sh --dest .whl), with no internet: it installs, builds the synthetic corpus of
 # WMT14 lengths, compiles every compiled row at once, then trains the rows one by one, writing
@@ -19,4 +19,4 @@ if [ -d "$ROOT/.whl" ] && [[ " $* " != *" --wheelhouse "* ]] && ! "$PYTHON" -c '
   ARGS=(--wheelhouse "$ROOT/.whl" "${ARGS[@]}")
 fi
 cd "$ROOT"
-exec env PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m benchmarks.speed_table "${ARGS[@]}"
+exec env PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m benchmarks speed-table "${ARGS[@]}"

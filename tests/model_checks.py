@@ -1,7 +1,7 @@
 """Reusable model checks, applied to every architecture listed in test_model_checks.ARCH_CASES.
 
 Each check builds the arch with tiny overrides through fairseq's real argument
-parsing (umst_plugin.dev.build_model) and feeds it batches collated by the
+parsing (umst_dev.dev.build_model) and feeds it batches collated by the
 task's own dataset classes.
 """
 import gc
@@ -13,7 +13,7 @@ import traceback
 import torch
 import torch.nn.functional as F
 
-from umst_plugin import dev
+from umst_dev import dev
 
 
 def _eval_model(arch, overrides, device="cpu", task="multiscale_translation"):
@@ -208,7 +208,7 @@ def check_backward_in_autocast_dtype(arch, overrides, dtype=torch.bfloat16, devi
     matrix product of the backward pass has only float32 inputs (custom autograd functions included:
     umst_plugin/modules/common/amp_functions.py), and the gradients equal fp32's within ``grad_rtol`` (relative norm
     of the difference over all parameters)."""
-    from umst_plugin.op_counts import MatmulDtypes
+    from umst_dev.op_counts import MatmulDtypes
 
     model, task = dev.build_model(arch, overrides)
     model.to(device).eval()
@@ -233,10 +233,10 @@ def check_backward_in_autocast_dtype(arch, overrides, dtype=torch.bfloat16, devi
 
 
 def check_no_plugin_host_syncs(arch, overrides, device="cpu"):
-    """No host-device sync from the plugin's own lines (umst_plugin/op_counts.py) in a training step (forward,
+    """No host-device sync from the plugin's own lines (umst_dev/op_counts.py) in a training step (forward,
     loss, backward) nor in incremental decoding (the encoder and a first decoder step; a beam reorder and a
     later step), on a batch collated by the task's dataset (its host-side hints included)."""
-    from umst_plugin.op_counts import HostSyncs
+    from umst_dev.op_counts import HostSyncs
 
     model, task = dev.build_model(arch, overrides)
     model.to(device).train()

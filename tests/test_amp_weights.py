@@ -5,8 +5,9 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks import bench_launches
-from umst_plugin import amp_weights, dev
-from umst_plugin.op_counts import KernelLaunches
+from umst_dev import dev
+from umst_dev.op_counts import KernelLaunches
+from umst_plugin import amp_weights
 
 TINY = dict(encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_embed_dim=32, encoder_ffn_embed_dim=64,
             decoder_ffn_embed_dim=64, encoder_attention_heads=4, decoder_attention_heads=4, share_all_embeddings=True)

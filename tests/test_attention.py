@@ -53,7 +53,7 @@ def test_attention_fused_equals_explicit(mask_kind):
 
 def test_cpu_bf16_dropout_runs_the_explicit_path_in_bf16():
     """torch's SDPA would fall back to its fp32 math path here; the helper keeps the matmuls in bf16."""
-    from umst_plugin.op_counts import MatmulDtypes
+    from umst_dev.op_counts import MatmulDtypes
 
     q, k, v = (torch.randn(2, 2, 5, 8, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     with MatmulDtypes() as counter:
@@ -199,7 +199,7 @@ def test_fast_branch_recomputed_core_equals_the_kept_one_with_dropout():
 # ---- Prime, MSMSA -----------------------------------------------------------------------------------------
 
 def test_prime_fused_attention_equals_the_weights_path():
-    from umst_plugin import dev
+    from umst_dev import dev
 
     model, task = dev.build_model("prime_simple_base", dict(encoder_layers=1, decoder_layers=1, encoder_embed_dim=16,
                                                             decoder_embed_dim=16, encoder_attention_heads=2,

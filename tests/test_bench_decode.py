@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from benchmarks import bench_decode, synthetic_corpus
-from umst_plugin import dev
+from umst_dev import dev
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = dict(train=300, valid=20, test=30)
@@ -166,7 +166,7 @@ def test_cached_generate_config_equals_a_fresh_one(corpus, tmp_path):
 def test_quick_run_end_to_end(tmp_path):
     out = tmp_path / "decode.json"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_decode.py"), "--quick",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "decode", "--quick",
                            "--archs", "umst,prime_simple", "--beams", "1,2", "--sentences", "10",
                            "--claim-sentences", "2", "--json", str(out)],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)

@@ -269,7 +269,7 @@ def test_addbmm_counts_its_flops():
     """torch's FLOP counter has no addbmm formula; op_counts registers one (MSC's lean path uses addbmm)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from umst_plugin import op_counts  # noqa: F401
+    from umst_dev import op_counts  # noqa: F401
 
     a, b = torch.randn(3, 4, 5), torch.randn(3, 5, 6)
     with FlopCounterMode(display=False) as counter:
@@ -295,22 +295,42 @@ def test_bench_train_compares_compiled_and_eager_losses_of_one_precision():
     assert abs(c["rel_diff"] - 0.1 / 3.0) < 1e-12
 
 
-BENCHMARKS_WITH_MAIN = ("bench_archs", "bench_decode", "bench_launches", "bench_msc", "bench_op_counts",
-                        "bench_preprocess", "bench_prime", "bench_train", "compare_runs", "find_nonfinite",
-                        "speed_table", "synthetic_corpus")
+def _every_benchmark():
+    from benchmarks import __main__ as dispatch, paper
+
+    return [[what] for what in dispatch.COMMANDS] + [["paper", family] for family in paper.tables()]
 
 
-@pytest.mark.parametrize("name", BENCHMARKS_WITH_MAIN)
-def test_every_benchmark_prints_its_help(name, capsys):
-    """``--help`` prints every flag's help and exits 0 (argparse expands ``%`` in help strings: bench_train's
-    ``--deadline`` help once held a bare one and ``--help`` died with a TypeError)."""
-    import importlib
+@pytest.mark.parametrize("what", _every_benchmark(), ids=" ".join)
+def test_every_benchmark_prints_its_help(what, capsys, monkeypatch):
+    """``python -m benchmarks WHAT --help`` prints every flag's help and exits 0 (argparse expands ``%`` in help
+    strings: bench_train's ``--deadline`` help once held a bare one and ``--help`` died with a TypeError)."""
+    from benchmarks.__main__ import main
 
-    module = importlib.import_module(f"benchmarks.{name}")
+    monkeypatch.setattr("sys.argv", ["python"])
     with pytest.raises(SystemExit) as stopped:
-        module.main(["--help"])
+        main(what + ["--help"])
     assert stopped.value.code == 0
-    assert "usage:" in capsys.readouterr().out
+    assert "usage: python -m benchmarks " + " ".join(what) in capsys.readouterr().out
+
+
+def test_the_dispatcher_lists_the_benchmarks_and_names_an_unknown_one(capsys):
+    from benchmarks.__main__ import main
+
+    assert main([]) == 0
+    listed = capsys.readouterr().out
+    assert "archs" in listed and "paper FAMILY" in listed
+    assert main(["no-such-benchmark"]) == 2
+    assert "no benchmark 'no-such-benchmark'" in capsys.readouterr().err
+    assert main(["paper", "no-such-family"]) == 2
+
+
+def test_a_debugging_tool_prints_its_help(capsys):
+    from umst_dev import find_nonfinite
+
+    with pytest.raises(SystemExit) as stopped:
+        find_nonfinite.main(["--help"])
+    assert stopped.value.code == 0 and "usage:" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("lengths", ["multi30k", "wmt14"])
@@ -318,15 +338,65 @@ def test_a_token_budget_gives_a_full_batch_of_the_length_distribution(lengths):
     """bench_archs' batch at every budget is within 10% of it (bsz x the longer side's padded length, what fairseq's
     --max-tokens bounds), drawn from the distribution: at 16,384 tokens the 1,000 Multi30k pairs once packed into
     two batches and the middle one was the short remainder (181 sentences, 3,514 target tokens)."""
-    from benchmarks import bench_archs
+    from benchmarks import harness
 
-    source = bench_archs.LENGTHS if lengths == "multi30k" else "wmt14"
+    source = harness.LENGTHS if lengths == "multi30k" else "wmt14"
     for budget in (1024, 4096, 16384, 38400, 65536):
-        src, tgt = bench_archs.lengths_batch(budget, lengths=source)
+        src, tgt = harness.lengths_batch(budget, lengths=source)
         assert len(src) == len(tgt)
         filled = len(src) * max(max(src), max(tgt))
         assert 0.9 * budget <= filled <= budget, (budget, len(src), filled)
     # the middle batch of an epoch's list is the median update's: longer sentences than the median sentence's
     # (about 24 with </s>; long sentences fill more batches), far from the tail toward 250
-    src, tgt = bench_archs.lengths_batch(38400, lengths="wmt14")
+    src, tgt = harness.lengths_batch(38400, lengths="wmt14")
     assert 28 <= sorted(src)[len(src) // 2] <= 45
+
+
+def _names_in_code(path):
+    """The NAME tokens and the strings that are not docstrings of a Python file (comments and docstrings left out)."""
+    import io
+    import tokenize
+
+    out, previous = [], None
+    with open(path, encoding="utf-8") as f:
+        for tok in tokenize.generate_tokens(io.StringIO(f.read()).readline):
+            if tok.type == tokenize.NAME or (tok.type == tokenize.STRING and previous not in (
+                    None, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.NL)):
+                out.append(tok.string)
+            if tok.type not in (tokenize.COMMENT, tokenize.NL):
+                previous = tok.type
+    return out
+
+
+def test_no_benchmark_outside_the_paper_tables_names_a_family():
+    """The benchmarks' rows come from the family registry: outside ``benchmarks/paper/<family>.py`` no benchmark
+    module (nor the GPU check) names a family in code -- an identifier or a string, not a comment or a docstring,
+    the name as a whole word or a word's start (``prime_base``, ``"m30k-prime"``). UMST, the project's subject, is
+    the exception the harness names to order the rows first."""
+    import glob
+    import os
+    import re
+
+    from benchmarks import harness
+    from umst_plugin import families
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    names = [f.name for f in families.all_families() if f.name != harness.FIRST_FAMILY]
+    assert len(names) >= 4, names
+    paths = sorted(glob.glob(os.path.join(root, "benchmarks", "*.py"))) + [os.path.join(root, "umst_dev", "gpu_check.py")]
+    found = []
+    for path in paths:
+        tokens = _names_in_code(path)
+        for name in names:
+            hits = [t for t in tokens if re.search(rf"(?i)(^|[^a-z]){name}", t)]
+            if hits:
+                found.append(f"{os.path.relpath(path, root)}: {name} in {hits[:3]}")
+    assert not found, "benchmark code naming a family (read it from the registry):\n" + "\n".join(found)
+
+
+
+def test_the_family_name_scan_sees_code_and_not_comments_or_docstrings(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text('"""About msc."""\nROWS = ("prime_base", transformer_sf)  # msmsa\n\n\ndef f():\n'
+                    '    """msmsa."""\n    return "x"\n')
+    assert _names_in_code(str(path)) == ["ROWS", '"prime_base"', "transformer_sf", "def", "f", "return", '"x"']

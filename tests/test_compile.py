@@ -41,8 +41,8 @@ import torch.nn.functional as F
 
 import e2e
 import umst_plugin  # noqa: F401  (installs the patches)
-from umst_dev import compiled_layers
-from umst_plugin import compilation, dev
+from umst_dev import compiled_layers, dev
+from umst_plugin import compilation
 from umst_plugin.compilation import cache, dispatch, fallback, probe
 from umst_plugin.compilation.state import STATE
 
@@ -173,7 +173,7 @@ def _profiled_launches(model, sample):
     inductor generated."""
     from torch.profiler import ProfilerActivity, profile
 
-    from umst_plugin.op_counts import profiled_launches
+    from umst_dev.op_counts import profiled_launches
 
     model.zero_grad(set_to_none=True)
     with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -321,7 +321,7 @@ def test_the_trainer_retries_an_update_whose_compiled_backward_failed_and_goes_o
     from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
     from fairseq.trainer import Trainer
 
-    from umst_plugin import dev
+    from umst_dev import dev
     from umst_plugin.modules.prime.dynamic_conv import DynamicConvolution, multi_dynamic_convolution
 
     monkeypatch.setattr(DynamicConvolution, "_backward_windows", staticmethod(_old_backward_windows))

@@ -6,7 +6,8 @@
   registered model, task, criterion, optimizer, scheduler, ... adds), umst-preprocess,
   umst-average-checkpoints, or a script in scripts/ or benchmarks/; the few flags of outside tools are
   listed in EXTERNAL_FLAGS;
-* every ``bash scripts/X.sh`` / ``python scripts/X.py`` / ``python benchmarks/X.py`` names a file that exists;
+* every ``bash scripts/X.sh`` / ``python scripts/X.py`` names a file that exists, every ``python -m benchmarks
+  WHAT`` a benchmark the dispatcher knows;
 * every project path the docs name in backticks (``umst_plugin/...``, ``benchmarks/x.py``, ...) exists;
 * every table marked ``<!-- compare_runs ... -->`` equals what ``benchmarks/compare_runs.py`` renders from the
   JSON files it names;
@@ -211,9 +212,11 @@ def plugin_cli_flags():
 
 
 def script_texts():
-    """The scripts, benchmarks and the fairseq-free tools they run (umst_tools: the argparse of the runner,
-    the GPU check, the recipes' Python)."""
-    paths = [p for d in ("scripts", "scripts/slurm", "benchmarks", "umst_tools", "umst_tools/multi30k")
+    """The scripts, benchmarks and the fairseq-free tools they run (umst_tools: the argparse of the runner, the
+    recipes' Python; umst_dev: the GPU check, the mutation check)."""
+    folders = ("scripts", "scripts/slurm", "benchmarks", "benchmarks/paper", "umst_tools", "umst_tools/multi30k",
+               "umst_dev")
+    paths = [p for d in folders
              for p in glob.glob(os.path.join(ROOT, d, "*")) if os.path.isfile(p)]
     return {rel(p): read(p) for p in paths}
 
@@ -260,6 +263,37 @@ def test_every_script_the_docs_run_exists():
     assert not missing, "commands in the docs name scripts that do not exist:\n" + "\n".join(missing)
 
 
+# (an upper-case word is a placeholder: python -m benchmarks WHAT, paper FAMILY)
+BENCHMARK_RE = re.compile(r"(?<![\w/.-])(?:\S*/)?python3?\s+-m\s+benchmarks\s+(paper\s+[a-z_]\w*|(?!paper\b)[a-z][\w-]*)")
+
+
+def test_every_benchmark_the_docs_run_exists():
+    """``python -m benchmarks WHAT`` (and ``paper FAMILY``) in the pages, the README and the scripts: a benchmark
+    the dispatcher knows."""
+    from benchmarks.__main__ import module_of
+
+    unknown = []
+    pages = DOCS + [os.path.join(ROOT, "scripts", n) for n in os.listdir(os.path.join(ROOT, "scripts"))
+                    if n.endswith(".sh")]
+    for path in pages:
+        for what in BENCHMARK_RE.findall(read(path)):
+            try:
+                module_of(what.split())
+            except ValueError:
+                unknown.append("%s: python -m benchmarks %s" % (rel(path), what))
+    assert not unknown, "benchmarks the docs run that `python -m benchmarks` does not know:\n" + "\n".join(unknown)
+
+
+def test_the_benchmark_scan_sees_benchmarks():
+    assert BENCHMARK_RE.findall("OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks archs --quick; "
+                                "python -m benchmarks paper prime --gemm; python -m benchmarks paper FAMILY") == \
+        ["archs", "paper prime"]
+    from benchmarks.__main__ import module_of
+
+    with pytest.raises(ValueError):
+        module_of(["bench_archs"])
+
+
 def test_the_command_scan_sees_commands():
     assert COMMAND_RE.findall("taskset -c 0 python benchmarks/bench_preprocess.py --sentences 10") == \
         ["benchmarks/bench_preprocess.py"]
@@ -269,7 +303,7 @@ def test_the_command_scan_sees_commands():
         ["scripts/wmt_prep.py", "scripts/slurm/x.sbatch"]
 
 
-PATH_RE = re.compile(r"`((?:umst_plugin|umst_tools|benchmarks|scripts|tests|configs)/[\w./-]*\w)`")
+PATH_RE = re.compile(r"`((?:umst_plugin|umst_tools|umst_dev|benchmarks|scripts|tests|configs)/[\w./-]*\w)`")
 
 
 def test_every_project_path_the_docs_name_exists():
@@ -525,6 +559,9 @@ def check_command(argv, env, tmp_path, slurm_conf=None):
             if argv[2] == "pytest":  # the suite itself: the test files it names exist
                 missing = [a for a in argv[3:] if a.startswith("tests/") and not os.path.exists(os.path.join(ROOT, a))]
                 return "no such test file: " + ", ".join(missing) if missing else None
+            if argv[2] == "benchmarks":  # python -m benchmarks WHAT (or paper FAMILY): that benchmark's --help
+                words = 2 if argv[3:4] == ["paper"] else 1
+                return flags_in_help([sys.executable, *argv[1:3 + words]], argv[3 + words:])
             return flags_in_help([sys.executable, *argv[1:3]], argv[3:])
         if name in ("python", "python3"):
             script, args = argv[1], argv[2:]

@@ -168,7 +168,7 @@ def test_batched_convolution_equals_the_tap_loop(kernels, paddings, dropconnect)
 def test_launches_do_not_grow_with_the_kernel_size():
     """The taps are batched: forward + backward of a mixed convolution launch as many kernels for k = 3, 15 as
     for k = 3, 31 (the loop it replaced launched 1 + 4 per tap)."""
-    from umst_plugin.op_counts import KernelLaunches
+    from umst_dev.op_counts import KernelLaunches
 
     def launches(kernels):
         torch.manual_seed(0)

@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_leaves
 
 import umst_plugin.models
 import umst_plugin.modules
-from umst_plugin import dev
+from umst_dev import dev
 
 from test_compile import ARCHS, DROPOUT, TINY, _batches, _loss
 

@@ -9,7 +9,7 @@ from fairseq.optim.adam import Adam  # fairseq's adam: the patch replaces Fairse
 
 import umst_plugin  # noqa: F401  (installs the patches)
 from benchmarks import bench_launches
-from umst_plugin.op_counts import KernelLaunches
+from umst_dev.op_counts import KernelLaunches
 from umst_plugin.training import fused_adam, grad_norm
 
 SHAPES = [(64, 32), (32,), (1000,), (7,), (3, 4, 2)]
@@ -258,7 +258,7 @@ def test_patch_chooses_per_parameters():
 def test_amp_skips_a_non_finite_step_on_the_device():
     """bf16 --amp: an inf gradient leaves the weights and the fused optimizer's step count alone, and the grad
     scaler hands the flag to the kernel (no host sync in the scaler's step)."""
-    from umst_plugin.op_counts import HostSyncs
+    from umst_dev.op_counts import HostSyncs
 
     trainer, sample = bench_launches.build_trainer("transformer", dict(bench_launches.PRENORM, weight_decay=0.01),
                                                    "bf16", plugin=True, quick=True)
@@ -302,7 +302,7 @@ def test_fp16_flat_master_weights_step_as_fairseqs_adam(monkeypatch):
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.optim.fp16_optimizer import FP16Optimizer
 
-    from umst_plugin import dev
+    from umst_dev import dev
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     cfg = convert_namespace_to_omegaconf(dev.parse_args("transformer", {

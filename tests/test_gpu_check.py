@@ -1,4 +1,4 @@
-"""scripts/gpu-check.sh (umst_tools/gpu_check.py): what it reads from its steps, what it writes, and its dry run.
+"""scripts/gpu-check.sh (umst_dev/gpu_check.py): what it reads from its steps, what it writes, and its dry run.
 
 The dry run is what CI runs in place of a GPU: the plan, a wheelhouse for this Python (PyPI), a fresh venv that
 sees only torch from this one, an install from the wheelhouse alone (--no-index), the light fairseq build, and
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import e2e
-from umst_tools import fairseq_source, gpu_check
+from umst_dev import fairseq_source, gpu_check
 
 FAIRSEQ_JSON = """2026-11-26 14:41:42 | INFO | train_inner | {"epoch": 1, "loss": "11.731", "num_updates": "10", "wps": "28063.2"}
 2026-11-26 14:41:43 | INFO | train | {"epoch": 1, "train_loss": "11.01", "train_num_updates": "14"}
@@ -142,16 +142,14 @@ def test_a_step_that_runs_out_of_time_stops_its_whole_process_group(tmp_path):
 
 
 def test_a_planned_command_that_does_not_parse_is_named_and_the_others_pass(tmp_path, capsys):
-    """--check-commands runs each benchmark script as ``__main__`` inside its own process (one import of torch and
-    fairseq for all of them): a flag a script lacks fails that command alone, by name; sys.argv and sys.path come
-    back."""
-    bench = gpu_check.BENCH
-    cmds = {"data": [[sys.executable, os.path.join(bench, "synthetic_corpus.py"), str(tmp_path), "--workers", "2"],
-                     [sys.executable, os.path.join(bench, "synthetic_corpus.py"), str(tmp_path), "--no-such-flag"]],
-            "train-speed": [[sys.executable, os.path.join(bench, "bench_train.py"), "--data", str(tmp_path),
-                             "--updates", "40"],
-                            [sys.executable, os.path.join(bench, "bench_train.py"), "--data", str(tmp_path),
-                             "--updates", "forty"]]}
+    """--check-commands runs each benchmark (``python -m benchmarks WHAT``) inside its own process (one import of
+    torch and fairseq for all of them): a flag a benchmark lacks fails that command alone, by name; sys.argv and
+    sys.path come back."""
+    bench = [sys.executable, "-m", "benchmarks"]
+    cmds = {"data": [bench + ["synthetic-corpus", str(tmp_path), "--workers", "2"],
+                     bench + ["synthetic-corpus", str(tmp_path), "--no-such-flag"]],
+            "train-speed": [bench + ["train", "--data", str(tmp_path), "--updates", "40"],
+                            bench + ["train", "--data", str(tmp_path), "--updates", "forty"]]}
     path = tmp_path / "commands.json"
     path.write_text(json.dumps(cmds))
     argv, sys_path = list(sys.argv), list(sys.path)

@@ -13,9 +13,30 @@
 
   The strongly connected components of that graph (Tarjan) must each be one module: a circle shows as the modules
   it joins and the lines that import each other.
+
+* **The plugin holds what fairseq and the user's commands load.** Every module of ``umst_plugin/`` must be reached
+  from the plugin's entry points; a module that only tests, benchmarks or ``umst_dev`` import belongs in
+  ``umst_dev/`` (or ``benchmarks/``). The entry points are:
+
+  - ``umst_plugin`` itself: what ``import umst_plugin`` (``--user-dir umst_plugin``) loads, read from
+    ``sys.modules`` after importing it in a fresh interpreter (the package imports its tasks, models and patches by
+    listing their folders, which no parser sees);
+  - the modules of ``setup.py``'s console scripts (``umst-preprocess=umst_plugin.preprocess.cli:main``, ...),
+    also imported in that interpreter;
+  - every plugin module a user's command names: ``python -m umst_plugin.X`` (with ``X/__main__.py`` where ``X`` is a
+    package) or ``from umst_plugin.X import`` / ``import umst_plugin.X`` in ``scripts/``, ``README.md`` and
+    ``docs/*.md`` (not ``docs/results/``, which records what ran).
+
+  From those, the import graph above (imports inside functions counted: a CLI's lazy imports are loaded by it)
+  is followed; a module reached also loads the packages above it. What is left unreached fails the test.
 """
 import ast
+import glob
+import json
 import os
+import re
+import subprocess
+import sys
 
 import pytest
 
@@ -188,3 +209,77 @@ def test_the_circle_check_finds_circles_made_every_way(tmp_path, files, circle):
         assert circles == []
     else:
         assert len(circles) == 1 and {line.split(" ")[0] for line in circles[0]} == circle, circles
+
+
+def plugin_entry_points(root=ROOT):
+    """The plugin modules a user's command loads by name: setup.py's console scripts, ``python -m umst_plugin.X``
+    and ``from umst_plugin.X import`` / ``import umst_plugin.X`` in scripts/, README.md and docs/*.md."""
+    names = set()
+    with open(os.path.join(root, "setup.py"), encoding="utf-8") as f:
+        names.update(re.findall(r"=\s*(umst_plugin[\w.]*):", f.read()))
+    texts = [p for p in glob.glob(os.path.join(root, "scripts", "**", "*"), recursive=True) if os.path.isfile(p)]
+    texts += [os.path.join(root, "README.md")] + glob.glob(os.path.join(root, "docs", "*.md"))
+    for path in texts:
+        if not os.path.isfile(path):
+            continue
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        for name in re.findall(r"-m\s+(umst_plugin[\w.]*)", text):
+            names.add(name)
+            if os.path.isfile(os.path.join(root, *name.split("."), "__main__.py")):
+                names.add(name + ".__main__")
+        names.update(re.findall(r"(?:from|import)\s+(umst_plugin[\w.]*)", text))
+    return sorted(names)
+
+
+def loaded_by_import(names, root=ROOT):
+    """The ``umst_plugin`` modules in ``sys.modules`` of a fresh interpreter after importing ``umst_plugin`` and
+    ``names`` (``__main__`` modules left out: importing one runs its command)."""
+    code = ("import importlib, json, sys\nimport umst_plugin\n"
+            f"for name in {[n for n in names if not n.endswith('__main__')]!r}:\n"
+            "    importlib.import_module(name)\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'umst_plugin')))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def unreached_plugin_modules(roots, root=ROOT, packages=PACKAGES):
+    """The ``umst_plugin`` modules not reached from ``roots`` through the import graph (a module reached also
+    reaches the packages above it)."""
+    graph = import_graph(root, packages)
+    seen, todo = set(), [r for r in roots if r in graph]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        parts = module.split(".")
+        todo += [".".join(parts[:end]) for end in range(1, len(parts)) if ".".join(parts[:end]) in graph]
+        todo += list(graph[module])
+    return sorted(m for m in graph if m.split(".")[0] == "umst_plugin" and m not in seen)
+
+
+def test_the_plugin_holds_only_what_its_entry_points_load():
+    names = plugin_entry_points()
+    assert "umst_plugin.preprocess.cli" in names and "umst_plugin.inspect.__main__" in names, names
+    roots = set(loaded_by_import(names)) | set(names) | {"umst_plugin"}
+    unreached = unreached_plugin_modules(roots)
+    assert not unreached, ("modules of umst_plugin/ that neither `import umst_plugin` nor a user's command loads "
+                           "(only tests, benchmarks or umst_dev import them: move them to umst_dev/): "
+                           + ", ".join(unreached))
+
+
+@pytest.mark.parametrize("files,unreached", [
+    # a helper only a test imports (the plugin's dev.py once), beside one the plugin imports inside a function
+    ({"umst_plugin/__init__.py": "def f():\n    from umst_plugin import used\n", "umst_plugin/used.py": "",
+      "umst_plugin/dev.py": "import umst_plugin\n", "tests/test_x.py": "from umst_plugin import dev\n"},
+     ["umst_plugin.dev"]),
+    # reached through a subpackage module: its package __init__ counts as loaded
+    ({"umst_plugin/__init__.py": "import umst_plugin.sub.b\n", "umst_plugin/sub/__init__.py": "",
+      "umst_plugin/sub/b.py": ""}, []),
+])
+def test_the_reach_check_finds_modules_only_tests_import(tmp_path, files, unreached):
+    _write(tmp_path, files)
+    assert unreached_plugin_modules({"umst_plugin"}, str(tmp_path)) == unreached

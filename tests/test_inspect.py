@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import e2e
-from umst_plugin import dev
+from umst_dev import dev
 from umst_plugin import inspect as umst_inspect
 from umst_plugin.inspect.capture import InspectError
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import e2e
-from umst_plugin import dev, mixed_precision
+from umst_dev import dev
+from umst_plugin import mixed_precision
 
 BF16 = ("--amp", "--amp-dtype", "bfloat16")
 TINIER = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",

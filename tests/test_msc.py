@@ -402,7 +402,7 @@ def test_72_layer_model_trains_and_plot(toy_databin, tmp_path):
 def test_trains_through_multiscale_translation_task_with_side_inputs():
     """The multiscale_translation task's batches carry src_word_ids/src_word_heads; the task hands an encoder only
     the side inputs its forward names (data/side_inputs.py), so MSC gets none."""
-    from umst_plugin import dev
+    from umst_dev import dev
     model, task = dev.build_model("msc_iwslt_de_en", dict(encoder_blocks=2, encoder_layers_per_block=2,
                                                           encoder_embed_dim=16, decoder_embed_dim=16,
                                                           encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32,

@@ -19,11 +19,11 @@ import pytest
 import torch
 
 import umst_plugin  # noqa: F401
-from umst_plugin import dev
+from umst_dev import dev
 from umst_plugin.models.msc.encoder import stacked_states
 from umst_plugin.modules.msc import lean
 from umst_plugin.modules.common.lean_ops import use_reference_path
-from umst_plugin.op_counts import HostSyncs, KernelLaunches
+from umst_dev.op_counts import HostSyncs, KernelLaunches
 
 TINY = dict(encoder_embed_dim=16, decoder_embed_dim=16, encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32,
             encoder_attention_heads=2, decoder_attention_heads=2, encoder_blocks=3, encoder_layers_per_block=2)

@@ -6,7 +6,7 @@ import torch
 
 import e2e
 import model_checks as checks
-from umst_plugin import dev
+from umst_dev import dev
 from umst_plugin.modules.msmsa.windowed_attention import (
     MultiScaleSelfAttention,
     Scale,

@@ -20,11 +20,11 @@ import torch.nn.functional as F
 
 import model_checks as checks
 from test_msmsa import padded_batch
-from umst_plugin import dev
+from umst_dev import dev
 from umst_plugin.modules.msmsa import window_bias as wb
 from umst_plugin.modules.msmsa import windowed_attention as wa
 from umst_plugin.modules.msmsa.windowed_attention import MultiScaleSelfAttention, parse_scale, share_window_masks
-from umst_plugin.op_counts import HostSyncs, KernelLaunches
+from umst_dev.op_counts import HostSyncs, KernelLaunches
 
 SPECS = ("1", "3", "7", "N/16", "N/8", "N/4", "N/2", "N", "global")
 HEAD_SCALES = [parse_scale(s) for s in ("1", "1", "3", "N/8", "N/8", "N/4", "N/2", "global")]

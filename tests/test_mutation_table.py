@@ -1,4 +1,4 @@
-"""umst_tools/mutation.py, the mutation check (``python -m umst_tools.mutation``: minutes, not run in the suite):
+"""umst_dev/mutation.py, the mutation check (``python -m umst_dev.mutation``: minutes, not run in the suite):
 its table fits the code -- every snippet occurs exactly once in its file, every test it names exists -- its last
 recorded run covers the table and caught every fault, and a planted fault never stays behind in a file."""
 import json
@@ -7,7 +7,7 @@ import os
 import pytest
 
 import e2e
-from umst_tools import mutation
+from umst_dev import mutation
 
 RECORD = os.path.join(e2e.ROOT, "docs", "results", "mutation-cpu.json")
 

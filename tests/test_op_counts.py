@@ -1,4 +1,4 @@
-"""The two ways the benchmarks count kernel launches agree (umst_plugin/op_counts.py).
+"""The two ways the benchmarks count kernel launches agree (umst_dev/op_counts.py).
 
 ``KernelLaunches`` (a dispatch mode: every aten op below autograd) is the CPU's stand-in for a GPU's kernel count
 (matched on an H100 within 12% per arch). ``profiled_launches`` counts the same thing from a profiler trace,
@@ -14,14 +14,15 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks import bench_launches, common
-from umst_plugin.op_counts import KernelLaunches, profiled_launches
+from umst_dev.op_counts import KernelLaunches, profiled_launches
 
 TOLERANCE = 0.02  # measured: transformer equal, UMST's backward 366 against 362, Prime's 1 apart per phase
 
 
 @pytest.mark.parametrize("arch", ["transformer", "umst", "prime"])
 def test_profiled_count_equals_dispatch_count_on_an_eager_update(arch):
-    name, overrides = bench_launches.ARCHS[arch]
+    spec = bench_launches.launch_rows()[arch]
+    name, overrides = spec["arch"], dict(spec["overrides"])
     trainer, sample = bench_launches.build_trainer(name, overrides, "fp32", plugin=True, quick=True)
     trainer.train_step([sample])  # the optimizer's state
     counter = KernelLaunches()
@@ -41,7 +42,7 @@ def test_profiled_count_equals_dispatch_count_on_an_eager_update(arch):
 
 
 def test_profiled_count_sees_the_compiled_kernels_and_the_ops_compiled_code_calls():
-    from umst_plugin.op_counts import count_generated_kernels
+    from umst_dev.op_counts import count_generated_kernels
 
     torch._dynamo.reset()
     linear = torch.nn.Linear(8, 8)
@@ -70,7 +71,7 @@ def test_named_tensor_overloads_do_not_make_an_op_look_decomposed():
     ``cat.names``, ``mean.names_dim``) as composite: taken for the op, they made the profiled count skip every
     ``sum``, ``cat``, ``mean``, ``gather`` ... of an update (182 dispatched forward ops profiled as 177 there). The
     overloads the GPU's torch has, by name; and on this torch the ops count as kernels."""
-    from umst_plugin.op_counts import _aten_kind, _named_tensor_overload
+    from umst_dev.op_counts import _aten_kind, _named_tensor_overload
 
     named = ["dim_DimnameList", "DimnameList_out", "names", "names_out", "dimname", "dimname_out", "names_dim"]
     plain = ["default", "dim_IntList", "IntList_out", "out", "Tensor", "int", "memory_format", "dtype", "src"]

@@ -253,7 +253,7 @@ def test_task_parses_interactive_input_with_spacy():
     import torch
     from fairseq.data import Dictionary
 
-    from umst_plugin import dev
+    from umst_dev import dev
 
     try:
         parsers.build_backend("spacy", Namespace(parser_model="en_core_web_md", device="cpu"))
@@ -283,7 +283,8 @@ def test_the_recorded_stanza_package_reaches_the_parser_of_raw_input(tmp_path, m
     import torch
     from fairseq.data import Dictionary
 
-    from umst_plugin import dev, hub
+    from umst_dev import dev
+    from umst_plugin import hub
     from umst_plugin import text_preprocessing as textprep
 
     monkeypatch.setenv("STANZA_RESOURCES_DIR", str(tmp_path / "stanza"))

@@ -10,7 +10,7 @@ import torch
 
 import umst_plugin  # noqa: F401  (installs the patch)
 from fairseq.data import LanguagePairDataset
-from umst_plugin import dev
+from umst_dev import dev
 from umst_plugin.patches import pair_dataset_sizes
 
 

@@ -528,7 +528,7 @@ def test_every_parameter_gets_a_gradient(arch, extra):
 def test_the_task_hands_prime_no_side_inputs():
     """One side-input policy: the task gives an encoder exactly the side inputs its forward names; Prime names
     none, so they never reach it (a forward called with them is an error, not silently ignored)."""
-    from umst_plugin import dev
+    from umst_dev import dev
 
     model, task = dev.build_model("prime_base", dict(encoder_layers=1, decoder_layers=1, encoder_embed_dim=16,
                                                      decoder_embed_dim=16, encoder_ffn_embed_dim=32,

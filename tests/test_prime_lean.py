@@ -21,7 +21,7 @@ from umst_plugin.modules.prime import layer as prime_layer
 from umst_plugin.modules.prime.dynamic_conv import reference_dynamic_convolution
 from umst_plugin.modules.prime.layer import PrimeLayer, _MaskMemo
 from umst_plugin.modules.prime.multi_kernel_conv import MultiKernelConv
-from umst_plugin.op_counts import KernelLaunches
+from umst_dev.op_counts import KernelLaunches
 
 
 def reference_multi_kernel_conv(conv, x, padding_mask, keep):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import e2e
-from umst_plugin import dev
+from umst_dev import dev
 from umst_plugin.data.word_boundaries import (SENTENCEPIECE, SUBWORD_NMT, boundary_table, word_ids_from_pieces,
                                               word_ids_from_tokens, words_from_pieces)
 

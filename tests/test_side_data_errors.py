@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 import e2e
-from umst_plugin import dev
+from umst_dev import dev
 from umst_plugin.preprocess.errors import SideDataError
 
 

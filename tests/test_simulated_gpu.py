@@ -1,4 +1,4 @@
-"""umst_plugin/simulated_gpu.py: a GPU's compiled kernels counted on a CPU.
+"""umst_dev/simulated_gpu.py: a GPU's compiled kernels counted on a CPU.
 
 What any torch runs (CI's CPU wheel included): reading an inductor GPU wrapper's launches, the profiler count of a
 simulated graph's range, and the fused-attention stand-in (the same function as ``scaled_dot_product_attention``,
@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from umst_plugin import simulated_gpu
-from umst_plugin.op_counts import SIMULATED_GPU_PREFIX, profiled_launches
+from umst_dev import simulated_gpu
+from umst_dev.op_counts import SIMULATED_GPU_PREFIX, profiled_launches
 
 # the call method inductor (torch 2.11) generated for a matmul, layer norm, ReLU, dropout and sum on a simulated
 # H200 (the forward of the function in test_inductor_generates_the_gpu_program_on_a_cpu), abridged to its call
@@ -349,13 +349,13 @@ def test_bench_launches_counts_a_batch_of_the_tokens_and_lengths_asked_for_in_ev
     in the plugin's rows and in the stock row's own process."""
     import json
 
-    from benchmarks import bench_archs, bench_launches
+    from benchmarks import bench_launches, harness
 
     out = tmp_path / "launches.json"
     bench_launches.main(["--quick", "--archs", "transformer", "--max-tokens", "1024", "--lengths", "wmt14",
                          "--json", str(out)])
     result = json.loads(out.read_text())
-    sources, targets = bench_archs.lengths_batch(1024, lengths="wmt14")
+    sources, targets = harness.lengths_batch(1024, lengths="wmt14")
     assert result["sentences"] == len(sources) and result["max_tokens"] == 1024 and result["lengths"] == "wmt14"
     for row in result["rows"]:
         assert row["sentences"] == len(sources)

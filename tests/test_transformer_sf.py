@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import umst_plugin  # noqa: F401  (registers the architectures)
-from umst_plugin import dev
+from umst_dev import dev
 from fairseq import options
 from fairseq.data import Dictionary
 from fairseq.tasks.translation import TranslationTask

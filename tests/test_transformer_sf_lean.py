@@ -22,7 +22,7 @@ from umst_plugin.modules.transformer_sf.fast_attention import (
     boundary_band,
 )
 from umst_plugin.modules.transformer_sf.fusion import WidthChangingAttention
-from umst_plugin.op_counts import KernelLaunches
+from umst_dev.op_counts import KernelLaunches
 
 from test_transformer_sf import ABLATIONS, SENTENCES, batch_of, build
 

@@ -29,7 +29,7 @@ from umst_plugin.modules.umst.graphs import (
     symmetric_normalize,
     upsampling_map,
 )
-from umst_plugin.op_counts import KernelLaunches
+from umst_dev.op_counts import KernelLaunches
 
 CASES = [
     ("umst_base", []),

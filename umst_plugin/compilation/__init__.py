@@ -36,8 +36,8 @@ an error when a limit is hit (which falls back to eager for that variant, with t
 
 ``--tf32`` (:func:`set_tf32`): fp32 matmuls on TensorFloat-32 tensor cores (Ampere and newer GPUs).
 
-Outside fairseq: ``compile_layers(model)`` compiles a built model the same way (``benchmarks/bench_archs.py
---compile``).
+Outside fairseq: ``compile_layers(model)`` compiles a built model the same way (``python -m benchmarks
+archs --compile``).
 
 The modules, one concern each:
 

@@ -16,6 +16,7 @@ would never be charged to an architecture (``recompute=False`` keeps the probabi
 
 Masks: boolean (True = may attend) or additive float, broadcastable to B x H x L x S.
 """
+import contextlib
 from typing import Optional, Tuple
 
 import torch
@@ -33,11 +34,33 @@ def additive_mask(blocked: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill_(blocked, float("-inf"))
 
 
+class _Paths:
+    """Which path attention takes on a CPU: the CPU's own (the default), or a GPU's while a tool traces the
+    program a GPU would run (:func:`gpu_paths_on_cpu`)."""
+    gpu_paths_on_cpu = False
+
+
+_PATHS = _Paths()
+
+
+@contextlib.contextmanager
+def gpu_paths_on_cpu():
+    """Within: attention on a CPU takes the path a GPU would (no explicit half-precision core, no recompute in
+    backward). The switch of a tool that counts a GPU's program on a CPU (``umst_dev/simulated_gpu.py``, which
+    also makes ``F.scaled_dot_product_attention`` with dropout one op each way); never set in training."""
+    before = _PATHS.gpu_paths_on_cpu
+    _PATHS.gpu_paths_on_cpu = True
+    try:
+        yield
+    finally:
+        _PATHS.gpu_paths_on_cpu = before
+
+
 def runs_cpu_kernels(t: Tensor) -> bool:
     """Whether attention on ``t`` takes the CPU's path: the explicit core in half precision with dropout, the core
-    recomputed in backward. ``umst_plugin.simulated_gpu.fused_attention`` replaces it while it counts a GPU's
-    program on a CPU, so that the trace takes the path a GPU would."""
-    return t.device.type == "cpu"
+    recomputed in backward. False on a CPU within :func:`gpu_paths_on_cpu`, so that a trace takes the path a GPU
+    would."""
+    return t.device.type == "cpu" and not _PATHS.gpu_paths_on_cpu
 
 
 def _needs_explicit(q: Tensor, dropout_p: float) -> bool:

@@ -591,7 +591,7 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     about one read of the weights from memory. For such few rows and a tall weight, MKL's ``x @ weight^T``
     (what F.linear calls) ran at half the speed of ``weight @ x^T`` with the weights out of cache
     (4 rows against 4096 x 512: 1.47 ms vs 0.88 ms; against 2048 x 512: 0.77 vs 0.48 ms); with 1 row they are
-    equal, and for a wide weight the gain is small or negative at 8 rows (``benchmarks/bench_prime.py --gemm``).
+    equal, and for a wide weight the gain is small or negative at 8 rows (``python -m benchmarks paper prime --gemm``).
     The result is the same product up to float rounding order.
     """
     # the static conditions first: under torch.compile a comparison of the row count is a guard on the shapes

@@ -16,7 +16,7 @@ allocator's caching makes meaningless for one call. (``benchmarks.common.peak_me
 Timing: median over ``--iters`` calls, the two modules called alternately so that load on a
 shared machine hits both alike.
 
-    python benchmarks/bench_msmsa.py --threads 1 [--json out.json] [--quick]
+    python -m benchmarks paper msmsa --threads 1 [--json out.json] [--quick]
 """
 import os
 import statistics
@@ -24,12 +24,10 @@ import sys
 import time
 
 import torch
+from fairseq.modules import MultiheadAttention
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-from fairseq.modules import MultiheadAttention  # noqa: E402
-
-from umst_plugin.modules.msmsa.windowed_attention import (  # noqa: E402
+from benchmarks import common
+from umst_plugin.modules.msmsa.windowed_attention import (
     DEFAULT_SCALES,
     MultiScaleSelfAttention,
     alpha_head_allocation,

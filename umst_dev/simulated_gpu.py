@@ -11,7 +11,7 @@ program on the CPU, without compiling or running it:
   its ``call`` is read: every Triton kernel launch, library call (``extern_kernels.mm``, ...) and aten fallback
   is one kernel (:func:`count_launches`);
 * the graph itself runs eagerly on the CPU inside a profiler range named with that count
-  (:data:`umst_plugin.op_counts.SIMULATED_GPU_PREFIX`), so ``op_counts.profiled_launches`` counts a compiled
+  (:data:`umst_dev.op_counts.SIMULATED_GPU_PREFIX`), so ``op_counts.profiled_launches`` counts a compiled
   update as the GPU would launch it, the eager ops around the layers as it counts them anyway;
 * what each program moves and computes (:class:`Program`): every Triton kernel's bytes as inductor estimates them
   (``kernel_num_gb``), every library call's by its input views and outputs, and the FLOPs of the products and
@@ -451,7 +451,7 @@ class Backend:
         self.programs.append(program)
         counts = program.launches
         self.graphs.append((program.kind, counts))
-        from umst_plugin.op_counts import SIMULATED_GPU_PREFIX
+        from umst_dev.op_counts import SIMULATED_GPU_PREFIX
 
         label = f"{SIMULATED_GPU_PREFIX}{sum(counts.values())}:{counts['triton']}"
         run = gm.forward
@@ -610,6 +610,5 @@ def fused_attention():
     # the plugin's attention takes the GPU's path too: on a CPU, half precision with dropout would run its
     # explicit core (three kernels and their copies each way) and every core with dropout would be recomputed in
     # backward, neither of which a GPU does
-    with mock.patch.object(F, "scaled_dot_product_attention", attention), \
-            mock.patch.object(plugin_attention, "runs_cpu_kernels", lambda t: False):
+    with mock.patch.object(F, "scaled_dot_product_attention", attention), plugin_attention.gpu_paths_on_cpu():
         yield

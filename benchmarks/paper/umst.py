@@ -1,10 +1,10 @@
 """UMST vs pre-norm ``transformer_wmt_en_de``: parameters, training-step time, beam-4 generation
 speed and peak memory, same batch, same dims, same machine, one run.
 
-    python benchmarks/bench_umst.py                       # base dims (512/2048, 6+6), 40K shared vocab
-    python benchmarks/bench_umst.py --only time --rounds 5 --batch 16 --src-len 30
-    python benchmarks/bench_umst.py --arch umst_base_rpr  # any umst arch / flags after --extra
-    python benchmarks/bench_umst.py --extra --gcn-activations store   # plain autograd (or recompute)
+    python -m benchmarks paper umst                       # base dims (512/2048, 6+6), 40K shared vocab
+    python -m benchmarks paper umst --only time --rounds 5 --batch 16 --src-len 30
+    python -m benchmarks paper umst --arch umst_base_rpr  # any umst arch / flags after --extra
+    python -m benchmarks paper umst --extra --gcn-activations store   # plain autograd (or recompute)
 
 Targets (issue 4): train step <= 1.15x (paper table 7: 1.25x), generate tokens/s >= 0.97x (paper
 136.67/142.33 = 0.96x), peak memory <= 1.10x (paper 6.7G/6.4G = 1.05x).
@@ -29,14 +29,12 @@ import time
 import numpy as np
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from fairseq import options
+from fairseq.data import Dictionary
+from fairseq.sequence_generator import SequenceGenerator
+from fairseq.tasks.translation import TranslationTask
 
-import umst_plugin  # noqa: E402,F401
-from fairseq import options  # noqa: E402
-from fairseq.data import Dictionary  # noqa: E402
-from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
-from fairseq.tasks.translation import TranslationTask  # noqa: E402
+import umst_plugin  # noqa: F401  (registers the archs)
 
 BASELINE = "transformer_wmt_en_de"
 PRE_NORM = ["--encoder-normalize-before", "--decoder-normalize-before"]

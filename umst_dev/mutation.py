@@ -1,10 +1,10 @@
 """The mutation check: faults planted one at a time in the code under test, each run against the tests that claim
 to guard it. A fault that no test catches is a test missing (or one that cannot fail).
 
-    python -m umst_tools.mutation                     # every fault in MUTANTS
-    python -m umst_tools.mutation --only NAME [NAME]  # some of them
-    python -m umst_tools.mutation --list              # the table
-    python -m umst_tools.mutation --json docs/results/mutation-cpu.json --markdown docs/results/mutation-cpu.md
+    python -m umst_dev.mutation                     # every fault in MUTANTS
+    python -m umst_dev.mutation --only NAME [NAME]  # some of them
+    python -m umst_dev.mutation --list              # the table
+    python -m umst_dev.mutation --json docs/results/mutation-cpu.json --markdown docs/results/mutation-cpu.md
 
 A fault is a text patch of one file: a snippet that occurs exactly once in it, and what replaces it. The check
 copies the repository's files (``git ls-files``: tracked, and untracked ones git does not ignore) into a temporary
@@ -317,7 +317,7 @@ def check(mutants=MUTANTS, root=ROOT, timeout=900, log=print):
     finally:
         shutil.rmtree(copy, ignore_errors=True)
     return dict(started=started, seconds=round(time.monotonic() - start), machine=machine(), commit=_commit(root),
-                command="python -m umst_tools.mutation", baseline=baseline, results=results)
+                command="python -m umst_dev.mutation", baseline=baseline, results=results)
 
 
 def machine():
@@ -346,7 +346,7 @@ def markdown(record):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m umst_tools.mutation", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m umst_dev.mutation", description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", metavar="NAME", help="these faults only (names: --list)")
     parser.add_argument("--list", action="store_true", help="print the table and exit")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per pytest run (default 900)")

@@ -6,8 +6,8 @@ prints, in the order they happened, the modules whose forward output or whose gr
 input holds inf/NaN (in the order they happened: the first forward event is where the forward pass breaks;
 the first backward event names the module fed by the op whose backward breaks), and the parameters with non-finite gradients.
 
-    python benchmarks/find_nonfinite.py --arch umst_base --device cuda --dtype bf16 --data demo/data-bin
-    python benchmarks/find_nonfinite.py --arch prime_simple_base --tiny --device cuda --dtype fp16
+    python -m umst_dev.find_nonfinite --arch umst_base --device cuda --dtype bf16 --data demo/data-bin
+    python -m umst_dev.find_nonfinite --arch prime_simple_base --tiny --device cuda --dtype fp16
 """
 import argparse
 import contextlib
@@ -16,8 +16,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from umst_plugin import dev
-from umst_plugin.op_counts import tensors_in
+from umst_dev import dev
+from umst_dev.op_counts import tensors_in
 
 TINY = dict(encoder_layers=2, decoder_layers=2, encoder_embed_dim=16, decoder_embed_dim=16, encoder_ffn_embed_dim=32,
             decoder_ffn_embed_dim=32, encoder_attention_heads=2, decoder_attention_heads=2)

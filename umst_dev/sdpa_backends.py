@@ -7,7 +7,7 @@ B x H x L x S boolean mask), at key lengths that are and are not multiples of 8:
 float64 reference (relative error of the output and of dq, dk, dv), and with dropout whether the gradients
 are finite. Prints one line per case; "unsupported" where the backend refuses the inputs.
 
-    python benchmarks/sdpa_backends.py [--verbose]    # on CUDA (on a CPU: the math backend only)
+    python -m umst_dev.sdpa_backends [--verbose]    # on CUDA (on a CPU: the math backend only)
 """
 import collections
 import json
@@ -84,7 +84,8 @@ def main():
     verbose = "--verbose" in sys.argv
     for backend in BACKENDS if device == "cuda" else ["MATH"]:
         counts = collections.Counter()
-        proc = subprocess.run([sys.executable, __file__, backend], capture_output=True, text=True, timeout=120)
+        proc = subprocess.run([sys.executable, "-m", "umst_dev.sdpa_backends", backend], capture_output=True, text=True,
+                              timeout=120)
         for line in proc.stdout.strip().splitlines():
             dtype_name, mask_kind, length, dropout, result = json.loads(line)
             if result == "unsupported":

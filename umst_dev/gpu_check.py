@@ -10,21 +10,22 @@ CUDA device, no check). Steps (``STEPS``), each with a time budget (its timeout)
                unpacked and its three light extensions compiled in place (``fairseq_source``)
   env          Python, torch, CUDA, the device, fairseq, the plugin's archs registered
   data, tests, compile-tests, op-counts   at the same time (none of them times anything):
-               ``benchmarks/synthetic_corpus.py`` (29,000 random pairs of Multi30k lengths, binarized, side files);
+               ``python -m benchmarks synthetic-corpus`` (29,000 random pairs of Multi30k lengths, binarized, side
+               files);
                the tests marked ``cuda`` (the model checks on the GPU, fp32/fp16/bf16; then, a step of its own,
-               TranSFormer's and Prime's layers compiled, failing on any fallback to eager); ``bench_op_counts.py``
+               TranSFormer's and Prime's layers compiled, failing on any fallback to eager); ``benchmarks op-counts``
                (fp32-only backward matmuls under bf16, host syncs per step)
-  bench        ``bench_archs.py --profile``, bf16, eager, 4,096 and 16,384 tokens: time, kernels and GPU busy per
+  bench        ``benchmarks archs --profile``, bf16, eager, 4,096 and 16,384 tokens: time, kernels and GPU busy per
                training step against the transformer
-  train-speed  ``bench_train.py``: fairseq-train words/s on the synthetic corpus, every arch in fp32 and bf16
+  train-speed  ``benchmarks train``: fairseq-train words/s on the synthetic corpus, every arch in fp32 and bf16
                ``--amp``, stock fairseq's transformer in fp32 and fp16 ``--amp``; umst_base trains 200 updates in
                each, and its bf16 loss must follow fp32's within 2% (the mean over the last 50 updates)
-  decode       ``bench_decode.py``: fairseq-generate at beam 1 and 5 per arch; kernels per decoding step
-  launches     ``bench_launches.py --device cuda``: the kernels of one whole fairseq update by phase
-  compile      ``--compile``, the second call: bench_launches.py (the compiled update's kernels: TranSFormer,
+  decode       ``benchmarks decode``: fairseq-generate at beam 1 and 5 per arch; kernels per decoding step
+  launches     ``benchmarks launches --device cuda``: the kernels of one whole fairseq update by phase
+  compile      ``--compile``, the second call: benchmarks launches (the compiled update's kernels: TranSFormer,
                Prime and a transformer of each one's shape, with any layer that fell back to eager named), then
-               for a subset (``COMPILE_ARCHS``) bench_archs.py and
-               bench_train.py, compile time apart; umst_base compiled trains to the eager loss within 1% over
+               for a subset (``COMPILE_ARCHS``) benchmarks archs and
+               benchmarks train, compile time apart; umst_base compiled trains to the eager loss within 1% over
                200 updates
 
 A step that fails or runs out of time is recorded and the next one runs (steps that need fairseq are skipped
@@ -53,15 +54,15 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLUGIN = os.path.join(ROOT, "umst_plugin")
-BENCH = os.path.join(ROOT, "benchmarks")
 LOSS_UPDATES = 200  # umst_base's fp32 / bf16 / --compile rows of the words/s runs train this long: same loss?
 LOSS_TOLERANCE = 0.02  # bf16 --amp against fp32, mean loss of the last 50 updates both reached
 COMPILE_LOSS_TOLERANCE = 0.01  # --compile against eager (both bf16), same seed
 COMPILE_ARCHS = "transformer,umst"  # the --compile subset of one check (compiling every arch does not fit)
-# bench_launches --compile --floor: the two archs whose compiled launch rate has a target (at most stock's eager per
-# FLOP, or within 10% of a transformer of their own shape: docs/compile.md), then those two floors; rows are kept as
-# they are counted. (The transformer's and UMST's compiled updates were counted on two H200s, the same both times.)
-COMPILE_LAUNCH_ARCHS = "transformer_sf,prime"
+# launches --compile --floor: the archs whose compiled launch rate has a target (at most stock's eager per FLOP, or
+# within 10% of a transformer of their own shape: docs/compile.md), then their floors; rows are kept as they are
+# counted. The benchmark reads them from the family registry ("floored": each family's own row that has a floor of
+# its shape). (The transformer's and UMST's compiled updates were counted on two H200s, the same both times.)
+COMPILE_LAUNCH_ARCHS = "floored"
 
 # name, budget in seconds (the step's timeout), what it is for. The GPU's correctness first (install, the CUDA
 # tests), then the measurements by priority; a deadline cuts what has no time left (--only runs the rest).
@@ -70,20 +71,21 @@ STEPS = [
     ("env", 20, "Python, torch, CUDA, device, fairseq; the plugin's archs register"),
     ("data", 40, "the synthetic corpus of Multi30k lengths (29,000 pairs), fairseq-preprocess, umst-preprocess"),
     ("tests", 75, "pytest -m cuda: the model checks on the GPU (runs beside data, compile-tests and op-counts)"),
-    ("compile-tests", 110, "pytest -m cuda tests/test_compile.py: TranSFormer's, Prime's and UMST's layers compiled on the GPU "
+    ("compile-tests", 110, "pytest -m cuda tests/test_compile.py: the families' layers compiled on the GPU "
                            "at tiny widths, fp32 and bf16, with no fallback to eager (beside data, tests and op-counts)"),
-    ("op-counts", 40, "bench_op_counts.py on CUDA: fp32-only backward matmuls under bf16, host syncs per step "
+    ("op-counts", 40, "benchmarks op-counts on CUDA: fp32-only backward matmuls under bf16, host syncs per step "
                       "(beside data, tests and compile-tests)"),
-    ("bench", 80, "bench_archs.py, bf16 autocast, eager, 4,096 and 16,384 tokens: time, kernels and GPU busy "
+    ("bench", 80, "benchmarks archs, bf16 autocast, eager, 4,096 and 16,384 tokens: time, kernels and GPU busy "
                   "per step against the transformer"),
-    ("train-speed", 125, f"bench_train.py: fairseq-train words/s, every arch in fp32 and bf16 --amp, stock fairseq's "
+    ("train-speed", 125, f"benchmarks train: fairseq-train words/s, every arch in fp32 and bf16 --amp, stock fairseq's "
                          f"transformer in fp32 and fp16 --amp; umst_base {LOSS_UPDATES} updates (fp32 vs bf16 loss)"),
-    ("decode", 55, "bench_decode.py: fairseq-generate at beam 1 and 5 per arch (300 sentences, best of 2), "
-                   "sentences/s; kernels per decoding step; Prime-simple's batch-size-1 claim (30 sentences)"),
-    ("launches", 40, "bench_launches.py --device cuda: kernels of one whole fairseq update by phase, stock and plugin"),
-    ("compile", 300, f"--compile: bench_launches.py --compile --floor for {COMPILE_LAUNCH_ARCHS}: the kernels of a "
-                     f"compiled update, against a transformer of each one's shape; for {COMPILE_ARCHS}: bench_archs.py at 4,096 tokens, fairseq-train words/s and "
-                     f"umst_base's loss over {LOSS_UPDATES} updates against eager, bench_archs.py at 16,384 tokens"),
+    ("decode", 55, "benchmarks decode: fairseq-generate at beam 1 and 5 per arch (300 sentences, best of 2), "
+                   "sentences/s; kernels per decoding step; a paper's batch-size-1 decoding claim (30 sentences)"),
+    ("launches", 40, "benchmarks launches --device cuda: kernels of one whole fairseq update by phase, stock and plugin"),
+    ("compile", 300, f"--compile: benchmarks launches --compile --floor for the archs with a floor of their "
+                     f"shape (--archs {COMPILE_LAUNCH_ARCHS}): the kernels of a compiled update, against a transformer "
+                     f"of each one's shape; for {COMPILE_ARCHS}: benchmarks archs at 4,096 tokens, fairseq-train words/s and "
+                     f"umst_base's loss over {LOSS_UPDATES} updates against eager, benchmarks archs at 16,384 tokens"),
 ]
 # steps that run at the same time (none of them times anything)
 CONCURRENT = [("data", "tests", "compile-tests", "op-counts")]
@@ -100,20 +102,20 @@ def commands(py, work, out):
     synth = os.path.join(work, "synthetic")
     databin = os.path.join(synth, "data-bin")
 
-    def bench(script):
-        return [py, os.path.join(BENCH, script)]
+    def bench(what):
+        return [py, "-m", "benchmarks", what]
 
     def archs_bench(tokens, stem, compiled=False):
-        """bench_archs.py, bf16, one batch size: every arch eager (the "bench" step), or COMPILE_ARCHS compiled
+        """benchmarks archs, bf16, one batch size: every arch eager (the "bench" step), or COMPILE_ARCHS compiled
         (the "compile" step: a warm-up more, where the first step compiles; memory left to the eager rows)."""
         extra = ["--no-memory", "--archs", COMPILE_ARCHS, "--compile"] if compiled else (
             ["--no-memory"] if tokens > 4096 else [])
-        return bench("bench_archs.py") + ["--device", "cuda", "--precisions", "bf16", "--max-tokens", str(tokens),
+        return bench("archs") + ["--device", "cuda", "--precisions", "bf16", "--max-tokens", str(tokens),
                                           "--repeats", "4", "--warmup", "2" if compiled else "1", "--profile"] + extra + [
             "--json", os.path.join(work, f"{stem}.json"), "--markdown", os.path.join(work, f"{stem}.md")]
     return {
-        "env": [[py, "-m", "umst_tools.gpu_check", "--report-env"]],
-        "data": [[py, os.path.join(BENCH, "synthetic_corpus.py"), synth, "--workers", "8"]],
+        "env": [[py, "-m", "umst_dev.gpu_check", "--report-env"]],
+        "data": [bench("synthetic-corpus") + [synth, "--workers", "8"]],
         "tests": [[py, "-m", "pytest", "-m", "cuda", "-q", "-n", "12", "-p", "no:cacheprovider",
                    "--junitxml", os.path.join(work, "gpu-tests.xml"), "tests/test_model_checks.py"]],
         # a step of its own: the model checks' results stand if compiling runs out of time, and a failing model
@@ -121,31 +123,31 @@ def commands(py, work, out):
         # one worker per arch compiled (tests/test_compile.py, CUDA_ARCHS): they compile at the same time
         "compile-tests": [[py, "-m", "pytest", "-m", "cuda", "-q", "-n", "3", "-p", "no:cacheprovider",
                            "--junitxml", os.path.join(work, "gpu-compile-tests.xml"), "tests/test_compile.py"]],
-        "op-counts": [bench("bench_op_counts.py") + ["--device", "cuda", "--json", os.path.join(work, "op-counts.json"),
+        "op-counts": [bench("op-counts") + ["--device", "cuda", "--json", os.path.join(work, "op-counts.json"),
                                                      "--markdown", os.path.join(work, "op-counts.md")]],
         "bench": [archs_bench(tokens, f"bench-{tokens}") for tokens in (4096, 16384)],
-        "train-speed": [bench("bench_train.py") + ["--data", databin, "--updates", "40", "--loss-archs", "umst",
+        "train-speed": [bench("train") + ["--data", databin, "--updates", "40", "--loss-archs", "umst",
                                                    "--loss-updates", str(LOSS_UPDATES), "--deadline", "115",
                                                    "--work", os.path.join(work, "train-speed"),
                                                    "--json", os.path.join(work, "train-speed.json"),
                                                    "--markdown", os.path.join(work, "train-speed.md")]],
-        "decode": [bench("bench_decode.py") + ["--device", "cuda", "--data", databin, "--sentences", "300",
+        "decode": [bench("decode") + ["--device", "cuda", "--data", databin, "--sentences", "300",
                                                "--claim-sentences", "30", "--repeats", "2",
                                                "--json", os.path.join(work, "decode.json"),
                                                "--markdown", os.path.join(work, "decode.md")]],
-        "launches": [bench("bench_launches.py") + ["--device", "cuda", "--precision", "bf16",
+        "launches": [bench("launches") + ["--device", "cuda", "--precision", "bf16",
                                                    "--json", os.path.join(work, "launches.json"),
                                                    "--markdown", os.path.join(work, "launches.md")]],
         # by priority (a step cut short at its budget keeps what its first commands wrote): the compiled update's
         # kernels of TranSFormer and Prime and of a transformer of each one's shape (on an H200 four rows took 229 s
         # of the 300), the bench at 4,096 tokens (measured on two H200s), fairseq-train words/s and the loss
         # against eager, the bench at 16,384
-        "compile": [bench("bench_launches.py") + ["--device", "cuda", "--precision", "bf16", "--compile",
+        "compile": [bench("launches") + ["--device", "cuda", "--precision", "bf16", "--compile",
                                                   "--archs", COMPILE_LAUNCH_ARCHS, "--floor",
                                                   "--json", os.path.join(work, "compile-launches.json"),
                                                   "--markdown", os.path.join(work, "compile-launches.md")],
                     archs_bench(4096, "compile-bench", compiled=True),
-                    bench("bench_train.py") + ["--data", databin, "--archs", "", "--compile-archs", COMPILE_ARCHS,
+                    bench("train") + ["--data", databin, "--archs", "", "--compile-archs", COMPILE_ARCHS,
                                                "--no-stock", "--updates", "40", "--loss-archs", "umst",
                                                "--loss-updates", str(LOSS_UPDATES), "--timeout", "100",
                                                "--work", os.path.join(work, "train-compile"),
@@ -171,7 +173,7 @@ def wheel_files(wheelhouse):
 
 
 def install(py, wheelhouse, work, log):
-    from umst_tools import fairseq_source
+    from umst_dev import fairseq_source
 
     site = os.path.join(work, "site")
     wheels = wheel_files(wheelhouse)
@@ -534,17 +536,17 @@ def collect(name, entry, output, work, result):
 
 
 TABLE_TITLES = [
-    ("bench-4096", "One training step against the transformer, bf16, 4,096 tokens (bench_archs.py)"),
-    ("bench-16384", "One training step against the transformer, bf16, 16,384 tokens (bench_archs.py)"),
-    ("launches", "Kernels of one whole fairseq update by phase, bf16 --amp (bench_launches.py)"),
-    ("train-speed", "fairseq-train words/s on the synthetic corpus (bench_train.py)"),
-    ("compile-bench", f"--compile ({COMPILE_ARCHS}): one training step, bf16, 4,096 tokens (bench_archs.py)"),
-    ("compile-bench-16384", f"--compile ({COMPILE_ARCHS}): one training step, bf16, 16,384 tokens (bench_archs.py)"),
-    ("train-compile", f"--compile ({COMPILE_ARCHS}): fairseq-train words/s (bench_train.py)"),
-    ("compile-launches", f"--compile ({COMPILE_LAUNCH_ARCHS}): kernels of one whole compiled update, bf16 --amp, the CPU-side "
-                         f"count beside the profiler's (bench_launches.py)"),
-    ("decode", "Decoding: fairseq-generate at beam 1 and 5 (bench_decode.py)"),
-    ("op-counts", "Matmuls and host syncs on CUDA (bench_op_counts.py)"),
+    ("bench-4096", "One training step against the transformer, bf16, 4,096 tokens (benchmarks archs)"),
+    ("bench-16384", "One training step against the transformer, bf16, 16,384 tokens (benchmarks archs)"),
+    ("launches", "Kernels of one whole fairseq update by phase, bf16 --amp (benchmarks launches)"),
+    ("train-speed", "fairseq-train words/s on the synthetic corpus (benchmarks train)"),
+    ("compile-bench", f"--compile ({COMPILE_ARCHS}): one training step, bf16, 4,096 tokens (benchmarks archs)"),
+    ("compile-bench-16384", f"--compile ({COMPILE_ARCHS}): one training step, bf16, 16,384 tokens (benchmarks archs)"),
+    ("train-compile", f"--compile ({COMPILE_ARCHS}): fairseq-train words/s (benchmarks train)"),
+    ("compile-launches", f"--compile (the archs with a floor of their shape): kernels of one whole compiled update, bf16 --amp, the CPU-side "
+                         f"count beside the profiler's (benchmarks launches)"),
+    ("decode", "Decoding: fairseq-generate at beam 1 and 5 (benchmarks decode)"),
+    ("op-counts", "Matmuls and host syncs on CUDA (benchmarks op-counts)"),
 ]
 
 
@@ -608,12 +610,12 @@ def check_commands(cmds_json):
     return 1 if failures else 0
 
 
-DRY_RUN_SCRIPTS = ("bench_archs.py", "bench_train.py", "bench_launches.py", "bench_decode.py")
+DRY_RUN_BENCHMARKS = ("archs", "train", "launches", "decode")  # each checks its own arguments with --dry-run
 
 
 def check_one(argv):
     args = argv[1:]
-    if args[:2] == ["-m", "umst_tools.gpu_check"]:
+    if args[:2] == ["-m", "umst_dev.gpu_check"]:
         parser().parse_args(args[2:])
     elif args[:2] == ["-m", "pytest"]:
         selection, rest = [], iter(args[2:])
@@ -628,40 +630,37 @@ def check_one(argv):
         if proc.returncode != 0 or not sum(counts):
             raise RuntimeError(f"pytest --collect-only failed (rc {proc.returncode}): {proc.stdout[-1500:]}"
                                f"{proc.stderr[-1500:]}")
-    elif args[0].endswith(DRY_RUN_SCRIPTS):  # the script checks its own arguments and names, measures nothing
-        rc, out = run_script(args[0], args[1:] + ["--dry-run"])
+    elif args[:2] == ["-m", "benchmarks"] and args[2] in DRY_RUN_BENCHMARKS:  # its names checked, nothing measured
+        rc, out = run_benchmark(args[2:] + ["--dry-run"])
         if rc != 0:
             raise RuntimeError(out[-3000:])
-    elif args[0].endswith((".py",)) and os.path.dirname(args[0]) == BENCH:  # every flag used is one it has
-        rc, out = run_script(args[0], ["--help"])
-        used = [a for a in args[1:] if a.startswith("--")]
+    elif args[:2] == ["-m", "benchmarks"]:  # every flag used is one it has
+        rc, out = run_benchmark(args[2:3] + ["--help"])
+        used = [a for a in args[3:] if a.startswith("--")]
         missing = [a for a in used if a not in out]
         if rc != 0 or missing:
-            raise RuntimeError(f"{os.path.basename(args[0])} --help failed or lacks {missing}: {out[-1500:]}")
+            raise RuntimeError(f"benchmarks {args[2]} --help failed or lacks {missing}: {out[-1500:]}")
     else:
         raise RuntimeError(f"no parse check known for {argv}")
 
 
-def run_script(path, args):
-    """(exit status, stdout + stderr) of ``python path args...``, run as ``__main__`` in this process, the way
-    python runs a script (its folder first on sys.path, sys.argv): the scripts share one import of torch and
-    fairseq instead of paying it each (seconds per script)."""
+def run_benchmark(args):
+    """(exit status, stdout + stderr) of ``python -m benchmarks args...``, run in this process (its dispatcher's
+    ``main``; sys.argv restored): the benchmarks share one import of torch and fairseq instead of paying it each
+    (seconds per benchmark)."""
     import contextlib
     import io
-    import runpy
 
-    out, argv, path_before = io.StringIO(), sys.argv, list(sys.path)
-    sys.argv, sys.path[:0] = [path] + list(args), [os.path.dirname(path)]
+    from benchmarks.__main__ import main
+
+    out, argv = io.StringIO(), sys.argv
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            runpy.run_path(path, run_name="__main__")
-        rc = 0
+            rc = main(list(args))
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if not isinstance(e.code, (int, type(None))):
-            out.write(str(e.code))
     finally:
-        sys.argv, sys.path[:] = argv, path_before
+        sys.argv = argv
     return rc, out.getvalue()
 
 
@@ -761,7 +760,7 @@ def dry_run(wheelhouse, work, builder):
     cmds_path = os.path.join(work, "commands.json")
     with open(cmds_path, "w") as f:
         json.dump(commands(py, os.path.join(work, "run"), os.path.join(work, "out")), f)
-    proc = subprocess.run([py, "-m", "umst_tools.gpu_check", "--check-commands", cmds_path], env=env, cwd=ROOT)
+    proc = subprocess.run([py, "-m", "umst_dev.gpu_check", "--check-commands", cmds_path], env=env, cwd=ROOT)
     if proc.returncode == 0:
         print("[dry-run] every command parses; the fresh environment imports fairseq and the plugin")
     return proc.returncode

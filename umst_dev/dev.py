@@ -12,6 +12,7 @@ from fairseq import options, tasks
 from fairseq.data import Dictionary, LanguagePairDataset
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
+from umst_dev.argv import overrides_to_argv  # noqa: F401  (re-exported: dev.overrides_to_argv)
 import umst_plugin
 from umst_plugin.batches import encoder_inputs, model_inputs, move_sample  # noqa: F401  (re-exported)
 from umst_plugin.data.side_data_dataset import SideDataLanguagePairDataset
@@ -27,19 +28,6 @@ def make_dictionary(vocab=60):
         d.add_symbol(f"w{i}@@" if i % 3 == 1 else f"w{i}")
     d.finalize(padding_factor=1)
     return d
-
-
-def overrides_to_argv(overrides):
-    argv = []
-    for key, value in (overrides or {}).items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif value is False or value is None:
-            continue
-        else:
-            argv += [flag, str(value)]
-    return argv
 
 
 def parse_args(arch, overrides=None, task="multiscale_translation", data="/nonexistent-data"):

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """MSC benchmarks: parameter counts vs the paper, training-step time and decoding speed.
 
-    python benchmarks/bench_msc.py params            # tables 2 and 4 parameter counts
-    python benchmarks/bench_msc.py speed [--device cuda] [--quick]
+    python -m benchmarks paper msc params            # tables 2 and 4 parameter counts
+    python -m benchmarks paper msc speed [--device cuda] [--quick]
 
 ``params`` builds every row of table 2 (IWSLT, 10k joint BPE vocabulary, all
 embeddings shared) and table 4 (WMT14 En-De, 37k joint vocabulary, all
@@ -24,16 +24,11 @@ import os
 import sys
 
 import torch
+from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+from fairseq.sequence_generator import SequenceGenerator
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import common  # noqa: E402  (benchmarks/common.py: puts the repo root on sys.path)
-from fairseq.criterions.label_smoothed_cross_entropy import (  # noqa: E402
-    LabelSmoothedCrossEntropyCriterion,
-)
-from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
-
-from umst_plugin import dev  # noqa: E402
+from benchmarks import common
+from umst_dev import dev
 
 SMALL = dict(encoder_embed_dim=256, decoder_embed_dim=256, encoder_ffn_embed_dim=512,
              decoder_ffn_embed_dim=512, encoder_attention_heads=4, decoder_attention_heads=4)

@@ -284,7 +284,7 @@ _register_missing_flop_formulas()
 # ``cpp.enable_kernel_profile``, see :func:`count_generated_kernels`), Triton on a GPU
 GENERATED_KERNEL_MARKS = ("cpp_fused", "triton_", "triton kernel")  # the last: a Triton launch without a name
 # a profiler range around a compiled graph that ran eagerly on a CPU, named with the kernels inductor generated for
-# it for a simulated GPU (umst_plugin.simulated_gpu): "simulated_gpu:<launches>:<generated kernels>"
+# it for a simulated GPU (umst_dev.simulated_gpu): "simulated_gpu:<launches>:<generated kernels>"
 SIMULATED_GPU_PREFIX = "simulated_gpu:"
 # autograd metadata on a tensor, no kernel (the dispatch mode never sees it); a tensor's metadata queries (composite
 # in torch 2.13, kernels of their own in torch 2.11)
