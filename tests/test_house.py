@@ -29,14 +29,21 @@
 
   From those, the import graph above (imports inside functions counted: a CLI's lazy imports are loaded by it)
   is followed; a module reached also loads the packages above it. What is left unreached fails the test.
+
+* **Each family in its own folders.** Each of ``msmsa``, ``prime``, ``transformer_sf`` and ``msc`` is named in code
+  (an identifier, an import or a string; not a comment or docstring) in at most 3 Python or shell files outside its
+  own ``umst_plugin/models/<family>/`` and ``umst_plugin/modules/<family>/`` and the tests; everything else finds the
+  families in the registry (``umst_plugin/families.py``). "Names" is by word parts (:func:`names_family`).
 """
 import ast
 import glob
+import io
 import json
 import os
 import re
 import subprocess
 import sys
+import tokenize
 
 import pytest
 
@@ -283,3 +290,74 @@ def test_the_plugin_holds_only_what_its_entry_points_load():
 def test_the_reach_check_finds_modules_only_tests_import(tmp_path, files, unreached):
     _write(tmp_path, files)
     assert unreached_plugin_modules({"umst_plugin"}, str(tmp_path)) == unreached
+
+
+# ---- each family in its own folders ------------------------------------------------------------------------------
+FAMILY_NAMES = ("msmsa", "prime", "transformer_sf", "msc")  # the four families the count target names
+MAX_FILES_NAMING_A_FAMILY = 3
+
+
+def word_parts(text):
+    """The lowercase word parts of ``text``: split at every non-letter-or-digit and at camel-case boundaries
+    (``MSMSADecoder`` -> msmsa, decoder; ``prime_simple_big`` -> prime, simple, big; ``MSCOCO`` -> mscoco)."""
+    return [p.lower() for p in re.findall(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+", text)]
+
+
+def names_family(text, family):
+    """Whether ``text`` names ``family``: the family's own word parts (``transformer_sf``: transformer, sf) occur in
+    a row among ``text``'s word parts. So ``PrimeLayer``, ``"m30k-transformer-sf"``, ``msc_big`` and
+    ``umst_plugin/modules/prime/layer.py`` name a family; ``primer``, ``MSCOCO`` and ``transformers`` do not."""
+    parts, wanted = word_parts(text), family.split("_")
+    return any(parts[i:i + len(wanted)] == wanted for i in range(len(parts) - len(wanted) + 1))
+
+
+def code_texts(path):
+    """What counts as code in a Python or shell file: Python's NAME tokens and its STRING tokens that are not
+    docstrings; a shell file's lines without their comments. Comments and docstrings are prose, not code."""
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    if path.endswith(".sh"):
+        return [re.sub(r"(^|\s)#.*", "", line) for line in source.splitlines()]
+    texts, previous = [], None
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.NAME:
+            texts.append(token.string)
+        elif token.type == tokenize.STRING:
+            docstring = previous in (None, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
+            if not docstring:
+                texts.append(token.string)
+        if token.type not in (tokenize.COMMENT, tokenize.NL):
+            previous = token.type
+    return texts
+
+
+def files_naming(family, root=ROOT):
+    """The Python and shell files git tracks that name ``family`` in code, outside the family's own folders
+    (``umst_plugin/models/<family>/``, ``umst_plugin/modules/<family>/``) and the tests (``tests/``: a test names
+    what it tests)."""
+    listed = subprocess.run(["git", "ls-files", "*.py", "*.sh"], cwd=root, capture_output=True, text=True,
+                            check=True).stdout.split()
+    own = (f"umst_plugin/models/{family}/", f"umst_plugin/modules/{family}/", "tests/")
+    return sorted(path for path in listed if not path.startswith(own)
+                  and any(names_family(text, family) for text in code_texts(os.path.join(root, path))))
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_a_family_is_named_in_few_files_outside_its_own_folders(family):
+    """A sixth encoder touches its own files and one registration: everything else reads the family registry
+    (``umst_plugin/families.py``). What may name a family: its paper benchmark and the mutation check's table."""
+    found = files_naming(family)
+    assert len(found) <= MAX_FILES_NAMING_A_FAMILY, found
+
+
+def test_the_family_count_reads_names_not_prose(tmp_path):
+    assert names_family("PrimeEncoderLayer", "prime") and names_family("'m30k-transformer-sf'", "transformer_sf")
+    assert names_family("umst_plugin/modules/msc/layer.py", "msc") and names_family("MSMSADecoder", "msmsa")
+    assert not names_family("primer", "prime") and not names_family("'2017 MSCOCO'", "msc")
+    assert not names_family("transformer_sfx", "transformer_sf") and not names_family("transformer", "transformer_sf")
+    (tmp_path / "a.py").write_text('"""Prime, MSC."""\n# msmsa\nx = 1  # prime\ny = "msc_big"\n')
+    (tmp_path / "b.sh").write_text("# prime_base\necho msmsa_base  # prime\n")
+    assert [t for t in code_texts(str(tmp_path / "a.py")) if names_family(t, "msc")] == ['"msc_big"']
+    assert not any(names_family(t, "prime") for t in code_texts(str(tmp_path / "a.py")))
+    b = code_texts(str(tmp_path / "b.sh"))
+    assert any(names_family(t, "msmsa") for t in b) and not any(names_family(t, "prime") for t in b)
