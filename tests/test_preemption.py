@@ -47,6 +47,22 @@ def test_signals_act_as_before_outside_training():
         parse_signals("KILL")
 
 
+def test_a_process_that_stopped_on_a_signal_ignores_repeats_on_its_way_out():
+    """After training stopped on a signal and its Trainer is gone, the same signals again (train-job.sh re-sends
+    the warning every 5 s until training has stopped; Slurm's SIGTERM may follow) no longer end the process with the
+    signal's status: it exits as it would have. A process without a stop request still gets the default action
+    (test above)."""
+    code = ("import os, signal, time, umst_plugin\n"
+            "from umst_plugin.training import preemption\n"
+            "preemption._install_handlers([signal.SIGUSR1, signal.SIGTERM])\n"
+            "preemption._received.append(('SIGUSR1', time.time(), 333))  # what a stopped training leaves\n"
+            "os.kill(os.getpid(), signal.SIGUSR1)\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "print('still here', preemption.local_request()[0], flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=e2e.cli_env(), capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout.strip()) == (0, "still here SIGUSR1"), (proc.returncode, proc.stderr[-2000:])
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

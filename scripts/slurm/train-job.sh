@@ -88,7 +88,7 @@ echo "[train-job] job ${SLURM_JOB_ID} (restart ${SLURM_RESTART_COUNT:-0}): $ROW 
 
 STOP=""
 resend_usr1() {  # srun passes it to every task; again every 5 s until training has stopped or the step has ended
-    ( while kill -USR1 "$SRUN" 2>/dev/null && [[ ! -f "$MARKER" ]]; do sleep 5; done ) &
+    ( while [[ ! -f "$MARKER" ]] && kill -USR1 "$SRUN" 2>/dev/null; do sleep 5; done ) &
 }
 on_usr1() {
     [[ "$STOP" != USR1 ]] || return 0

@@ -84,8 +84,11 @@ _received = []  # (signal name, time.time(), the update the trainer was in) in a
 
 
 def _handler(signum, frame):
-    if not any(True for _ in _trainers):
+    if not any(True for _ in _trainers) and not _received:
         return _pass_on(signum, frame)
+    # A process that has a stop request keeps ignoring the stop signals after its Trainer is gone: it saved and is
+    # ending, and a repeat (train-job.sh re-sends the warning until training has stopped; Slurm's SIGTERM after the
+    # warning) must not kill it on its way out with the signal's status instead of its own.
     if not _received:  # the first counts; more (Slurm sends SIGTERM to every process, srun forwards it) are noted
         updates = max((t.get_num_updates() for t in _trainers), default=0)
         _received.append((signal.Signals(signum).name, time.time(), updates))
