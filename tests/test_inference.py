@@ -175,6 +175,16 @@ def test_record_steps_match_wmt_prep_tokenize(tmp_path):
     assert prepare(lines[0]).startswith("Si tara &quot; Maine &quot; - in 2016 : Stefan @-@ cel @-@ Mare")
 
 
+def test_the_text_tool_loads_the_plugins_preprocessing_without_fairseq():
+    """scripts/wmt_prep.py runs once per file and step of a prepare (tens of times): it loads the plugin's
+    text_preprocessing.py on its own, not through the plugin's __init__ (fairseq and every arch: 18 s a process)."""
+    code = ("import sys, umst_tools.wmt_prep as w; "
+            "print(sorted(m for m in ('fairseq', 'torch', 'umst_plugin') if m in sys.modules), w.textprep.__file__)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["[]", os.path.join(ROOT, "umst_plugin", "text_preprocessing.py")], proc.stdout
+
+
 def test_tokenize_without_sacremoses_stops_with_a_clear_error(tmp_path):
     """Parallel tokenization in a Python without sacremoses: an error naming the file and the fix, at once
     (a Pool whose workers fail to set up would restart them forever), and no output file."""

@@ -28,7 +28,28 @@ import re
 import sys
 from multiprocessing import Pool
 
-from umst_plugin import text_preprocessing as textprep
+
+def _load_text_preprocessing():
+    """The plugin's ``umst_plugin/text_preprocessing.py``, loaded as a module of its own.
+
+    It imports only the standard library (sacremoses and subword-nmt where a step uses them). Imported as
+    ``umst_plugin.text_preprocessing`` it would first run the plugin's ``__init__``, which imports fairseq and
+    registers every arch: 18 s a process on 2 cores, and the recipes run this tool once per file and step, tens of
+    times per prepare. The plugin keeps the file (its task and hub read the same record at load time); this is
+    the same code, loaded without the plugin."""
+    import importlib.util
+
+    package = importlib.util.find_spec("umst_plugin")  # a top-level package's spec: nothing is imported
+    path = os.path.join(package.submodule_search_locations[0], "text_preprocessing.py")
+    name = "umst_tools._text_preprocessing"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # (dataclasses look their module up while the file runs)
+    spec.loader.exec_module(module)
+    return module
+
+
+textprep = _load_text_preprocessing()
 
 SEG = re.compile(r"<seg[^>]*>\s*(.*?)\s*</seg>", re.I)
 
