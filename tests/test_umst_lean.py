@@ -210,3 +210,35 @@ def test_launches_of_one_block_and_of_the_graphs():
     assert ref_fwd + ref_bwd - (fwd + bwd) >= 80
     fwd0, bwd0, _ = _block_launches(False, ["--attention-dropout", "0"])
     assert fwd0 <= 42 and bwd0 <= 56
+
+
+def test_the_relative_key_table_is_cast_whole_so_the_parameter_cast_cache_takes_it():
+    """UMST-RPR under --amp: Shaw et al.'s key table reaches its product cast whole (``relative_key_logits``), a
+    cast autocast's parameter cache (umst_plugin/amp_weights.py) makes once per update with every other weight. Cast
+    as autocast casts the transposed view, the cache left the table out: one cast kernel per encoder layer in the
+    compiled forward and one for its gradient (a simulated H200: 1,314 -> 1,302 kernels an update of 4,096 tokens,
+    docs/compile.md). The same values: the logits equal plain autocast's bit for bit."""
+    from umst_plugin import amp_weights
+    from umst_plugin.modules.umst.rectified_attention import relative_buckets, relative_key_logits
+
+    class KeyTerm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rel_keys = torch.nn.Embedding(2 * 3 + 1, 8)
+
+        def forward(self, q):
+            return relative_key_logits(q, self.rel_keys.weight, relative_buckets(q.size(2), 3, q.device))
+
+    torch.manual_seed(0)
+    module, q = KeyTerm(), torch.randn(2, 2, 9, 8)
+    cache = amp_weights.WeightCache(module)
+    with cache.record(torch.bfloat16), torch.autocast("cpu", dtype=torch.bfloat16):
+        recorded = module(q)
+    recorded.float().sum().backward()
+    cache.settle()
+    assert cache.names == ["rel_keys.weight"]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with amp_weights.cast_weights_once(module, torch.bfloat16, cache):
+            cached = module(q)
+        plain = module(q)
+    assert cached.dtype == torch.bfloat16 and torch.equal(cached, plain) and torch.equal(plain, recorded)
