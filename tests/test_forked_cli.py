@@ -8,10 +8,22 @@ import re
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import e2e
 import forked_cli
+
+
+@pytest.fixture(scope="module", autouse=True)
+def servers_of_this_environment():
+    """This file's runs fork from servers started in the worker's environment as it is now. A worker's servers keep
+    the environment they started in, and a call in another one gets a real process (forked_cli.py); an earlier test
+    file on the same worker may have started them before its process's environment changed (torch writes its
+    inductor cache directory into it at the first compile), and this file's checks that a run forked then failed on
+    the three-worker suite. Each tool's servers are started again at its first use here."""
+    for entry in list(forked_cli._servers):
+        forked_cli.stop(entry)
 
 
 def _fresh(monkeypatch):
