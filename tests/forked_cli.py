@@ -13,9 +13,11 @@ status (``sys.exit(cli_main())``; a traceback and status 1 for an exception), th
 ``--user-dir`` in the child: its patches are the child's own), fresh torch / inductor state (the server only
 imports), and the interpreter's own shutdown at exit (the child leaves by ``SystemExit`` through the server's
 frames: non-daemon threads joined, atexit handlers, then finalization -- objects and open files of the run
-finalized, their errors printed). What differs: environment
-variables read at import time keep the server's values (it starts with the caller's environment, and a call with
-another one gets a real process); a traceback has two frames of this file where the console script has its own,
+finalized, their errors printed). What differs: nothing in
+the environment (a server starts with the caller's environment, and a call with another one first ends the tool's
+servers and starts them again in it: an environment variable read at import time has the call's value, and a test
+process whose environment changed -- torch writes its inductor cache directory into it at the first compile --
+keeps forking); a traceback has two frames of this file where the console script has its own,
 and a warning whose stacklevel passes the script's frame names this file instead of ``sys:1``; the objects the
 server's imports made are frozen for the garbage collector (``gc.freeze`` after a collection: a forked run's
 shutdown costs 0.2 s of CPU more than ``os._exit``, where it cost 0.7 s unfrozen).
@@ -222,13 +224,18 @@ def _hash_seeds(env, taken):
 
 def run(cmd, env, cwd, input=None):
     """subprocess.run(cmd, env=env, cwd=cwd, input=input, capture_output=True, text=True), forked from one of the
-    tool's servers when ``cmd`` is a known entry point of this interpreter and ``env`` is the servers'; else a
-    real process. Consecutive forked runs of a tool alternate between its servers (their hash seeds differ)."""
+    tool's servers when ``cmd`` is a known entry point of this interpreter (started again in ``env`` where theirs
+    differs); else a real process. Consecutive forked runs of a tool alternate between its servers (their hash
+    seeds differ)."""
     entry = entry_point(cmd, sys.executable)
     if entry and "--compile" not in cmd and os.environ.get("UMST_TEST_FRESH_PROCESSES") != "1":
+        if entry in _servers and _servers[entry] and _import_relevant(env) != _servers[entry][0].env:
+            # a server keeps the environment it started in: start the tool's again in this one (the imports cost
+            # what a real process's would, and the next runs in it fork)
+            stop(entry)
         servers = _servers.setdefault(entry, [])
         turn = _runs.get(entry, 0) % (1 if "PYTHONHASHSEED" in env else SERVERS_PER_TOOL)
-        if turn == len(servers) and (not servers or _import_relevant(env) == servers[0].env):
+        if turn == len(servers):
             servers.append(_Server(entry, env, cwd, _hash_seeds(env, [s.seed for s in servers])))
         server = servers[min(turn, len(servers) - 1)]
         if server.usable(env):
@@ -244,3 +251,4 @@ def stop(entry):
         server.proc.wait(timeout=60)
         server._answers.close()
     _runs.pop(entry, None)
+

@@ -2,7 +2,7 @@
 every tool the server serves (fairseq-train, -generate, -interactive, -validate, -preprocess and umst-preprocess:
 the same losses, checkpoint, translations, data-bin files, and the same failure), runs of a tool alternate between
 string-hash seeds as fresh processes draw their own, a forked run shuts the interpreter down as a fresh one does,
-and only known entry points fork."""
+a run in another environment forks from servers started in it, and only known entry points fork."""
 import os
 import re
 import subprocess
@@ -13,17 +13,6 @@ import torch
 
 import e2e
 import forked_cli
-
-
-@pytest.fixture(scope="module", autouse=True)
-def servers_of_this_environment():
-    """This file's runs fork from servers started in the worker's environment as it is now. A worker's servers keep
-    the environment they started in, and a call in another one gets a real process (forked_cli.py); an earlier test
-    file on the same worker may have started them before its process's environment changed (torch writes its
-    inductor cache directory into it at the first compile), and this file's checks that a run forked then failed on
-    the three-worker suite. Each tool's servers are started again at its first use here."""
-    for entry in list(forked_cli._servers):
-        forked_cli.stop(entry)
 
 
 def _fresh(monkeypatch):
@@ -207,3 +196,35 @@ def test_only_known_entry_points_fork():
     assert forked_cli.entry_point(["/usr/bin/fairseq-train"], python) is None  # another installation's
     assert forked_cli.entry_point([python, "-c", "pass"], python) is None
     assert forked_cli.entry_point([os.path.join(bin_dir, "fairseq-hydra-train")], python) is None
+
+
+ENV_PROBE = """
+import os
+import sys
+
+AT_IMPORT = os.environ.get("FORKED_CLI_PROBE")  # what a module reads from the environment when it is imported
+
+if __name__ == "__main__":
+    imported = sys.modules.get("forked_cli_env_probe")  # the server's import of this module, where there is one
+    print(getattr(imported, "AT_IMPORT", AT_IMPORT), os.environ.get("FORKED_CLI_PROBE"))
+"""
+
+
+def test_a_run_in_another_environment_forks_from_servers_started_in_it(tmp_path, monkeypatch):
+    """A tool's servers keep the environment they started in; a run in another environment (a test's own, or the
+    test process's after torch wrote its inductor cache directory into it) ends them and forks from servers
+    started in its own: forked, and a variable read at import time has the run's value, there and back."""
+    (tmp_path / "forked_cli_env_probe.py").write_text(ENV_PROBE)
+    entry = ("module", "forked_cli_env_probe")
+    monkeypatch.setattr(forked_cli, "MODULES", (*forked_cli.MODULES, "forked_cli_env_probe"))
+    env = dict(e2e.cli_env())
+    env["PYTHONPATH"] = str(tmp_path) + os.pathsep + env["PYTHONPATH"]
+    command = [sys.executable, "-m", "forked_cli_env_probe"]
+    try:
+        runs = [forked_cli.run(command, dict(env, FORKED_CLI_PROBE=value), str(tmp_path))
+                for value in ("a", "a", "b", "a")]
+    finally:
+        forked_cli.stop(entry)
+    assert [hasattr(p, "hash_seed") for p in runs] == [True] * 4, "not forked"
+    assert [p.stdout.split() for p in runs] == [["a", "a"], ["a", "a"], ["b", "b"], ["a", "a"]], \
+        [(p.stdout, p.stderr[-500:]) for p in runs]
