@@ -62,7 +62,8 @@ def test_same_loss_and_gradients_as_autocast_bit_for_bit(arch):
 
 def test_what_is_left_to_autocast():
     """A tied embedding (also read by the lookup in fp32), a parameter handed to a custom autograd function,
-    one cast in slices and an unused one are not cast at once; the linear maps' weights and biases are."""
+    one cast in slices and an unused one are not cast at once; the linear maps' weights and biases are, and so is
+    a matrix read transposed (autocast casts the transposed view: every element once)."""
     class Halves(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, w):
@@ -84,13 +85,14 @@ def test_what_is_left_to_autocast():
             self.custom = torch.nn.Parameter(torch.randn(8, 8))
             self.sliced = torch.nn.Parameter(torch.randn(16, 8))
             self.unused = torch.nn.Linear(8, 8)
+            self.transposed = torch.nn.Parameter(torch.randn(10, 8))
 
         def forward(self, tokens):
             x = self.embed(tokens)
             x = self.proj(x).reshape(-1, 8)
             x = Halves.apply(x, self.custom)
             x = F.linear(x, self.sliced[:8]) + F.linear(x, self.sliced[8:])
-            return self.out(x)
+            return self.out(x) + torch.matmul(x, self.transposed.t())
 
     model = Model()
     cache = amp_weights.WeightCache(model)
@@ -100,7 +102,7 @@ def test_what_is_left_to_autocast():
             out = model(tokens)
     out.float().sum().backward()
     cache.settle()
-    assert sorted(cache.names) == ["proj.bias", "proj.weight"]
+    assert sorted(cache.names) == ["proj.bias", "proj.weight", "transposed"]
 
 
 def test_fairseq_trainer_updates_are_the_same_with_and_without():

@@ -212,12 +212,12 @@ def test_launches_of_one_block_and_of_the_graphs():
     assert fwd0 <= 42 and bwd0 <= 56
 
 
-def test_the_relative_key_table_is_cast_whole_so_the_parameter_cast_cache_takes_it():
-    """UMST-RPR under --amp: Shaw et al.'s key table reaches its product cast whole (``relative_key_logits``), a
-    cast autocast's parameter cache (umst_plugin/amp_weights.py) makes once per update with every other weight. Cast
-    as autocast casts the transposed view, the cache left the table out: one cast kernel per encoder layer in the
-    compiled forward and one for its gradient (a simulated H200: 1,314 -> 1,302 kernels an update of 4,096 tokens,
-    docs/compile.md). The same values: the logits equal plain autocast's bit for bit."""
+def test_the_relative_key_table_is_cast_by_the_parameter_cast_cache():
+    """UMST-RPR under --amp: Shaw et al.'s key table, which its product reads transposed (``relative_key_logits``),
+    is cast by autocast's parameter cache (umst_plugin/amp_weights.py) once per update with every other weight.
+    While the cache took only casts of a parameter as it lies, it left the table out: one cast kernel per encoder
+    layer in the compiled forward and one for its gradient (a simulated H200: 1,314 -> 1,302 kernels an update of
+    4,096 tokens, docs/compile.md). The same values: the logits equal plain autocast's bit for bit."""
     from umst_plugin import amp_weights
     from umst_plugin.modules.umst.rectified_attention import relative_buckets, relative_key_logits
 

@@ -5,16 +5,17 @@ to bf16/fp16: one cast kernel per parameter in the forward pass and one for its 
 400 launches an update for a base transformer, a third of its forward and backward, on a GPU that waits for
 launches (docs/performance.md). This is much of why bf16 ``--amp`` trained slower than fp32 there.
 
-:class:`WeightCache` finds, in the first update (run the plain way), the parameters whose every read is
-autocast's cast of the whole parameter to the autocast dtype, once per update (``_CastRecorder``: a dispatch
-mode over the forward pass). From the second update on, :func:`cast_weights_once` does those casts before
-the forward pass: it concatenates the parameters (one kernel), casts the result (one), and lets the model read
-views of it for the pass (``torch.nn.utils.stateless`` reparametrisation: the parameters themselves, their
-names, the optimizer and the checkpoints are untouched); in backward the views' gradients meet in one
-concatenation and one cast back. Four launches for all of them, and the same values: each view holds the same
-round-to-nearest cast autocast makes, every op reads the same operands, and each parameter's gradient is its
-autocast-dtype gradient cast to fp32, as the backward of autocast's own cast gives (``tests/test_amp_weights.py``
-checks the loss and every gradient bit for bit against plain autocast, for every arch).
+:class:`WeightCache` finds, in the first update (run the plain way), the parameters whose every read is autocast's
+cast of the whole parameter (as it lies, transposed or viewed with dimensions of size 1) to the autocast dtype, once
+per update (``_CastRecorder``: a dispatch mode over the forward pass). From the second update on,
+:func:`cast_weights_once` does those casts before the forward pass: it concatenates the parameters (one kernel),
+casts the result (one), and lets the model read views of it for the pass (``torch.nn.utils.stateless``
+reparametrisation: the parameters themselves, their names, the optimizer and the checkpoints are untouched); in
+backward the views' gradients meet in one concatenation and one cast back. Four launches for all of them, and the
+same values: each view holds the same round-to-nearest cast autocast makes, every op reads the same operands, and
+each parameter's gradient is its autocast-dtype gradient cast to fp32, as the backward of autocast's own cast gives
+(``tests/test_amp_weights.py`` checks the loss and every gradient bit for bit against plain autocast, for every
+arch).
 
 What is left out, and why: a parameter cast inside a custom autograd function (its backward returns the
 gradient in whatever dtype it computed it, which a low-precision view would round), one also read by an op
@@ -43,6 +44,17 @@ logger = logging.getLogger(__name__)
 _TO_COPY = torch.ops.aten._to_copy.default
 
 
+def _every_element_once(view, param):
+    """Whether ``view`` reads each element of ``param`` exactly once, in the parameter's layout: the parameter
+    itself, its dimensions permuted (a transposed weight, ``w.t()``) or dimensions of size 1 added or taken away
+    (a bias viewed for broadcasting). Autocast's cast of such a view is the parameter's cast, viewed alike, and so
+    is its gradient's cast back: the cast-once view, viewed alike, gives the same values."""
+    if view.storage_offset() != param.storage_offset() or view.numel() != param.numel():
+        return False
+    dims = lambda t: sorted((stride, size) for size, stride in zip(t.shape, t.stride()) if size != 1)  # noqa: E731
+    return dims(view) == dims(param)
+
+
 class _CastRecorder(TorchDispatchMode):
     """Every non-view op that reads a parameter's storage: whether it is a cast of the whole parameter to
     ``dtype``."""
@@ -61,9 +73,8 @@ class _CastRecorder(TorchDispatchMode):
                     ptr = a.untyped_storage().data_ptr()
                     param = self.by_storage.get(ptr)
                     if param is not None:
-                        whole = (a.shape == param.shape and a.stride() == param.stride()
-                                 and a.storage_offset() == param.storage_offset())
-                        self.reads[ptr].append(func is _TO_COPY and whole and kwargs.get("dtype") == self.dtype)
+                        self.reads[ptr].append(func is _TO_COPY and _every_element_once(a, param)
+                                               and kwargs.get("dtype") == self.dtype)
         return func(*args, **kwargs)
 
     def cast_once(self):

@@ -86,12 +86,8 @@ def relative_buckets(length, max_distance, device):
 
 
 def relative_key_logits(q_scaled, rel_keys, buckets):
-    """Shaw et al.'s key term q_i . a^K_{b(i,j)} (B x H x L x L) from q a^K^T (B x H x L x (2k+1)).
-
-    The table is cast whole before it is transposed (``autocast_cast``: the values autocast gives the product): a
-    cast of its transposed view is one autocast's parameter cache (``umst_plugin/amp_weights.py``) leaves out,
-    and under ``--compile`` it was a kernel of its own in every layer's forward and another for its gradient."""
-    banded = torch.matmul(q_scaled, autocast_cast(rel_keys, q_scaled.device.type).t())
+    """Shaw et al.'s key term q_i . a^K_{b(i,j)} (B x H x L x L) from q a^K^T (B x H x L x (2k+1))."""
+    banded = torch.matmul(q_scaled, rel_keys.t())
     return torch.gather(banded, -1, buckets.expand(*banded.shape[:2], *buckets.shape))
 
 
