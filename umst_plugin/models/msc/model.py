@@ -45,7 +45,7 @@ from fairseq.models import FairseqEncoderDecoderModel, register_model, register_
 from fairseq.models.transformer import Embedding, TransformerModel
 
 from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
-from umst_plugin.models._sizes import transformer_big_sizes
+from umst_plugin.models._sizes import BASE, IWSLT, transformer_big_sizes, transformer_sizes
 from umst_plugin.models.msc.config import DEFAULT_MAX_POSITIONS, GRAD_NORMS_FILENAME, add_args, msc_defaults
 from umst_plugin.models.msc.decoder import MSCDecoder
 from umst_plugin.models.msc.encoder import MSCEncoder
@@ -180,21 +180,14 @@ def msc_base_architecture(args):
 @register_model_architecture("msc", "msc_iwslt_de_en")
 def msc_iwslt_de_en(args):
     """transformer_iwslt_de_en sizes (256 / 512 / 4 heads), table 2."""
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 256)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 512)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 256)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 512)
-    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
+    transformer_sizes(args, IWSLT)
     msc_base_architecture(args)
 
 
 @register_model_architecture("msc", "msc_base")
 def msc_base(args):
     """transformer_base sizes (512 / 2048 / 8 heads), table 4."""
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 512)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 2048)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 8)
+    transformer_sizes(args, BASE, sides=("encoder",))
     msc_base_architecture(args)
 
 

@@ -21,7 +21,7 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerModel
 
 from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
-from umst_plugin.models._sizes import transformer_big_sizes
+from umst_plugin.models._sizes import BASE, transformer_big_sizes, transformer_sizes
 from umst_plugin.models.transformer_sf.config import add_args, fast_only_defaults, slowfast_defaults
 from umst_plugin.models.transformer_sf.encoder import SlowFastEncoder
 
@@ -57,9 +57,7 @@ class TransformerSlowFastModel(RawTextFromPretrained, TransformerModel):
 
 @register_model_architecture("transformer_sf", "transformer_sf_base")
 def transformer_sf_base(args):
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 512)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 2048)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 8)
+    transformer_sizes(args, BASE, sides=("encoder",))
     args.encoder_layers = getattr(args, "encoder_layers", 6)
     args.fast_embed_dim = getattr(args, "fast_embed_dim", 32)
     slowfast_defaults(args)

@@ -16,7 +16,7 @@ from fairseq.models.transformer import TransformerModel
 from fairseq.models.transformer.transformer_legacy import base_architecture
 
 from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
-from umst_plugin.models._sizes import transformer_big_sizes
+from umst_plugin.models._sizes import transformer_big_sizes, transformer_sizes
 from umst_plugin.models.umst.config import add_args, umst_defaults
 from umst_plugin.models.umst.encoder import UMSTEncoder
 
@@ -107,10 +107,5 @@ def umst_big_rpr_architecture(args):
 @register_model_architecture("umst", "umst_iwslt_de_en")
 def umst_iwslt_de_en_architecture(args):
     """Small-data setting: 512 / 1024, 4 heads."""
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 512)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 1024)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 512)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 1024)
-    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
+    transformer_sizes(args, dict(embed_dim=512, ffn_embed_dim=1024, attention_heads=4))
     umst_base_architecture(args)

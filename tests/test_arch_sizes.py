@@ -1,0 +1,47 @@
+"""Every registered architecture's widths, heads and depth where the user sets none: the papers' settings
+(umst_plugin/models/_sizes.py and each family's registrations), and a flag the user set wins."""
+import argparse
+
+import pytest
+from fairseq.models import ARCH_CONFIG_REGISTRY
+
+import umst_plugin  # noqa: F401  (registers the architectures)
+
+# arch: (embed, FFN, heads) on both sides, encoder / decoder layers, residual dropout
+SIZES = {
+    "umst_base": (512, 2048, 8, 6, 6, 0.1), "umst_base_rpr": (512, 2048, 8, 6, 6, 0.1),
+    "umst_big": (1024, 4096, 16, 6, 6, 0.3), "umst_big_rpr": (1024, 4096, 16, 6, 6, 0.3),
+    "umst_iwslt_de_en": (512, 1024, 4, 6, 6, 0.1),
+    "transformer_sf_base": (512, 2048, 8, 6, 6, 0.1), "transformer_sf_big": (1024, 4096, 16, 6, 6, 0.3),
+    "transformer_sf_fast_only_base": (512, 2048, 8, 6, 6, 0.1),
+    "transformer_sf_fast_only_big": (1024, 4096, 16, 6, 6, 0.3),
+    "msc": (512, 2048, 8, 6, 6, 0.1), "msc_base": (512, 2048, 8, 6, 6, 0.1), "msc_big": (1024, 4096, 16, 6, 6, 0.3),
+    "msc_iwslt_de_en": (256, 512, 4, 6, 6, 0.1),
+    "msmsa_base": (512, 2048, 8, 6, 6, 0.1), "msmsa_big": (1024, 4096, 16, 6, 6, 0.3),
+    "prime_base": (384, 768, 4, 12, 12, 0.4), "prime_big": (768, 3072, 16, 12, 12, 0.3),
+    "prime_simple_base": (384, 768, 4, 12, 12, 0.4), "prime_simple_big": (768, 3072, 16, 12, 12, 0.3),
+}
+
+
+def _defaults(arch, **flags):
+    args = argparse.Namespace(**flags)
+    ARCH_CONFIG_REGISTRY[arch](args)
+    return args
+
+
+def test_every_plugin_architecture_is_listed():
+    assert sorted(a for a, f in ARCH_CONFIG_REGISTRY.items() if f.__module__.startswith("umst_plugin")) == \
+        sorted(SIZES)
+
+
+@pytest.mark.parametrize("arch", sorted(SIZES))
+def test_sizes_are_the_papers_and_a_users_flag_wins(arch):
+    embed, ffn, heads, enc_layers, dec_layers, dropout = SIZES[arch]
+    args = _defaults(arch)
+    for side in ("encoder", "decoder"):
+        got = (getattr(args, f"{side}_embed_dim"), getattr(args, f"{side}_ffn_embed_dim"),
+               getattr(args, f"{side}_attention_heads"))
+        assert got == (embed, ffn, heads), (arch, side, got)
+    assert (args.encoder_layers, args.decoder_layers, args.dropout) == (enc_layers, dec_layers, dropout)
+    mine = _defaults(arch, encoder_embed_dim=64, decoder_attention_heads=2, decoder_ffn_embed_dim=96)
+    assert (mine.encoder_embed_dim, mine.decoder_attention_heads, mine.decoder_ffn_embed_dim) == (64, 2, 96)
