@@ -300,8 +300,8 @@ def _run_process(runs, plan_path, out_path, work, tag, timeout):
 
 def compile_loss_comparisons(rows):
     """'arch precision' -> the eager and ``--compile`` rows' mean training loss over their last 50 common updates
-    (``umst_dev.gpu_check.compare_losses``), for every arch trained both ways in one precision."""
-    from umst_dev.gpu_check import compare_losses
+    (``benchmarks.gpu_check.compare_losses``), for every arch trained both ways in one precision."""
+    from benchmarks.gpu_check import compare_losses
 
     by = {(r["name"], r["precision"]): r for r in rows if r.get("loss")}
     compared = {}

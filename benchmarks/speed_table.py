@@ -790,7 +790,7 @@ def main(argv=None):
     work = os.path.abspath(args.work)
     paths, install_s = [], None
     if args.wheelhouse and not args.dry_run:  # this Python has no fairseq: the children get the one installed here
-        from umst_dev import gpu_check
+        from benchmarks import gpu_check
 
         os.makedirs(work, exist_ok=True)
         with open(os.path.join(work, "install-log.txt"), "a") as log:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (umst_dev/gpu_check.py; docs/tests-and-benchmarks.md#the-gpu-check): on a lent GPU machine
+# The GPU check (benchmarks/gpu_check.py; docs/tests-and-benchmarks.md#the-gpu-check): on a lent GPU machine
 # with torch and no internet, from this checkout and a wheelhouse (scripts/offline-wheelhouse.sh, carried as
 # .whl/): install, the CUDA tests, the per-arch benchmark in fp16/bf16, 200 updates of umst_base fp32 vs bf16.
 # Writes docs/results/gpu-<device>.json and .md (or --out DIR). Two calls: this, then --only compile.
@@ -11,4 +11,4 @@ if [ -z "${PYTHON:-}" ]; then
   if [ -x "$ROOT/.venv/bin/python" ]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python3; fi
 fi
 cd "$ROOT"
-exec env PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m umst_dev.gpu_check --python "$PYTHON" "$@"
+exec env PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m benchmarks.gpu_check --python "$PYTHON" "$@"

@@ -1,4 +1,4 @@
-"""scripts/gpu-check.sh (umst_dev/gpu_check.py): what it reads from its steps, what it writes, and its dry run.
+"""scripts/gpu-check.sh (benchmarks/gpu_check.py): what it reads from its steps, what it writes, and its dry run.
 
 The dry run is what CI runs in place of a GPU: the plan, a wheelhouse for this Python (PyPI), a fresh venv that
 sees only torch from this one, an install from the wheelhouse alone (--no-index), the light fairseq build, and
@@ -11,7 +11,8 @@ import sys
 import pytest
 
 import e2e
-from umst_dev import fairseq_source, gpu_check
+from benchmarks import gpu_check
+from umst_dev import fairseq_source
 
 FAIRSEQ_JSON = """2026-11-26 14:41:42 | INFO | train_inner | {"epoch": 1, "loss": "11.731", "num_updates": "10", "wps": "28063.2"}
 2026-11-26 14:41:43 | INFO | train | {"epoch": 1, "train_loss": "11.01", "train_num_updates": "14"}

@@ -10,8 +10,8 @@ the plugin owns (``umst_plugin.modules.common.attention.gpu_paths_on_cpu``).
 * ``op_counts`` -- kernel launches, fp32-only matmuls and host-device syncs counted on any device
   (``TorchDispatchMode`` and the profiler); imports torch only.
 * ``simulated_gpu`` -- a GPU's compiled programs generated and counted on a CPU (inductor's Triton lowering).
-* ``gpu_check`` and ``fairseq_source`` -- the GPU check (``bash scripts/gpu-check.sh``) and the light build of
-  fairseq-fixed from its source archive it installs.
+* ``fairseq_source`` -- the light build of fairseq-fixed from its source archive that the GPU check
+  (``benchmarks/gpu_check.py``) installs.
 * ``argv`` -- model arguments as a dict -> fairseq's command-line flags (imports nothing of the plugin).
 * ``find_nonfinite``, ``sdpa_backends`` -- debugging tools (``python -m umst_dev.find_nonfinite``, ...): the first
   module with a non-finite output or gradient in a mixed-precision step; torch's attention backends against a

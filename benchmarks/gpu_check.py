@@ -115,7 +115,7 @@ def commands(py, work, out):
                                           "--repeats", "4", "--warmup", "2" if compiled else "1", "--profile"] + extra + [
             "--json", os.path.join(work, f"{stem}.json"), "--markdown", os.path.join(work, f"{stem}.md")]
     return {
-        "env": [[py, "-m", "umst_dev.gpu_check", "--report-env"]],
+        "env": [[py, "-m", "benchmarks.gpu_check", "--report-env"]],
         "data": [bench("synthetic-corpus") + [synth, "--workers", "8"]],
         "tests": [[py, "-m", "pytest", "-m", "cuda", "-q", "-n", "12", "-p", "no:cacheprovider",
                    "--junitxml", os.path.join(work, "gpu-tests.xml"), "tests/test_model_checks.py",
@@ -618,7 +618,7 @@ DRY_RUN_BENCHMARKS = ("archs", "train", "launches", "decode")  # each checks its
 
 def check_one(argv):
     args = argv[1:]
-    if args[:2] == ["-m", "umst_dev.gpu_check"]:
+    if args[:2] == ["-m", "benchmarks.gpu_check"]:
         parser().parse_args(args[2:])
     elif args[:2] == ["-m", "pytest"]:
         selection, rest = [], iter(args[2:])
@@ -763,7 +763,7 @@ def dry_run(wheelhouse, work, builder):
     cmds_path = os.path.join(work, "commands.json")
     with open(cmds_path, "w") as f:
         json.dump(commands(py, os.path.join(work, "run"), os.path.join(work, "out")), f)
-    proc = subprocess.run([py, "-m", "umst_dev.gpu_check", "--check-commands", cmds_path], env=env, cwd=ROOT)
+    proc = subprocess.run([py, "-m", "benchmarks.gpu_check", "--check-commands", cmds_path], env=env, cwd=ROOT)
     if proc.returncode == 0:
         print("[dry-run] every command parses; the fresh environment imports fairseq and the plugin")
     return proc.returncode
