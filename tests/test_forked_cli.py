@@ -8,7 +8,6 @@ import re
 import subprocess
 import sys
 
-import pytest
 import torch
 
 import e2e
