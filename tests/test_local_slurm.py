@@ -135,3 +135,30 @@ def test_the_config_is_what_the_docs_say():
                  "PartitionName=standby Nodes=n1,n2 MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE"):
         assert line in conf.splitlines(), line
     assert "NodeName=n1 NodeHostname=host NodeAddr=127.0.0.1 Port=2 CPUs=2" in conf
+
+
+def test_the_daemons_ports_are_free_and_outside_the_ephemeral_range():
+    """The ports written into slurm.conf: free when drawn, distinct, and never ones the kernel hands out for
+    outgoing connections (a port tested free by binding to port 0 is one: a connection made before the daemon
+    binds it may take it). A port another program holds is passed over."""
+    import random
+    import socket
+
+    low, high = local_slurm._ephemeral_range()
+    ports = local_slurm._free_ports(3)
+    assert len(set(ports)) == 3 and all(not low <= p <= high for p in ports), (ports, low, high)
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+    held = socket.socket()
+    held.bind(("127.0.0.1", ports[0]))
+    held.listen()
+    try:
+        class HeldFirst(random.Random):
+            def sample(self, population, k):
+                rest = [q for q in population if q != ports[0]]
+                return [ports[0]] + random.Random(0).sample(rest, k - 1)
+        drawn = local_slurm._free_ports(2, rng=HeldFirst())
+        assert ports[0] not in drawn and len(drawn) == 2, drawn
+    finally:
+        held.close()

@@ -9,7 +9,8 @@ that submit real jobs.
 
 Standard library only: it runs under the system's python3 (the rehearsal starts from ``env -i``). Clients reach the
 cluster through ``SLURM_CONF=DIR/slurm.conf``; two clusters started in two directories run side by side (ports and
-ClusterName of their own).
+ClusterName of their own; the ports drawn at random below the kernel's ephemeral range, so that no outgoing
+connection is given one between its test and the daemon's bind).
 
 The cluster (written for Slurm 22.05, Debian 12's slurm-wlm):
 
@@ -152,14 +153,40 @@ def install(log=None, say=print, dry_run=False):
 
 # ---- the cluster ---------------------------------------------------------------------------------------------------
 
-def _free_ports(n):
+LISTEN_PORTS = (10000, 30000)  # where the daemons' ports are drawn, below Linux's default ephemeral range
+
+
+def _ephemeral_range():
+    """The ports the kernel hands out for outgoing connections (/proc/sys/net/ipv4/ip_local_port_range)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = map(int, f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _free_ports(n, rng=None):
+    """``n`` ports free now, drawn at random outside the ephemeral range. A port the kernel picks (bind to port
+    0) is an ephemeral one: between its test here and the daemon's own bind, any outgoing connection on the machine
+    -- slurmd's first to slurmctld among them -- may be given it. Ports outside that range are taken only by a
+    program that asks for them by number; drawing at random keeps two clusters started together apart."""
+    rng = rng or secrets.SystemRandom()
+    low, high = _ephemeral_range()
+    candidates = [q for q in range(*LISTEN_PORTS) if not low <= q <= high]
     sockets = []
     try:
-        for _ in range(n):
+        for port in rng.sample(candidates, min(len(candidates), 200)):
             s = socket.socket()
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
             sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
+            if len(sockets) == n:
+                return [s.getsockname()[1] for s in sockets]
+        raise RuntimeError(f"no {n} free ports among 200 drawn from {LISTEN_PORTS[0]}-{LISTEN_PORTS[1] - 1}")
     finally:
         for s in sockets:
             s.close()
