@@ -229,7 +229,7 @@ def run(cmd, env, cwd, input=None):
     seeds differ)."""
     entry = entry_point(cmd, sys.executable)
     if entry and "--compile" not in cmd and os.environ.get("UMST_TEST_FRESH_PROCESSES") != "1":
-        if entry in _servers and _servers[entry] and _import_relevant(env) != _servers[entry][0].env:
+        if _servers.get(entry) and _import_relevant(env) != _servers[entry][0].env:
             # a server keeps the environment it started in: start the tool's again in this one (the imports cost
             # what a real process's would, and the next runs in it fork)
             stop(entry)
@@ -251,4 +251,3 @@ def stop(entry):
         server.proc.wait(timeout=60)
         server._answers.close()
     _runs.pop(entry, None)
-

@@ -154,10 +154,9 @@ def test_the_daemons_ports_are_free_and_outside_the_ephemeral_range():
     held.bind(("127.0.0.1", ports[0]))
     held.listen()
     try:
-        class HeldFirst(random.Random):
+        class HeldFirst:  # draws the held port first, then others
             def sample(self, population, k):
-                rest = [q for q in population if q != ports[0]]
-                return [ports[0]] + random.Random(0).sample(rest, k - 1)
+                return [ports[0]] + random.Random(0).sample([q for q in population if q != ports[0]], k - 1)
         drawn = local_slurm._free_ports(2, rng=HeldFirst())
         assert ports[0] not in drawn and len(drawn) == 2, drawn
     finally:
