@@ -546,8 +546,8 @@ TABLE_TITLES = [
     ("compile-bench", f"--compile ({COMPILE_ARCHS}): one training step, bf16, 4,096 tokens (benchmarks archs)"),
     ("compile-bench-16384", f"--compile ({COMPILE_ARCHS}): one training step, bf16, 16,384 tokens (benchmarks archs)"),
     ("train-compile", f"--compile ({COMPILE_ARCHS}): fairseq-train words/s (benchmarks train)"),
-    ("compile-launches", f"--compile (the archs with a floor of their shape): kernels of one whole compiled update, bf16 --amp, the CPU-side "
-                         f"count beside the profiler's (benchmarks launches)"),
+    ("compile-launches", "--compile (the archs with a floor of their shape): kernels of one whole compiled update, bf16 --amp, the CPU-side "
+                         "count beside the profiler's (benchmarks launches)"),
     ("decode", "Decoding: fairseq-generate at beam 1 and 5 (benchmarks decode)"),
     ("op-counts", "Matmuls and host syncs on CUDA (benchmarks op-counts)"),
 ]

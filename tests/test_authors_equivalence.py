@@ -120,8 +120,8 @@ def authors_umst_layer(layer, x, word_ids, word_heads, mask_padded_words=True):
 
     h, hw = _layer_norm(x, layer.self_attn_layer_norm), _layer_norm(xw, layer.word_attn_layer_norm)
     scale = (D // HEADS) ** -0.5
-    q1, k1, v = (_heads(_linear(h, lin)) for lin in (attn.q_proj, attn.k_proj, attn.v_proj))
-    q2, k2 = (_heads(_linear(hw, lin)) for lin in (attn.word_q_proj, attn.word_k_proj))
+    q1, k1, v = (_heads(attn.in_proj.project(h, i)) for i in range(3))
+    q2, k2 = (_heads(attn.word_in_proj.project(hw, i)) for i in range(2))
     s1 = (q1 * scale) @ k1.transpose(-1, -2)
     a1 = torch.softmax(s1.masked_fill(token_pad[:, None, None, :], float("-inf")), dim=-1)
     s2 = (q2 * scale) @ k2.transpose(-1, -2)

@@ -214,7 +214,7 @@ def test_umst_maps_are_the_modules_own(toy, checkpoints):
         x, x_word, graphs = seen["args"]
         a1, a2, fused = rsan.attention_maps(x, x_word, graphs)
         torch.testing.assert_close(fused, 0.5 * (a1 + upsample_attention_map(a2, graphs, normalize=True)))
-        v = rsan._heads(rsan.v_proj(x))
+        v = rsan._heads(rsan.in_proj.project(x, 2))
         again = rsan.out_proj(rsan._merge(fused @ v))
     torch.testing.assert_close(again, seen["out"], atol=1e-5, rtol=1e-4)
 

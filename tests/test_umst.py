@@ -221,18 +221,18 @@ def ref_rsan(attn, x, xw, word_ids, norm):
     p = {k: v.detach().double().numpy() for k, v in attn.state_dict().items()}
     H, dk = attn.num_heads, attn.head_dim
 
-    def lin(name, t):
-        return t @ p[name + ".weight"].T + p[name + ".bias"]
+    def lin(name, i, t):  # map i of a module (rows i*C:(i+1)*C of a packed projection)
+        rows = slice(i * attn.embed_dim, (i + 1) * attn.embed_dim)
+        return t @ p[name + ".weight"][rows].T + p[name + ".bias"][rows]
 
     def softmax(s):
         s = s - s.max(-1, keepdims=True)
         e = np.exp(s)
         return e / e.sum(-1, keepdims=True)
 
-    wq = "q_proj" if attn.share_qk else "word_q_proj"
-    wk = "k_proj" if attn.share_qk else "word_k_proj"
-    q1, k1, v = lin("q_proj", x), lin("k_proj", x), lin("v_proj", x)
-    q2, k2 = lin(wq, xw), lin(wk, xw)
+    word = "in_proj" if attn.share_qk else "word_in_proj"
+    q1, k1, v = lin("in_proj", 0, x), lin("in_proj", 1, x), lin("in_proj", 2, x)
+    q2, k2 = lin(word, 0, xw), lin(word, 1, xw)
     G = ref_G(word_ids)
     n = G.sum(0)
     cols = G / n[None, :] if norm == "row" else G
@@ -244,7 +244,7 @@ def ref_rsan(attn, x, xw, word_ids, norm):
         fused = 0.5 * (a1 + G @ a2 @ cols.T)
         fused_maps.append(fused)
         heads.append(fused @ v[:, sl])
-    return lin("out_proj", np.concatenate(heads, -1)), fused_maps
+    return lin("out_proj", 0, np.concatenate(heads, -1)), fused_maps
 
 
 @pytest.mark.parametrize("norm", ["row", "literal"])
@@ -313,7 +313,7 @@ def test_fused_map_path_drops_entries_of_the_averaged_map(norm):
     xw = torch.randn(src.size(0), heads.size(1), 16, dtype=torch.float64)
     with torch.no_grad():
         fused_map = attn.attention_maps(x, xw, g)[2]  # dense reference: R from a scatter, no dropout
-        v = attn._heads(attn.v_proj(x))
+        v = attn._heads(attn.in_proj.project(x, 2))
         torch.manual_seed(77)
         expected = attn.out_proj(attn._merge(F.dropout(fused_map, 0.3, True) @ v))
         torch.manual_seed(77)
@@ -460,6 +460,38 @@ def test_batch_and_padding_invariance(arch, extra):
             for b, s in enumerate(sents):
                 torch.testing.assert_close(out[token_slice(s, src.size(1), left_pad), b], alone[b],
                                            atol=1e-5, rtol=1e-5)
+
+
+def _separate_projections(state_dict):
+    """A state dict in the layout UMST checkpoints had before the attention's projections were packed: q_proj,
+    k_proj, v_proj (and word_q_proj, word_k_proj) stored apart."""
+    old = {}
+    for key, value in state_dict.items():
+        for packed, names in ((".in_proj.", ("q_proj", "k_proj", "v_proj")),
+                              (".word_in_proj.", ("word_q_proj", "word_k_proj"))):
+            if packed in key and ".self_attn." in key:
+                parent, kind = key.split(packed)
+                for name, piece in zip(names, value.chunk(len(names))):
+                    old[f"{parent}.{name}.{kind}"] = piece.clone()
+                break
+        else:
+            old[key] = value.clone()
+    return old
+
+
+@pytest.mark.parametrize("extra", [[], ["--share-rsan-qk"]], ids=["own word q/k", "shared q/k"])
+def test_checkpoints_with_separate_projections_load_into_the_packed_ones(extra):
+    """fairseq's load path (``load_state_dict`` -> ``upgrade_state_dict_named``) packs an older checkpoint's
+    separate maps: strict loading succeeds and the model encodes as the one it was saved from."""
+    saved = build("umst_base_rpr", TINY + extra, seed=3).eval()
+    old = _separate_projections(saved.state_dict())
+    assert any(k.endswith("self_attn.k_proj.weight") for k in old)
+    assert any(k.endswith("self_attn.word_q_proj.bias") for k in old) == (not extra)
+    loaded = build("umst_base_rpr", TINY + extra, seed=4).eval()
+    loaded.load_state_dict(old, strict=True)
+    src, wid, heads = collate(random_sentences(3, seed=5), left_pad=True, extra_pad=1)
+    with torch.no_grad():
+        torch.testing.assert_close(encode(loaded, src, wid, heads), encode(saved, src, wid, heads), atol=0, rtol=0)
 
 
 ABLATIONS = [

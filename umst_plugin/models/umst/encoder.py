@@ -8,6 +8,7 @@ from fairseq.models.transformer import TransformerEncoderBase
 from umst_plugin.models.umst.config import SHARE_GCN_PROJ
 from umst_plugin.modules.common.amp_functions import compute_dtype
 from umst_plugin.modules.umst.graphs import build_graphs
+from umst_plugin.modules.umst.rectified_attention import relative_buckets
 from umst_plugin.modules.umst.layer import UMSTEncoderLayer
 
 
@@ -31,6 +32,7 @@ class UMSTEncoder(TransformerEncoderBase):
         self.inter_group = not getattr(cfg, "no_inter_group", False)
         self.downsample = getattr(cfg, "word_downsample", None) or "mean"
         self.upsample_norm = getattr(cfg, "rsan_upsample_norm", None) or "row"
+        self.max_relative_positions = getattr(cfg, "max_relative_positions", 0)
 
     def build_encoder_layer(self, cfg):
         # Called by the base __init__ once per layer; shared projections are created on first call.
@@ -91,6 +93,9 @@ class UMSTEncoder(TransformerEncoderBase):
             downsample=self.downsample,
             upsample_norm=self.upsample_norm,
         )
+        if self.max_relative_positions > 0:
+            graphs = graphs._replace(relative_buckets=relative_buckets(
+                src_tokens.size(1), self.max_relative_positions, src_tokens.device))
         encoder_padding_mask = src_tokens.eq(self.padding_idx)
 
         if token_embeddings is None:

@@ -73,6 +73,9 @@ class UMSTGraphs(NamedTuple):
     group_mean: Optional[Tensor] = None  # B x W x T: mean over each group's tokens
     group_adj: Optional[Tensor] = None  # B x T x T: D^-1/2 (A_w + I) D^-1/2 = group_onehot @ group_mean
     phrase: Optional[Tensor] = None  # phrase_adj in the compute dtype
+    # T x T long: Shaw et al.'s relative-position buckets clip(j - i, k) + k, with relative positions (the encoder
+    # sets them once per batch; computed in each layer they were one kernel per layer and pass)
+    relative_buckets: Optional[Tensor] = None
 
 
 def debug_checks() -> bool:

@@ -199,7 +199,9 @@ class UMSTEncoderLayer(nn.Module):
         self.fc2 = nn.Linear(ffn_embed_dim, embed_dim)
 
     def upgrade_state_dict_named(self, state_dict, name):
-        """Called by fairseq's encoder when loading a checkpoint; UMST checkpoints need no renaming."""
+        """Called by fairseq's encoder when loading a checkpoint. The layer's own names never changed; its attention
+        packs the projections of older checkpoints itself (``RectifiedSelfAttention.upgrade_state_dict_named``,
+        which fairseq's model-wide upgrade calls)."""
         return state_dict
 
     def _word_gcn_dense(self, x, adj):

@@ -181,10 +181,15 @@ def _operator(t: Tensor, like: Tensor) -> Tensor:
 
 
 def _weight(weight: Tensor, like: Tensor) -> Tensor:
-    """The d x d weight as the functions' products read it: under autocast cast whole before the function, as
-    autocast would cast it inside (the same values, and the gradient it returns is the autocast-dtype product
-    either way); so autocast's parameter cache (``umst_plugin.amp_weights``) can make the cast once per update
-    and the backward pass does not cast it again. Biases stay float32 (their gradient is an fp32 sum)."""
+    """The d x d weight or its bias as the functions' products read it: under autocast cast whole before the
+    function, as autocast would cast it inside (the same values); so autocast's parameter cache
+    (``umst_plugin.amp_weights``) can make the cast once per update, and neither pass casts it per layer.
+
+    The gradients: the weight's is the autocast-dtype product either way. The bias's is summed in float32 in
+    backward and rounded once to the autocast dtype (the engine gives an input its gradient in the input's
+    dtype), then cast back to float32: the precision a linear layer's bias gradient has under autocast (its
+    ``addmm`` backward returns it in the autocast dtype). Handed the float32 bias, the function returned the
+    float32 sum unrounded, but autocast cast the bias inside it, one kernel per GCN block and forward pass."""
     return autocast_cast(weight, like.device.type)
 
 
@@ -192,7 +197,7 @@ def lean_word_gcn(gcn, x: Tensor, graphs, training: bool) -> Tensor:
     """Apply a ``GroupGCN`` module's parameters through :class:`LeanWordGCN`; x is B x T x C, ``graphs`` a
     ``UMSTGraphs`` with its dense operators."""
     ln = gcn.layer_norm
-    return LeanWordGCN.apply(x, ln.weight, ln.bias, _weight(gcn.linear.weight, x), gcn.linear.bias,
+    return LeanWordGCN.apply(x, ln.weight, ln.bias, _weight(gcn.linear.weight, x), _weight(gcn.linear.bias, x),
                              _operator(graphs.group_onehot, x), _operator(graphs.group_mean, x),
                              _operator(graphs.group_adj, x), ln.eps, gcn.activation_dropout, gcn.dropout, training)
 
@@ -201,8 +206,8 @@ def lean_phrase_gcn(gcn, xw: Tensor, adj: Tensor, training: bool) -> Tensor:
     """Apply a ``PhraseGCN`` module's parameters through :class:`LeanPhraseGCN` (form eq3) or
     :class:`LeanPhraseGCNAuthors` (form authors); xw is B x W x C."""
     ln = gcn.layer_norm
-    adj, weight = _operator(adj, xw), _weight(gcn.linear.weight, xw)
+    adj, weight, bias = _operator(adj, xw), _weight(gcn.linear.weight, xw), _weight(gcn.linear.bias, xw)
     if gcn.form == "authors":
-        return LeanPhraseGCNAuthors.apply(xw, ln.weight, ln.bias, weight, gcn.linear.bias, adj, ln.eps,
+        return LeanPhraseGCNAuthors.apply(xw, ln.weight, ln.bias, weight, bias, adj, ln.eps,
                                           gcn.activation_dropout, gcn.dropout, training)
-    return LeanPhraseGCN.apply(xw, ln.weight, ln.bias, weight, gcn.linear.bias, adj, ln.eps, gcn.dropout, training)
+    return LeanPhraseGCN.apply(xw, ln.weight, ln.bias, weight, bias, adj, ln.eps, gcn.dropout, training)

@@ -125,14 +125,52 @@ class _HalfSum(torch.autograd.Function):
         return half, None, torch.bmm(up.transpose(1, 2), half) if ctx.needs_input_grad[2] else None
 
 
-def _packed(linears, x):
-    """The weights and biases of ``linears`` concatenated (one product for all of them). Under autocast each
-    parameter is cast whole first, as autocast would cast it for its own product (the same values; the cast
-    autocast's parameter cache, ``umst_plugin.amp_weights``, makes once per update for all parameters)."""
-    weights, biases = [m.weight for m in linears], [m.bias for m in linears]
-    device = x.device.type
-    return (torch.cat([autocast_cast(w, device) for w in weights]),
-            torch.cat([autocast_cast(b, device) for b in biases]))
+class PackedLinear(nn.Module):
+    """``count`` linear maps ``embed_dim -> embed_dim`` stored as one ``count*C x C`` weight and one ``count*C`` bias
+    (rows ``i*C:(i+1)*C`` are map ``i``), as ``nn.MultiheadAttention`` stores its ``in_proj_weight``.
+
+    Why one parameter: the maps run as one product, and under ``--amp`` that product reads one parameter cast
+    whole, which autocast's parameter cache (``umst_plugin.amp_weights``) casts with all the others once per update.
+    Stored apart, the forward pass concatenated their casts (two kernels per packed product and layer). Each map is
+    initialised as ``nn.Linear`` initialises its own weight and bias, in the same order, so a seed gives the values
+    the separate maps had."""
+
+    def __init__(self, embed_dim, count):
+        super().__init__()
+        self.embed_dim, self.count = embed_dim, count
+        self.weight = nn.Parameter(torch.empty(count * embed_dim, embed_dim))
+        self.bias = nn.Parameter(torch.empty(count * embed_dim))
+        bound = 1 / math.sqrt(embed_dim)
+        for i in range(count):  # nn.Linear.reset_parameters, map by map
+            weight, bias = self.piece(i)
+            with torch.no_grad():
+                nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+                nn.init.uniform_(bias, -bound, bound)
+
+    def piece(self, first, count=1):
+        """(weight, bias) of maps ``first .. first+count-1``: views of the packed parameters."""
+        rows = slice(first * self.embed_dim, (first + count) * self.embed_dim)
+        return self.weight[rows], self.bias[rows]
+
+    def project(self, x, first, count=1):
+        """Maps ``first .. first+count-1`` of ``x`` (their outputs concatenated); the reference path's form."""
+        return F.linear(x, *self.piece(first, count))
+
+    def forward(self, x):
+        """All maps of ``x`` in one product, outputs concatenated on the last dimension."""
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self):
+        return f"{self.count} x ({self.embed_dim} -> {self.embed_dim})"
+
+    def pack_separate_maps(self, state_dict, name, old_names):
+        """A checkpoint from before the maps were packed stores ``<parent>.<old_name>.weight`` / ``.bias`` per map:
+        concatenated into ``<name>.weight`` / ``.bias`` (the same values)."""
+        parent = name.rsplit(".", 1)[0] + "." if "." in name else ""
+        if parent + old_names[0] + ".weight" not in state_dict:
+            return
+        for kind in ("weight", "bias"):
+            state_dict[f"{name}.{kind}"] = torch.cat([state_dict.pop(f"{parent}{old}.{kind}") for old in old_names])
 
 
 class RectifiedSelfAttention(nn.Module):
@@ -175,15 +213,10 @@ class RectifiedSelfAttention(nn.Module):
         self.share_qk = share_qk
         self.max_relative_positions = max_relative_positions
 
-        self.q_proj = nn.Linear(embed_dim, embed_dim)
-        self.k_proj = nn.Linear(embed_dim, embed_dim)
-        self.v_proj = nn.Linear(embed_dim, embed_dim)
+        self.in_proj = PackedLinear(embed_dim, 3)  # W_q, W_k, W_v of the subword stream
         self.out_proj = nn.Linear(embed_dim, embed_dim)
-        if share_qk:  # table 6 row 4: the word branch reuses W_q, W_k
-            self.word_q_proj = self.word_k_proj = None
-        else:
-            self.word_q_proj = nn.Linear(embed_dim, embed_dim)
-            self.word_k_proj = nn.Linear(embed_dim, embed_dim)
+        # the word stream's W_q, W_k; with share_qk (table 6 row 4) the word branch reuses the subword W_q, W_k
+        self.word_in_proj = None if share_qk else PackedLinear(embed_dim, 2)
         if max_relative_positions > 0:
             self.rel_keys = nn.Embedding(2 * max_relative_positions + 1, self.head_dim)
             self.rel_values = nn.Embedding(2 * max_relative_positions + 1, self.head_dim)
@@ -194,15 +227,29 @@ class RectifiedSelfAttention(nn.Module):
     def reset_parameters(self):
         # As fairseq's MultiheadAttention: scaled xavier for q/k/v, plain xavier for the output.
         gain = 1 / math.sqrt(2)
-        for proj in (self.q_proj, self.k_proj, self.v_proj, self.word_q_proj, self.word_k_proj):
-            if proj is not None:
-                nn.init.xavier_uniform_(proj.weight, gain=gain)
-                nn.init.zeros_(proj.bias)
+        for packed in (self.in_proj, self.word_in_proj):
+            for i in range(packed.count if packed is not None else 0):
+                weight, bias = packed.piece(i)
+                with torch.no_grad():  # map by map: each weight's fans are C x C
+                    nn.init.xavier_uniform_(weight, gain=gain)
+                    nn.init.zeros_(bias)
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.zeros_(self.out_proj.bias)
         if self.rel_keys is not None:
             nn.init.xavier_uniform_(self.rel_keys.weight)
             nn.init.xavier_uniform_(self.rel_values.weight)
+
+    def _word_maps(self):
+        """The PackedLinear whose first two maps are the word stream's W_q, W_k."""
+        return self.in_proj if self.share_qk else self.word_in_proj
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Checkpoints from before the projections were packed (``q_proj``, ``k_proj``, ``v_proj``, ``word_q_proj``,
+        ``word_k_proj``) load with their maps concatenated (the same model)."""
+        prefix = f"{name}." if name else ""
+        self.in_proj.pack_separate_maps(state_dict, prefix + "in_proj", ("q_proj", "k_proj", "v_proj"))
+        if self.word_in_proj is not None:
+            self.word_in_proj.pack_separate_maps(state_dict, prefix + "word_in_proj", ("word_q_proj", "word_k_proj"))
 
     def _heads(self, t):  # B x N x C -> B x H x N x d_k
         return t.view(t.size(0), t.size(1), self.num_heads, self.head_dim).transpose(1, 2)
@@ -210,8 +257,17 @@ class RectifiedSelfAttention(nn.Module):
     def _merge(self, t):  # B x H x N x d_k -> B x N x C
         return t.transpose(1, 2).reshape(t.size(0), t.size(2), self.embed_dim)
 
-    def _subword_attention(self, q, k, v, key_pad, mask=None):
-        """``mask``: the key mask as given to ``attention`` (default: True at the real keys of ``key_pad``)."""
+    def _buckets(self, graphs: UMSTGraphs, length, device):
+        """The relative-position buckets for ``length`` tokens: the batch's (``graphs.relative_buckets``, made once
+        by the encoder for every layer, with the model's clipping distance) where it has them, else made here."""
+        buckets = graphs.relative_buckets
+        if buckets is not None and buckets.size(0) == length:
+            return buckets
+        return relative_buckets(length, self.max_relative_positions, device)
+
+    def _subword_attention(self, q, k, v, key_pad, mask=None, buckets=None):
+        """``mask``: the key mask as given to ``attention`` (default: True at the real keys of ``key_pad``);
+        ``buckets``: the relative-position buckets, with relative positions."""
         dropout = self.attention_dropout if self.training else 0.0
         if self.rel_keys is None:
             if mask is None:
@@ -224,11 +280,10 @@ class RectifiedSelfAttention(nn.Module):
         # copies and softmax again (on a simulated H200, 5 kernels fewer per encoder layer and 0.3 GB less traffic
         # per update of 4,096 tokens of WMT14's lengths; docs/compile.md).
         if self.training and torch.is_grad_enabled() and not compiling():
-            return checkpoint(self._relative_core, q, k, v, key_pad, dropout, use_reentrant=False)
-        return self._relative_core(q, k, v, key_pad, dropout)
+            return checkpoint(self._relative_core, q, k, v, key_pad, dropout, buckets, use_reentrant=False)
+        return self._relative_core(q, k, v, key_pad, dropout, buckets)
 
-    def _relative_core(self, q, k, v, key_pad, dropout):
-        buckets = relative_buckets(q.size(2), self.max_relative_positions, q.device)
+    def _relative_core(self, q, k, v, key_pad, dropout, buckets):
         q = q * (1.0 / math.sqrt(self.head_dim))
         if compiling():
             # q, k and v are head views of one packed projection; the batched products need each in the B*H x L x d
@@ -246,16 +301,19 @@ class RectifiedSelfAttention(nn.Module):
             return self._fused_map_forward(x, x_word, graphs)
         if self.reference or graphs.up is None or graphs.proj_norm != self.upsample_norm:
             return self._reference_forward(x, x_word, graphs)
-        # One product for Q, K and V (their weights concatenated; the gradient of the split is one concat).
-        channels = self.embed_dim
-        weight, bias = _packed((self.q_proj, self.k_proj, self.v_proj), x)
+        # One product for Q, K and V (one packed parameter; the gradient of the split is one concat). Cast whole
+        # before the product, as autocast would inside it, so that share_qk's word branch reads the same cast.
+        channels, device = self.embed_dim, x.device.type
+        weight, bias = autocast_cast(self.in_proj.weight, device), autocast_cast(self.in_proj.bias, device)
         q, k, v_tokens = F.linear(x, weight, bias).split(channels, dim=-1)
+        buckets = self._buckets(graphs, x.size(1), x.device) if self.rel_keys is not None else None
         out_subword = self._subword_attention(self._heads(q), self._heads(k), self._heads(v_tokens),
-                                              graphs.token_pad, _operator(graphs.token_attn_mask, q))
+                                              graphs.token_pad, _operator(graphs.token_attn_mask, q), buckets)
         if self.share_qk:
             word_weight, word_bias = weight[: 2 * channels], bias[: 2 * channels]
         else:
-            word_weight, word_bias = _packed((self.word_q_proj, self.word_k_proj), x_word)
+            word_weight = autocast_cast(self.word_in_proj.weight, device)
+            word_bias = autocast_cast(self.word_in_proj.bias, device)
         if self.recompute_word_branch and self.training and torch.is_grad_enabled():
             out_word = checkpoint(self._word_branch_dense, x_word, v_tokens, word_weight, word_bias, graphs,
                                   use_reentrant=False)
@@ -276,10 +334,12 @@ class RectifiedSelfAttention(nn.Module):
     def _reference_forward(self, x, x_word, graphs: UMSTGraphs):
         """The plain form (separate projections, index-based down- and up-sampling): the reference the
         dense path is tested against, and the path for graphs built without dense operators."""
-        q = self._heads(self.q_proj(x))
-        k = self._heads(self.k_proj(x))
-        v_tokens = self.v_proj(x)
-        out_subword = self._merge(self._subword_attention(q, k, self._heads(v_tokens), graphs.token_pad))
+        q = self._heads(self.in_proj.project(x, 0))
+        k = self._heads(self.in_proj.project(x, 1))
+        v_tokens = self.in_proj.project(x, 2)
+        buckets = self._buckets(graphs, x.size(1), x.device) if self.rel_keys is not None else None
+        out_subword = self._merge(self._subword_attention(q, k, self._heads(v_tokens), graphs.token_pad,
+                                                          buckets=buckets))
         if self.recompute_word_branch and self.training and torch.is_grad_enabled():
             out_word = checkpoint(self._word_branch, x_word, v_tokens, graphs, use_reentrant=False)
         else:
@@ -288,10 +348,8 @@ class RectifiedSelfAttention(nn.Module):
 
     def _word_branch(self, x_word, v_tokens, graphs: UMSTGraphs):
         """ATTN2' V = G ATTN2 (G^T V) (or its row-normalised form), B x T x C."""
-        word_q_proj = self.q_proj if self.share_qk else self.word_q_proj
-        word_k_proj = self.k_proj if self.share_qk else self.word_k_proj
-        q_word = self._heads(word_q_proj(x_word))
-        k_word = self._heads(word_k_proj(x_word))
+        q_word = self._heads(self._word_maps().project(x_word, 0))
+        k_word = self._heads(self._word_maps().project(x_word, 1))
         # G^T V (literal) or its per-word mean (row): values stay in the subword stream.
         v_word = self._heads(project_to_words(v_tokens, graphs, normalize=self.upsample_norm == "row"))
         keep_words = (~graphs.word_pad).view(graphs.word_pad.size(0), 1, 1, -1)
@@ -304,18 +362,17 @@ class RectifiedSelfAttention(nn.Module):
         (B x H x T x T) and attention dropout drops entries of it, as a transformer drops entries of its
         one map; the relative-value term (RPR) sees ATTN1's share of the same dropped entries."""
         scale = 1.0 / math.sqrt(self.head_dim)
-        q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+        q, k, v = (self._heads(self.in_proj.project(x, i)) for i in range(3))
         q = q * scale
         scores = torch.matmul(q, k.transpose(-1, -2))
         buckets = None
         if self.rel_keys is not None:
-            buckets = relative_buckets(q.size(2), self.max_relative_positions, q.device)
+            buckets = self._buckets(graphs, q.size(2), q.device)
             scores = scores + relative_key_logits(q, self.rel_keys.weight, buckets)
         scores = upcast_half(scores).masked_fill(graphs.token_pad[:, None, None, :], float("-inf"))
         a1 = torch.softmax(scores, dim=-1)
-        word_q_proj = self.q_proj if self.share_qk else self.word_q_proj
-        word_k_proj = self.k_proj if self.share_qk else self.word_k_proj
-        q_word, k_word = self._heads(word_q_proj(x_word)) * scale, self._heads(word_k_proj(x_word))
+        word = self._word_maps()
+        q_word, k_word = self._heads(word.project(x_word, 0)) * scale, self._heads(word.project(x_word, 1))
         word_scores = upcast_half(torch.matmul(q_word, k_word.transpose(-1, -2)))
         a2 = torch.softmax(word_scores.masked_fill(graphs.word_pad[:, None, None, :], float("-inf")), dim=-1)
         fused = 0.5 * (a1 + upsample_attention_map(a2, graphs, normalize=self.upsample_norm == "row"))
@@ -333,15 +390,14 @@ class RectifiedSelfAttention(nn.Module):
         visualisation only (no dropout). With relative positions ATTN1's logits include Shaw et al.'s key
         term; their value term is not a map and is not included."""
         scale = 1.0 / math.sqrt(self.head_dim)
-        q, k = self._heads(self.q_proj(x)) * scale, self._heads(self.k_proj(x))
+        q, k = self._heads(self.in_proj.project(x, 0)) * scale, self._heads(self.in_proj.project(x, 1))
         scores = q @ k.transpose(-1, -2)
         if self.rel_keys is not None:
-            buckets = relative_buckets(q.size(2), self.max_relative_positions, q.device)
+            buckets = self._buckets(graphs, q.size(2), q.device)
             scores = scores + relative_key_logits(q, self.rel_keys.weight, buckets)
         a1 = torch.softmax(scores.masked_fill(graphs.token_pad[:, None, None, :], float("-inf")), -1)
-        wq = self.q_proj if self.share_qk else self.word_q_proj
-        wk = self.k_proj if self.share_qk else self.word_k_proj
-        qw, kw = self._heads(wq(x_word)) * scale, self._heads(wk(x_word))
+        word = self._word_maps()
+        qw, kw = self._heads(word.project(x_word, 0)) * scale, self._heads(word.project(x_word, 1))
         a2 = torch.softmax((qw @ kw.transpose(-1, -2)).masked_fill(graphs.word_pad[:, None, None, :], float("-inf")), -1)
         bsz, n_slots = graphs.word_pad.shape
         length = graphs.token_pad.size(1)
