@@ -48,6 +48,14 @@ has() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "$1" 2>/dev/null; }
 if [ ! -x "$VENV/bin/python" ]; then
   step "creating $VENV"
   [ "$DRY" = 1 ] || "$PY" -m venv "$VENV"
+elif ! has "import pip"; then
+  # a venv whose creation was cut short (python there, pip not yet): pip from the interpreter's own bundled wheel
+  step "$VENV has no pip (its creation was cut short?): adding it with ensurepip"
+  if [ "$DRY" = 0 ] && ! "$VENV/bin/python" -m ensurepip --upgrade >> "$LOG" 2>&1; then
+    echo "[setup] FAILED: ensurepip in $VENV (the end of $LOG:); remove $VENV and run this again" >&2
+    tail -n 40 "$LOG" >&2
+    exit 1
+  fi
 fi
 [ "$DRY" = 1 ] || mkdir -p "$VENV"
 # Bump the stamp when the install list changes, so existing venvs pick up the new packages

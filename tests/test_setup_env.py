@@ -41,15 +41,22 @@ def test_cuda_option_replaces_a_cpu_torch(tmp_path):
     assert "--index-url https://download.pytorch.org/whl/cu128" in proc.stdout
 
 
-def test_pip_output_goes_to_the_log_and_is_shown_when_a_step_fails(tmp_path):
+def test_a_venv_cut_short_gets_pip_and_a_failing_step_shows_the_log(tmp_path):
+    """A venv whose creation was cut short (its python there, pip not yet) gets pip from ensurepip, where every pip
+    step had failed with "No module named pip" until the venv was removed by hand. Then a step that fails (torch
+    from no index) shows the end of pip's log, which has pip's own output."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)  # pip will fail
-    proc = setup(VENV=str(venv))
-    assert proc.returncode == 1
-    assert "[setup] upgrading pip" in proc.stdout
-    assert "FAILED: pip install --upgrade pip" in proc.stderr
-    assert "No module named pip" in proc.stderr  # the log's end, shown because the step failed
-    assert "No module named pip" in (venv / "setup.log").read_text()
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    proc = setup("--no-slurm", VENV=str(venv), PIP_NO_INDEX="1")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "has no pip (its creation was cut short?): adding it with ensurepip" in proc.stdout, proc.stdout
+    assert "[setup] upgrading pip" in proc.stdout and "[setup] installing torch==2.13.0" in proc.stdout, proc.stdout
+    assert "No module named pip" not in proc.stderr, proc.stderr
+    assert "FAILED: pip install torch==2.13.0" in proc.stderr, proc.stderr
+    # the log's end, shown on failure: pip's own error (for torch, or one of its needs where a wheel cache has torch)
+    assert "ERROR: No matching distribution found for " in proc.stderr, proc.stderr
+    assert "ERROR: No matching distribution found for " in (venv / "setup.log").read_text()
+    assert subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "--version"]).returncode == 0
 
 
 def test_torch_version_picks_the_torch(tmp_path):
