@@ -480,15 +480,21 @@ def _separate_projections(state_dict):
 
 
 @pytest.mark.parametrize("extra", [[], ["--share-rsan-qk"]], ids=["own word q/k", "shared q/k"])
-def test_checkpoints_with_separate_projections_load_into_the_packed_ones(extra):
+def test_checkpoints_with_separate_projections_load_into_the_packed_ones(extra, caplog):
     """fairseq's load path (``load_state_dict`` -> ``upgrade_state_dict_named``) packs an older checkpoint's
-    separate maps: strict loading succeeds and the model encodes as the one it was saved from."""
+    separate maps: strict loading succeeds and the model encodes as the one it was saved from. A warning says that
+    resuming its training needs --reset-optimizer (the optimizer's state is per parameter tensor)."""
     saved = build("umst_base_rpr", TINY + extra, seed=3).eval()
     old = _separate_projections(saved.state_dict())
     assert any(k.endswith("self_attn.k_proj.weight") for k in old)
     assert any(k.endswith("self_attn.word_q_proj.bias") for k in old) == (not extra)
     loaded = build("umst_base_rpr", TINY + extra, seed=4).eval()
-    loaded.load_state_dict(old, strict=True)
+    with caplog.at_level("WARNING"):
+        loaded.load_state_dict(old, strict=True)
+    assert [r.getMessage().split(":")[0] for r in caplog.records if "--reset-optimizer" in r.getMessage()] == ["encoder"]
+    caplog.clear()
+    build("umst_base_rpr", TINY + extra, seed=4).load_state_dict(saved.state_dict(), strict=True)
+    assert not [r for r in caplog.records if "--reset-optimizer" in r.getMessage()]
     src, wid, heads = collate(random_sentences(3, seed=5), left_pad=True, extra_pad=1)
     with torch.no_grad():
         torch.testing.assert_close(encode(loaded, src, wid, heads), encode(saved, src, wid, heads), atol=0, rtol=0)

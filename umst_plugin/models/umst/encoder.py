@@ -1,6 +1,8 @@
 """UMST's encoder: class embedding + UMST blocks (:mod:`umst_plugin.modules.umst.layer`), the scale graphs
 built once per batch from the ``multiscale_translation`` task's ``src_word_ids`` / ``src_word_heads``
 (:mod:`umst_plugin.modules.umst.graphs`)."""
+import logging
+
 import torch
 import torch.nn as nn
 from fairseq.models.transformer import TransformerEncoderBase
@@ -8,8 +10,10 @@ from fairseq.models.transformer import TransformerEncoderBase
 from umst_plugin.models.umst.config import SHARE_GCN_PROJ
 from umst_plugin.modules.common.amp_functions import compute_dtype
 from umst_plugin.modules.umst.graphs import build_graphs
-from umst_plugin.modules.umst.rectified_attention import relative_buckets
 from umst_plugin.modules.umst.layer import UMSTEncoderLayer
+from umst_plugin.modules.umst.rectified_attention import relative_buckets
+
+logger = logging.getLogger(__name__)
 
 
 class UMSTEncoder(TransformerEncoderBase):
@@ -33,6 +37,17 @@ class UMSTEncoder(TransformerEncoderBase):
         self.downsample = getattr(cfg, "word_downsample", None) or "mean"
         self.upsample_norm = getattr(cfg, "rsan_upsample_norm", None) or "row"
         self.max_relative_positions = getattr(cfg, "max_relative_positions", 0)
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """fairseq's upgrade, and a warning where the checkpoint stores the attention's maps apart (before they were
+        packed): its weights load (each layer's attention packs them), its optimizer state does not fit."""
+        if any(k.startswith(f"{name}.layers.") and k.endswith(".self_attn.q_proj.weight") for k in state_dict):
+            logger.warning(
+                "%s: this checkpoint stores UMST's attention projections apart (q_proj, k_proj, v_proj, word_q_proj, "
+                "word_k_proj), as the plugin did before they were packed (in_proj, word_in_proj): its weights load, "
+                "packed; to resume its training, add --reset-optimizer (the optimizer's state is per parameter tensor)",
+                name)
+        return super().upgrade_state_dict_named(state_dict, name)
 
     def build_encoder_layer(self, cfg):
         # Called by the base __init__ once per layer; shared projections are created on first call.
