@@ -267,7 +267,7 @@ class RectifiedSelfAttention(nn.Module):
 
     def _subword_attention(self, q, k, v, key_pad, mask=None, buckets=None):
         """``mask``: the key mask as given to ``attention`` (default: True at the real keys of ``key_pad``);
-        ``buckets``: the relative-position buckets, with relative positions."""
+        ``buckets``: the relative-position buckets, with relative positions (made here when not given)."""
         dropout = self.attention_dropout if self.training else 0.0
         if self.rel_keys is None:
             if mask is None:
@@ -283,7 +283,9 @@ class RectifiedSelfAttention(nn.Module):
             return checkpoint(self._relative_core, q, k, v, key_pad, dropout, buckets, use_reentrant=False)
         return self._relative_core(q, k, v, key_pad, dropout, buckets)
 
-    def _relative_core(self, q, k, v, key_pad, dropout, buckets):
+    def _relative_core(self, q, k, v, key_pad, dropout, buckets=None):
+        if buckets is None:
+            buckets = relative_buckets(q.size(2), self.max_relative_positions, q.device)
         q = q * (1.0 / math.sqrt(self.head_dim))
         if compiling():
             # q, k and v are head views of one packed projection; the batched products need each in the B*H x L x d
