@@ -245,7 +245,9 @@ def test_the_relative_key_table_is_cast_by_the_parameter_cast_cache():
     assert cached.dtype == torch.bfloat16 and torch.equal(cached, plain) and torch.equal(plain, recorded)
 
 
-def test_the_parameter_cast_cache_takes_every_matrix_and_bias_of_an_encoder_layer():
+@pytest.mark.parametrize("extra", [[], ["--share-rsan-qk"], ["--rsan-attention-dropout", "fused"]],
+                         ids=lambda e: " ".join(e) or "default")
+def test_the_parameter_cast_cache_takes_every_matrix_and_bias_of_an_encoder_layer(extra):
     """UMST-RPR under --amp: autocast's parameter cache casts every weight and bias of an encoder layer once per
     update with all the others; only the layer norms (which compute in fp32) are left out. Two of them were not,
     each worth kernels in every layer's compiled forward on a simulated H200 (docs/compile.md):
@@ -256,11 +258,12 @@ def test_the_parameter_cast_cache_takes_every_matrix_and_bias_of_an_encoder_laye
       they are now cast before, as the weights are.
 
     The same values: the loss and every gradient with the cache equal plain autocast's bit for bit
-    (``test_amp_weights.py``, every arch)."""
+    (``test_amp_weights.py``, every arch). With the word branch sharing W_q, W_k and with the fused-map attention
+    dropout too: both read the packed maps through one whole cast."""
     from umst_plugin import amp_weights
 
     torch.manual_seed(0)
-    model = build("umst_base_rpr", TINY).train()
+    model = build("umst_base_rpr", TINY + extra).train()
     src, wid, heads = collate(random_sentences(5, seed=9), left_pad=True, extra_pad=3)
     prev = torch.randint(4, 60, (src.size(0), 5))
     cache = amp_weights.WeightCache(model)
@@ -274,6 +277,7 @@ def test_the_parameter_cast_cache_takes_every_matrix_and_bias_of_an_encoder_laye
         "word_gcn.layer_norm", "phrase_gcn.layer_norm", "self_attn_layer_norm", "word_attn_layer_norm",
         "final_layer_norm")), left
     assert {"encoder.layers.0.self_attn.in_proj.weight", "encoder.layers.0.word_gcn.linear.bias"} <= set(cache.names)
+    assert ("encoder.layers.0.self_attn.word_in_proj.weight" in layer) == ("--share-rsan-qk" not in extra)
 
 
 def test_the_encoder_makes_the_relative_buckets_once_for_every_layer(monkeypatch):

@@ -251,6 +251,17 @@ class RectifiedSelfAttention(nn.Module):
         if self.word_in_proj is not None:
             self.word_in_proj.pack_separate_maps(state_dict, prefix + "word_in_proj", ("word_q_proj", "word_k_proj"))
 
+    def _packed_weights(self, device_type):
+        """(weight, bias) of the q/k/v maps and (weight, bias) of the word q/k maps, for the packed products. Each
+        parameter is cast whole (under autocast), as autocast would cast it inside its product, so that autocast's
+        parameter cache takes it; with share_qk the word maps are the first rows of that one cast."""
+        weight = autocast_cast(self.in_proj.weight, device_type)
+        bias = autocast_cast(self.in_proj.bias, device_type)
+        if self.share_qk:
+            return weight, bias, weight[: 2 * self.embed_dim], bias[: 2 * self.embed_dim]
+        return (weight, bias, autocast_cast(self.word_in_proj.weight, device_type),
+                autocast_cast(self.word_in_proj.bias, device_type))
+
     def _heads(self, t):  # B x N x C -> B x H x N x d_k
         return t.view(t.size(0), t.size(1), self.num_heads, self.head_dim).transpose(1, 2)
 
@@ -303,19 +314,12 @@ class RectifiedSelfAttention(nn.Module):
             return self._fused_map_forward(x, x_word, graphs)
         if self.reference or graphs.up is None or graphs.proj_norm != self.upsample_norm:
             return self._reference_forward(x, x_word, graphs)
-        # One product for Q, K and V (one packed parameter; the gradient of the split is one concat). Cast whole
-        # before the product, as autocast would inside it, so that share_qk's word branch reads the same cast.
-        channels, device = self.embed_dim, x.device.type
-        weight, bias = autocast_cast(self.in_proj.weight, device), autocast_cast(self.in_proj.bias, device)
-        q, k, v_tokens = F.linear(x, weight, bias).split(channels, dim=-1)
+        # One product for Q, K and V (one packed parameter; the gradient of the split is one concat).
+        weight, bias, word_weight, word_bias = self._packed_weights(x.device.type)
+        q, k, v_tokens = F.linear(x, weight, bias).split(self.embed_dim, dim=-1)
         buckets = self._buckets(graphs, x.size(1), x.device) if self.rel_keys is not None else None
         out_subword = self._subword_attention(self._heads(q), self._heads(k), self._heads(v_tokens),
                                               graphs.token_pad, _operator(graphs.token_attn_mask, q), buckets)
-        if self.share_qk:
-            word_weight, word_bias = weight[: 2 * channels], bias[: 2 * channels]
-        else:
-            word_weight = autocast_cast(self.word_in_proj.weight, device)
-            word_bias = autocast_cast(self.word_in_proj.bias, device)
         if self.recompute_word_branch and self.training and torch.is_grad_enabled():
             out_word = checkpoint(self._word_branch_dense, x_word, v_tokens, word_weight, word_bias, graphs,
                                   use_reentrant=False)
@@ -364,7 +368,8 @@ class RectifiedSelfAttention(nn.Module):
         (B x H x T x T) and attention dropout drops entries of it, as a transformer drops entries of its
         one map; the relative-value term (RPR) sees ATTN1's share of the same dropped entries."""
         scale = 1.0 / math.sqrt(self.head_dim)
-        q, k, v = (self._heads(self.in_proj.project(x, i)) for i in range(3))
+        weight, bias, word_weight, word_bias = self._packed_weights(x.device.type)
+        q, k, v = (self._heads(t) for t in F.linear(x, weight, bias).split(self.embed_dim, dim=-1))
         q = q * scale
         scores = torch.matmul(q, k.transpose(-1, -2))
         buckets = None
@@ -373,8 +378,8 @@ class RectifiedSelfAttention(nn.Module):
             scores = scores + relative_key_logits(q, self.rel_keys.weight, buckets)
         scores = upcast_half(scores).masked_fill(graphs.token_pad[:, None, None, :], float("-inf"))
         a1 = torch.softmax(scores, dim=-1)
-        word = self._word_maps()
-        q_word, k_word = self._heads(word.project(x_word, 0)) * scale, self._heads(word.project(x_word, 1))
+        q_word, k_word = (self._heads(t) for t in F.linear(x_word, word_weight, word_bias).split(self.embed_dim, dim=-1))
+        q_word = q_word * scale
         word_scores = upcast_half(torch.matmul(q_word, k_word.transpose(-1, -2)))
         a2 = torch.softmax(word_scores.masked_fill(graphs.word_pad[:, None, None, :], float("-inf")), dim=-1)
         fused = 0.5 * (a1 + upsample_attention_map(a2, graphs, normalize=self.upsample_norm == "row"))
