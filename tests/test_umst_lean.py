@@ -249,8 +249,9 @@ def test_the_relative_key_table_is_cast_by_the_parameter_cast_cache():
                          ids=lambda e: " ".join(e) or "default")
 def test_the_parameter_cast_cache_takes_every_matrix_and_bias_of_an_encoder_layer(extra):
     """UMST-RPR under --amp: autocast's parameter cache casts every weight and bias of an encoder layer once per
-    update with all the others; only the layer norms (which compute in fp32) are left out. Two of them were not,
-    each worth kernels in every layer's compiled forward on a simulated H200 (docs/compile.md):
+    update with all the others; only the layer norms (which compute in fp32) are left out. Before, two kinds of
+    parameters were left out too, each worth kernels in every layer's compiled forward on a simulated H200
+    (docs/compile.md):
 
     * the attention's q/k/v and word q/k maps, stored apart, were concatenated per layer and pass (4 kernels): they
       are now one parameter each (``PackedLinear``), read whole;
