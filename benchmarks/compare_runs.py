@@ -123,7 +123,8 @@ def op_counts_markdown(before, after, cuda=None):
     return "\n".join(lines)
 
 
-TABLE_KINDS = {"archs": "bench_archs", "launches": "bench_launches", "train": "bench_train", "decode": "bench_decode"}
+TABLE_KINDS = {"archs": "bench_archs", "launches": "bench_launches", "train": "bench_train", "decode": "bench_decode",
+               "speed": "speed_table"}
 
 
 def _bench_module(name):
@@ -174,6 +175,8 @@ def render(args, base_dir="."):
     if args.what == "table":
         module = _bench_module(TABLE_KINDS[args.kind])
         result = _load(path(args.result))
+        if args.kind == "speed":  # a speed record holds several tables: --key is the batch (tokens) or "targets"
+            return "\n".join(module.table_markdown(result, args.key or result["max_tokens"][0]))
         return module.markdown(result[args.key] if args.key else result)
     if args.what == "launches":
         return launches_markdown(_load(path(args.before)), _load(path(args.after)))
@@ -225,9 +228,11 @@ def _parser():
     s.add_argument("after")
     t = sub.add_parser("table", help="one benchmark's JSON file: its whole table (bench_archs.py unless --kind)")
     t.add_argument("result")
-    t.add_argument("--key", default=None, help="the step of a GPU check's JSON that holds the run (bench-base)")
+    t.add_argument("--key", default=None, help="the step of a GPU check's JSON that holds the run (bench-base); "
+                   "with --kind speed, the batch in tokens (default the recipe's) or targets")
     t.add_argument("--kind", choices=sorted(TABLE_KINDS), default="archs",
-                   help="which benchmark wrote it: archs, launches, train or decode")
+                   help="which benchmark wrote it: archs, launches, train, decode or speed (speed_table.py; "
+                        "--key: the batch in tokens, or targets)")
     la = sub.add_parser("launches", help="two bench_launches.py JSON files: launches per update, before -> after")
     la.add_argument("before")
     la.add_argument("after")

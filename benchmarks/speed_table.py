@@ -30,13 +30,16 @@ over the measured updates) and
 fairseq rounds the sentences down to a multiple of 8) and ``sentences_per_step``;
 ``flops_per_token``, the project's model FLOPs (``torch.utils.flop_counter.FlopCounterMode``: matmuls,
 convolutions and attention of forward and backward, as ``bench_archs.py`` counts them) of one whole update (the
-second, inside the dropped warm-up interval) over its target tokens -- a compiled row takes its eager row's
-count (the same batches); ``mfu``: words/s x FLOPs per token over the card's dense bf16 peak
-(:data:`DENSE_BF16_PEAK`); ``peak_mib`` (``torch.cuda.max_memory_allocated``); ``gpu_busy``: the mean of
-nvidia-smi's ``utilization.gpu`` (the share of time a kernel ran) sampled every 50 ms over the measured updates
-(no profiler); ``compile_s``: compiling apart -- every compiled row is first compiled by a process of its own,
-all of them at once, into a shared inductor cache (``compile_s``: that cold compile; ``compile_s_in_row``: the
-measured run's, from the warm cache); ``losses``: (update, loss) at each logged update. A compiled row's
+second, inside the dropped warm-up interval; the next where ``--amp`` retried it) over its target tokens -- a
+compiled row takes its eager row's count (the same batches); ``mfu``: words/s x FLOPs per token over the card's
+dense bf16 peak (:data:`DENSE_BF16_PEAK`); ``peak_mib``: ``torch.cuda.max_memory_allocated`` over the whole run
+(:class:`PeakMemory`: fairseq resets it at every logged update); ``gpu_busy``: nvidia-smi's ``utilization.gpu``
+(the share of time a kernel ran) sampled every 50 ms (no profiler), averaged over each measured log interval
+(``gpu_busy_intervals``), and the median of those, as words/s is the median of the same intervals' words/s;
+``compile_s``: compiling apart -- every compiled row is first compiled by a process of its own, as many at once as
+the card's memory holds (:func:`warm_up`), into a shared inductor cache (``compile_s``: that cold compile, kept
+from the first call that made it; ``compile_s_in_row``: the measured run's, from the warm cache); ``losses``:
+(update, loss) at each logged update. A compiled row's
 losses must equal its eager row's within noise, measured in the same call (:func:`loss_check`): compiled code
 draws its dropout masks from inductor's own random stream and keeps fused intermediates in fp32, so the
 tolerance is twice the sum of the dropout noise (the compiled row against its warm-up run, which trains the same
@@ -90,6 +93,13 @@ FLOPS_UPDATE = 1  # the update (0-based) whose FLOPs an eager row counts: the se
 BUSY_PERIOD_MS = 50
 LOSS_NOISE_MARGIN = 2.0
 MIN_ROW_SECONDS = 12  # a row is not started with less time left before the deadline
+# A compile warm-up's device memory per 1,000 tokens of --max-tokens: the largest peak of a row at 38,400 tokens on
+# the H200 at af33e1d (MSC compiled, 30.6 GB by fairseq's gb_free) with 6% over. All eight warm-ups at once
+# needed about 230 GB there and ran out of memory (fairseq skipped batches, which moved their losses).
+WARM_UP_GIB_PER_KTOKEN = 0.85
+# the warm-ups, longest compile first (cold compile seconds on the H200 at af33e1d), so that the last to start
+# is a short one
+COMPILE_ORDER = ("transformer_sf", "prime", "umst_rpr", "msc", "msmsa", "umst", "transformer", "prime_simple")
 # targets on one card at the recipe batch (bf16); the record says which are met
 TARGETS = dict(transformer_vs_stock_fp16=1.5, transformer_mfu=0.30, words_per_flop_vs_transformer=0.8,
                gpu_busy=0.7, bf16_vs_tf32=2.0)
@@ -147,6 +157,7 @@ class _Records(logging.Handler):
         except ValueError:
             return
         if "num_updates" in data and "train_wps" not in data:
+            data["logged_at"] = time.monotonic()  # the end of its log interval: GPU busy per interval
             self.records.append(data)
 
 
@@ -183,6 +194,10 @@ class GpuBusy:
         kept = [v for t, v in self.samples if t0 <= t <= t1]
         return round(sum(kept) / len(kept) / 100.0, 3) if kept else None
 
+    def per_interval(self, stamps):
+        """The busy fraction of each span between consecutive ``stamps`` (the log intervals' ends)."""
+        return [self.between(a, b) for a, b in zip(stamps, stamps[1:])]
+
     def close(self):
         if self.proc is not None:
             self.proc.terminate()
@@ -201,30 +216,45 @@ def parse_utilization(line):
 class StepProbe:
     """What a row measures around fairseq's ``Trainer.train_step``: the host time at the start of the first
     measured update and at the end of the last, each update's real and padded tokens (from the batch as the
-    data loader gives it, on the CPU: no device sync), and the FLOPs of update :data:`FLOPS_UPDATE` (eager rows)."""
+    data loader gives it, on the CPU: no device sync), and the FLOPs of update :data:`FLOPS_UPDATE` (eager rows).
+    fairseq's ``--amp`` retries a batch after an overflow by calling ``train_step`` again from inside it; the retry
+    passes through uncounted (``retries``), and an update that was retried is not the one whose FLOPs are counted
+    (it ran the model twice): the next one before the measured interval is."""
 
     def __init__(self, measured_from, count_flops, pad_index):
         self.measured_from, self.count_flops, self.pad = measured_from, count_flops, pad_index
         self.calls, self.t0, self.t1 = 0, None, None
         self.tokens = []  # (real, padded) per measured update
         self.flops = self.flops_tokens = None
+        self.retries = 0  # fairseq's AMP retries of a batch (counted, not measured again)
+        self._depth = 0
 
     def step(self, train_step, samples, *args, **kwargs):
+        if self._depth:  # fairseq's Trainer.train_step calling itself: --amp retrying the batch after an overflow
+            self.retries += 1
+            return train_step(samples, *args, **kwargs)
         index = self.calls
         self.calls += 1
         if index == self.measured_from:
             self.t0 = time.monotonic()
         if index >= self.measured_from:
             self.tokens.append(self._tokens(samples))
-        if self.count_flops and index == FLOPS_UPDATE:
-            from torch.utils.flop_counter import FlopCounterMode
+        retries = self.retries
+        self._depth += 1
+        try:
+            if self.count_flops and self.flops is None and FLOPS_UPDATE <= index < max(self.measured_from,
+                                                                                      FLOPS_UPDATE + 1):
+                from torch.utils.flop_counter import FlopCounterMode
 
-            with FlopCounterMode(display=False) as counter:
+                with FlopCounterMode(display=False) as counter:
+                    out = train_step(samples, *args, **kwargs)
+                if self.retries == retries:  # a retried update ran the model twice: the next one is counted
+                    self.flops = counter.get_total_flops()
+                    self.flops_tokens = sum(int(s["ntokens"]) for s in samples if s)
+            else:
                 out = train_step(samples, *args, **kwargs)
-            self.flops = counter.get_total_flops()
-            self.flops_tokens = sum(int(s["ntokens"]) for s in samples if s)
-        else:
-            out = train_step(samples, *args, **kwargs)
+        finally:
+            self._depth -= 1
         self.t1 = time.monotonic()
         return out
 
@@ -319,6 +349,40 @@ def cpu_name():
            f"{os.cpu_count()} cores"
 
 
+class PeakMemory:
+    """``torch.cuda.max_memory_allocated`` over a whole run, in MiB (``mib``; None without CUDA). fairseq's trainer
+    resets the peak at every logged update (to log ``gb_free``), so the peak left at the end is only the last
+    interval's, or the memory after training; here each reset first takes the peak so far."""
+
+    def __init__(self, cuda):
+        self.cuda, self.bytes = cuda, 0
+
+    def __enter__(self):
+        if self.cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
+            self._reset = torch.cuda.reset_peak_memory_stats
+
+            def reset(*args, **kwargs):
+                self.bytes = max(self.bytes, torch.cuda.max_memory_allocated())
+                return self._reset(*args, **kwargs)
+            torch.cuda.reset_peak_memory_stats = reset
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats = self._reset
+            self.bytes = max(self.bytes, torch.cuda.max_memory_allocated())
+        return False
+
+    @property
+    def mib(self):
+        return round(self.bytes / 2 ** 20) if self.cuda else None
+
+
 def run_row(row, measured_from, busy):
     """Train one row in this process; its record (the fields of the module docstring)."""
     import torch
@@ -333,7 +397,8 @@ def run_row(row, measured_from, busy):
     pad = Dictionary().pad()  # fairseq's dictionaries put <pad> at 1
     probe = StepProbe(measured_from, count_flops=not row["compiled"], pad_index=pad)
     before = _compile_state() if row["compiled"] else None
-    records, seconds = train(row["argv"], probe)
+    with PeakMemory(cuda) as peak:
+        records, seconds = train(row["argv"], probe)
     after = _compile_state() if row["compiled"] else None
     wps = [float(r["wps"]) for r in records]
     out = dict(row, seconds=round(seconds, 1), updates=int(float(records[-1]["num_updates"])) if records else 0,
@@ -348,8 +413,15 @@ def run_row(row, measured_from, busy):
         out["sentences_per_step"] = statistics.median(t[3] for t in probe.tokens)
     if probe.flops is not None and probe.flops_tokens:
         out["flops_per_token"] = probe.flops / probe.flops_tokens
-    out["peak_mib"] = round(torch.cuda.max_memory_allocated() / 2 ** 20) if cuda else None
-    out["gpu_busy"] = busy.between(probe.t0, probe.t1) if busy.available and probe.t0 else None
+    out["peak_mib"] = peak.mib
+    if busy.available and len(records) > 1:  # per measured log interval, as words/s: the median of the same spans
+        out["gpu_busy_intervals"] = busy.per_interval([r["logged_at"] for r in records])
+        measured = [b for b in out["gpu_busy_intervals"] if b is not None]
+        out["gpu_busy"] = round(statistics.median(measured), 3) if measured else None
+    else:
+        out["gpu_busy"] = None
+    if probe.retries:
+        out["amp_retries"] = probe.retries
     if after is not None:
         out["compile_s_in_row"] = round(after["seconds"] - before["seconds"], 1)
         out["compiled_graphs_in_row"] = after["graphs"] - before["graphs"]
@@ -461,8 +533,10 @@ def finish(record):
             if plugin and plugin.get("flops_per_token") and r.get("words_per_s"):
                 r["flops_per_token"] = plugin["flops_per_token"]
                 r["mfu"] = round(r["words_per_s"] * r["flops_per_token"] / peak, 4) if peak else None
-        r.setdefault("compile_s", record.get("warm_up", {}).get(f"{r['name']} {r['max_tokens']}", {}).get("seconds")
-                     if r["compiled"] else None)
+        warm = record.get("warm_up", {}).get(f"{r['name']} {r['max_tokens']}", {})
+        if r["compiled"] and warm.get("seconds") is not None:
+            r["compile_s"] = warm["seconds"]  # the cold compile, by the warm-up the record keeps
+        r.setdefault("compile_s", None)
     for r in rows:
         base = by.get(("transformer", r["precision"], r["compiled"], r["max_tokens"]))
         if base and not r["stock"] and base.get("words_per_s") and r.get("words_per_s") and \
@@ -512,7 +586,8 @@ def loss_check(row, by, warm_up):
 
 def targets(record, by):
     """The targets at the recipe batch (the first in the plan): each with its figure and whether it is met (None
-    where a row it needs is missing)."""
+    where no row it needs was measured). A target over several rows is taken over the rows measured, and names the
+    rest in ``missing``."""
     tokens = record.get("max_tokens", [RECIPE_MAX_TOKENS])[0]
     out = {}
     stock = by.get(("stock transformer", "fp16", False, tokens), {}).get("words_per_s")
@@ -526,17 +601,25 @@ def targets(record, by):
     target("transformer_vs_stock_fp16", tf.get("words_per_s") / stock if stock and tf.get("words_per_s") else None,
            TARGETS["transformer_vs_stock_fp16"])
     target("transformer_mfu", tf.get("mfu"), TARGETS["transformer_mfu"])
-    per_flop = [r.get("words_per_flop_vs_transformer") for r in by.values()
-                if r["compiled"] and r["max_tokens"] == tokens and r["name"] != "transformer"]
-    target("words_per_flop_vs_transformer (worst compiled)",
-           min(per_flop) if per_flop and None not in per_flop else None, TARGETS["words_per_flop_vs_transformer"])
-    busy = [r.get("gpu_busy") for r in by.values() if not r["stock"] and r["max_tokens"] == tokens]
-    target("gpu_busy (least plugin row)", min(busy) if busy and None not in busy else None, TARGETS["gpu_busy"])
+    # over the rows measured: a row not run (deadline, error) is named in "missing", not taken as failing
+    def over_rows(name, rows, field, bound):
+        values = [(r["name"] + (" compiled" if r["compiled"] else ""), r.get(field)) for r in rows]
+        present = [v for _, v in values if v is not None]
+        target(name, min(present) if present else None, bound)
+        out[name].update(rows=len(present), missing=[n for n, v in values if v is None])
+    plugin_rows = [r for r in by.values() if not r["stock"] and r["max_tokens"] == tokens]
+    over_rows("words_per_flop_vs_transformer (worst compiled)",
+              [r for r in plugin_rows if r["compiled"] and r["name"] != "transformer"],
+              "words_per_flop_vs_transformer", TARGETS["words_per_flop_vs_transformer"])
+    over_rows("gpu_busy (least plugin row)", plugin_rows, "gpu_busy", TARGETS["gpu_busy"])
     target("bf16_vs_tf32", tf_eager.get("words_per_s") / tf32 if tf32 and tf_eager.get("words_per_s") else None,
            TARGETS["bf16_vs_tf32"])
-    checks = [r.get("loss_check", {}).get("ok") for r in by.values() if r["compiled"] and r["max_tokens"] == tokens]
-    out["compiled_losses_equal_eager"] = dict(met=all(checks) if checks and None not in checks else None,
-                                              rows=len(checks))
+    compiled = [r for r in plugin_rows if r["compiled"]]
+    checks = [r.get("loss_check", {}).get("ok") for r in compiled if r.get("words_per_s")]
+    out["compiled_losses_equal_eager"] = dict(
+        met=False if False in checks else (True if checks and None not in checks else None),
+        rows=len(checks), compared=sum(c is not None for c in checks),
+        missing=[r["name"] + " compiled" for r in compiled if not r.get("words_per_s")])
     return out
 
 
@@ -544,40 +627,58 @@ def _fmt(value, spec):
     return "-" if value is None else format(value, spec)
 
 
+SPEED_HEAD = ["row", "precision", "compiled", "words/s", "vs stock --fp16", "tokens/step real / padded",
+              "MFLOP/token", "MFU", "words/s per FLOP vs transformer", "GPU busy", "peak MiB", "compile s", "losses"]
+
+
+def table_markdown(record, which):
+    """One table of the record, as its markdown lines: the rows at ``which`` tokens, or the targets
+    (``which="targets"``). docs/performance.md renders both from the record (``compare_runs table --kind speed``)."""
+    if str(which) == "targets":
+        lines = ["| target | value | bound | met |", "|---|---|---|---|"]
+        for name, t in record.get("targets", {}).items():
+            value = (_fmt(t.get("value"), ".3f") if "value" in t
+                     else f"{t.get('compared', t.get('rows'))} of {t.get('rows')} compared")
+            if t.get("missing"):
+                value += f" ({t['rows']} rows; not measured: {', '.join(t['missing'])})"
+            lines.append(f"| {name} | {value} | {t.get('target', '-')} | {t.get('met')} |")
+        return lines
+    lines = ["| " + " | ".join(SPEED_HEAD) + " |", "|" + "|".join("---" for _ in SPEED_HEAD) + "|"]
+    for r in record["rows"]:
+        if r["max_tokens"] != int(which):
+            continue
+        if not r.get("words_per_s"):
+            lines.append(f"| {r['name']} | {r['precision']} | {'yes' if r['compiled'] else 'no'} | "
+                         f"{r.get('error', 'no result')} |" + " |" * (len(SPEED_HEAD) - 4))
+            continue
+        check = r.get("loss_check") or {}
+        losses = "-" if not r["compiled"] else {True: "= eager", False: "**differ**", None: "not compared"}[
+            check.get("ok")]
+        lines.append(
+            f"| {r['name']} | {r['precision']} | {'yes' if r['compiled'] else 'no'} | {r['words_per_s']:,.0f} | "
+            f"{_fmt(r.get('vs_stock_fp16'), '.2f')} | "
+            f"{_fmt(r.get('real_tokens_per_step'), ',.0f')} / {_fmt(r.get('padded_tokens_per_step'), ',.0f')} | "
+            f"{_fmt(r['flops_per_token'] / 1e6 if r.get('flops_per_token') else None, '.4g')} | "
+            f"{_fmt(r.get('mfu'), '.3f')} | {_fmt(r.get('words_per_flop_vs_transformer'), '.2f')} | "
+            f"{_fmt(r.get('gpu_busy'), '.2f')} | {_fmt(r.get('peak_mib'), ',')} | "
+            f"{_fmt(r.get('compile_s'), '.0f')} | {losses} |")
+    return lines
+
+
 def markdown(record):
-    head = ["row", "precision", "compiled", "words/s", "vs stock --fp16", "tokens/step real / padded",
-            "MFLOP/token", "MFU", "words/s per FLOP vs transformer", "GPU busy", "peak MiB", "compile s", "losses"]
     where = record.get("card") or f"CPU ({record.get('cpu')})"
     lines = [f"# fairseq-train speed: {where}", "",
              f"Commit {record.get('commit')}, torch {record.get('torch')}; corpus: {record.get('corpus', {}).get('what')}; "
              f"{record.get('updates')} updates per row, log interval {record.get('log_interval')} "
              f"(`{record.get('command')}`).", ""]
+    if len(record.get("calls", [])) > 1:
+        lines += [f"Measured in {len(record['calls'])} calls (the same plan; each call after the first ran the rows "
+                  "not yet done): " + "; ".join(f"`{c['command']}` at {c['started']}" for c in record["calls"]) + ".",
+                  ""]
+    lines += [f"Note: {n}" for n in record.get("notes", [])] + ([""] if record.get("notes") else [])
     for tokens in record.get("max_tokens", []):
-        lines += [f"## --max-tokens {tokens:,}", "", "| " + " | ".join(head) + " |",
-                  "|" + "|".join("---" for _ in head) + "|"]
-        for r in record["rows"]:
-            if r["max_tokens"] != tokens:
-                continue
-            if not r.get("words_per_s"):
-                lines.append(f"| {r['name']} | {r['precision']} | {'yes' if r['compiled'] else 'no'} | "
-                             f"{r.get('error', 'no result')} |" + " |" * (len(head) - 4))
-                continue
-            check = r.get("loss_check") or {}
-            losses = "-" if not r["compiled"] else {True: "= eager", False: "**differ**", None: "not compared"}[
-                check.get("ok")]
-            lines.append(
-                f"| {r['name']} | {r['precision']} | {'yes' if r['compiled'] else 'no'} | {r['words_per_s']:,.0f} | "
-                f"{_fmt(r.get('vs_stock_fp16'), '.2f')} | "
-                f"{_fmt(r.get('real_tokens_per_step'), ',.0f')} / {_fmt(r.get('padded_tokens_per_step'), ',.0f')} | "
-                f"{_fmt(r['flops_per_token'] / 1e6 if r.get('flops_per_token') else None, '.4g')} | "
-                f"{_fmt(r.get('mfu'), '.3f')} | {_fmt(r.get('words_per_flop_vs_transformer'), '.2f')} | "
-                f"{_fmt(r.get('gpu_busy'), '.2f')} | {_fmt(r.get('peak_mib'), ',')} | "
-                f"{_fmt(r.get('compile_s'), '.0f')} | {losses} |")
-        lines.append("")
-    lines += ["## Targets (recipe batch)", "", "| target | value | bound | met |", "|---|---|---|---|"]
-    for name, t in record.get("targets", {}).items():
-        lines.append(f"| {name} | {_fmt(t.get('value'), '.3f') if 'value' in t else t.get('rows')} | "
-                     f"{t.get('target', '-')} | {t.get('met')} |")
+        lines += [f"## --max-tokens {tokens:,}", ""] + table_markdown(record, tokens) + [""]
+    lines += ["## Targets (recipe batch)", ""] + table_markdown(record, "targets")
     return "\n".join(lines)
 
 
@@ -624,16 +725,32 @@ def build_corpus(directory, sizes, log, env):
     return databin, time.time() - start
 
 
-def warm_up(rows, work, env, timeout):
-    """Compile every compiled row once, all at the same time, each in a process of its own that trains the row
-    (:func:`warm_up_child`) into the shared inductor cache (``env``'s TORCHINDUCTOR_CACHE_DIR): {"name tokens":
-    dict(seconds of compiling, graphs, losses with other dropout masks, error)}. Processes still running at
-    ``timeout`` are stopped (their rows compile the rest when they run)."""
+def warm_up_slots(rows, card_gib):
+    """How many warm-ups run at once: as many as the card's memory holds at :data:`WARM_UP_GIB_PER_KTOKEN` each
+    (every one where there is no card: a CPU)."""
+    if not rows or not card_gib:
+        return max(1, len(rows))
+    per_row = WARM_UP_GIB_PER_KTOKEN * max(r["max_tokens"] for r in rows) / 1000
+    return max(1, min(len(rows), int(0.9 * card_gib // per_row)))
+
+
+def warm_up(rows, work, env, timeout, card_gib=None):
+    """Compile every compiled row once, each in a process of its own that trains the row (:func:`warm_up_child`)
+    into the shared inductor cache (``env``'s TORCHINDUCTOR_CACHE_DIR), as many at once as :func:`warm_up_slots`
+    gives, the longest compiles first (:data:`COMPILE_ORDER`): {"name tokens": dict(seconds of compiling, graphs,
+    losses with other dropout masks, error)}. Processes still running at ``timeout`` are stopped, and those not
+    started by then are not (their rows compile the rest when they run)."""
     if not rows:
         return {}
-    procs = []
-    threads = max(1, (os.cpu_count() or 2) // len(rows))
-    for row in rows:
+    rank = {name: i for i, name in enumerate(COMPILE_ORDER)}
+    pending = sorted(rows, key=lambda r: rank.get(r["name"], len(rank)))
+    slots = warm_up_slots(rows, card_gib)
+    threads = max(1, (os.cpu_count() or 2) // slots)
+    concurrent = "all compiled rows at once" if slots >= len(rows) else f"{slots} compiled rows at a time"
+    end = time.time() + timeout
+    running, results = [], {}
+
+    def start(row):
         key = f"{row['name']} {row['max_tokens']}"
         out = os.path.join(work, f"warm-up-{slug(key)}.json")
         spec = os.path.join(work, f"warm-up-{slug(key)}-row.json")
@@ -641,25 +758,41 @@ def warm_up(rows, work, env, timeout):
             json.dump(row, f)
         log = open(os.path.join(work, f"warm-up-{slug(key)}-log.txt"), "w")
         proc_env = dict(env, TORCHINDUCTOR_COMPILE_THREADS=str(threads))
-        procs.append((key, out, log, subprocess.Popen(
+        running.append((key, out, log, subprocess.Popen(
             [sys.executable, "-m", "benchmarks.speed_table", "--warm-up-row", spec, "--warm-up-out", out],
             stdout=log, stderr=subprocess.STDOUT, env=proc_env, cwd=ROOT, start_new_session=True)))
-    end = time.time() + timeout
-    results = {}
-    for key, out, log, proc in procs:
-        try:
-            proc.wait(timeout=max(1, end - time.time()))
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
+
+    def collect(key, out, log, proc):
         log.close()
         try:
             with open(out) as f:
-                results[key] = json.load(f)
+                results[key] = dict(json.load(f), concurrent=concurrent)
         except (OSError, ValueError):
             results[key] = dict(seconds=None, error=f"no result (rc {proc.returncode}; see {log.name})")
         print(f"[speed] compile warm-up {key}: " + (f"{results[key]['seconds']:.0f} s of compiling"
                                                     if results[key].get("seconds") is not None
                                                     else results[key]["error"]), flush=True)
+
+    while pending or running:
+        while pending and len(running) < slots and time.time() < end:
+            start(pending.pop(0))
+        if not running:
+            break
+        for item in list(running):
+            if item[3].poll() is not None:
+                running.remove(item)
+                collect(*item)
+        if time.time() >= end:
+            for item in running:
+                _kill_group(item[3])
+                collect(*item)
+            running = []
+        else:
+            time.sleep(0.5)
+    for row in pending:
+        key = f"{row['name']} {row['max_tokens']}"
+        results[key] = dict(seconds=None, error="not started (warm-up timeout)")
+        print(f"[speed] compile warm-up {key}: not started (timeout)", flush=True)
     return results
 
 
@@ -675,19 +808,20 @@ def warm_up_child(spec_path, out_path):
     before = _compile_state()
     start = time.time()
     result = {}
+    peak = PeakMemory(torch.cuda.is_available())
     try:
-        records, _ = train(row["argv"], StepProbe(measured_from=10 ** 9, count_flops=False, pad_index=1),
-                           dropout_shift=DROPOUT_SHIFT)
+        with peak:
+            records, _ = train(row["argv"], StepProbe(measured_from=10 ** 9, count_flops=False, pad_index=1),
+                               dropout_shift=DROPOUT_SHIFT)
         result["losses_dropout_shifted"] = [[int(float(r["num_updates"])), float(r["loss"])] for r in records
                                             if "loss" in r]
     except Exception as e:  # noqa: BLE001
         result["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     after = _compile_state()
     result.update(seconds=round(after["seconds"] - before["seconds"], 1), wall_s=round(time.time() - start, 1),
-                  graphs=after["graphs"] - before["graphs"], eager_fallbacks=after["fallbacks"],
-                  concurrent="all compiled rows at once")
+                  graphs=after["graphs"] - before["graphs"], eager_fallbacks=after["fallbacks"])
     if torch.cuda.is_available():
-        result["peak_mib"] = round(torch.cuda.max_memory_allocated() / 2 ** 20)
+        result["peak_mib"] = peak.mib
     with open(out_path, "w") as f:
         json.dump(result, f)
     return 0
@@ -737,6 +871,22 @@ def _relay(stream, log):
             log.flush()
             print(line, end="", flush=True)
     log.flush()
+
+
+def read_record(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def warm_ups_kept(warm_ups, cache_dir):
+    """An earlier call's warm-ups that finished, kept where its inductor cache is still here (the same machine):
+    their rows load the compiled code from it, and the warm-up's cold compile seconds and losses stand."""
+    if not os.path.isdir(cache_dir) or not os.listdir(cache_dir):
+        return {}
+    return {key: w for key, w in warm_ups.items() if w.get("losses_dropout_shifted") and not w.get("error")}
 
 
 def rows_done(record_path, plan_rows):
@@ -832,11 +982,17 @@ def main(argv=None):
     name = f"gpu-speed-{slug(info['card'])}" if info["card"] else f"speed-cpu{'-tiny' if args.tiny else ''}"
     record_path = os.path.join(args.out, f"{name}-{commit}.json")
     command = "python -m benchmarks speed-table " + shlex.join(sys.argv[1:] if argv is None else argv)
+    now = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     record = dict(commit=commit, **info, command=command.strip(), max_tokens=max_tokens, updates=args.updates,
-                  log_interval=args.log_interval, started=time.strftime("%Y-%m-%d %H:%M:%S %Z"), install_s=install_s,
+                  log_interval=args.log_interval, started=now, install_s=install_s,
                   plan=[{k: r[k] for k in ("name", "precision", "compiled", "max_tokens")} for r in stock + plugin],
                   rows=rows_done(record_path, stock + plugin))
     done = {row_key(r) for r in record["rows"]}
+    earlier = read_record(record_path) if done else {}
+    # a call that resumes keeps the first call's start, the warm-ups it made (cold compile seconds, the losses the
+    # loss check's dropout noise comes from) and a line per call
+    record["started"] = earlier.get("started", now)
+    record["calls"] = earlier.get("calls", []) + [dict(started=now, command=record["command"], install_s=install_s)]
     if done:
         print(f"[speed] {len(done)} rows kept from {record_path} (the same plan); running the rest", flush=True)
     stock = [r for r in stock if row_key(r) not in done]
@@ -853,8 +1009,12 @@ def main(argv=None):
                                          f"{sizes['vocab']:,}-entry joined dictionary") if not args.data else args.data)
     write_record(record_path, finish(record))
     compiled = [r for r in plugin if r["compiled"] and r["max_tokens"] == max_tokens[0]]
+    kept = warm_ups_kept(earlier.get("warm_up", {}), env["TORCHINDUCTOR_CACHE_DIR"])
+    measured = {f"{r['name']} {r['max_tokens']}" for r in record["rows"] if r["compiled"]}
+    record["warm_up"] = {k: w for k, w in earlier.get("warm_up", {}).items() if k in kept or k in measured}
+    compiled = [r for r in compiled if f"{r['name']} {r['max_tokens']}" not in kept]
     warm_timeout = min(args.warm_up_timeout, (deadline - time.time()) * 0.4) if deadline else args.warm_up_timeout
-    record["warm_up"] = warm_up(compiled, work, env, warm_timeout)
+    record["warm_up"] = dict(kept, **warm_up(compiled, work, env, warm_timeout, info.get("memory_gib")))
     record["warm_up_s"] = round(time.time() - start, 1)
     write_record(record_path, finish(record))
     measured_from = args.log_interval

@@ -90,6 +90,30 @@ def test_the_same_command_again_keeps_the_rows_done(tiny_run):
     assert "fairseq-train --arch" not in proc.stdout  # nothing trained again but the skipped row's check
     again = json.loads(path.read_text())
     assert [r.get("words_per_s") for r in again["rows"]] == [r.get("words_per_s") for r in record["rows"]]
+    # the first call's warm-up stays: the compiled row's loss check and cold compile seconds with it
+    assert again["warm_up"]["transformer 1024"] == record["warm_up"]["transformer 1024"]
+    compiled = {speed_table.row_key(r): r for r in again["rows"]}[("transformer", "bf16", True, 1024)]
+    assert compiled["loss_check"]["ok"] is True
+    assert compiled["compile_s"] == record["warm_up"]["transformer 1024"]["seconds"]
+    assert again["started"] == record["started"] and len(again["calls"]) == len(record.get("calls", [])) + 1
+
+
+def test_a_call_cut_short_resumes_without_compiling_again(tiny_run):
+    """A call that stopped before the compiled row: the next one keeps the warm-up (the inductor cache is still
+    there), runs no warm-up, measures the row and checks its losses against the kept warm-up's."""
+    cmd, env, path, record, _ = tiny_run
+    key = ("transformer", "bf16", True, 1024)
+    cut = json.loads(path.read_text())
+    cut["rows"] = [r for r in cut["rows"] if speed_table.row_key(r) != key]
+    path.write_text(json.dumps(cut))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "compile warm-up" not in proc.stdout and "transformer bf16 compiled 1,024 tokens: fairseq-train" in \
+        proc.stdout
+    again = json.loads(path.read_text())
+    row = {speed_table.row_key(r): r for r in again["rows"]}[key]
+    assert row["words_per_s"] > 0 and row["loss_check"]["ok"] is True
+    assert again["warm_up"]["transformer 1024"] == record["warm_up"]["transformer 1024"]
 
 
 def _losses(values, start=4, step=4):
@@ -158,6 +182,69 @@ def test_step_probe_counts_real_and_padded_tokens_and_the_flops_of_one_update():
     assert probe.t0 is not None and probe.t1 >= probe.t0
 
 
+def test_an_update_that_amp_retried_is_not_the_one_whose_flops_are_counted():
+    """fairseq's --amp retries a batch after an overflow by calling Trainer.train_step again from inside it: the
+    retry passes through (one update, its tokens once), and the FLOPs come from the next update, which ran once."""
+    pad = 1
+    sample = dict(net_input=dict(src_tokens=torch.tensor([[5, 6, 2]])), target=torch.tensor([[5, 2]]), ntokens=2)
+    probe = speed_table.StepProbe(measured_from=3, count_flops=True, pad_index=pad)
+    weight = torch.randn(4, 3)
+    calls = []
+
+    def train_step(samples, raise_oom=False):
+        calls.append(probe.calls)
+        if probe.calls == 2 and calls.count(2) == 1:  # update 1 (0-based) overflows once: fairseq recurses
+            probe.step(train_step, samples, raise_oom)
+        return torch.randn(2, 4) @ weight  # 48 FLOPs
+
+    for _ in range(5):
+        probe.step(train_step, [sample], False)
+    assert probe.retries == 1 and probe.calls == 5
+    assert probe.flops == 48 and probe.flops_tokens == 2  # update 2's: update 1 ran the model twice (96)
+    assert len(probe.tokens) == 2  # updates 3 and 4, once each
+
+
+def test_peak_memory_is_taken_across_fairseqs_resets(monkeypatch):
+    """fairseq's trainer resets the peak at every logged update; the row's peak is the largest before any reset
+    (here a CUDA allocator's two counters, as torch.cuda keeps them, driven by the test: this machine has no GPU)."""
+    state = dict(peak=0)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a, **k: state["peak"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a, **k: state.update(peak=0))
+    with speed_table.PeakMemory(cuda=True) as peak:
+        state["peak"] = 30 * 2 ** 30  # the first interval's peak
+        torch.cuda.reset_peak_memory_stats()  # fairseq, logging gb_free
+        state["peak"] = 2 ** 30  # after training: parameters and optimizer state
+    assert peak.mib == 30 * 1024
+    assert torch.cuda.reset_peak_memory_stats is not None and state["peak"] == 2 ** 30
+    torch.cuda.reset_peak_memory_stats()  # restored: no longer recorded
+    assert peak.mib == 30 * 1024 and speed_table.PeakMemory(cuda=False).mib is None
+
+
+def test_warm_ups_run_as_many_at_once_as_the_card_holds():
+    rows = [dict(name=n, max_tokens=38400) for n in ("transformer", "umst", "msc", "prime", "msmsa", "umst_rpr")]
+    assert speed_table.warm_up_slots(rows, card_gib=139.8) == 3  # 0.9 x 139.8 GiB over 0.85 GiB x 38.4
+    assert speed_table.warm_up_slots(rows, card_gib=None) == 6  # a CPU: all at once
+    assert speed_table.warm_up_slots(rows[:2], card_gib=139.8) == 2
+    assert speed_table.warm_up_slots(rows, card_gib=20.0) == 1
+
+
+def test_targets_over_several_rows_name_the_rows_not_measured():
+    record = _record([9.50, 9.01, 8.50], shifted=[9.50, 9.01, 8.50])
+    record["rows"] += [_row("umst", "bf16", False, [9.6, 9.1, 8.6], wps=300000.0, flops=3.3e8),
+                       _row("umst", "bf16", True, [9.6, 9.1, 8.6], wps=380000.0),
+                       dict(_row("msc", "bf16", True, [9.6]), words_per_s=None, error="not run (deadline)")]
+    for r in record["rows"]:
+        r["gpu_busy"] = None if r.get("error") else 0.8
+    record["rows"][0]["gpu_busy"] = 0.6
+    targets = speed_table.finish(record)["targets"]
+    per_flop = targets["words_per_flop_vs_transformer (worst compiled)"]
+    assert per_flop["value"] == round(380000 * 3.3e8 / (500000 * 3e8), 3) and per_flop["met"] is True
+    assert per_flop["rows"] == 1 and per_flop["missing"] == ["msc compiled"]
+    busy = targets["gpu_busy (least plugin row)"]
+    assert busy["value"] == 0.6 and busy["met"] is False and busy["missing"] == ["msc compiled"]
+    assert "not measured: msc compiled" in speed_table.markdown(record)
+
+
 def test_nvidia_smi_lines_are_read_as_percentages():
     assert speed_table.parse_utilization("87\n") == 87.0
     assert speed_table.parse_utilization("[N/A]") is None
@@ -165,3 +252,4 @@ def test_nvidia_smi_lines_are_read_as_percentages():
     busy = speed_table.GpuBusy(enabled=False)
     busy.samples = [(1.0, 20.0), (2.0, 80.0), (3.0, 100.0)]
     assert busy.between(1.5, 3.0) == 0.9 and not busy.available
+    assert busy.per_interval([0.5, 1.5, 3.0]) == [0.2, 0.9]  # per log interval: a row's gpu_busy is their median

@@ -306,3 +306,15 @@ def test_hours_of_a_row_from_a_speed_table(tmp_path):
     assert batch_table.row_hours(big, record, 8) is None  # umst_big has no row in the table
     table = batch_table.cards_markdown(results_dir=str(tmp_path))
     assert "hours on 8 x NVIDIA H200" in table and f"{expected:,.1f}" in table
+    # another shape of a measured arch has no hours: MSC's 36 layers are not the measured msc_base's 6
+    rows.append(dict(arch="msc_base", stock=False, precision="bf16", compiled=True, max_tokens=38400,
+                     argv=["--arch", "msc_base"], words_per_s=150000.0, target_tokens_per_step=30000.0))
+    (tmp_path / "gpu-speed-nvidia-h200-abc.json").write_text(json.dumps(
+        dict(card="NVIDIA H200", started="2026-12-01", max_tokens=[38400, 4096], rows=rows)))
+    (card, record), = batch_table.speed_records(str(tmp_path))
+    six, deep = (batch_table.row_batch(os.path.join(e2e.ROOT, "configs", f"msc-t4-msc-{n}l-base.yaml"))
+                 for n in (6, 36))
+    assert batch_table.row_hours(six, record, 1) is not None and batch_table.row_hours(deep, record, 1) is None
+    # nor a batch per card well under the measured one (8 cards of MSC's 65,536 tokens: 8,192 each)
+    line = next(l for l in batch_table.cards_markdown(results_dir=str(tmp_path)).splitlines() if "msc-6l-base" in l)
+    assert line.endswith("| not measured at 8,192 tokens per card |"), line

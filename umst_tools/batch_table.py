@@ -24,6 +24,9 @@ CARDS = (1, 8, 16)
 # the largest --max-tokens per card the recipes use on an 80 GB or larger card: base width 38,400 (the speed table's
 # batch), big width half of it
 CARD_TOKENS = {"base": 38400, "big": 19200}
+# hours are given where the batch per card is at least this fraction of the speed table's: on the H200 the plugin
+# transformer's words/s per card fell from about 250,000 at 38,400 tokens to about 40,000-50,000 at 4,096
+MEASURED_FRACTION = 0.8
 
 
 def _value(text, section, key):
@@ -41,6 +44,16 @@ def _name(text, section):
     return m.group(1) if m else None
 
 
+# Model keys a row's config may set that change its cost per token, and the values the speed table's rows train with
+# where their command line does not set them (the arch's defaults): a row is given hours only where its shape is the
+# measured one
+SHAPE_KEYS = ("encoder_layers", "decoder_layers", "encoder_blocks", "encoder_layers_per_block", "encoder_embed_dim",
+              "decoder_embed_dim")
+MEASURED_DEFAULTS = {"msc_base": dict(encoder_blocks=6, encoder_layers_per_block=1)}
+# a config's arch measured under another name: the same model (the plugin transformer row is fairseq's base shape)
+SAME_ARCH = {"transformer_wmt_en_de": "transformer"}
+
+
 def row_batch(config_path):
     with open(config_path) as f:
         text = f.read()
@@ -49,7 +62,8 @@ def row_batch(config_path):
     max_tokens = _value(text, "dataset", "max_tokens")
     return dict(row=os.path.basename(config_path)[:-5], assumed_gpus=gpus, update_freq=update_freq,
                 max_tokens=max_tokens, tokens_per_update=max_tokens * update_freq * gpus if max_tokens else None,
-                arch=_name(text, "model"), max_update=_value(text, "optimization", "max_update"))
+                arch=_name(text, "model"), max_update=_value(text, "optimization", "max_update"),
+                shape={k: v for k in SHAPE_KEYS if (v := _value(text, "model", k)) is not None})
 
 
 def width(batch):
@@ -81,17 +95,31 @@ def speed_records(results_dir=os.path.join(ROOT, "docs", "results")):
     return sorted(out, key=lambda cr: cr[1].get("started", ""), reverse=True)
 
 
+def _same_shape(shape, row):
+    """Whether every shape key the config sets has the measured row's value (its command line's, else the arch's
+    default the row trained with)."""
+    argv = row.get("argv", [])
+    for key, value in shape.items():
+        flag = "--" + key.replace("_", "-")
+        measured = int(argv[argv.index(flag) + 1]) if flag in argv else MEASURED_DEFAULTS.get(row["arch"], {}).get(key)
+        if measured != value:
+            return False
+    return True
+
+
 def row_hours(batch, record, cards):
     """Hours of the row's ``max_update`` updates on ``cards`` of the record's card, from its words/s at the recipe
     batch (the compiled row where measured, else eager; bf16): updates x target tokens per update / (cards x
     words/s), the target tokens per update being the row's tokens per update x the measured target tokens per step
     over --max-tokens (fairseq's ``wpb``: padding and the source side are in the budget, not in words/s). Data
     parallel scaling is taken as linear (no all-reduce time): a lower bound on 8 cards. None where the record has no
-    row of this arch at its recipe batch."""
+    row of this arch and shape (:data:`SHAPE_KEYS`: MSC's 36 and 48 layers are not its measured 6) at its recipe
+    batch."""
     tokens = record.get("max_tokens", [None])[0]
-    rows = [r for r in record["rows"] if not r.get("stock") and r.get("arch") == batch["arch"] and
+    arch = SAME_ARCH.get(batch["arch"], batch["arch"])
+    rows = [r for r in record["rows"] if not r.get("stock") and r.get("arch") == arch and
             r.get("precision") == "bf16" and r.get("max_tokens") == tokens and r.get("words_per_s") and
-            r.get("target_tokens_per_step")]
+            r.get("target_tokens_per_step") and _same_shape(batch.get("shape", {}), r)]
     if not rows or not batch.get("max_update"):
         return None
     best = max(rows, key=lambda r: (r.get("compiled", False), r["words_per_s"]))
@@ -143,9 +171,15 @@ def cards_markdown(config_dir=os.path.join(ROOT, "configs"), results_dir=os.path
         if record is None:
             cells.append("-")
         else:
+            measured_tokens = record.get("max_tokens", [0])[0]
             for n in (1, 8):
+                plan = card_plan(b["tokens_per_update"], n, CARD_TOKENS[width(b)])
                 h = row_hours(b, record, n)
-                cells.append(f"{h:,.1f}" if h is not None else "not measured")
+                if h is not None and plan and plan[0] < MEASURED_FRACTION * measured_tokens:
+                    # words/s at a smaller batch per card is lower (a GPU that waits for the host): not this table's
+                    cells.append(f"not measured at {plan[0]:,} tokens per card")
+                else:
+                    cells.append(f"{h:,.1f}" if h is not None else "not measured")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
