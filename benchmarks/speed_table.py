@@ -97,9 +97,7 @@ MIN_ROW_SECONDS = 12  # a row is not started with less time left before the dead
 # the H200 at af33e1d (MSC compiled, 30.6 GB by fairseq's gb_free) with 6% over. All eight warm-ups at once
 # needed about 230 GB there and ran out of memory (fairseq skipped batches, which moved their losses).
 WARM_UP_GIB_PER_KTOKEN = 0.85
-# the warm-ups, longest compile first (cold compile seconds on the H200 at af33e1d), so that the last to start
-# is a short one
-COMPILE_ORDER = ("transformer_sf", "prime", "umst_rpr", "msc", "msmsa", "umst", "transformer", "prime_simple")
+
 # targets on one card at the recipe batch (bf16); the record says which are met
 TARGETS = dict(transformer_vs_stock_fp16=1.5, transformer_mfu=0.30, words_per_flop_vs_transformer=0.8,
                gpu_busy=0.7, bf16_vs_tf32=2.0)
@@ -734,16 +732,32 @@ def warm_up_slots(rows, card_gib):
     return max(1, min(len(rows), int(0.9 * card_gib // per_row)))
 
 
-def warm_up(rows, work, env, timeout, card_gib=None):
+def compile_seconds_known(out_dir):
+    """{"name tokens": cold compile seconds} from the speed records in ``out_dir`` (a warm-up that did not finish
+    counts as the longest): the warm-ups' order, longest first, so that the last to start is a short one."""
+    import glob
+
+    known = {}
+    for path in glob.glob(os.path.join(out_dir, "gpu-speed-*.json")):
+        for key, w in read_record(path).get("warm_up", {}).items():
+            known[key] = max(known.get(key, 0.0), w.get("seconds") or float("inf"))
+    return known
+
+
+def warm_up_order(rows, known):
+    """The rows by their known compile seconds, longest first; rows not known last, in the plan's order."""
+    return sorted(rows, key=lambda r: -known.get(f"{r['name']} {r['max_tokens']}", 0.0))
+
+
+def warm_up(rows, work, env, timeout, card_gib=None, order=None):
     """Compile every compiled row once, each in a process of its own that trains the row (:func:`warm_up_child`)
     into the shared inductor cache (``env``'s TORCHINDUCTOR_CACHE_DIR), as many at once as :func:`warm_up_slots`
-    gives, the longest compiles first (:data:`COMPILE_ORDER`): {"name tokens": dict(seconds of compiling, graphs,
+    gives, the longest compiles first (``order``: :func:`compile_seconds_known`): {"name tokens": dict(seconds of compiling, graphs,
     losses with other dropout masks, error)}. Processes still running at ``timeout`` are stopped, and those not
     started by then are not (their rows compile the rest when they run)."""
     if not rows:
         return {}
-    rank = {name: i for i, name in enumerate(COMPILE_ORDER)}
-    pending = sorted(rows, key=lambda r: rank.get(r["name"], len(rank)))
+    pending = warm_up_order(rows, order or {})
     slots = warm_up_slots(rows, card_gib)
     threads = max(1, (os.cpu_count() or 2) // slots)
     concurrent = "all compiled rows at once" if slots >= len(rows) else f"{slots} compiled rows at a time"
@@ -1014,7 +1028,8 @@ def main(argv=None):
     record["warm_up"] = {k: w for k, w in earlier.get("warm_up", {}).items() if k in kept or k in measured}
     compiled = [r for r in compiled if f"{r['name']} {r['max_tokens']}" not in kept]
     warm_timeout = min(args.warm_up_timeout, (deadline - time.time()) * 0.4) if deadline else args.warm_up_timeout
-    record["warm_up"] = dict(kept, **warm_up(compiled, work, env, warm_timeout, info.get("memory_gib")))
+    record["warm_up"] = dict(kept, **warm_up(compiled, work, env, warm_timeout, info.get("memory_gib"),
+                                             compile_seconds_known(args.out)))
     record["warm_up_s"] = round(time.time() - start, 1)
     write_record(record_path, finish(record))
     measured_from = args.log_interval

@@ -228,6 +228,18 @@ def test_warm_ups_run_as_many_at_once_as_the_card_holds():
     assert speed_table.warm_up_slots(rows, card_gib=20.0) == 1
 
 
+def test_warm_ups_start_with_the_longest_compile_an_earlier_record_measured(tmp_path):
+    (tmp_path / "gpu-speed-card-abc.json").write_text(json.dumps(dict(warm_up={
+        "umst 38400": dict(seconds=64.0), "prime 38400": dict(seconds=97.0),
+        "transformer_sf 38400": dict(seconds=None, error="no result (rc -9)")})))
+    known = speed_table.compile_seconds_known(str(tmp_path))
+    assert known["prime 38400"] == 97.0 and known["transformer_sf 38400"] == float("inf")
+    rows = [dict(name=n, max_tokens=38400) for n in ("transformer", "umst", "prime", "transformer_sf")]
+    rows.insert(0, dict(name="msc", max_tokens=38400))  # not known: after the known ones, in the plan's order
+    order = speed_table.warm_up_order(rows, known)
+    assert [r["name"] for r in order] == ["transformer_sf", "prime", "umst", "msc", "transformer"]
+
+
 def test_targets_over_several_rows_name_the_rows_not_measured():
     record = _record([9.50, 9.01, 8.50], shifted=[9.50, 9.01, 8.50])
     record["rows"] += [_row("umst", "bf16", False, [9.6, 9.1, 8.6], wps=300000.0, flops=3.3e8),

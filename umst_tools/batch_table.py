@@ -14,6 +14,7 @@ cards from its measured words/s.
     python -m umst_tools.batch_table            # the markdown table of docs/wmt-on-gpus.md
     python -m umst_tools.batch_table --cards    # the batch per card on 1, 8 and 16 cards, and the hours
 """
+import functools
 import glob
 import os
 import re
@@ -44,12 +45,10 @@ def _name(text, section):
     return m.group(1) if m else None
 
 
-# Model keys a row's config may set that change its cost per token, and the values the speed table's rows train with
-# where their command line does not set them (the arch's defaults): a row is given hours only where its shape is the
-# measured one
+# Model keys a row's config may set that change its cost per token: a row is given hours only where its values are
+# the measured row's (its command line's, else its arch's defaults)
 SHAPE_KEYS = ("encoder_layers", "decoder_layers", "encoder_blocks", "encoder_layers_per_block", "encoder_embed_dim",
               "decoder_embed_dim")
-MEASURED_DEFAULTS = {"msc_base": dict(encoder_blocks=6, encoder_layers_per_block=1)}
 # a config's arch measured under another name: the same model (the plugin transformer row is fairseq's base shape)
 SAME_ARCH = {"transformer_wmt_en_de": "transformer"}
 
@@ -95,13 +94,27 @@ def speed_records(results_dir=os.path.join(ROOT, "docs", "results")):
     return sorted(out, key=lambda cr: cr[1].get("started", ""), reverse=True)
 
 
+@functools.lru_cache(maxsize=None)
+def _arch_defaults(arch):
+    """What fairseq's architecture function of ``arch`` sets (fairseq and the plugin imported, once: only for a
+    config that sets a shape key its measured row's command line does not)."""
+    import argparse
+
+    import umst_plugin  # noqa: F401  (registers the plugin's archs)
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    namespace = argparse.Namespace()
+    ARCH_CONFIG_REGISTRY[arch](namespace)
+    return vars(namespace)
+
+
 def _same_shape(shape, row):
     """Whether every shape key the config sets has the measured row's value (its command line's, else the arch's
     default the row trained with)."""
     argv = row.get("argv", [])
     for key, value in shape.items():
         flag = "--" + key.replace("_", "-")
-        measured = int(argv[argv.index(flag) + 1]) if flag in argv else MEASURED_DEFAULTS.get(row["arch"], {}).get(key)
+        measured = int(argv[argv.index(flag) + 1]) if flag in argv else _arch_defaults(row["arch"]).get(key)
         if measured != value:
             return False
     return True

@@ -46,7 +46,7 @@ record["notes"] = [
     "intervals, as words/s.",
     "the warm-ups ran several at once on the card and ran out of memory (8 at once in the first call, 6 in the "
     "second; fairseq skipped the batches), which moved their losses and widened the loss check's dropout noise "
-    "(MSC 0.10, Prime 0.25); speed_table now runs as many at once as the card's memory holds.",
+    "(0.10 and 0.25 in two rows); speed_table now runs as many at once as the card's memory holds.",
     "stock --amp's FLOPs per token (897 M) count update 2 twice: fairseq's --amp retried it after an overflow; the "
     "probe now counts an update that was not retried. Its MFU is halved here (the plugin transformer's count, the "
     "same model).",
