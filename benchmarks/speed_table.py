@@ -114,8 +114,12 @@ def fairseq_args(data, arch, arch_args, max_tokens, updates, log_interval, seed=
 
 def plan(data, max_tokens_list, updates, log_interval, archs, compile_archs, tiny=False, rows=None):
     """(stock rows, plugin rows), each a dict(name, arch, stock, precision, compiled, max_tokens, argv), in the
-    order they run: every row of the first batch size, then of the next."""
+    order they run: every row of the first batch size, then of the next. At the first, after the archs, the
+    transformer of an arch's own shape where the arch has one (``harness.shape_baselines``: Prime's 12+12 layers at
+    width 384), marked ``baseline_row``: no target counts it; an arch's ``words_per_flop_vs_own_shape`` is against
+    it."""
     stock, plugin = [], []
+    shape_of = harness.shape_baselines(rows)
     for max_tokens in max_tokens_list:
         def row(name, precision, compiled=False, is_stock=False):
             arch, overrides = harness.model_overrides(name, rows=rows)
@@ -128,11 +132,16 @@ def plan(data, max_tokens_list, updates, log_interval, archs, compile_archs, tin
                         compiled=compiled, max_tokens=max_tokens, argv=argv)
         stock += [row("transformer", "fp16", is_stock=True), row("transformer", "fp16-amp", is_stock=True)]
         for name in archs:
-            plugin.append(row(name, "bf16"))
+            plugin.append(dict(row(name, "bf16"), shape_baseline=shape_of.get(name)))
             if name in compile_archs:
-                plugin.append(row(name, "bf16", compiled=True))
+                plugin.append(dict(row(name, "bf16", compiled=True), shape_baseline=shape_of.get(name)))
             if name == "transformer":
                 plugin.append(row(name, "tf32"))
+        if max_tokens == max_tokens_list[0]:  # a transformer of an arch's own shape: is its cost per FLOP the shape's?
+            for base in dict.fromkeys(shape_of[n] for n in archs if n in shape_of):
+                plugin.append(dict(row(base, "bf16"), baseline_row=True))
+                if any(shape_of.get(n) == base for n in archs if n in compile_archs):
+                    plugin.append(dict(row(base, "bf16", compiled=True), baseline_row=True))
     return stock, plugin
 
 
@@ -541,6 +550,11 @@ def finish(record):
                 r.get("flops_per_token") and base.get("flops_per_token"):
             r["words_per_flop_vs_transformer"] = round(
                 r["words_per_s"] * r["flops_per_token"] / (base["words_per_s"] * base["flops_per_token"]), 3)
+        own = by.get((r.get("shape_baseline"), r["precision"], r["compiled"], r["max_tokens"]))
+        if own and own.get("words_per_s") and r.get("words_per_s") and r.get("flops_per_token") and \
+                own.get("flops_per_token"):
+            r["words_per_flop_vs_own_shape"] = round(
+                r["words_per_s"] * r["flops_per_token"] / (own["words_per_s"] * own["flops_per_token"]), 3)
         stock = by.get(("stock transformer", "fp16", False, r["max_tokens"]))
         if stock and stock.get("words_per_s") and r.get("words_per_s"):
             r["vs_stock_fp16"] = round(r["words_per_s"] / stock["words_per_s"], 3)
@@ -605,7 +619,7 @@ def targets(record, by):
         present = [v for _, v in values if v is not None]
         target(name, min(present) if present else None, bound)
         out[name].update(rows=len(present), missing=[n for n, v in values if v is None])
-    plugin_rows = [r for r in by.values() if not r["stock"] and r["max_tokens"] == tokens]
+    plugin_rows = [r for r in by.values() if not r["stock"] and not r.get("baseline_row") and r["max_tokens"] == tokens]
     over_rows("words_per_flop_vs_transformer (worst compiled)",
               [r for r in plugin_rows if r["compiled"] and r["name"] != "transformer"],
               "words_per_flop_vs_transformer", TARGETS["words_per_flop_vs_transformer"])
@@ -626,7 +640,8 @@ def _fmt(value, spec):
 
 
 SPEED_HEAD = ["row", "precision", "compiled", "words/s", "vs stock --fp16", "tokens/step real / padded",
-              "MFLOP/token", "MFU", "words/s per FLOP vs transformer", "GPU busy", "peak MiB", "compile s", "losses"]
+              "MFLOP/token", "MFU", "words/s per FLOP vs transformer", "vs own shape", "GPU busy", "peak MiB",
+              "compile s", "losses"]
 
 
 def table_markdown(record, which):
@@ -658,6 +673,7 @@ def table_markdown(record, which):
             f"{_fmt(r.get('real_tokens_per_step'), ',.0f')} / {_fmt(r.get('padded_tokens_per_step'), ',.0f')} | "
             f"{_fmt(r['flops_per_token'] / 1e6 if r.get('flops_per_token') else None, '.4g')} | "
             f"{_fmt(r.get('mfu'), '.3f')} | {_fmt(r.get('words_per_flop_vs_transformer'), '.2f')} | "
+            f"{_fmt(r.get('words_per_flop_vs_own_shape'), '.2f')} | "
             f"{_fmt(r.get('gpu_busy'), '.2f')} | {_fmt(r.get('peak_mib'), ',')} | "
             f"{_fmt(r.get('compile_s'), '.0f')} | {losses} |")
     return lines

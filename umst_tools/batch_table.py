@@ -130,7 +130,7 @@ def row_hours(batch, record, cards):
     batch."""
     tokens = record.get("max_tokens", [None])[0]
     arch = SAME_ARCH.get(batch["arch"], batch["arch"])
-    rows = [r for r in record["rows"] if not r.get("stock") and r.get("arch") == arch and
+    rows = [r for r in record["rows"] if not r.get("stock") and not r.get("baseline_row") and r.get("arch") == arch and
             r.get("precision") == "bf16" and r.get("max_tokens") == tokens and r.get("words_per_s") and
             r.get("target_tokens_per_step") and _same_shape(batch.get("shape", {}), r)]
     if not rows or not batch.get("max_update"):
