@@ -265,6 +265,59 @@ def kernels_by_phase(events, main_thread=None):
     return counts, times
 
 
+# what a CUDA kernel's name says it does, first match wins (inductor's generated kernels are "triton_": fused
+# elementwise and reductions, whatever they compute, but "triton_tem_" its matmul templates; matmuls compiled code
+# leaves to cuBLAS keep their names)
+KERNEL_CATEGORIES = (
+    ("communication", ("nccl",)),
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "wgmma", "matmul", "triton_tem_")),
+    ("convolution", ("conv",)),
+    ("fused (inductor)", ("triton",)),
+    ("softmax and loss", ("softmax", "nll_loss", "cross_entropy", "logsumexp")),
+    ("layer norm", ("layer_norm", "layernorm", "norm_kernel")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("dropout", ("dropout", "bernoulli", "philox")),
+    ("copy and cast", ("copy", "cast", "fill", "cat_", "catarray", "index", "gather", "scatter")),
+    ("reduction", ("reduce", "sum_", "norm")),
+    ("elementwise", ("elementwise", "vectorized", "unrolled")),
+)
+
+
+def kernel_category(name):
+    """The category of a CUDA kernel by its name (:data:`KERNEL_CATEGORIES`), or "other"."""
+    lowered = name.lower()
+    for category, marks in KERNEL_CATEGORIES:
+        if any(mark in lowered for mark in marks):
+            return category
+    return "other"
+
+
+def kernel_breakdown(events, top=8):
+    """Kernel time of a CUDA profile by category and by kernel: every kernel of every CPU op's launches
+    (``event.kernels``; memory copies and sets are not kernels), as dict(kernels, kernel_ms, by_category {category:
+    ms}, top [[name, ms, count], ...] longest first, names cut to 100 characters)."""
+    from torch.autograd import DeviceType
+
+    by_name, count = collections.defaultdict(lambda: [0.0, 0]), 0
+    for event in events:
+        if event.device_type != DeviceType.CPU:
+            continue
+        for kernel in event.kernels:
+            if _is_kernel(kernel.name):
+                entry = by_name[kernel.name]
+                entry[0] += kernel.duration / 1000.0
+                entry[1] += 1
+                count += 1
+    by_category = collections.Counter()
+    for name, (ms, _) in by_name.items():
+        by_category[kernel_category(name)] += ms
+    longest = sorted(by_name.items(), key=lambda item: -item[1][0])[:top]
+    return dict(kernels=count, kernel_ms=round(sum(ms for ms, _ in by_name.values()), 3),
+                by_category={c: round(ms, 3) for c, ms in by_category.most_common()},
+                top=[[name[:100], round(ms, 3), n] for name, (ms, n) in longest])
+
+
 def cuda_profile(fn, repeats=3):
     """One call of ``fn`` under torch.profiler on CUDA, and ``repeats`` unprofiled calls timed by the wall clock:
     kernels launched, their summed time, the median wall time, GPU busy (kernel time / wall time; below 1 the GPU

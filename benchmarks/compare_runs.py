@@ -175,8 +175,11 @@ def render(args, base_dir="."):
     if args.what == "table":
         module = _bench_module(TABLE_KINDS[args.kind])
         result = _load(path(args.result))
-        if args.kind == "speed":  # a speed record holds several tables: --key is the batch (tokens) or "targets"
-            return "\n".join(module.table_markdown(result, args.key or result["max_tokens"][0]))
+        if args.kind == "speed":  # a speed record holds several tables: --key is the batch (tokens), "targets"
+            key = args.key or str(result["max_tokens"][0])  # or kernels-TOKENS (the profiled updates)
+            if key.startswith("kernels-"):
+                return "\n".join(module.kernel_markdown(result, key[len("kernels-"):]))
+            return "\n".join(module.table_markdown(result, key))
         return module.markdown(result[args.key] if args.key else result)
     if args.what == "launches":
         return launches_markdown(_load(path(args.before)), _load(path(args.after)))
@@ -229,7 +232,7 @@ def _parser():
     t = sub.add_parser("table", help="one benchmark's JSON file: its whole table (bench_archs.py unless --kind)")
     t.add_argument("result")
     t.add_argument("--key", default=None, help="the step of a GPU check's JSON that holds the run (bench-base); "
-                   "with --kind speed, the batch in tokens (default the recipe's) or targets")
+                   "with --kind speed, the batch in tokens (default the recipe's), targets, or kernels-TOKENS")
     t.add_argument("--kind", choices=sorted(TABLE_KINDS), default="archs",
                    help="which benchmark wrote it: archs, launches, train, decode or speed (speed_table.py; "
                         "--key: the batch in tokens, or targets)")

@@ -36,7 +36,11 @@ dense bf16 peak (:data:`DENSE_BF16_PEAK`); ``peak_mib``: ``torch.cuda.max_memory
 (:class:`PeakMemory`: fairseq resets it at every logged update); ``gpu_busy``: nvidia-smi's ``utilization.gpu``
 (the share of time a kernel ran) sampled every 50 ms (no profiler), averaged over each measured log interval
 (``gpu_busy_intervals``), and the median of those, as words/s is the median of the same intervals' words/s;
-``compile_s``: compiling apart -- every compiled row is first compiled by a process of its own, as many at once as
+``kernels``: update :data:`PROFILE_UPDATE` (in the dropped first interval) run once under torch.profiler on a
+GPU: its kernels, their summed time, the share of that time by what each kernel's name says it does
+(``benchmarks.common.kernel_breakdown``: matmul, attention, softmax and loss, layer norm, copies and casts, ...), the
+longest kernels, and ``kernel_mfu`` (the update's FLOPs over its kernel time alone: the kernels' own efficiency,
+the host's waits apart); ``compile_s``: compiling apart -- every compiled row is first compiled by a process of its own, as many at once as
 the card's memory holds (:func:`warm_up`), into a shared inductor cache (``compile_s``: that cold compile, kept
 from the first call that made it; ``compile_s_in_row``: the measured run's, from the warm cache); ``losses``:
 (update, loss) at each logged update. A compiled row's
@@ -90,6 +94,7 @@ PRECISION_ARGS = {"fp16": ["--fp16"], "fp16-amp": ["--amp"], "bf16": ["--amp", "
 DROPOUT_SHIFT = 1_000_003  # the warm-up's dropout masks: another stream, the same everything else
 LOSS_RESOLUTION = 0.001  # fairseq logs the loss to 3 decimals
 FLOPS_UPDATE = 1  # the update (0-based) whose FLOPs an eager row counts: the second, inside the dropped interval
+PROFILE_UPDATE = 2  # the update a CUDA row runs under torch.profiler (kernel time by category): also dropped
 BUSY_PERIOD_MS = 50
 LOSS_NOISE_MARGIN = 2.0
 MIN_ROW_SECONDS = 12  # a row is not started with less time left before the deadline
@@ -228,8 +233,9 @@ class StepProbe:
     passes through uncounted (``retries``), and an update that was retried is not the one whose FLOPs are counted
     (it ran the model twice): the next one before the measured interval is."""
 
-    def __init__(self, measured_from, count_flops, pad_index):
+    def __init__(self, measured_from, count_flops, pad_index, profile=False):
         self.measured_from, self.count_flops, self.pad = measured_from, count_flops, pad_index
+        self.profile, self.kernels = profile, None  # kernels: common.kernel_breakdown of PROFILE_UPDATE
         self.calls, self.t0, self.t1 = 0, None, None
         self.tokens = []  # (real, padded) per measured update
         self.flops = self.flops_tokens = None
@@ -258,11 +264,32 @@ class StepProbe:
                 if self.retries == retries:  # a retried update ran the model twice: the next one is counted
                     self.flops = counter.get_total_flops()
                     self.flops_tokens = sum(int(s["ntokens"]) for s in samples if s)
+            elif self.profile and index == PROFILE_UPDATE and index < self.measured_from:
+                out = self._profiled(train_step, samples, *args, **kwargs)
             else:
                 out = train_step(samples, *args, **kwargs)
         finally:
             self._depth -= 1
         self.t1 = time.monotonic()
+        return out
+
+    def _profiled(self, train_step, samples, *args, **kwargs):
+        """One update under torch.profiler (CUDA kernels; a CPU has none), synchronised before and after: its
+        kernel time by category (benchmarks.common.kernel_breakdown) and its target tokens."""
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        from benchmarks import common
+
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+            out = train_step(samples, *args, **kwargs)
+            if cuda:
+                torch.cuda.synchronize()
+        self.kernels = dict(common.kernel_breakdown(prof.events()), update=PROFILE_UPDATE,
+                            target_tokens=sum(int(s["ntokens"]) for s in samples if s))
         return out
 
     def _tokens(self, samples):
@@ -402,7 +429,7 @@ def run_row(row, measured_from, busy):
     from fairseq.data import Dictionary
 
     pad = Dictionary().pad()  # fairseq's dictionaries put <pad> at 1
-    probe = StepProbe(measured_from, count_flops=not row["compiled"], pad_index=pad)
+    probe = StepProbe(measured_from, count_flops=not row["compiled"], pad_index=pad, profile=cuda)
     before = _compile_state() if row["compiled"] else None
     with PeakMemory(cuda) as peak:
         records, seconds = train(row["argv"], probe)
@@ -429,6 +456,8 @@ def run_row(row, measured_from, busy):
         out["gpu_busy"] = None
     if probe.retries:
         out["amp_retries"] = probe.retries
+    if probe.kernels:
+        out["kernels"] = probe.kernels
     if after is not None:
         out["compile_s_in_row"] = round(after["seconds"] - before["seconds"], 1)
         out["compiled_graphs_in_row"] = after["graphs"] - before["graphs"]
@@ -550,6 +579,11 @@ def finish(record):
                 r.get("flops_per_token") and base.get("flops_per_token"):
             r["words_per_flop_vs_transformer"] = round(
                 r["words_per_s"] * r["flops_per_token"] / (base["words_per_s"] * base["flops_per_token"]), 3)
+        k = r.get("kernels")
+        if k and k.get("kernel_ms") and r.get("flops_per_token") and peak:
+            # the profiled update's FLOPs over its kernel time alone: how well the kernels use the card, the host
+            # apart (words/s's MFU counts the host's waits too)
+            k["kernel_mfu"] = round(r["flops_per_token"] * k["target_tokens"] / (k["kernel_ms"] / 1000) / peak, 4)
         own = by.get((r.get("shape_baseline"), r["precision"], r["compiled"], r["max_tokens"]))
         if own and own.get("words_per_s") and r.get("words_per_s") and r.get("flops_per_token") and \
                 own.get("flops_per_token"):
@@ -679,6 +713,28 @@ def table_markdown(record, which):
     return lines
 
 
+KERNEL_COLUMNS = ("matmul", "attention", "convolution", "fused (inductor)", "softmax and loss", "layer norm",
+                  "dropout", "copy and cast", "elementwise", "reduction", "optimizer", "communication", "other")
+
+
+def kernel_markdown(record, tokens):
+    """The profiled update of each row at ``tokens`` that has one: kernels, kernel time, kernel-time MFU and the
+    share of kernel time by category (:data:`benchmarks.common.KERNEL_CATEGORIES`)."""
+    rows = [r for r in record["rows"] if r["max_tokens"] == int(tokens) and r.get("kernels")]
+    if not rows:
+        return []
+    head = ["row", "compiled", "kernels", "kernel ms", "kernel MFU"] + [f"{c} %" for c in KERNEL_COLUMNS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in rows:
+        k = r["kernels"]
+        shares = [100 * k["by_category"].get(c, 0.0) / k["kernel_ms"] if k["kernel_ms"] else None
+                  for c in KERNEL_COLUMNS]
+        lines.append(f"| {r['name']} {r['precision']} | {'yes' if r['compiled'] else 'no'} | {k['kernels']:,} | "
+                     f"{k['kernel_ms']:.1f} | {_fmt(k.get('kernel_mfu'), '.3f')} | "
+                     + " | ".join(_fmt(v, '.0f') for v in shares) + " |")
+    return lines
+
+
 def markdown(record):
     where = record.get("card") or f"CPU ({record.get('cpu')})"
     lines = [f"# fairseq-train speed: {where}", "",
@@ -692,6 +748,10 @@ def markdown(record):
     lines += [f"Note: {n}" for n in record.get("notes", [])] + ([""] if record.get("notes") else [])
     for tokens in record.get("max_tokens", []):
         lines += [f"## --max-tokens {tokens:,}", ""] + table_markdown(record, tokens) + [""]
+        kernels = kernel_markdown(record, tokens)
+        if kernels:
+            lines += [f"Kernel time of update {PROFILE_UPDATE + 1} (profiled, in the dropped first interval), by "
+                      "what the kernels' names say:", ""] + kernels + [""]
     lines += ["## Targets (recipe batch)", ""] + table_markdown(record, "targets")
     return "\n".join(lines)
 

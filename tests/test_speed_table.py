@@ -262,6 +262,96 @@ def test_targets_over_several_rows_name_the_rows_not_measured():
     assert "not measured: msc compiled" in speed_table.markdown(record)
 
 
+# kernel names as the H200's and H100's profiles of fairseq-train updates printed them (cuBLAS, cuDNN, ATen, inductor)
+KERNEL_NAMES = {
+    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel":
+        "matmul",
+    "nvjet_hsh_128x256_64x4_1x2_h_bz_coopA_NNT": "matmul",
+    "void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8>": "matmul",
+    "triton_tem_fused_mm_0": "matmul",
+    "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t>>":
+        "attention",
+    "fmha_cutlassF_bf16_aligned_64x64_rf_sm80": "attention",
+    "triton_per_fused__log_softmax_native_layer_norm_0": "fused (inductor)",
+    "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, at::native::(anonymous "
+    "namespace)::LogSoftMaxForwardEpilogue>": "softmax and loss",
+    "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>": "layer norm",
+    "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+    "FusedAdamMathFunctor<float, 4, (at::native::ADAM_MODE)1, false>>": "optimizer",
+    "void at::native::(anonymous namespace)::fused_dropout_kernel_vec<c10::BFloat16, float, unsigned int>":
+        "dropout",
+    "void at::native::vectorized_elementwise_kernel<4, at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)"
+    "::{lambda()#1}::operator()() const::{lambda(float)#1}, at::detail::Array<char*, 2> >": "copy and cast",
+    "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float, "
+    "at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>>>":
+        "reduction",
+    "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, "
+    "at::detail::Array<char*, 3> >": "elementwise",
+    "void dynamic_conv_forward_kernel<float>": "convolution",
+    "ncclDevKernel_AllReduce_Sum_f32_RING_LL": "communication",
+    "void at::native::(anonymous namespace)::indexSelectLargeIndex<c10::BFloat16, long, unsigned int, 2, 2, -2, true>":
+        "copy and cast",
+    "some_kernel_nobody_named": "other",
+}
+
+
+def test_kernels_are_put_in_the_category_their_names_say():
+    from benchmarks import common
+
+    assert {name: common.kernel_category(name) for name in KERNEL_NAMES} == KERNEL_NAMES
+
+
+def test_kernel_time_of_a_profile_by_category_and_by_kernel():
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from benchmarks import common
+
+    def op(*kernels, device=DeviceType.CPU):
+        return SimpleNamespace(device_type=device, kernels=[SimpleNamespace(name=n, duration=us) for n, us in kernels])
+    gemm, norm = "nvjet_hsh_128x256_64x4_1x2_h_bz_coopA_NNT", "vectorized_layer_norm_kernel"
+    events = [op((gemm, 3000.0), ("Memcpy HtoD (Pageable -> Device)", 900.0)), op((norm, 500.0)),
+              op((gemm, 1000.0), (norm, 250.0)), op((gemm, 77.0), device=DeviceType.CUDA)]  # a device event: not an op
+    out = common.kernel_breakdown(events, top=1)
+    assert out["kernels"] == 4 and out["kernel_ms"] == 4.75  # the copy is not a kernel
+    assert out["by_category"] == {"matmul": 4.0, "layer norm": 0.75}
+    assert out["top"] == [[gemm, 4.0, 2]]
+
+
+def test_one_update_before_the_measured_ones_is_profiled():
+    """The probe runs PROFILE_UPDATE under torch.profiler (on a CPU no kernels: the breakdown is empty), and that
+    update only: not the FLOP-counted one, not a measured one."""
+    sample = dict(net_input=dict(src_tokens=torch.tensor([[5, 6, 2]])), target=torch.tensor([[5, 2]]), ntokens=2)
+    probe = speed_table.StepProbe(measured_from=4, count_flops=True, pad_index=1, profile=True)
+    profiled = []
+
+    def train_step(samples, raise_oom=False):
+        import torch.autograd.profiler as autograd_profiler
+
+        profiled.append(autograd_profiler._is_profiler_enabled)
+        return torch.randn(2, 4) @ torch.randn(4, 3)
+
+    for _ in range(6):
+        probe.step(train_step, [sample], False)
+    assert profiled == [False, False, True, False, False, False]  # update 2 (0-based), inside the dropped interval
+    assert probe.kernels["update"] == speed_table.PROFILE_UPDATE and probe.kernels["target_tokens"] == 2
+    assert probe.kernels["kernels"] == 0 and probe.flops == 48
+
+
+def test_kernel_mfu_and_the_kernel_table_from_a_profiled_row():
+    record = _record([9.50, 9.01, 8.50], shifted=[9.50, 9.01, 8.50])
+    record["rows"][0]["kernels"] = dict(kernels=1500, kernel_ms=50.0, target_tokens=20000, update=2,
+                                        by_category={"matmul": 30.0, "softmax and loss": 5.0, "elementwise": 15.0},
+                                        top=[])
+    finish = speed_table.finish(record)
+    k = finish["rows"][0]["kernels"]
+    assert k["kernel_mfu"] == round(3e8 * 20000 / 0.05 / 989.4e12, 4)  # FLOPs of the update over kernel time
+    table = "\n".join(speed_table.kernel_markdown(finish, 38400))
+    assert "| transformer bf16 | no | 1,500 | 50.0 | 0.121 | 60 |" in table  # matmul 60% of kernel time
+    assert "Kernel time of update 3" in speed_table.markdown(finish)
+
+
 def test_nvidia_smi_lines_are_read_as_percentages():
     assert speed_table.parse_utilization("87\n") == 87.0
     assert speed_table.parse_utilization("[N/A]") is None
