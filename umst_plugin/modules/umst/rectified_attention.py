@@ -147,14 +147,14 @@ class PackedLinear(nn.Module):
                 nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
                 nn.init.uniform_(bias, -bound, bound)
 
-    def piece(self, first, count=1):
-        """(weight, bias) of maps ``first .. first+count-1``: views of the packed parameters."""
-        rows = slice(first * self.embed_dim, (first + count) * self.embed_dim)
+    def piece(self, index):
+        """(weight, bias) of map ``index``: views of the packed parameters."""
+        rows = slice(index * self.embed_dim, (index + 1) * self.embed_dim)
         return self.weight[rows], self.bias[rows]
 
-    def project(self, x, first, count=1):
-        """Maps ``first .. first+count-1`` of ``x`` (their outputs concatenated); the reference path's form."""
-        return F.linear(x, *self.piece(first, count))
+    def project(self, x, index):
+        """Map ``index`` of ``x`` alone: the reference path's form."""
+        return F.linear(x, *self.piece(index))
 
     def forward(self, x):
         """All maps of ``x`` in one product, outputs concatenated on the last dimension."""
