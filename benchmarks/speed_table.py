@@ -40,8 +40,8 @@ dense bf16 peak (:data:`DENSE_BF16_PEAK`); ``peak_mib``: ``torch.cuda.max_memory
 GPU: its kernels, their summed time, the share of that time by what each kernel's name says it does
 (``benchmarks.common.kernel_breakdown``: matmul, attention, softmax and loss, layer norm, copies and casts, ...), the
 longest kernels, and ``kernel_mfu`` (the update's FLOPs over its kernel time alone: the kernels' own efficiency,
-the host's waits apart); ``compile_s``: compiling apart -- every compiled row is first compiled by a process of its own, as many at once as
-the card's memory holds (:func:`warm_up`), into a shared inductor cache (``compile_s``: that cold compile, kept
+the host's waits apart); ``compile_s``: compiling apart -- every compiled row is first compiled by a process of
+its own, as many at once as the card's memory holds (:func:`warm_up`), into a shared inductor cache (``compile_s``: that cold compile, kept
 from the first call that made it; ``compile_s_in_row``: the measured run's, from the warm cache); ``losses``:
 (update, loss) at each logged update. A compiled row's
 losses must equal its eager row's within noise, measured in the same call (:func:`loss_check`): compiled code

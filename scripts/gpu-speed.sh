@@ -4,8 +4,8 @@
 # arch in bf16, eager and --compile, the transformer in fp32 --tf32; MFU, GPU busy, peak memory, compile seconds, losses.
 # What a lent GPU's first call runs, from this checkout and the wheelhouse carried as .whl/
 # (bash scripts/offline-wheelhouse.sh --dest .whl), with no internet: it installs, builds the synthetic corpus of
-# WMT14 lengths, compiles every compiled row at once, then trains the rows one by one, writing
-# docs/results/gpu-speed-<card>-<commit>.json (and .md) after every row.
+# WMT14 lengths, compiles the compiled rows (as many at once as the card's memory holds), then trains the rows one
+# by one, writing docs/results/gpu-speed-<card>-<commit>.json (and .md) after every row.
 #   bash scripts/gpu-speed.sh [--wheelhouse DIR] [--out DIR] [--deadline S] [--commit SHA] [options of speed_table]
 #   bash scripts/gpu-speed.sh --tiny --out /tmp/speed    # any machine: the same plan at tiny sizes on the CPU
 # The same command run again keeps the rows already done and runs the rest.
