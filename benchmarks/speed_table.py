@@ -41,10 +41,9 @@ GPU: its kernels, their summed time, the share of that time by what each kernel'
 (``benchmarks.common.kernel_breakdown``: matmul, attention, softmax and loss, layer norm, copies and casts, ...), the
 longest kernels, and ``kernel_mfu`` (the update's FLOPs over its kernel time alone: the kernels' own efficiency,
 the host's waits apart); ``compile_s``: compiling apart -- every compiled row is first compiled by a process of
-its own, as many at once as the card's memory holds (:func:`warm_up`), into a shared inductor cache (``compile_s``: that cold compile, kept
-from the first call that made it; ``compile_s_in_row``: the measured run's, from the warm cache); ``losses``:
-(update, loss) at each logged update. A compiled row's
-losses must equal its eager row's within noise, measured in the same call (:func:`loss_check`): compiled code
+its own, as many at once as the card's memory holds (:func:`warm_up`), into a shared inductor cache
+(``compile_s``: that cold compile, kept from the first call that made it; ``compile_s_in_row``: the measured run's,
+from the warm cache); ``losses``: (update, loss) at each logged update. A compiled row's losses must equal its eager row's within noise, measured in the same call (:func:`loss_check`): compiled code
 draws its dropout masks from inductor's own random stream and keeps fused intermediates in fp32, so the
 tolerance is twice the sum of the dropout noise (the compiled row against its warm-up run, which trains the same
 updates with other dropout masks) and the bf16 noise (the plugin transformer's bf16 against its fp32 losses,
@@ -829,7 +828,8 @@ def warm_up_order(rows, known):
 def warm_up(rows, work, env, timeout, card_gib=None, order=None):
     """Compile every compiled row once, each in a process of its own that trains the row (:func:`warm_up_child`)
     into the shared inductor cache (``env``'s TORCHINDUCTOR_CACHE_DIR), as many at once as :func:`warm_up_slots`
-    gives, the longest compiles first (``order``: :func:`compile_seconds_known`): {"name tokens": dict(seconds of compiling, graphs,
+    gives, the longest compiles first (``order``: :func:`compile_seconds_known`): {"name tokens": dict(seconds of
+    compiling, graphs,
     losses with other dropout masks, error)}. Processes still running at ``timeout`` are stopped, and those not
     started by then are not (their rows compile the rest when they run)."""
     if not rows:
