@@ -43,9 +43,9 @@ longest kernels, and ``kernel_mfu`` (the update's FLOPs over its kernel time alo
 the host's waits apart); ``compile_s``: compiling apart -- every compiled row is first compiled by a process of
 its own, as many at once as the card's memory holds (:func:`warm_up`), into a shared inductor cache
 (``compile_s``: that cold compile, kept from the first call that made it; ``compile_s_in_row``: the measured run's,
-from the warm cache); ``losses``: (update, loss) at each logged update. A compiled row's losses must equal its eager row's within noise, measured in the same call (:func:`loss_check`): compiled code
-draws its dropout masks from inductor's own random stream and keeps fused intermediates in fp32, so the
-tolerance is twice the sum of the dropout noise (the compiled row against its warm-up run, which trains the same
+from the warm cache); ``losses``: (update, loss) at each logged update. A compiled row's losses must equal its
+eager row's within noise, measured in the same call (:func:`loss_check`): compiled code draws its dropout
+masks from inductor's own random stream and keeps fused intermediates in fp32, so the tolerance is twice the sum of the dropout noise (the compiled row against its warm-up run, which trains the same
 updates with other dropout masks) and the bf16 noise (the plugin transformer's bf16 against its fp32 losses,
 the same masks); a row outside it is marked (``loss_check``).
 
