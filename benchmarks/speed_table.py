@@ -45,8 +45,9 @@ its own, as many at once as the card's memory holds (:func:`warm_up`), into a sh
 (``compile_s``: that cold compile, kept from the first call that made it; ``compile_s_in_row``: the measured run's,
 from the warm cache); ``losses``: (update, loss) at each logged update. A compiled row's losses must equal its
 eager row's within noise, measured in the same call (:func:`loss_check`): compiled code draws its dropout
-masks from inductor's own random stream and keeps fused intermediates in fp32, so the tolerance is twice the sum of the dropout noise (the compiled row against its warm-up run, which trains the same
-updates with other dropout masks) and the bf16 noise (the plugin transformer's bf16 against its fp32 losses,
+masks from inductor's own random stream and keeps fused intermediates in fp32, so the tolerance is twice the
+sum of the dropout noise (the compiled row against its warm-up run, which trains the same updates with other
+dropout masks) and the bf16 noise (the plugin transformer's bf16 against its fp32 losses,
 the same masks); a row outside it is marked (``loss_check``).
 
 The record, rewritten after every row: ``OUT/gpu-speed-<card>-<commit>.json`` (on a CPU ``speed-cpu-...``)
