@@ -51,6 +51,7 @@ PATCHES = (
     "incremental_state_lookup",
     "broadcast_checkpoint_load",
     "partition_symbols",
+    "encoder_padding_mask",
 )
 
 
@@ -80,6 +81,9 @@ STOCK_NUMBERS = {
                           "at all); no for uninterrupted runs and resumes in epoch 1",
     "incremental_state_lookup": "no: the same lookup result, tested for a missing state first",
     "broadcast_checkpoint_load": "no: the same bytes loaded on every rank (without it, a multi-rank resume stopped)",
+    "encoder_padding_mask": "no: the encoder's layers get an all-False padding mask where they got none (a batch "
+                            "without source padding), which masks nothing: the same outputs (tested to float32 "
+                            "rounding; a GPU may pick another attention kernel for it)",
     "partition_symbols": "no: only torch.compile's split of a graph that torch < 2.13 failed to split (a layer "
                          "that fell back to eager is compiled instead); not installed on torch >= 2.13",
 }

@@ -1,0 +1,83 @@
+"""fairseq's transformer encoder asked the device, per layer, whether the batch has padding, and gave its layers no
+mask when it had none (umst_plugin/patches/encoder_padding_mask.py): a host-device sync per layer, and under
+--compile a recompile of the layer at the first batch without source padding. The patched encoder passes the mask
+every time, with the original's outputs."""
+import pytest
+import torch
+
+import umst_plugin  # noqa: F401  (installs the patch)
+from fairseq.models.transformer.transformer_encoder import TransformerEncoderBase
+from umst_dev import dev
+from umst_dev.op_counts import HostSyncs
+from umst_plugin.patches import installed, original
+
+SMALL = dict(encoder_layers=2, decoder_layers=1, encoder_embed_dim=16, decoder_embed_dim=16, encoder_ffn_embed_dim=32,
+             decoder_ffn_embed_dim=32, encoder_attention_heads=2, decoder_attention_heads=2, dropout=0.1,
+             attention_dropout=0.1, activation_dropout=0.1)
+PATCHED = TransformerEncoderBase.forward_scriptable
+FAIRSEQ = original(PATCHED)
+
+
+def batches(pad):
+    torch.manual_seed(0)
+    without = torch.randint(4, 50, (3, 7))
+    padded = without.clone()
+    padded[0, :2] = pad  # fairseq pads sources on the left
+    return without, padded
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    model, task = dev.build_model("transformer", SMALL)
+    return model.encoder, task.source_dictionary.pad()
+
+
+def test_the_patch_is_installed_on_fairseqs_encoder():
+    assert installed(PATCHED, "umst_plugin.patches.encoder_padding_mask")
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train with dropout"])
+def test_outputs_equal_fairseqs_with_and_without_padding(encoder, train):
+    """Bit for bit, float64 and float32, every hidden state, the same dropout masks at the same seed."""
+    module, pad = encoder
+    module.train(train)
+    for dtype in (torch.float64, torch.float32):
+        module.to(dtype)
+        for src in batches(pad):
+            torch.manual_seed(5)
+            want = FAIRSEQ(module, src, return_all_hiddens=True)
+            torch.manual_seed(5)
+            got = PATCHED(module, src, return_all_hiddens=True)
+            for key in ("encoder_out", "encoder_padding_mask", "encoder_embedding", "encoder_states", "src_lengths"):
+                assert len(got[key]) == len(want[key]), key
+                for a, b in zip(got[key], want[key]):
+                    assert torch.equal(a, b), (key, dtype, bool(src.eq(pad).any()))
+    module.float().train()
+
+
+def test_no_host_sync_in_the_encoder(encoder):
+    module, pad = encoder
+    for src in batches(pad):
+        with HostSyncs() as ours:
+            PATCHED(module, src)
+        with HostSyncs() as fairseqs:
+            FAIRSEQ(module, src)
+        assert not ours.locations, dict(ours.locations)
+        assert sum(fairseqs.locations.values()) == len(module.layers)  # what it removes: one per layer
+
+
+def test_every_layer_gets_a_mask_tensor_also_without_padding(encoder):
+    """What --compile guards on: the layer's inputs keep their types (a None mask compiled the layer again)."""
+    module, pad = encoder
+    seen = []
+    hooks = [layer.register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs.get("encoder_padding_mask")),
+                                             with_kwargs=True) for layer in module.layers]
+    try:
+        for src in batches(pad):
+            module(src, torch.full((3,), 7))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert len(seen) == 2 * len(module.layers)
+    assert all(isinstance(mask, torch.Tensor) and mask.dtype == torch.bool for mask in seen)
+    assert not seen[0].any() and seen[-1].any()  # the batch without padding, then the padded one
