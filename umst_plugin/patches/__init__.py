@@ -52,6 +52,7 @@ PATCHES = (
     "broadcast_checkpoint_load",
     "partition_symbols",
     "encoder_padding_mask",
+    "decoder_padding_mask",
 )
 
 
@@ -84,6 +85,9 @@ STOCK_NUMBERS = {
     "encoder_padding_mask": "no: the encoder's layers get an all-False padding mask where they got none (a batch "
                             "without source padding), which masks nothing: the same outputs (tested to float32 "
                             "rounding; a GPU may pick another attention kernel for it)",
+    "decoder_padding_mask": "no: in training the decoder's layers get an all-False self-attention padding mask "
+                            "where they got none (a batch without target padding), which masks nothing: the same "
+                            "outputs (tested to float32 rounding); incremental decoding is unchanged",
     "partition_symbols": "no: only torch.compile's split of a graph that torch < 2.13 failed to split (a layer "
                          "that fell back to eager is compiled instead); not installed on torch >= 2.13",
 }
