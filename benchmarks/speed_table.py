@@ -983,15 +983,11 @@ def warm_ups_kept(warm_ups, cache_dir):
     return {key: w for key, w in warm_ups.items() if w.get("losses_dropout_shifted") and not w.get("error")}
 
 
-def rows_done(record_path, plan_rows):
-    """Rows of the same plan an earlier run of the same command finished (no error)."""
-    try:
-        with open(record_path) as f:
-            record = json.load(f)
-    except (OSError, ValueError):
-        return []
+def rows_done(earlier, plan_rows):
+    """Rows of the same plan that an earlier run of the same command finished (no error), from its record
+    (:func:`read_record`; empty where there was none)."""
     wanted = {row_key(r): r["argv"] for r in plan_rows}
-    return [r for r in record.get("rows", []) if wanted.get(row_key(r)) == r.get("argv") and not r.get("error")]
+    return [r for r in earlier.get("rows", []) if wanted.get(row_key(r)) == r.get("argv") and not r.get("error")]
 
 
 def main(argv=None):
@@ -1079,10 +1075,12 @@ def main(argv=None):
     now = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     record = dict(commit=commit, **info, command=command.strip(), max_tokens=max_tokens, updates=args.updates,
                   log_interval=args.log_interval, started=now, install_s=install_s,
-                  plan=[{k: r[k] for k in ("name", "precision", "compiled", "max_tokens")} for r in stock + plugin],
-                  rows=rows_done(record_path, stock + plugin))
+                  plan=[{k: r[k] for k in ("name", "precision", "compiled", "max_tokens")} for r in stock + plugin])
+    earlier = read_record(record_path)
+    record["rows"] = rows_done(earlier, stock + plugin)
     done = {row_key(r) for r in record["rows"]}
-    earlier = read_record(record_path) if done else {}
+    if not done:  # another plan's record (or none): nothing of it is kept
+        earlier = {}
     # a call that resumes keeps the first call's start, the warm-ups it made (cold compile seconds, the losses the
     # loss check's dropout noise comes from) and a line per call
     record["started"] = earlier.get("started", now)
