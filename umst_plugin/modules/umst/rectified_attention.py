@@ -378,8 +378,8 @@ class RectifiedSelfAttention(nn.Module):
             scores = scores + relative_key_logits(q, self.rel_keys.weight, buckets)
         scores = upcast_half(scores).masked_fill(graphs.token_pad[:, None, None, :], float("-inf"))
         a1 = torch.softmax(scores, dim=-1)
-        q_word, k_word = (self._heads(t) for t in F.linear(x_word, word_weight, word_bias).split(self.embed_dim, dim=-1))
-        q_word = q_word * scale
+        q_word, k_word = F.linear(x_word, word_weight, word_bias).split(self.embed_dim, dim=-1)
+        q_word, k_word = self._heads(q_word) * scale, self._heads(k_word)
         word_scores = upcast_half(torch.matmul(q_word, k_word.transpose(-1, -2)))
         a2 = torch.softmax(word_scores.masked_fill(graphs.word_pad[:, None, None, :], float("-inf")), dim=-1)
         fused = 0.5 * (a1 + upsample_attention_map(a2, graphs, normalize=self.upsample_norm == "row"))
