@@ -232,6 +232,24 @@ def check_backward_in_autocast_dtype(arch, overrides, dtype=torch.bfloat16, devi
     assert diff <= grad_rtol * norm, f"{arch}: {dtype} autocast gradients differ from fp32's by {diff / norm:.3f}"
 
 
+class KeywordSeen:
+    """The keyword argument ``name`` each module of ``modules`` was called with, in call order (``seen``), while
+    the context is open: what a layer's caller handed it (a padding mask, say)."""
+
+    def __init__(self, modules, name):
+        self.modules, self.name, self.seen = list(modules), name, []
+
+    def __enter__(self):
+        self.hooks = [m.register_forward_pre_hook(lambda module, args, kwargs: self.seen.append(kwargs.get(self.name)),
+                                                  with_kwargs=True) for m in self.modules]
+        return self
+
+    def __exit__(self, *exc):
+        for hook in self.hooks:
+            hook.remove()
+        return False
+
+
 def check_no_plugin_host_syncs(arch, overrides, device="cpu"):
     """No host-device sync from the plugin's own lines (umst_dev/op_counts.py) in a training step (forward,
     loss, backward) nor in incremental decoding (the encoder and a first decoder step; a beam reorder and a

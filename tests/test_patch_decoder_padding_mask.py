@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import umst_plugin  # noqa: F401  (installs the patch)
+from model_checks import KeywordSeen
 from fairseq.models.transformer.transformer_decoder import TransformerDecoderBase
 from umst_dev import dev
 from umst_dev.op_counts import HostSyncs
@@ -86,16 +87,11 @@ def test_no_host_sync_in_a_training_call(model):
 
 def test_every_layer_gets_a_mask_tensor_also_without_padding(model):
     net, pad = model
-    seen = []
-    hooks = [layer.register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs.get("self_attn_padding_mask")),
-                                             with_kwargs=True) for layer in net.decoder.layers]
-    try:
-        encoder_out, targets = inputs(net, pad)
+    encoder_out, targets = inputs(net, pad)
+    with KeywordSeen(net.decoder.layers, "self_attn_padding_mask") as masks:
         for prev in targets:
             net.decoder(prev, encoder_out=encoder_out)
-    finally:
-        for hook in hooks:
-            hook.remove()
+    seen = masks.seen
     assert len(seen) == 2 * len(net.decoder.layers)
     assert all(isinstance(mask, torch.Tensor) and mask.dtype == torch.bool for mask in seen)
     assert not seen[0].any() and seen[-1].any()  # the batch without padding, then the padded one

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import umst_plugin  # noqa: F401  (installs the patch)
+from model_checks import KeywordSeen
 from fairseq.models.transformer.transformer_encoder import TransformerEncoderBase
 from umst_dev import dev
 from umst_dev.op_counts import HostSyncs
@@ -69,15 +70,10 @@ def test_no_host_sync_in_the_encoder(encoder):
 def test_every_layer_gets_a_mask_tensor_also_without_padding(encoder):
     """What --compile guards on: the layer's inputs keep their types (a None mask compiled the layer again)."""
     module, pad = encoder
-    seen = []
-    hooks = [layer.register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs.get("encoder_padding_mask")),
-                                             with_kwargs=True) for layer in module.layers]
-    try:
+    with KeywordSeen(module.layers, "encoder_padding_mask") as masks:
         for src in batches(pad):
             module(src, torch.full((3,), 7))
-    finally:
-        for hook in hooks:
-            hook.remove()
+    seen = masks.seen
     assert len(seen) == 2 * len(module.layers)
     assert all(isinstance(mask, torch.Tensor) and mask.dtype == torch.bool for mask in seen)
     assert not seen[0].any() and seen[-1].any()  # the batch without padding, then the padded one
