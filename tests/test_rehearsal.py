@@ -159,7 +159,11 @@ def test_the_time_limit_warning_comes_from_slurms_timer_and_the_job_requeues_its
         # the save needed a fraction of the 180 s: the warning came 180-210 s before the limit
         assert TIME_LIMIT - into_run >= 180 - 1.5
         requeued = min(t for t in requeues if t > warned)
-        assert requeued - warned < 10, (requeued, warned)
+        # the job requeues itself well inside the 180 s the signal leaves: the update in flight, the save and the
+        # requeue took up to 10.02 s (in CI: three workers on 2 cores at load 4.4); 30 s is 3x that, and
+        # still far from the limit, where Slurm would kill the job instead of it requeueing itself
+        assert requeued - warned < 30, (requeued, warned)
+        assert requeued < started + TIME_LIMIT - 60, (requeued, started)
         assert f"requeueing job {umst_job}: it resumes from" in umst
         assert re.search(rf"Loaded checkpoint \S+checkpoint_last\.pt \(epoch \d+ @ {update} updates\)", umst)
         # held until its BeginTime (cred_expire 5 s + 1, whole seconds), then started by itself at the scheduler's
