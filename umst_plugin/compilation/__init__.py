@@ -32,7 +32,8 @@ constants (``specialize_float``: a dropout rate or a scale fraction is not a gra
 otherwise make symbolic and then fail to pass through ``torch.utils.checkpoint``); no duck sizing
 (``use_duck_shape``: sizes that happen to be equal in the first batch, such as as many words as tokens, do not
 become one symbol that the next batch breaks); at least ``fallback.RECOMPILE_LIMIT`` variants per layer class, and
-an error when a limit is hit (which falls back to eager for that variant, with the warning).
+an error when a limit is hit (which falls back to eager for that variant, with the warning); AOTAutograd's cache
+keeps graphs that call custom autograd Functions (``dispatch.allow_custom_functions_in_autograd_cache``).
 
 ``--tf32`` (:func:`set_tf32`): fp32 matmuls on TensorFloat-32 tensor cores (Ampere and newer GPUs).
 

@@ -26,11 +26,13 @@ def compile_seconds():
 
 
 def cache_counts():
-    """(hits, misses) of inductor's FX graph cache and AOTAutograd's cache in this process so far."""
+    """(hits, misses) of inductor's FX graph cache and AOTAutograd's cache in this process so far. A graph
+    AOTAutograd's cache left out (a bypass) counts as a miss: its forward + backward were traced again."""
     from torch._dynamo.utils import counters
 
-    hits = counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
-    misses = counters["inductor"]["fxgraph_cache_miss"] + counters["aot_autograd"]["autograd_cache_miss"]
+    aot = counters["aot_autograd"]
+    hits = counters["inductor"]["fxgraph_cache_hit"] + aot["autograd_cache_hit"]
+    misses = counters["inductor"]["fxgraph_cache_miss"] + aot["autograd_cache_miss"] + aot["autograd_cache_bypass"]
     return int(hits), int(misses)
 
 
