@@ -99,7 +99,8 @@ def test_prime_trains_compiled_over_the_toy_corpus_resumes_from_its_cache_and_de
     warm = _step_compiles(resumed)
     assert warm and all(u > UPDATES for u, *_ in warm), warm
     # from the cache only: a graph AOTAutograd's cache left out counts as a miss (Prime's layer and convolution
-    # call custom autograd Functions, which torch's default leaves out: dispatch.allow_custom_functions_in_autograd_cache)
+    # call custom autograd Functions, which torch's default leaves out;
+    # dispatch.allow_custom_functions_in_autograd_cache keeps them)
     assert sum(h for *_, h, _ in warm) > 0 and sum(m for *_, m in warm) == 0, warm
     assert sum(s for _, s, *_ in warm) < sum(s for _, s, *_ in cold), (warm, cold)
     print(f"resumed: compiling per update {warm} (cold: {sum(s for _, s, *_ in cold):.1f} s, warm: "
