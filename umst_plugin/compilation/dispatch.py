@@ -112,8 +112,9 @@ def allow_custom_functions_in_autograd_cache():
     lean layers do (UMST's GCN and attention, TranSFormer's, Prime's convolution), and torch leaves such graphs out
     of the cache by default, so each new process (a resumed run, every row of a speed table) traced and partitioned
     their forward + backward again, warm inductor cache or not (Prime's resumed toy run: 11.2 s of compiling, 5.3 s
-    with this; docs/compile.md). torch's flag (``torch._functorch.config.autograd_cache_allow_custom_autograd_functions``)
-    keys the cache on the Function's traced forward and backward graphs, so a changed Function compiles anew
+    with this; docs/compile.md). torch's flag
+    (``torch._functorch.config.autograd_cache_allow_custom_autograd_functions``) keys the cache on the Function's
+    traced forward and backward graphs, so a changed Function compiles anew
     (tests/test_compile_cache.py). ``TORCHINDUCTOR_AUTOGRAD_CACHE_ALLOW_CUSTOM_AUTOGRAD=0`` in the environment turns
     it off (torch reads that variable before any value set here)."""
     import torch._functorch.config as functorch_config
