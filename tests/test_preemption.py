@@ -63,6 +63,29 @@ def test_a_process_that_stopped_on_a_signal_ignores_repeats_on_its_way_out():
     assert (proc.returncode, proc.stdout.strip()) == (0, "still here SIGUSR1"), (proc.returncode, proc.stderr[-2000:])
 
 
+def test_a_warning_after_the_last_update_does_not_kill_the_ending_process():
+    """A Trainer was built and its training ended (the Trainer is gone, no stop request): the time-limit warning that
+    comes now (slurmctld's check landed between the last update and the process's exit: the WMT rehearsal's third
+    run, which ended with status 138 and a FAILED job before) and a SIGTERM after it are ignored, and the process
+    exits with its own status."""
+    code = ("import gc, os, signal, umst_plugin\n"
+            "from umst_plugin.training import preemption\n"
+            "class Trainer:\n"
+            "    def get_num_updates(self):\n"
+            "        return 746\n"
+            "trainer = Trainer()\n"
+            "preemption._register(trainer)  # what Trainer.__init__ does\n"
+            "preemption._install_handlers([signal.SIGUSR1, signal.SIGTERM])\n"
+            "del trainer\n"
+            "gc.collect()\n"
+            "assert not list(preemption._trainers)\n"
+            "os.kill(os.getpid(), signal.SIGUSR1)\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "print('still here', preemption.local_request(), flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=e2e.cli_env(), capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout.strip()) == (0, "still here None"), (proc.returncode, proc.stderr[-2000:])
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -141,13 +141,18 @@ def test_preemption_saves_on_sigterm_and_slurm_requeues_the_job(rehearsal):
 def test_the_time_limit_warning_comes_from_slurms_timer_and_the_job_requeues_itself(rehearsal):
     """--time=4 and the script's --signal=B:USR1@180: the warning is due 60 s into a run; slurmctld's 30 s check
     sends it 30-60 s in (up to 30 s early). Training saves, the job requeues itself, Slurm holds it for the
-    credential lifetime + 1 s (BeginTime) and starts it again by itself."""
+    credential lifetime + 1 s (BeginTime) and starts it again by itself. A warning after the last update ends
+    nothing early: the job completes."""
     work, summary = rehearsal
     umst_job = summary["jobs"]["umst-2nodes"]["job"]
     umst = log(work, f"umst-2nodes-{umst_job}.out")
     warnings = stop_lines(umst, "SIGUSR1")
     assert warnings, umst[-3000:]
-    assert umst.count("[train-job] SIGUSR1 (the time limit is near)") == len(warnings)
+    # a warning can also land between the last update and the process's exit (its run's training ended 30-60 s in):
+    # nothing to save, the job completes (umst_plugin/training/preemption.py ignores it there)
+    late = umst.count("[train-job] SIGUSR1 came after the last update: training is complete, no requeue")
+    warned = umst.count("[train-job] SIGUSR1 (the time limit is near)")
+    assert late <= 1 and warned == len(warnings) + late, umst[-3000:]
     events = slurm_events(work)
     run_starts = starts(events, umst_job)
     requeues = [t for t, msg in events if msg == f"Requeuing JobId={umst_job}"]

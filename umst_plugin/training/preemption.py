@@ -79,16 +79,29 @@ def parse_signals(text):
 # ---- the flag: set by the handlers, read at update boundaries --------------------------------------------------
 
 _trainers = weakref.WeakSet()  # the Trainers of this process; the handlers act only while one exists
+_trained = []  # True once a Trainer was built in this process: with none alive after it, its training is over
 _previous = {}  # signal number -> the handler before ours
 _received = []  # (signal name, time.time(), the update the trainer was in) in arrival order
 
 
+def _register(trainer):
+    """``trainer`` stops on the signals from now on (Trainer.__init__, with --stop-on-signals)."""
+    if not any(True for _ in _trainers):
+        reset()  # a request that stopped an earlier training of this process is done with
+    _trainers.add(trainer)
+    _trained[:] = [True]
+
+
 def _handler(signum, frame):
-    if not any(True for _ in _trainers) and not _received:
-        return _pass_on(signum, frame)
-    # A process that has a stop request keeps ignoring the stop signals after its Trainer is gone: it saved and is
-    # ending, and a repeat (train-job.sh re-sends the warning until training has stopped; Slurm's SIGTERM after the
-    # warning) must not kill it on its way out with the signal's status instead of its own.
+    if not any(True for _ in _trainers):
+        if not _received and not _trained:
+            return _pass_on(signum, frame)  # no training in this process: the signal does what it did before
+        # A process whose training is over -- it stopped on a request, or it ended and its Trainer is gone -- ignores
+        # the stop signals: it saved and is ending, and a repeat (train-job.sh re-sends the warning until training
+        # has stopped; Slurm's SIGTERM after the warning), or a time-limit warning that came after the last update,
+        # must not kill it on its way out with the signal's status instead of its own (train-job.sh: "training is
+        # complete, no requeue").
+        return None
     if not _received:  # the first counts; more (Slurm sends SIGTERM to every process, srun forwards it) are noted
         updates = max((t.get_num_updates() for t in _trainers), default=0)
         _received.append((signal.Signals(signum).name, time.time(), updates))
@@ -196,9 +209,7 @@ def _install_trainer():
             signals = parse_signals(getattr(cfg.common, "stop_on_signals", DEFAULT_SIGNALS))
             if signals:
                 self._umst_agreed_stop = _AgreedFlag()
-                if not any(True for _ in _trainers):
-                    reset()  # a request that stopped an earlier training of this process is done with
-                _trainers.add(self)
+                _register(self)
                 _install_handlers(signals)
         return __init__
 
