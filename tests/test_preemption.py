@@ -25,19 +25,24 @@ OVERRIDES = ["task.source_lang=kel", "task.target_lang=mor", "model.encoder_laye
              "checkpoint.no_epoch_checkpoints=true", "common.log_interval=1"]
 
 
+def run_with_handlers(lines):
+    """A fresh Python process that imports the plugin and runs ``lines`` (the handlers installed by a line of them
+    or not); its CompletedProcess."""
+    code = "\n".join(["import gc, os, signal, time, umst_plugin", "from umst_plugin.training import preemption",
+                       *lines]) + "\n"
+    return subprocess.run([sys.executable, "-c", code], env=e2e.cli_env(), capture_output=True, text=True, timeout=60)
+
+
 def test_signals_act_as_before_outside_training():
     """The patch's handlers are installed by a Trainer; with none alive, SIGTERM still ends the process (its
     default action) and an ignored SIGUSR1 stays ignored."""
-    code = ("import os, signal, time, umst_plugin\n"
-            "from umst_plugin.training import preemption\n"
-            "signal.signal(signal.SIGUSR1, signal.SIG_IGN)\n"
-            "preemption._install_handlers([signal.SIGUSR1, signal.SIGTERM])\n"
-            "assert signal.getsignal(signal.SIGTERM) is preemption._handler\n"
-            "os.kill(os.getpid(), signal.SIGUSR1)\n"
-            "print('usr1 ignored', flush=True)\n"
-            "os.kill(os.getpid(), signal.SIGTERM)\n"
-            "time.sleep(30)\n")
-    proc = subprocess.run([sys.executable, "-c", code], env=e2e.cli_env(), capture_output=True, text=True, timeout=60)
+    proc = run_with_handlers(["signal.signal(signal.SIGUSR1, signal.SIG_IGN)",
+                              "preemption._install_handlers([signal.SIGUSR1, signal.SIGTERM])",
+                              "assert signal.getsignal(signal.SIGTERM) is preemption._handler",
+                              "os.kill(os.getpid(), signal.SIGUSR1)",
+                              "print('usr1 ignored', flush=True)",
+                              "os.kill(os.getpid(), signal.SIGTERM)",
+                              "time.sleep(30)"])
     assert proc.stdout.strip() == "usr1 ignored", proc.stderr[-2000:]
     assert proc.returncode == -signal.SIGTERM, (proc.returncode, proc.stderr[-2000:])
     from umst_plugin.training.preemption import parse_signals
@@ -52,14 +57,12 @@ def test_a_process_that_stopped_on_a_signal_ignores_repeats_on_its_way_out():
     the warning every 5 s until training has stopped; Slurm's SIGTERM may follow) no longer end the process with the
     signal's status: it exits as it would have. A process without a stop request still gets the default action
     (test above)."""
-    code = ("import os, signal, time, umst_plugin\n"
-            "from umst_plugin.training import preemption\n"
-            "preemption._install_handlers([signal.SIGUSR1, signal.SIGTERM])\n"
-            "preemption._received.append(('SIGUSR1', time.time(), 333))  # what a stopped training leaves\n"
-            "os.kill(os.getpid(), signal.SIGUSR1)\n"
-            "os.kill(os.getpid(), signal.SIGTERM)\n"
-            "print('still here', preemption.local_request()[0], flush=True)\n")
-    proc = subprocess.run([sys.executable, "-c", code], env=e2e.cli_env(), capture_output=True, text=True, timeout=60)
+    proc = run_with_handlers(["preemption._install_handlers([signal.SIGUSR1, signal.SIGTERM])",
+                              "preemption._received.append(('SIGUSR1', time.time(), 333))  # what a stopped training "
+                              "leaves",
+                              "os.kill(os.getpid(), signal.SIGUSR1)",
+                              "os.kill(os.getpid(), signal.SIGTERM)",
+                              "print('still here', preemption.local_request()[0], flush=True)"])
     assert (proc.returncode, proc.stdout.strip()) == (0, "still here SIGUSR1"), (proc.returncode, proc.stderr[-2000:])
 
 
@@ -68,21 +71,18 @@ def test_a_warning_after_the_last_update_does_not_kill_the_ending_process():
     comes now (slurmctld's check landed between the last update and the process's exit: the WMT rehearsal's third
     run, which ended with status 138 and a FAILED job before) and a SIGTERM after it are ignored, and the process
     exits with its own status."""
-    code = ("import gc, os, signal, umst_plugin\n"
-            "from umst_plugin.training import preemption\n"
-            "class Trainer:\n"
-            "    def get_num_updates(self):\n"
-            "        return 746\n"
-            "trainer = Trainer()\n"
-            "preemption._register(trainer)  # what Trainer.__init__ does\n"
-            "preemption._install_handlers([signal.SIGUSR1, signal.SIGTERM])\n"
-            "del trainer\n"
-            "gc.collect()\n"
-            "assert not list(preemption._trainers)\n"
-            "os.kill(os.getpid(), signal.SIGUSR1)\n"
-            "os.kill(os.getpid(), signal.SIGTERM)\n"
-            "print('still here', preemption.local_request(), flush=True)\n")
-    proc = subprocess.run([sys.executable, "-c", code], env=e2e.cli_env(), capture_output=True, text=True, timeout=60)
+    proc = run_with_handlers(["class Trainer:",
+                              "    def get_num_updates(self):",
+                              "        return 746",
+                              "trainer = Trainer()",
+                              "preemption._register(trainer)  # what Trainer.__init__ does",
+                              "preemption._install_handlers([signal.SIGUSR1, signal.SIGTERM])",
+                              "del trainer",
+                              "gc.collect()",
+                              "assert not list(preemption._trainers)",
+                              "os.kill(os.getpid(), signal.SIGUSR1)",
+                              "os.kill(os.getpid(), signal.SIGTERM)",
+                              "print('still here', preemption.local_request(), flush=True)"])
     assert (proc.returncode, proc.stdout.strip()) == (0, "still here None"), (proc.returncode, proc.stderr[-2000:])
 
 
