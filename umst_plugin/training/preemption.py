@@ -79,17 +79,18 @@ def parse_signals(text):
 # ---- the flag: set by the handlers, read at update boundaries --------------------------------------------------
 
 _trainers = weakref.WeakSet()  # the Trainers of this process; the handlers act only while one exists
-_trained = []  # True once a Trainer was built in this process: with none alive after it, its training is over
+_trained = False  # a Trainer was built in this process: with none alive after it, its training is over
 _previous = {}  # signal number -> the handler before ours
 _received = []  # (signal name, time.time(), the update the trainer was in) in arrival order
 
 
 def _register(trainer):
     """``trainer`` stops on the signals from now on (Trainer.__init__, with --stop-on-signals)."""
+    global _trained
     if not any(True for _ in _trainers):
         reset()  # a request that stopped an earlier training of this process is done with
     _trainers.add(trainer)
-    _trained[:] = [True]
+    _trained = True
 
 
 def _handler(signum, frame):
