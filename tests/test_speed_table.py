@@ -1,8 +1,10 @@
 """The speed table (benchmarks/speed_table.py, scripts/gpu-speed.sh): its CPU run at tiny sizes, the same plan a
 lent GPU runs, and the record's arithmetic (loss checks, MFU, targets) on rows of known figures."""
+import hashlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 
@@ -223,6 +225,38 @@ def test_peak_memory_is_taken_across_fairseqs_resets(monkeypatch):
     assert torch.cuda.reset_peak_memory_stats is not None and state["peak"] == 2 ** 30
     torch.cuda.reset_peak_memory_stats()  # restored: no longer recorded
     assert peak.mib == 30 * 1024 and speed_table.PeakMemory(cuda=False).mib is None
+
+
+def test_a_corpus_built_on_another_machine_is_used_and_one_of_other_code_is_built_again(tmp_path, capsys):
+    """--corpus-only builds the corpus a lent GPU would build; its data-bin and stamp, carried into another work dir
+    without the raw text, spare the call its building. The corpus is the same bytes wherever it is built (what makes
+    carrying it sound); a stamp of other generator code, or of other sizes, makes it built again."""
+    def corpus_only(work):
+        assert speed_table.main(["--tiny", "--corpus-only", "--work", str(work)]) == 0
+        return capsys.readouterr().out
+
+    def digests(databin):  # preprocess.log names the machine's paths
+        return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(databin.iterdir())
+                if f.name != "preprocess.log"}
+
+    built = corpus_only(tmp_path / "here")
+    assert "corpus " in built and "built in" in built, built
+    here = tmp_path / "here" / "corpus"
+    stamp = json.loads((here / speed_table.CORPUS_STAMP).read_text())
+    assert stamp == dict(speed_table.TINY_CORPUS, code=stamp["code"]) and len(stamp["code"]) == 16
+    carried = tmp_path / "gpu" / "corpus"
+    carried.mkdir(parents=True)
+    shutil.copytree(here / "data-bin", carried / "data-bin")
+    shutil.copy(here / speed_table.CORPUS_STAMP, carried / speed_table.CORPUS_STAMP)
+    assert "built before" in corpus_only(tmp_path / "gpu")
+    assert not (carried / "raw").exists()  # not built again
+
+    (carried / speed_table.CORPUS_STAMP).write_text(json.dumps(dict(stamp, code="0" * 16)))
+    assert "built in" in corpus_only(tmp_path / "gpu")  # another generator's corpus: built anew, the same bytes
+    assert digests(carried / "data-bin") == digests(here / "data-bin")
+    assert json.loads((carried / speed_table.CORPUS_STAMP).read_text()) == stamp
+    (carried / speed_table.CORPUS_STAMP).write_text(json.dumps(dict(stamp, train=stamp["train"] + 1)))
+    assert "built in" in corpus_only(tmp_path / "gpu")
 
 
 def test_warm_ups_run_as_many_at_once_as_the_card_holds():
