@@ -64,13 +64,16 @@ arch takes minutes on a CPU; tests/test_compile.py compiles each), so that a len
 could have shown.
 """
 import argparse
+import faulthandler
 import gc
 import hashlib
 import importlib.util
 import json
 import logging
 import os
+import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -86,6 +89,9 @@ PLUGIN = os.path.join(ROOT, "umst_plugin")
 RECIPE_MAX_TOKENS = 38400  # tokens per card per step in the WMT recipes on an 80 GB or larger card
 CONTRAST_MAX_TOKENS = 4096
 CORPUS = dict(train=48000, valid=200, test=200, vocab=32768, lengths="wmt14")
+STACK_SIGNAL = signal.SIGUSR2  # a warm-up writes its threads' stacks to its log on it (faulthandler)
+MAIN_THREAD_LINE = "[warm-up] the training thread:"  # then its id as faulthandler writes it, in a warm-up's log
+STACK_WAIT_S = 2.0  # for those stacks, before the warm-ups stopped at the cap are killed
 CORPUS_STAMP = "speed-corpus.json"  # beside the corpus's data-bin: corpus_stamp() of the corpus it holds
 TINY_CORPUS = dict(train=600, valid=50, test=50, vocab=1000, lengths="wmt14")
 TINY_MAX_TOKENS = "1024,256"
@@ -869,13 +875,18 @@ def warm_up(rows, work, env, timeout, card_gib=None, order=None):
             [sys.executable, "-m", "benchmarks.speed_table", "--warm-up-row", spec, "--warm-up-out", out],
             stdout=log, stderr=subprocess.STDOUT, env=proc_env, cwd=ROOT, start_new_session=True)))
 
-    def collect(key, out, log, proc):
+    def collect(key, out, log, proc, capped=False):
         log.close()
         try:
             with open(out) as f:
                 results[key] = dict(json.load(f), concurrent=concurrent)
         except (OSError, ValueError):
             results[key] = dict(seconds=None, error=f"no result (rc {proc.returncode}; see {log.name})")
+            if capped:  # still compiling: where it was, from the stack its process wrote at the cap
+                stack = stack_at_cap(log.name)
+                results[key].update(error=f"stopped at the warm-up cap ({timeout:.0f} s), still compiling"
+                                    + (f" in {stack['where']}" if stack else "") + f"; see {log.name}",
+                                    stack_at_cap=stack)
         print(f"[speed] compile warm-up {key}: " + (f"{results[key]['seconds']:.0f} s of compiling"
                                                     if results[key].get("seconds") is not None
                                                     else results[key]["error"]), flush=True)
@@ -890,9 +901,13 @@ def warm_up(rows, work, env, timeout, card_gib=None, order=None):
                 running.remove(item)
                 collect(*item)
         if time.time() >= end:
+            stopped = [item for item in running if item[3].poll() is None]
+            for item in stopped:
+                _ask_stack(item[3])
+            time.sleep(STACK_WAIT_S if stopped else 0)
             for item in running:
                 _kill_group(item[3])
-                collect(*item)
+                collect(*item, capped=item in stopped)
             running = []
         else:
             time.sleep(0.5)
@@ -909,6 +924,10 @@ def warm_up_child(spec_path, out_path):
     with open(spec_path) as f:
         row = json.load(f)
     logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+    # where the compile is when the warm-up cap stops it (warm_up sends STACK_SIGNAL first): a C-level handler, so
+    # it answers while the main thread waits in a compiler
+    faulthandler.register(STACK_SIGNAL, file=sys.stdout, all_threads=True)
+    print(f"{MAIN_THREAD_LINE} 0x{threading.get_ident():016x}", flush=True)  # which of the dumped stacks is ours
     import umst_plugin  # noqa: F401
     import torch
 
@@ -932,6 +951,51 @@ def warm_up_child(spec_path, out_path):
     with open(out_path, "w") as f:
         json.dump(result, f)
     return 0
+
+
+def _ask_stack(proc):
+    """Ask a warm-up for its threads' stacks (:data:`STACK_SIGNAL`; its process only, not the compile workers)."""
+    try:
+        os.kill(proc.pid, STACK_SIGNAL)
+    except ProcessLookupError:
+        pass
+
+
+COMPILE_PHASES = (("torch/fx/experimental/symbolic_shapes.py", "symbolic shapes"), ("sympy/", "symbolic shapes"),
+                  ("torch/_inductor/", "inductor"), ("torch/_functorch/", "AOTAutograd"), ("torch/_dynamo/", "dynamo"),
+                  ("triton/", "Triton"))
+
+
+def stack_at_cap(log_path):
+    """The training thread's stack in a warm-up's log (:data:`MAIN_THREAD_LINE` names it), as faulthandler wrote
+    it at the cap (the last dump), or None when the log holds none: ``thread``, its id; ``frames`` (innermost first, ``path:line in function``, paths from ``site-packages/``
+    or the checkout); ``layer``, the innermost frame of the plugin's own code outside ``compilation/`` (whose
+    layers were compiling); ``phase``, the compiler part of the innermost frame that names one (:data:`COMPILE_PHASES`:
+    dynamo, AOTAutograd, inductor, symbolic shapes, Triton); ``where``, the innermost frame and those two."""
+    try:
+        with open(log_path, errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    # the training thread's (the others: compile workers); faulthandler keeps a stack's innermost 100 frames
+    ident = re.findall(re.escape(MAIN_THREAD_LINE) + r" (0x[0-9a-f]+)", text)
+    main = re.findall(r"(?:Current thread|Thread) " + (ident[-1] if ident else "0x[0-9a-f]+")
+                      + r" \(most recent call first\):\n((?:  File .*\n)+)", text)
+    if not ident or not main:
+        return None
+    frames = []
+    for m in re.finditer(r'  File "([^"]+)", line (\d+) in (\S+)', main[-1]):
+        path = m.group(1)
+        if "site-packages/" in path:
+            path = path.split("site-packages/", 1)[-1]
+        elif not os.path.relpath(path, ROOT).startswith(".."):
+            path = os.path.relpath(path, ROOT)
+        frames.append(f"{path}:{m.group(2)} in {m.group(3)}")
+    layer = next((f for f in frames if f.startswith("umst_plugin/") and not f.startswith("umst_plugin/compilation/")),
+                 None)
+    phase = next((name for f in frames for prefix, name in COMPILE_PHASES if f.startswith(prefix)), None)
+    where = ", ".join(frames[:1] + ([phase] if phase else []) + ([f"under {layer}"] if layer else [])) or None
+    return dict(thread=ident[-1], frames=frames, layer=layer, phase=phase, where=where)
 
 
 def _kill_group(proc):

@@ -4,6 +4,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -257,6 +258,58 @@ def test_a_corpus_built_on_another_machine_is_used_and_one_of_other_code_is_buil
     assert json.loads((carried / speed_table.CORPUS_STAMP).read_text()) == stamp
     (carried / speed_table.CORPUS_STAMP).write_text(json.dumps(dict(stamp, train=stamp["train"] + 1)))
     assert "built in" in corpus_only(tmp_path / "gpu")
+
+
+def test_a_warm_up_stopped_at_the_cap_says_where_it_was_compiling(tiny_run, tmp_path, capsys):
+    """A compile warm-up still running at the cap writes its main thread's stack (faulthandler, on STACK_SIGNAL)
+    before it is killed; the warm-up's result says it was stopped and where (the GPU's TranSFormer warm-up was
+    stopped twice with nothing in its log to say how far it had got)."""
+    cmd, env, _, _, _ = tiny_run
+    data = os.path.join(cmd[cmd.index("--work") + 1], "corpus", "data-bin")
+    _, plugin = speed_table.plan(data, [1024], 8, 2, ["transformer"], ["transformer"], tiny=True)
+    [row] = [r for r in plugin if r["compiled"]]
+    child_env = dict(speed_table.process_env(), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor-cache"))  # cold
+    results = speed_table.warm_up([row], str(tmp_path), child_env, timeout=20)
+    result = results["transformer 1024"]
+    assert result["seconds"] is None and result["error"].startswith("stopped at the warm-up cap (20 s)"), result
+    stack = result["stack_at_cap"]
+    log = (tmp_path / "warm-up-transformer-1024-log.txt").read_text()
+    assert stack and f"{speed_table.MAIN_THREAD_LINE} {stack['thread']}" in log, result
+    assert re.search(rf"(?:Current thread|Thread) {stack['thread']} \(most recent call first\):", log), result
+    assert stack["frames"], result
+    assert stack["where"].startswith(stack["frames"][0]) and f"in {stack['where']}" in result["error"]
+    assert "stopped at the warm-up cap" in capsys.readouterr().out
+    print(result["error"])
+
+
+def test_the_stack_at_the_cap_names_the_layer_and_the_compiler_part_it_was_in(tmp_path):
+    """stack_at_cap reads faulthandler's dump: the training thread's frames (the id the warm-up logged), not those of
+    the thread the signal came to, a compile worker's here; the plugin's innermost frame outside compilation/ and the
+    compiler part of the innermost frame that names one."""
+    site = "/venv/lib/python3.11/site-packages"
+    log = tmp_path / "warm-up-log.txt"
+    log.write_text(
+        f"{speed_table.MAIN_THREAD_LINE} 0x00007f0000000002\n"
+        "INFO: training\n"
+        "Current thread 0x00007f0000000001 (most recent call first):\n"
+        f'  File "{site}/torch/_inductor/compile_worker/subproc_pool.py", line 10 in _read\n'
+        "\n"
+        "Thread 0x00007f0000000002 (most recent call first):\n"
+        f'  File "{site}/sympy/core/basic.py", line 5 in subs\n'
+        f'  File "{site}/torch/_inductor/sizevars.py", line 7 in simplify\n'
+        f'  File "{site}/torch/_dynamo/eval_frame.py", line 9 in _fn\n'
+        f'  File "{ROOT}/umst_plugin/compilation/dispatch.py", line 62 in _dispatch\n'
+        f'  File "{ROOT}/umst_plugin/modules/transformer_sf/layer.py", line 280 in blocks\n'
+        "  ...\n")  # deeper than faulthandler's 100 frames
+    stack = speed_table.stack_at_cap(str(log))
+    assert stack["thread"] == "0x00007f0000000002"
+    assert stack["frames"][0] == "sympy/core/basic.py:5 in subs" and len(stack["frames"]) == 5
+    assert stack["layer"] == "umst_plugin/modules/transformer_sf/layer.py:280 in blocks"
+    assert stack["phase"] == "symbolic shapes"
+    assert stack["where"] == ("sympy/core/basic.py:5 in subs, symbolic shapes, "
+                              "under umst_plugin/modules/transformer_sf/layer.py:280 in blocks")
+    log.write_text("INFO: training\n")
+    assert speed_table.stack_at_cap(str(log)) is None
 
 
 def test_warm_ups_run_as_many_at_once_as_the_card_holds():
