@@ -882,9 +882,9 @@ def warm_up(rows, work, env, timeout, card_gib=None, order=None):
                 results[key] = dict(json.load(f), concurrent=concurrent)
         except (OSError, ValueError):
             results[key] = dict(seconds=None, error=f"no result (rc {proc.returncode}; see {log.name})")
-            if capped:  # still compiling: where it was, from the stack its process wrote at the cap
+            if capped:  # still running (compiling, mostly): where it was, from the stack it wrote at the cap
                 stack = stack_at_cap(log.name)
-                results[key].update(error=f"stopped at the warm-up cap ({timeout:.0f} s), still compiling"
+                results[key].update(error=f"stopped at the warm-up cap ({timeout:.0f} s), still running"
                                     + (f" in {stack['where']}" if stack else "") + f"; see {log.name}",
                                     stack_at_cap=stack)
         print(f"[speed] compile warm-up {key}: " + (f"{results[key]['seconds']:.0f} s of compiling"
@@ -968,10 +968,11 @@ COMPILE_PHASES = (("torch/fx/experimental/symbolic_shapes.py", "symbolic shapes"
 
 def stack_at_cap(log_path):
     """The training thread's stack in a warm-up's log (:data:`MAIN_THREAD_LINE` names it), as faulthandler wrote
-    it at the cap (the last dump), or None when the log holds none: ``thread``, its id; ``frames`` (innermost first, ``path:line in function``, paths from ``site-packages/``
-    or the checkout); ``layer``, the innermost frame of the plugin's own code outside ``compilation/`` (whose
-    layers were compiling); ``phase``, the compiler part of the innermost frame that names one (:data:`COMPILE_PHASES`:
-    dynamo, AOTAutograd, inductor, symbolic shapes, Triton); ``where``, the innermost frame and those two."""
+    it at the cap (the last dump), or None when the log holds none: ``thread``, its id; ``frames``, innermost
+    first, ``path:line in function`` (paths from ``site-packages/`` or the checkout); ``layer``, the innermost
+    frame of the plugin's own code outside ``compilation/`` (whose layers were compiling); ``phase``, the compiler
+    part of the innermost frame that names one (:data:`COMPILE_PHASES`); ``where``, the innermost frame, the phase
+    and the layer."""
     try:
         with open(log_path, errors="replace") as f:
             text = f.read()
@@ -979,9 +980,9 @@ def stack_at_cap(log_path):
         return None
     # the training thread's (the others: compile workers); faulthandler keeps a stack's innermost 100 frames
     ident = re.findall(re.escape(MAIN_THREAD_LINE) + r" (0x[0-9a-f]+)", text)
-    main = re.findall(r"(?:Current thread|Thread) " + (ident[-1] if ident else "0x[0-9a-f]+")
-                      + r" \(most recent call first\):\n((?:  File .*\n)+)", text)
-    if not ident or not main:
+    main = ident and re.findall(r"(?:Current thread|Thread) " + ident[-1]
+                                + r" \(most recent call first\):\n((?:  File .*\n)+)", text)
+    if not main:
         return None
     frames = []
     for m in re.finditer(r'  File "([^"]+)", line (\d+) in (\S+)', main[-1]):
@@ -999,8 +1000,6 @@ def stack_at_cap(log_path):
 
 
 def _kill_group(proc):
-    import signal
-
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
