@@ -801,11 +801,11 @@ def build_corpus(directory, sizes, log, env):
     previous call, or ``--corpus-only`` on another machine (its ``data-bin`` and stamp carried here), built the same
     one (:func:`corpus_stamp`, recorded beside it). The corpus is deterministic: the same arguments and code write
     the same files on any machine."""
-    stamp = os.path.join(directory, CORPUS_STAMP)
+    stamp, wanted = os.path.join(directory, CORPUS_STAMP), corpus_stamp(sizes)
     databin = os.path.join(directory, "data-bin")
     if os.path.exists(stamp):
         with open(stamp) as f:
-            if json.load(f) == corpus_stamp(sizes) and os.path.exists(os.path.join(databin, "dict.src.txt")):
+            if json.load(f) == wanted and os.path.exists(os.path.join(databin, "dict.src.txt")):
                 return databin, 0.0
     start = time.time()
     argv = [sys.executable, "-m", "benchmarks.synthetic_corpus", directory,
@@ -815,8 +815,17 @@ def build_corpus(directory, sizes, log, env):
     log.flush()
     subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, check=True)
     with open(stamp, "w") as f:
-        json.dump(corpus_stamp(sizes), f)
+        json.dump(wanted, f)
     return databin, time.time() - start
+
+
+def prepare_corpus(work, sizes, env):
+    """:func:`build_corpus` in ``work``/corpus, logged to ``work``/parent-log.txt, its line printed; its data-bin."""
+    with open(os.path.join(work, "parent-log.txt"), "a") as log:
+        databin, seconds = build_corpus(os.path.join(work, "corpus"), sizes, log, env)
+    print(f"[speed] corpus {databin}: " + ("built in %.0f s" % seconds if seconds else
+                                           "built before (its stamp matches)"), flush=True)
+    return databin
 
 
 def warm_up_slots(rows, card_gib):
@@ -1117,6 +1126,13 @@ def main(argv=None):
         paths, install_s = [site, tree], round(time.time() - start, 1)
         print(f"[speed] installed from {args.wheelhouse} in {install_s:.0f} s", flush=True)
     env = process_env(paths)
+    sizes = TINY_CORPUS if args.tiny else CORPUS
+    if args.corpus_only:  # before the arch table: nothing of the plan is needed
+        os.makedirs(work, exist_ok=True)
+        databin = prepare_corpus(work, sizes, env)
+        print("[speed] carry these to the GPU machine: " + " ".join(
+            os.path.relpath(p, ROOT) for p in (databin, os.path.join(work, "corpus", CORPUS_STAMP))), flush=True)
+        return 0
     # the arch table is the plugin's registry: read where fairseq imports (a child, after an install)
     rows = harness.table_from_child(env) if paths else harness.table()
     measured = harness.measured_rows(rows)
@@ -1131,7 +1147,6 @@ def main(argv=None):
                                                        f"{RECIPE_MAX_TOKENS},{CONTRAST_MAX_TOKENS}")).split(",")]
     args.updates = args.updates or (8 if args.tiny else 24)
     args.log_interval = args.log_interval or (2 if args.tiny else 4)
-    sizes = TINY_CORPUS if args.tiny else CORPUS
     data = args.data or os.path.join(work, "corpus", "data-bin")
     stock, plugin = plan(data, max_tokens, args.updates, args.log_interval, archs, compile_archs, args.tiny, rows)
     if args.no_stock:
@@ -1141,14 +1156,6 @@ def main(argv=None):
             print(f"{row_label(row):>48}: fairseq-train {shlex.join(row['argv'])}")
         return 0
     os.makedirs(work, exist_ok=True)
-    if args.corpus_only:
-        corpus = os.path.join(work, "corpus")
-        with open(os.path.join(work, "parent-log.txt"), "a") as log:
-            databin, seconds = build_corpus(corpus, sizes, log, env)
-        print(f"[speed] corpus {databin}: " + ("built in %.0f s" % seconds if seconds else "built before"), flush=True)
-        print("[speed] carry these to the GPU machine: " + " ".join(
-            os.path.relpath(p, ROOT) for p in (databin, os.path.join(corpus, CORPUS_STAMP))), flush=True)
-        return 0
     os.makedirs(args.out, exist_ok=True)
     env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(work, "inductor-cache")  # shared by the warm-up and the rows
     env.setdefault("OMP_NUM_THREADS", "1" if args.tiny else "4")
@@ -1176,11 +1183,8 @@ def main(argv=None):
         print(f"[speed] {len(done)} rows kept from {record_path} (the same plan); running the rest", flush=True)
     stock = [r for r in stock if row_key(r) not in done]
     plugin = [r for r in plugin if row_key(r) not in done]
-    with open(os.path.join(work, "parent-log.txt"), "a") as log:
-        if not args.data:
-            databin, seconds = build_corpus(os.path.join(work, "corpus"), sizes, log, env)
-            print(f"[speed] corpus {databin}: " + ("built in %.0f s" % seconds if seconds else "from an earlier call"),
-                  flush=True)
+    if not args.data:
+        prepare_corpus(work, sizes, env)
     from benchmarks.synthetic_corpus import WMT14_MEAN
 
     record["corpus"] = dict(sizes, what=(f"synthetic, {sizes['train']:,} training pairs of WMT14 En-De's BPE lengths "
