@@ -12,6 +12,7 @@ import torch.fx.experimental._config as fx_config
 
 from umst_plugin.compilation import fallback, probe, regions, retry, telemetry
 from umst_plugin.compilation.state import STATE
+from umst_plugin.patches import inductor_scan
 
 
 def is_compiled(module):
@@ -105,6 +106,7 @@ def configure_dynamo():
     if hasattr(config, "fail_on_recompile_limit_hit"):
         config.fail_on_recompile_limit_hit = True  # an error, not a silent fall back to eager
     allow_custom_functions_in_autograd_cache()
+    inductor_scan.install(load=True)  # prefix sums as ATen's scan on a GPU: Triton's took minutes to compile
 
 
 def allow_custom_functions_in_autograd_cache():

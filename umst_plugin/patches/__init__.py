@@ -53,6 +53,7 @@ PATCHES = (
     "partition_symbols",
     "encoder_padding_mask",
     "decoder_padding_mask",
+    "inductor_scan",
 )
 
 
@@ -90,6 +91,8 @@ STOCK_NUMBERS = {
                             "outputs (tested to float32 rounding); incremental decoding is unchanged",
     "partition_symbols": "no: only torch.compile's split of a graph that torch < 2.13 failed to split (a layer "
                          "that fell back to eager is compiled instead); not installed on torch >= 2.13",
+    "inductor_scan": "no: only programs compiled for a GPU (--compile): a prefix sum runs as ATen's scan, not a "
+                     "Triton one (integer sums, the same values)",
 }
 
 
