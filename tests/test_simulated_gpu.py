@@ -309,6 +309,45 @@ def test_inductor_generates_the_gpu_program_on_a_cpu():
     torch._dynamo.reset()
 
 
+@pytest.mark.skipif(simulated_gpu.unavailable() is not None,
+                    reason=f"inductor's CUDA code generation: {simulated_gpu.unavailable()}")
+def test_a_gpu_program_s_prefix_sums_are_atens_scan_and_its_kernels_compile_for_the_gpu(tmp_path, monkeypatch):
+    """TranSFormer's input region's kind of prefix sums, over a length bounded as the source length is
+    (max_source_positions): inductor's own lowering makes a Triton scan of them (persistent, 1024 wide, the kind
+    that took minutes to compile), the plugin's under --compile (``patches/inductor_scan.py``) one ATen call each.
+    Then ``umst_dev.triton_compile_times`` compiles every kernel of the patched program for sm_90, here, in seconds."""
+    from umst_dev import triton_compile_times
+    from umst_plugin.compilation import dispatch
+    from umst_plugin.patches import inductor_scan
+
+    def layout(tokens):
+        torch._check(tokens.size(1) <= 1024)  # what the positional embedding's table size tells inductor
+        real = tokens.ne(1)
+        return torch.cumsum(real.int(), dim=1) * real + 1, torch.cumsum((tokens % 3 == 0).long() + real.long(), 1)
+
+    tokens = torch.randint(0, 9, (40, 30))
+
+    def program():
+        torch._dynamo.reset()
+        backend = simulated_gpu.Backend("h200")
+        out = torch.compile(layout, backend=backend, dynamic=True)(tokens)
+        assert all(torch.equal(a, b) for a, b in zip(out, layout(tokens)))
+        (generated,) = backend.programs
+        return generated.code
+
+    dispatch.configure_dynamo()  # what --compile runs first: installs the patch
+    patched = program()
+    assert "associative_scan" not in patched and patched.count("aten.cumsum.default(") == 2
+    monkeypatch.setattr(inductor_scan, "LIBRARY_SCAN_DEVICES", ())  # inductor's own lowering everywhere
+    assert "tl.associative_scan" in program()
+    (tmp_path / "layout-0-forward.py").write_text(patched)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
+    rows = triton_compile_times.measure(str(tmp_path), log=lambda line: None)
+    assert rows and all(r["configs"] and r["seconds"] < 30 for r in rows)
+    assert triton_compile_times.per_row(rows)["layout"]["kernels"] == len(rows)
+    torch._dynamo.reset()
+
+
 def _traffic(fwd, bwd):
     """A simulated_traffic record: (launches, bytes, FLOPs) forward and backward."""
     return {kind: dict(launches=n, triton=n // 2, bytes=b, triton_bytes=b // 2, flops=f, unsized=0, runs=1)

@@ -77,6 +77,19 @@ def measure(folder, arch=90, log=print):
     return rows
 
 
+def per_row(rows):
+    """Totals per benchmark row (a program file is ``<row>-<index>-forward.py`` or ``-backward.py``): kernels,
+    seconds, the slowest kernel's seconds."""
+    totals = {}
+    for r in rows:
+        name = r["program"].rsplit("-", 2)[0]
+        t = totals.setdefault(name, dict(kernels=0, seconds=0.0, slowest_s=0.0))
+        t["kernels"] += 1
+        t["seconds"] = round(t["seconds"] + r["seconds"], 2)
+        t["slowest_s"] = max(t["slowest_s"], r["seconds"])
+    return totals
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("folder", help="a --dump-gpu-code folder of python -m benchmarks launches")
@@ -88,12 +101,17 @@ def main(argv=None):
     rows = measure(args.folder, args.arch)
     total = sum(r["seconds"] for r in rows)
     print(f"\n{len(rows)} kernels, {sum(len(r['configs']) for r in rows)} configs: {total:.1f} s of Triton "
-          f"compiling (one at a time on this CPU); the slowest:")
+          f"compiling (one at a time on this CPU)")
+    by_row = per_row(rows)
+    for name, row in by_row.items():
+        print(f"  {name}: {row['kernels']} kernels, {row['seconds']:.1f} s, the slowest {row['slowest_s']:.1f} s")
+    print("the slowest kernels:")
     for r in sorted(rows, key=lambda r: -r["seconds"])[:args.top]:
         print(f"{r['seconds']:8.2f} s  {r['program']}  {r['kernel'][:100]}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(folder=args.folder, arch=args.arch, total_s=round(total, 1), kernels=rows), f, indent=1)
+            json.dump(dict(folder=args.folder, arch=args.arch, total_s=round(total, 1), rows=by_row, kernels=rows), f,
+                      indent=1)
     return 0
 
 
