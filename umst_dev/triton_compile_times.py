@@ -10,7 +10,7 @@ and times each; no driver is needed.
     python -m umst_dev.triton_compile_times DIR [--json OUT] [--top 10]
 
 Found with it: two persistent scans of TranSFormer's input region took 161 s and 212 s (one config each), every
-other kernel under a second; ``umst_plugin/patches/inductor_scan.py`` is the fix. Timings are this CPU's, one
+other kernel under 4 s; ``umst_plugin/patches/inductor_scan.py`` is the fix. Timings are this CPU's, one
 config at a time; a GPU machine compiles several kernels at once in inductor's worker processes.
 """
 import argparse
@@ -72,7 +72,8 @@ def measure(folder, arch=90, log=print):
             for name, source in kernels(path):
                 times = compile_kernel(_load(name, source, sources), arch)
                 rows.append(dict(program=os.path.basename(path), kernel=name,
-                                 configs=[[c, round(s, 2)] for c, s in times], seconds=round(sum(s for _, s in times), 2)))
+                                 configs=[[c, round(s, 2)] for c, s in times],
+                                 seconds=round(sum(s for _, s in times), 2)))
                 log(f"{rows[-1]['seconds']:8.2f} s  {len(times)} config(s)  {rows[-1]['program']}  {name}")
     return rows
 

@@ -10,11 +10,11 @@ integer prefix sums of the character layout and the positions (``CharTable._layo
 fairseq's ``make_positions``). Inductor fuses them into two persistent Triton scans over the whole padded source
 length, whose bound is ``max_source_positions`` (R0_BLOCK 1024), and autotunes each over three XBLOCKs. Triton
 unrolls the scan: the XBLOCK 32 configs (32 x 1024 int64 per program) took 161 s and 212 s to compile, every
-other kernel of TranSFormer's program under a second (docs/results/triton-compile-transformer-sf-cpu.json).
+other kernel of TranSFormer's program under 4 s (docs/results/triton-compile-transformer-sf-cpu.json).
 
 With this patch a ``cumsum`` in a program compiled for a CUDA device is one ATen call: the library scan eager mode
 runs, one launch per prefix sum, nothing for Triton to compile. The values are ATen's own (integer sums: exact).
-Programs compiled for a CPU keep inductor's C++ scan, which compiles in well under a second. Installed by
+Programs compiled for a CPU keep inductor's lowering (its C++ backend calls ATen's scan itself). Installed by
 ``--compile`` (``compilation.dispatch.configure_dynamo``) and by :func:`install` once inductor is loaded; a
 fairseq run without ``--compile`` never imports inductor for it.
 """
@@ -25,8 +25,9 @@ import torch
 TARGET = "torch._inductor.lowering.lowerings[aten.cumsum.default] (programs compiled for CUDA devices)"
 SYMPTOM = ("TranSFormer's compiled layers never finish compiling on a GPU: Triton takes 161 s and 212 s for two "
            "scan kernels of its input region (the speed table's warm-up stopped at its cap, twice)")
-REMOVE_WHEN = ("a torch/Triton that compiles a persistent 32 x 1024 scan in seconds: python -m umst_dev.triton_compile_times "
-               "on the transformer_sf program that python -m benchmarks launches --compile --simulate-gpu h200 dumps")
+REMOVE_WHEN = ("a torch/Triton that compiles a persistent 32 x 1024 scan in seconds: python -m "
+               "umst_dev.triton_compile_times on the transformer_sf program that python -m benchmarks launches "
+               "--compile --simulate-gpu h200 dumps")
 
 NAME = __name__.rsplit(".", 1)[-1]
 # devices whose compiled programs get ATen's scan: those inductor writes Triton for
