@@ -84,6 +84,7 @@ from benchmarks import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+RESULTS = os.path.join(ROOT, "docs", "results")  # the committed speed records
 PLUGIN = os.path.join(ROOT, "umst_plugin")
 
 RECIPE_MAX_TOKENS = 38400  # tokens per card per step in the WMT recipes on an 80 GB or larger card
@@ -837,13 +838,16 @@ def warm_up_slots(rows, card_gib):
     return max(1, min(len(rows), int(0.95 * card_gib // per_row)))
 
 
-def compile_seconds_known(out_dir):
-    """{"name tokens": cold compile seconds} from the speed records in ``out_dir`` (a warm-up that did not finish
-    counts as the longest): the warm-ups' order, longest first, so that the last to start is a short one."""
+def compile_seconds_known(*folders):
+    """{"name tokens": cold compile seconds} from the speed records in ``folders`` (a warm-up that did not finish
+    counts as the longest): the warm-ups' order, longest first, so that the last to start is a short one. The call
+    reads its ``--out`` and the committed records (:data:`RESULTS`), so that a fresh checkout, whose ``--out`` holds
+    none, still starts with the longest."""
     import glob
 
     known = {}
-    for path in glob.glob(os.path.join(out_dir, "gpu-speed-*.json")):
+    paths = {os.path.realpath(p) for folder in folders for p in glob.glob(os.path.join(folder, "gpu-speed-*.json"))}
+    for path in sorted(paths):
         for key, w in read_record(path).get("warm_up", {}).items():
             known[key] = max(known.get(key, 0.0), w.get("seconds") or float("inf"))
     return known
@@ -1078,7 +1082,7 @@ def rows_done(earlier, plan_rows):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=os.path.join(ROOT, "docs", "results"), help="where the record goes")
+    p.add_argument("--out", default=RESULTS, help="where the record goes")
     p.add_argument("--work", default=os.path.join(ROOT, "bench-out", "speed"),
                    help="scratch: the corpus, the inductor cache, the processes' logs")
     p.add_argument("--data", default=None, help="a data-bin to train on instead of the synthetic corpus")
@@ -1198,7 +1202,7 @@ def main(argv=None):
     compiled = [r for r in compiled if f"{r['name']} {r['max_tokens']}" not in kept]
     warm_timeout = min(args.warm_up_timeout, (deadline - time.time()) * 0.4) if deadline else args.warm_up_timeout
     record["warm_up"] = dict(kept, **warm_up(compiled, work, env, warm_timeout, info.get("memory_gib"),
-                                             compile_seconds_known(args.out)))
+                                             compile_seconds_known(args.out, RESULTS)))
     record["warm_up_s"] = round(time.time() - start, 1)
     write_record(record_path, finish(record))
     measured_from = args.log_interval
