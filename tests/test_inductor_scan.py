@@ -64,3 +64,16 @@ def test_a_prefix_sum_compiled_for_a_gpu_is_atens_scan_with_atens_values(monkeyp
         assert not asked and code.count("aten.cumsum.default(") == 2, code
         for got, want in zip(out, layout(batch)):
             assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_a_torch_whose_lowering_differs_is_refused_with_a_clear_error(monkeypatch):
+    from torch._inductor import lowering
+
+    from umst_plugin.patches import PatchError
+
+    def other_lowering(x, dim, dtype=None, reverse=False):
+        raise AssertionError("never called")
+
+    monkeypatch.setitem(lowering.lowerings, torch.ops.aten.cumsum.default, other_lowering)
+    with pytest.raises(PatchError, match=r"inductor's cumsum lowering is \(x, dim, dtype=None, reverse=False\)"):
+        inductor_scan.install(load=True)

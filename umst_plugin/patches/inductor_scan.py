@@ -18,9 +18,12 @@ Programs compiled for a CPU keep inductor's lowering (its C++ backend calls ATen
 ``--compile`` (``compilation.dispatch.configure_dynamo``) and by :func:`install` once inductor is loaded; a
 fairseq run without ``--compile`` never imports inductor for it.
 """
+import inspect
 import sys
 
 import torch
+
+from umst_plugin.patches import MARKER, PatchError, installed
 
 TARGET = "torch._inductor.lowering.lowerings[aten.cumsum.default] (programs compiled for CUDA devices)"
 SYMPTOM = ("TranSFormer's compiled layers never finish compiling on a GPU: Triton takes 161 s and 212 s for two "
@@ -32,6 +35,7 @@ REMOVE_WHEN = ("a torch/Triton that compiles a persistent 32 x 1024 scan in seco
 NAME = __name__.rsplit(".", 1)[-1]
 # devices whose compiled programs get ATen's scan: those inductor writes Triton for
 LIBRARY_SCAN_DEVICES = ("cuda",)
+EXPECTED_SIGNATURE = "(x, axis=None, dtype=None)"  # inductor's lowering, torch 2.11 to 2.13
 
 
 def _is_integral(dtype):
@@ -47,8 +51,13 @@ def install(load=False):
 
     op = torch.ops.aten.cumsum.default
     inductors = lowering.lowerings[op]
-    if getattr(inductors, "_umst_patch", None) == NAME:
+    if installed(inductors, NAME):
         return
+    found = str(inspect.signature(inductors))
+    if found != EXPECTED_SIGNATURE or not hasattr(lowering, "fallback_cumsum"):
+        raise PatchError(f"{NAME}: inductor's cumsum lowering is {found} (expected {EXPECTED_SIGNATURE}, with "
+                         f"lowering.fallback_cumsum) under torch {torch.__version__}; the patch was written for "
+                         "torch 2.11 to 2.13. Run without --compile, or update the patch")
 
     def cumsum(x, axis=None, dtype=None):
         device = x.get_device()
@@ -58,6 +67,6 @@ def install(load=False):
             dtype = torch.int64  # what inductor's lowering (and ATen) give an integer or boolean prefix sum
         return lowering.fallback_cumsum(x, dim=axis, dtype=dtype)
 
-    cumsum._umst_patch = NAME
+    setattr(cumsum, MARKER, NAME)
     cumsum.__wrapped__ = inductors
     lowering.lowerings[op] = cumsum
