@@ -22,6 +22,7 @@ import re
 import sys
 import tempfile
 import time
+from unittest import mock
 
 KERNEL = re.compile(r"async_compile\.triton\('([^']+)', '''(.*?)''', device_str='cuda'\)", re.S)
 
@@ -33,10 +34,8 @@ def kernels(program_path):
 
 
 def _load(name, source, folder):
-    """The kernel's ``CachingAutotuner`` (inductor's decorator over the ``triton.jit`` function), from its source."""
-    import torch._inductor.runtime.triton_helpers as triton_helpers
-
-    triton_helpers.set_driver_to_gpu = lambda: None  # no driver here; the target is given to triton.compile
+    """The kernel's ``CachingAutotuner`` (inductor's decorator over the ``triton.jit`` function), from its source
+    (which selects the GPU driver on import: :func:`measure` makes that a no-op while it loads)."""
     path = os.path.join(folder, f"{name}.py")
     with open(path, "w") as f:
         f.write(source)
@@ -66,8 +65,11 @@ def compile_kernel(tuner, arch=90, warp_size=32):
 
 def measure(folder, arch=90, log=print):
     """Every kernel of every program in ``folder``: {program, kernel, configs: [[config, seconds]], seconds}."""
+    import torch._inductor.runtime.triton_helpers as triton_helpers
+
     rows = []
-    with tempfile.TemporaryDirectory() as sources:
+    # no driver here (the target is given to triton.compile); restored after, for the rest of the process
+    with tempfile.TemporaryDirectory() as sources, mock.patch.object(triton_helpers, "set_driver_to_gpu", lambda: None):
         for path in sorted(glob.glob(os.path.join(folder, "*.py"))):
             for name, source in kernels(path):
                 times = compile_kernel(_load(name, source, sources), arch)

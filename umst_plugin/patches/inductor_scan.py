@@ -38,16 +38,13 @@ LIBRARY_SCAN_DEVICES = ("cuda",)
 EXPECTED_SIGNATURE = "(x, axis=None, dtype=None)"  # inductor's lowering, torch 2.11 to 2.13
 
 
-def _is_integral(dtype):
-    return not (dtype.is_floating_point or dtype.is_complex)
-
-
 def install(load=False):
     """Replace inductor's ``cumsum`` lowering (idempotent). Without ``load`` only where inductor is loaded already
     (``import umst_plugin`` must not load it: 2 s); ``--compile`` calls it with ``load=True``."""
     if not load and "torch._inductor.lowering" not in sys.modules:
         return
     from torch._inductor import lowering
+    from torch._prims_common import is_boolean_dtype, is_integer_dtype
 
     op = torch.ops.aten.cumsum.default
     inductors = lowering.lowerings[op]
@@ -63,8 +60,8 @@ def install(load=False):
         device = x.get_device()
         if device is None or device.type not in LIBRARY_SCAN_DEVICES:
             return inductors(x, axis, dtype)
-        if dtype is None and _is_integral(x.get_dtype()):
-            dtype = torch.int64  # what inductor's lowering (and ATen) give an integer or boolean prefix sum
+        if dtype is None and (is_integer_dtype(x.get_dtype()) or is_boolean_dtype(x.get_dtype())):
+            dtype = torch.int64  # inductor's lowering's own rule (and ATen's) for an integer or boolean prefix sum
         return lowering.fallback_cumsum(x, dim=axis, dtype=dtype)
 
     setattr(cumsum, MARKER, NAME)
