@@ -1,6 +1,6 @@
 """Seconds each test file takes, for scheduling the suite: ``tests/file_seconds.json``.
 
-``scripts/test.sh`` runs the files on 4 workers (``--dist loadfile``: a file's tests stay on one worker) in the
+``scripts/test.sh`` runs the files on 3 workers (``--dist loadfile``: a file's tests stay on one worker) in the
 order conftest.py gives them: the longest files first (``--no-loadscope-reorder``: xdist would order them by their
 number of tests, which put the longest files last, one worker running them alone at the end). Refresh the record
 after a whole run:
