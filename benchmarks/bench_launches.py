@@ -116,8 +116,10 @@ def launch_rows():
     rows = {"transformer": dict(arch="transformer", overrides=dict(harness.PRENORM))}
     rows.update((n, dict(arch=arch, overrides=overrides)) for n, (arch, overrides) in OWN_ROWS.items())
     measured = [n for n in harness.measured_rows(table) if n != "transformer"]
-    for name in measured:
-        rows[name] = dict(arch=table[name].base, overrides=dict(table[name].overrides), quick=dict(table[name].quick))
+    extras = [n for n, r in table.items() if r.extra]  # asked for by name only (not in the default --archs)
+    for name in measured + extras:
+        rows[name] = dict(arch=table[name].base, overrides=dict(table[name].overrides), quick=dict(table[name].quick),
+                          **(dict(extra=True, label=table[name].base + table[name].label) if name in extras else {}))
     for floor, shaped in _inverse(harness.shape_baselines(table)).items():
         overrides = {k: v for k, v in table[floor].overrides.items() if k not in NOT_IN_FLOOR}
         first = table[shaped[0]]
@@ -543,8 +545,10 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--archs", default=None,
-                   help="comma-separated rows (default: every row); 'floored': the families' own rows (named as the "
-                        "family) that have a floor of their shape, the rows whose compiled launch rate has a target")
+                   help="comma-separated rows (default: every row but the extra ones, which are run by name: a "
+                        "trade-off flag's variant, a WMT recipe's shape; python -m benchmarks.harness lists them); "
+                        "'floored': the families' own rows (named as the family) that have a floor of their shape, "
+                        "the rows whose compiled launch rate has a target")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
                    help="fp32, or --amp in bf16 / fp16 (the stock row: fairseq's own --amp, fp16 on CUDA only)")
     p.add_argument("--quick", action="store_true", help="tiny widths: a smoke run")
@@ -596,7 +600,8 @@ def main(argv=None):
     rows_known = launch_rows()  # (after --stock: the stock process must not import the plugin)
     if args.archs == "floored":
         args.archs = ",".join(floored_family_rows())
-    names = [n for n in (args.archs if args.archs is not None else ",".join(rows_known)).split(",") if n]
+    default = ",".join(n for n, r in rows_known.items() if not r.get("extra"))
+    names = [n for n in (args.archs if args.archs is not None else default).split(",") if n]
     unknown = [n for n in names if n not in rows_known]
     if unknown:
         p.error(f"unknown arch(s) {unknown}; choices: {', '.join(rows_known)}")

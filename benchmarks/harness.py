@@ -52,7 +52,7 @@ POOL_BATCHES = 9  # lengths_batch draws sentences for at least this many batches
 def _row(fields):
     """A BenchRow of ``fields`` (a plain namespace where the plugin must not be imported: the stock process)."""
     defaults = dict(overrides={}, big_overrides={}, quick={}, baseline="transformer", shape_baseline=None, label="",
-                    baseline_only=False, extra=False)
+                    baseline_only=False, extra=False, recipes=())
     return SimpleNamespace(**dict(defaults, **fields))
 
 
@@ -86,6 +86,14 @@ def measured_rows(rows=None):
     only another's baseline, nor an ``extra`` (a trade-off flag's variant, asked for by name)."""
     rows = table() if rows is None else rows
     return [n for n, r in rows.items() if n == "transformer" or not (r.baseline_only or r.extra)]
+
+
+def recipe_rows(rows=None):
+    """The rows the speed table measures by default: :func:`measured_rows`, then every row that is a WMT recipe's
+    model at another shape than its arch's defaults (``BenchRow.recipes``), extra or not."""
+    rows = table() if rows is None else rows
+    measured = measured_rows(rows)
+    return measured + [n for n, r in rows.items() if r.recipes and n not in measured]
 
 
 def shape_baselines(rows=None):
@@ -132,7 +140,7 @@ def build(name, width="base", quick=False, vocab=VOCAB, overrides=None, seed=0):
 def table_json():
     """The table as JSON-able dicts (name -> BenchRow's fields)."""
     fields = ("base", "big", "overrides", "big_overrides", "quick", "baseline", "shape_baseline", "label",
-              "baseline_only", "extra")
+              "baseline_only", "extra", "recipes")
     return {n: {f: getattr(r, f) for f in fields} for n, r in table().items()}
 
 

@@ -20,7 +20,10 @@ Rows, in this order (the first table is the recipe batch's; a call cut short kee
   optimizer) and with ``--amp`` (fp16 autocast), in a process that never imports the plugin;
 * the plugin's transformer (``--user-dir umst_plugin --task multiscale_translation``) in bf16 (``--amp
   --amp-dtype bfloat16``), eager and ``--compile``, and in fp32 with ``--tf32``;
-* UMST, UMST-RPR, TranSFormer, MSC, MSMSA, Prime and Prime-simple (base), each in bf16, eager and ``--compile``.
+* UMST, UMST-RPR, TranSFormer, MSC, MSMSA, Prime and Prime-simple (base), each in bf16, eager and ``--compile``;
+* Prime at the shape of its WMT14 base recipe (``prime_muse``: UMST's MUSE, ``prime_base`` at 6+6 layers of d 512,
+  ``configs/umst-t2-muse-base.yaml``), bf16, eager and ``--compile``: ``prime_base``'s own 12+12 layers of d 384
+  are the Prime paper's IWSLT model, which no WMT recipe trains (``harness.recipe_rows``).
 
 Per row: ``words_per_s`` (the median of fairseq's own ``wps`` over the log intervals after the first, which
 holds the warm-up); ``target_tokens_per_step`` (fairseq's ``wpb``, the median over the same intervals: what a row's
@@ -1095,8 +1098,9 @@ def main(argv=None):
     p.add_argument("--updates", type=int, default=None, help="updates per row (default 24; --tiny: 8)")
     p.add_argument("--log-interval", type=int, default=None,
                    help="updates per logged record, the first of which is warm-up (default 4; --tiny: 2)")
-    p.add_argument("--archs", default=None, help="comma-separated rows (default: the transformer and every family's, "
-                                                 "python -m benchmarks.harness lists them)")
+    p.add_argument("--archs", default=None, help="comma-separated rows (default: the transformer, every family's "
+                                                 "and the WMT recipes' shapes; python -m benchmarks.harness lists "
+                                                 "them)")
     p.add_argument("--compile-archs", default=None, help="archs with a --compile row (default: all; --tiny: transformer)")
     p.add_argument("--no-stock", action="store_true")
     p.add_argument("--deadline", type=float, default=None, help="seconds for the whole call")
@@ -1139,7 +1143,7 @@ def main(argv=None):
         return 0
     # the arch table is the plugin's registry: read where fairseq imports (a child, after an install)
     rows = harness.table_from_child(env) if paths else harness.table()
-    measured = harness.measured_rows(rows)
+    measured = harness.recipe_rows(rows)
     archs = [a for a in (args.archs if args.archs is not None else ",".join(measured)).split(",") if a]
     compile_default = "transformer" if args.tiny else ",".join(measured)
     compile_archs = [a for a in (args.compile_archs if args.compile_archs is not None else compile_default).split(",")

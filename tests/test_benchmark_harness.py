@@ -400,3 +400,43 @@ def test_the_family_name_scan_sees_code_and_not_comments_or_docstrings(tmp_path)
     path.write_text('"""About msc."""\nROWS = ("prime_base", transformer_sf)  # msmsa\n\n\ndef f():\n'
                     '    """msmsa."""\n    return "x"\n')
     assert _names_in_code(str(path)) == ["ROWS", '"prime_base"', "transformer_sf", "def", "f", "return", '"x"']
+
+
+def _resolved(arch, values):
+    """``values`` (fairseq args names) with what fairseq's architecture function of ``arch`` sets for the rest."""
+    import argparse
+
+    import umst_plugin  # noqa: F401  (registers the plugin's archs)
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    namespace = argparse.Namespace(**values)
+    ARCH_CONFIG_REGISTRY[arch](namespace)
+    return vars(namespace)
+
+
+def test_a_recipe_row_is_the_model_its_configs_train():
+    """A benchmark row that stands for a WMT recipe's model (``BenchRow.recipes``: UMST's MUSE) has that config's
+    arch and the same value of every model argument the config or the row sets, at base and big width; the speed
+    table measures it by default, the other benchmarks do not (it is ``extra``)."""
+    import os
+
+    import yaml
+
+    from benchmarks import harness
+
+    rows = harness.table()
+    with_recipes = {n: r for n, r in rows.items() if r.recipes}
+    assert "prime_muse" in with_recipes
+    for name, row in with_recipes.items():
+        assert name in harness.recipe_rows(rows) and (row.extra or name in harness.measured_rows(rows))
+        for width, recipe in zip(("base", "big"), row.recipes):
+            with open(os.path.join(harness.ROOT, "configs", f"{recipe}.yaml")) as f:
+                model = yaml.safe_load(f)["model"]
+            arch, overrides = harness.model_overrides(name, width)
+            assert arch == model.pop("_name"), (name, width, recipe)
+            model.pop("share_all_embeddings", None)  # every benchmark row shares them (WMT's joined dictionary)
+            keys = set(model) | set(overrides)
+            config, measured = _resolved(arch, model), _resolved(arch, overrides)
+            different = {k: (config.get(k), measured.get(k)) for k in keys if config.get(k) != measured.get(k)}
+            assert not different, f"{name} at {width} width against configs/{recipe}.yaml: {different}"
+    assert "prime_muse" not in harness.measured_rows(rows)

@@ -49,9 +49,10 @@ def test_tiny_run_has_every_planned_row_with_its_fields(tiny_run):
     assert record["commit"] == "abc1234" and record["card"] is None and record["cpu"]
     planned = {(p["name"], p["precision"], p["compiled"], p["max_tokens"]) for p in record["plan"]}
     rows = {speed_table.row_key(r): r for r in record["rows"]}
-    # 2 stock, 8 archs, compiled and tf32 rows; at the first batch the transformer of Prime's shape (eager: --tiny
-    # compiles the transformer only)
-    assert set(rows) == planned and len(planned) == 2 * (2 + 8 + 2) + 1
+    # 2 stock, 8 archs and Prime at its WMT recipe's shape (UMST's MUSE), compiled and tf32 rows; at the first batch
+    # the transformer of Prime's shape (eager: --tiny compiles the transformer only)
+    assert set(rows) == planned and len(planned) == 2 * (2 + 9 + 2) + 1
+    assert rows[("prime_muse", "bf16", False, 1024)]["arch"] == "prime_base"
     for key, r in rows.items():
         if r["stock"] and r["precision"] == "fp16":  # fairseq's --fp16 needs CUDA
             assert r["error"].startswith("skipped") and not r.get("words_per_s")

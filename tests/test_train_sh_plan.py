@@ -318,3 +318,33 @@ def test_hours_of_a_row_from_a_speed_table(tmp_path):
     # nor a batch per card well under the measured one (8 cards of MSC's 65,536 tokens: 8,192 each)
     line = next(l for l in batch_table.cards_markdown(results_dir=str(tmp_path)).splitlines() if "msc-6l-base" in l)
     assert line.endswith("| not measured at 8,192 tokens per card |"), line
+
+
+def test_a_row_measured_at_its_recipes_shape_is_that_recipes_and_not_the_archs_defaults(tmp_path):
+    """The speed table measures prime_base twice: at its own 12+12 layers of d 384 and at UMST's MUSE shape (6+6,
+    d 512: ``umst-t2-muse-base``). Each config takes the words/s of its own shape: the MUSE config the row whose
+    command line sets that shape, ``prime-t2-prime-base`` (the arch's defaults) the other."""
+    from benchmarks import harness
+    from umst_tools import batch_table
+
+    arch, muse = harness.model_overrides("prime_muse")
+    muse_argv = ["--arch", arch, *harness.overrides_to_argv(muse)]
+    rows = [dict(arch="prime_base", stock=False, precision="bf16", compiled=True, max_tokens=38400,
+                 argv=["--arch", "prime_base", "--dropout", "0.4"], words_per_s=100000.0,
+                 target_tokens_per_step=30000.0),
+            dict(arch="prime_base", stock=False, precision="bf16", compiled=True, max_tokens=38400, argv=muse_argv,
+                 words_per_s=200000.0, target_tokens_per_step=30000.0)]
+    (tmp_path / "gpu-speed-nvidia-h200-abc.json").write_text(json.dumps(
+        dict(card="NVIDIA H200", started="2026-12-01", max_tokens=[38400, 4096], rows=rows)))
+    (card, record), = batch_table.speed_records(str(tmp_path))
+
+    def hours(row, words_per_s):
+        b = batch_table.row_batch(os.path.join(e2e.ROOT, "configs", f"{row}.yaml"))
+        expected = b["max_update"] * (b["tokens_per_update"] * 30000 / 38400) / words_per_s / 3600
+        return batch_table.row_hours(b, record, 1), expected
+
+    got, expected = hours("umst-t2-muse-base", 200000.0)
+    assert got is not None and abs(got - expected) < 1e-9
+    got, expected = hours("prime-t2-prime-base", 100000.0)
+    assert got is not None and abs(got - expected) < 1e-9
+    assert hours("umst-t2-muse-big", 1.0)[0] is None  # d 1024 was not measured

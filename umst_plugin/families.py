@@ -33,7 +33,10 @@ class BenchRow:
     row it is compared with per FLOP; ``shape_baseline``: a transformer row of the family's own shape where it has
     one (Prime's 12+12 narrow layers); ``label``: shown after the row's name; ``baseline_only``: a transformer
     row that only serves as another row's baseline (not one of the family's archs); ``extra``: a row asked for by
-    name only, left out of the default table (a trade-off flag's variant)."""
+    name only, left out of the default table (a trade-off flag's variant); ``recipes``: the configs (``configs/``
+    names, base then big) whose model this row is, where a WMT recipe trains the family's arch at another shape
+    than its defaults (UMST's MUSE: ``prime_base`` at the transformer's 6+6 layers): the speed table measures such
+    a row by default, extra or not, and a test holds it to those configs."""
     base: str
     big: str
     overrides: dict = field(default_factory=dict)
@@ -44,6 +47,7 @@ class BenchRow:
     label: str = ""
     baseline_only: bool = False
     extra: bool = False
+    recipes: tuple = ()
 
 
 @dataclass(frozen=True)

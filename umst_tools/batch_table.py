@@ -48,7 +48,7 @@ def _name(text, section):
 # Model keys a row's config may set that change its cost per token: a row is given hours only where its values are
 # the measured row's (its command line's, else its arch's defaults)
 SHAPE_KEYS = ("encoder_layers", "decoder_layers", "encoder_blocks", "encoder_layers_per_block", "encoder_embed_dim",
-              "decoder_embed_dim")
+              "decoder_embed_dim", "encoder_ffn_embed_dim", "decoder_ffn_embed_dim")
 # a config's arch measured under another name: the same model (the plugin transformer row is fairseq's base shape)
 SAME_ARCH = {"transformer_wmt_en_de": "transformer"}
 
@@ -109,13 +109,19 @@ def _arch_defaults(arch):
 
 
 def _same_shape(shape, row):
-    """Whether every shape key the config sets has the measured row's value (its command line's, else the arch's
-    default the row trained with)."""
+    """Whether the config's model and the measured row's have the same value of every shape key: the config's
+    (``shape``) or the row's command line's, else the arch's default. Both ways: a row measured at another shape
+    than its arch's defaults (UMST's MUSE, ``prime_base`` at 6+6 layers) is not the row of a config that keeps
+    them (``prime-t2-prime-base``)."""
     argv = row.get("argv", [])
-    for key, value in shape.items():
+    for key in SHAPE_KEYS:
         flag = "--" + key.replace("_", "-")
-        measured = int(argv[argv.index(flag) + 1]) if flag in argv else _arch_defaults(row["arch"]).get(key)
-        if measured != value:
+        measured = int(argv[argv.index(flag) + 1]) if flag in argv else None
+        config = shape.get(key)
+        if measured is None and config is None:  # both the arch's default
+            continue
+        default = _arch_defaults(row["arch"]).get(key)
+        if (default if measured is None else measured) != (default if config is None else config):
             return False
     return True
 
