@@ -553,6 +553,45 @@ def test_a_fallback_names_where_an_error_without_a_message_was_raised():
     assert fallback.reason(error) == "RuntimeError: shapes do not match"
 
 
+@torch.library.custom_op("umst_test::column_major_double", mutates_args=())
+def _column_major_double(x: torch.Tensor) -> torch.Tensor:
+    """2x, returned column-major: a kernel whose output strides are not what its fake says (the H200's MSC
+    backward failed a stride check of inductor's generated code this way, expected 565248 where it got 671744)."""
+    return (2 * x).t().contiguous().t()
+
+
+@_column_major_double.register_fake
+def _(x):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def test_a_fallback_from_generated_code_names_the_operator_and_keeps_the_code_that_failed(fresh_fallbacks, caplog):
+    """A compiled graph failing at run time in the code inductor generated (its stride check of an operator's
+    output): the reason names the operator (the message's later line, "Error in op: ...") and the generated line
+    with its symbolic sizes and strides; the traceback kept for the record and the log carry the generated code
+    around it, the failing line marked -- the cache it lies in stays on the machine."""
+    compiled = torch.compile(lambda x: _column_major_double(x + 1) + 1, dynamic=True, fullgraph=True)
+    with pytest.raises(AssertionError) as raised:
+        compiled(torch.randn(5, 7))
+    error = raised.value
+    reason = fallback.reason(error)
+    assert re.match(r"AssertionError: expected size \d+==\d+, stride \d+==\d+ at dim=\d.* "
+                    r"\(in torch\.ops\.umst_test\.column_major_double\.default\); generated code \w+\.py:\d+: "
+                    r"assert_size_stride\(", reason), reason
+    path, lineno, line = fallback.generated_frame(error)
+    assert line.startswith("assert_size_stride(") and open(path).read().splitlines()[lineno - 1].strip() == line
+    layer = torch.nn.Linear(2, 2)
+    with caplog.at_level(logging.WARNING):
+        fallback.fall_back(layer, layer.forward, ("Linear", True, True), "5x7 float32", "forward", error)
+    kept = STATE.fallback_tracebacks[(layer.forward, ("Linear", True, True))]
+    marked = [row for row in kept.splitlines() if row.startswith(">")]
+    assert marked == [f">{lineno:6d}  {open(path).read().splitlines()[lineno - 1]}"], kept[-2000:]
+    logged = [r.getMessage() for r in caplog.records if "where the compiled forward of Linear failed" in r.getMessage()]
+    assert len(logged) == 1 and marked[0] in logged[0] and f"{path}:{lineno}" in logged[0]
+    # an error raised elsewhere has no generated frame, and its reason stays its first line
+    assert fallback.generated_frame(RuntimeError("x")) is None and fallback.generated_excerpt(RuntimeError("x")) == ""
+
+
 def _failing_backend(gm, example_inputs):
     if len(gm.graph.nodes) > 8:  # a layer's graph, not probe.check_available's three-op smoke test
         raise RuntimeError("planted: this backend cannot compile a layer")

@@ -67,17 +67,59 @@ def out_of_memory(e):
     return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e)
 
 
+def _inductor_cache_dir():
+    """Where inductor writes the code it generates (without asking torch, whose ``cache_dir()`` sets
+    TORCHINDUCTOR_CACHE_DIR in this process's environment)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
+
+
+def generated_frame(e):
+    """(path, line number, that line) of the innermost frame of ``e``'s traceback in a module inductor generated
+    (under its cache directory): the line of a compiled graph's code that failed, such as a check of a saved
+    tensor's strides (``assert_size_stride``); None where no frame is in generated code."""
+    root = os.path.realpath(_inductor_cache_dir()) + os.sep
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        if os.path.realpath(frame.filename).startswith(root):
+            return frame.filename, frame.lineno, (frame.line or "").strip()
+    return None
+
+
+def generated_excerpt(e, context=8):
+    """The lines of generated code around where ``e`` was raised (:func:`generated_frame`), numbered, the failing
+    one marked: what a report of a compiled graph failing at run time needs, since inductor's cache, where the code
+    lies, goes with the machine. "" where ``e`` was not raised in generated code."""
+    found = generated_frame(e)
+    if found is None:
+        return ""
+    path, lineno, _ = found
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return f"generated code {path}:{lineno} (no longer readable)\n"
+    first, last = max(1, lineno - context), min(len(lines), lineno + context)
+    shown = [f"{'>' if n == lineno else ' '}{n:6d}  {lines[n - 1]}" for n in range(first, last + 1)]
+    return f"generated code {path}:{lineno}:\n" + "\n".join(shown) + "\n"
+
+
 def reason(e):
     """One line: the exception and its message's first line; for dynamo's wrapper of a backend's error
     (``BackendCompilerFailed``, whose own first line is only "backend='...' raised:") the wrapped error too,
-    which is the one that says what failed."""
+    which is the one that says what failed. An error raised in a compiled graph's generated code (a stride check
+    of inductor's) also names the operator its message names on a later line ("Error in op: ...") and the
+    generated line that raised it, whose symbolic sizes and strides say what the graph expected."""
     inner = getattr(e, "inner_exception", None)
     if type(e).__name__ == "BackendCompilerFailed" and isinstance(inner, BaseException):
         return f"{type(e).__name__} ({getattr(e, 'backend_name', 'backend')}): {reason(inner)}"
     own, _, traced = str(e).strip().partition("from user code:")  # dynamo appends the user's frames to its messages
     first = next((line for line in own.splitlines() if line.strip()), "")
     if first:
-        return f"{type(e).__name__}: {first[:300]}"
+        op = re.search(r"^Error in op: (\S+)", own, flags=re.M)
+        found = generated_frame(e)
+        return (f"{type(e).__name__}: {first[:300]}" + (f" (in {op.group(1)})" if op else "")
+                + (f"; generated code {os.path.basename(found[0])}:{found[1]}: {found[2][:300]}" if found else ""))
     # no message of its own (a bare ``assert`` in torch): where it was raised, and the user's line that dynamo
     # was tracing then
     frames = traceback.extract_tb(e.__traceback__)
@@ -113,9 +155,13 @@ def fall_back(layer, eager, key, input_shapes, where, error):
     mode = mode_words(key)
     STATE.eager_variants[(eager, key)] = f"{where}: {reason(error)}"
     inner = getattr(error, "inner_exception", None)  # dynamo's wrapper drops the backend's own traceback
+    excerpt = generated_excerpt(error)
     STATE.fallback_tracebacks[(eager, key)] = "".join(traceback.format_exception(error) + (
-        traceback.format_exception(inner) if isinstance(inner, BaseException) else []))[-6000:]
+        traceback.format_exception(inner) if isinstance(inner, BaseException) else []))[-6000:] + excerpt
     logger.warning("--compile: the compiled %s of %s failed (%s; inputs %s): %s. This variant of %s (same mode, "
                    "argument ranks and dtypes, any sizes other than 0 and 1) runs eager from now on, with the same "
                    "results; the other layers and variants stay compiled", where, type(layer).__name__, mode,
                    input_shapes, reason(error), name)
+    if excerpt:  # the code is in inductor's cache, on the machine: its lines go into the log
+        logger.warning("--compile: where the compiled %s of %s failed, %s", where, type(layer).__name__,
+                       excerpt.rstrip())
