@@ -851,14 +851,24 @@ def compile_seconds_known(*folders):
     known = {}
     paths = {os.path.realpath(p) for folder in folders for p in glob.glob(os.path.join(folder, "gpu-speed-*.json"))}
     for path in sorted(paths):
-        for key, w in read_record(path).get("warm_up", {}).items():
-            known[key] = max(known.get(key, 0.0), w.get("seconds") or float("inf"))
+        record = read_record(path)
+        arch_of = {r.get("name"): r.get("arch") for r in record.get("rows", []) if r.get("arch")}
+        for key, w in record.get("warm_up", {}).items():
+            seconds = w.get("seconds") or float("inf")
+            known[key] = max(known.get(key, 0.0), seconds)
+            name, _, tokens = key.rpartition(" ")
+            if arch_of.get(name):  # the arch's layers compile the same classes whatever row trains them
+                by_arch = f"arch {arch_of[name]} {tokens}"
+                known[by_arch] = max(known.get(by_arch, 0.0), seconds)
     return known
 
 
 def warm_up_order(rows, known):
-    """The rows by their known compile seconds, longest first; rows not known last, in the plan's order."""
-    return sorted(rows, key=lambda r: -known.get(f"{r['name']} {r['max_tokens']}", 0.0))
+    """The rows by their known compile seconds, longest first; a row not known by name by its arch's (another row
+    of the same arch, at another shape: the same layer classes to compile), else last, in the plan's order."""
+    def seconds(r):
+        return known.get(f"{r['name']} {r['max_tokens']}", known.get(f"arch {r.get('arch')} {r['max_tokens']}", 0.0))
+    return sorted(rows, key=lambda r: -seconds(r))
 
 
 def warm_up(rows, work, env, timeout, card_gib=None, order=None):

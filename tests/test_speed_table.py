@@ -327,19 +327,22 @@ def test_warm_ups_run_as_many_at_once_as_the_card_holds():
 def test_warm_ups_start_with_the_longest_compile_an_earlier_record_measured(tmp_path):
     (tmp_path / "gpu-speed-card-abc.json").write_text(json.dumps(dict(warm_up={
         "umst 38400": dict(seconds=64.0), "prime 38400": dict(seconds=97.0),
-        "transformer_sf 38400": dict(seconds=None, error="no result (rc -9)")})))
+        "transformer_sf 38400": dict(seconds=None, error="no result (rc -9)")},
+        rows=[dict(name="prime", arch="prime_base"), dict(name="umst", arch="umst_base")])))
     committed = tmp_path / "committed"
     committed.mkdir()
     (committed / "gpu-speed-card-def.json").write_text(json.dumps(dict(warm_up={"umst 38400": dict(seconds=70.0)})))
-    assert speed_table.compile_seconds_known(str(committed)) == {"umst 38400": 70.0}
+    assert speed_table.compile_seconds_known(str(committed)) == {"umst 38400": 70.0}  # (no rows: no arch)
     # the call's --out and the committed records: a fresh checkout's empty --out still knows the longest
     known = speed_table.compile_seconds_known(str(tmp_path), str(committed), str(tmp_path))
     assert known["prime 38400"] == 97.0 and known["transformer_sf 38400"] == float("inf")
     assert known["umst 38400"] == 70.0
     rows = [dict(name=n, max_tokens=38400) for n in ("transformer", "umst", "prime", "transformer_sf")]
     rows.insert(0, dict(name="msc", max_tokens=38400))  # not known: after the known ones, in the plan's order
+    # a row of a measured arch at another shape (UMST's MUSE is prime_base at 6+6 layers): by its arch's seconds
+    rows.append(dict(name="prime_muse", arch="prime_base", max_tokens=38400))
     order = speed_table.warm_up_order(rows, known)
-    assert [r["name"] for r in order] == ["transformer_sf", "prime", "umst", "msc", "transformer"]
+    assert [r["name"] for r in order] == ["transformer_sf", "prime", "prime_muse", "umst", "msc", "transformer"]
 
 
 def test_targets_over_several_rows_name_the_rows_not_measured():
