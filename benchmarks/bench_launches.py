@@ -118,8 +118,9 @@ def launch_rows():
     measured = [n for n in harness.measured_rows(table) if n != "transformer"]
     extras = [n for n, r in table.items() if r.extra]  # asked for by name only (not in the default --archs)
     for name in measured + extras:
-        rows[name] = dict(arch=table[name].base, overrides=dict(table[name].overrides), quick=dict(table[name].quick),
-                          **(dict(extra=True, label=table[name].base + table[name].label) if name in extras else {}))
+        row = table[name]
+        rows[name] = dict(arch=row.base, overrides=dict(row.overrides), quick=dict(row.quick),
+                          label=row.base + row.label, extra=row.extra)  # labelled as bench_archs labels a row
     for floor, shaped in _inverse(harness.shape_baselines(table)).items():
         overrides = {k: v for k, v in table[floor].overrides.items() if k not in NOT_IN_FLOOR}
         first = table[shaped[0]]

@@ -153,7 +153,8 @@ def fall_back(layer, eager, key, input_shapes, where, error):
     shapes and the error. The eager forward computes the same function, so results do not change."""
     name = eager.__qualname__
     mode = mode_words(key)
-    STATE.eager_variants[(eager, key)] = f"{where}: {reason(error)}"
+    why = reason(error)
+    STATE.eager_variants[(eager, key)] = f"{where}: {why}"
     inner = getattr(error, "inner_exception", None)  # dynamo's wrapper drops the backend's own traceback
     excerpt = generated_excerpt(error)
     STATE.fallback_tracebacks[(eager, key)] = "".join(traceback.format_exception(error) + (
@@ -161,7 +162,7 @@ def fall_back(layer, eager, key, input_shapes, where, error):
     logger.warning("--compile: the compiled %s of %s failed (%s; inputs %s): %s. This variant of %s (same mode, "
                    "argument ranks and dtypes, any sizes other than 0 and 1) runs eager from now on, with the same "
                    "results; the other layers and variants stay compiled", where, type(layer).__name__, mode,
-                   input_shapes, reason(error), name)
+                   input_shapes, why, name)
     if excerpt:  # the code is in inductor's cache, on the machine: its lines go into the log
         logger.warning("--compile: where the compiled %s of %s failed, %s", where, type(layer).__name__,
                        excerpt.rstrip())
