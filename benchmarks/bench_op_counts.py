@@ -11,7 +11,11 @@ paper-default width on a batch of 8 random sentences of up to 12 subwords:
   bf16 (the GPU check counts there). The plugin's own attentions avoid it (``modules/common/attention.py``);
 * ``syncs``: host-device syncs of one training step (forward, loss, backward) and of incremental decoding
   (the encoder and the first decoder step; a later step with a beam reorder), split by whose line asked:
-  the plugin's, fairseq's, the caller's.
+  the plugin's, fairseq's, the caller's;
+* ``update syncs``: the host-device syncs of one whole update as fairseq-train runs it, fairseq's
+  ``Trainer.train_step`` (forward, loss, backward, gradient norm, optimizer, the trainer's logging), in fp32 and
+  under ``--amp --amp-dtype bfloat16``, after a first update (lazy state built): fairseq's own checks and
+  logging included, which the training-step count leaves out.
 
     python -m benchmarks op-counts [--json out.json] [--archs umst,prime]
 """
@@ -69,6 +73,23 @@ def decoding_syncs(model, sample, beam=2):
     return first, later
 
 
+UPDATE_PRECISIONS = ("fp32", "bf16")
+
+
+def update_syncs(name, precision, device="cpu"):
+    """HostSyncs of one ``Trainer.train_step`` of row ``name`` (``bench_launches``' trainer: the plugin loaded, its
+    task, a smoke run's sizes), the second update of the trainer."""
+    from benchmarks import bench_launches
+
+    row = bench_launches.launch_rows()[name]
+    trainer, sample = bench_launches.build_trainer(row["arch"], row["overrides"], precision, True,
+                                                   row.get("quick") or True, device=device)
+    trainer.train_step([sample])
+    with HostSyncs() as counter:
+        trainer.train_step([sample])
+    return counter
+
+
 def measure(name, device="cpu"):
     arch, model, task = harness.build(name, vocab=200)
     model.to(device)
@@ -81,23 +102,28 @@ def measure(name, device="cpu"):
     train = training_syncs(model, sample)
     model.eval()
     first, later = decoding_syncs(model, sample)
+    updates = {p: update_syncs(name, p, device) for p in UPDATE_PRECISIONS}
     return dict(name=name, arch=arch, fp32_backward_matmuls=fp32_bwd, backward_matmuls=total_bwd,
                 fp32_backward_matmuls_no_dropout=fp32_bwd_no_dropout,
                 fp32_backward_by_op=by_op, train_syncs=dict(train.by_owner()),
                 train_sync_lines=dict(train.locations), decode_first_syncs=dict(first.by_owner()),
                 decode_later_syncs=dict(later.by_owner()),
-                decode_sync_lines={"first": dict(first.locations), "later": dict(later.locations)})
+                decode_sync_lines={"first": dict(first.locations), "later": dict(later.locations)},
+                update_syncs={p: dict(c.by_owner()) for p, c in updates.items()},
+                update_sync_lines={p: dict(c.locations) for p, c in updates.items()})
 
 
 def markdown(rows):
     def split(c):
         return f"{c.get('plugin', 0)} / {c.get('fairseq', 0)}"
     lines = ["| arch | fp32-only backward matmuls (of all) | the same, dropout off | syncs per training step "
-             "(plugin / fairseq) | first decoding step | later decoding step |", "|---|---|---|---|---|---|"]
+             "(plugin / fairseq) | first decoding step | later decoding step | whole update, fp32 | whole update, bf16 "
+             "`--amp` |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['arch']} | {r['fp32_backward_matmuls']} ({r['backward_matmuls']}) | "
                      f"{r['fp32_backward_matmuls_no_dropout']} | "
-                     f"{split(r['train_syncs'])} | {split(r['decode_first_syncs'])} | {split(r['decode_later_syncs'])} |")
+                     f"{split(r['train_syncs'])} | {split(r['decode_first_syncs'])} | {split(r['decode_later_syncs'])} | "
+                     + " | ".join(split(r["update_syncs"][p]) for p in UPDATE_PRECISIONS) + " |")
     return "\n".join(lines)
 
 
@@ -119,7 +145,8 @@ def main(argv=None):
             f.write(markdown(rows) + "\n")
     if args.lines:
         for r in rows:
-            print(f"\n{r['arch']}: training {r['train_sync_lines']}\n  decoding {r['decode_sync_lines']}")
+            print(f"\n{r['arch']}: training {r['train_sync_lines']}\n  decoding {r['decode_sync_lines']}\n"
+                  f"  whole update {r['update_sync_lines']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(torch=torch.__version__, device=args.device, rows=rows), f, indent=1)

@@ -440,3 +440,30 @@ def test_a_recipe_row_is_the_model_its_configs_train():
             different = {k: (config.get(k), measured.get(k)) for k in keys if config.get(k) != measured.get(k)}
             assert not different, f"{name} at {width} width against configs/{recipe}.yaml: {different}"
     assert "prime_muse" not in harness.measured_rows(rows)
+
+
+# The host-device syncs fairseq-fixed 0.12.3.1's own Trainer.train_step makes in every update (file:line under
+# site-packages/fairseq): the gradient-norm check before the optimizer step (trainer.py:963), the logging's
+# isfinite(grad_norm) (trainer.py:1522), three smoothed values of the legacy logging output each update returns,
+# rounded through .item() (logging/meters.py:58, safe_round); under --amp also the AMP
+# optimizer's overflow check (optim/amp_optimizer.py:56) and the logged loss scale (trainer.py:1120, get_scale)
+FAIRSEQ_UPDATE_SYNCS = {
+    "fp32": {"trainer.py:963": 1, "trainer.py:1522": 1, "logging/meters.py:58": 3},
+    "bf16": {"trainer.py:963": 1, "trainer.py:1522": 1, "logging/meters.py:58": 3, "optim/amp_optimizer.py:56": 1,
+             "trainer.py:1120": 1},
+}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_whole_update_syncs_only_where_fairseq_s_trainer_does(precision):
+    """One update as fairseq-train runs it (Trainer.train_step: forward, loss, backward, gradient norm, the fused
+    optimizer, the trainer's logging), UMST with the plugin's task: no sync from the plugin's lines, and fairseq's
+    are exactly the ones its trainer makes (a new one anywhere in the update fails this)."""
+    from benchmarks import bench_op_counts
+
+    assert bench_op_counts.UPDATE_PRECISIONS == tuple(FAIRSEQ_UPDATE_SYNCS)
+    counter = bench_op_counts.update_syncs("umst", precision)
+    assert counter.plugin_lines() == {}, counter.locations
+    assert set(counter.by_owner()) == {"fairseq"}, counter.locations
+    lines = {loc.split("/site-packages/fairseq/")[-1]: n for loc, n in counter.locations.items()}
+    assert lines == FAIRSEQ_UPDATE_SYNCS[precision], counter.locations
