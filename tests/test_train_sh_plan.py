@@ -348,3 +348,22 @@ def test_a_row_measured_at_its_recipes_shape_is_that_recipes_and_not_the_archs_d
     got, expected = hours("prime-t2-prime-base", 100000.0)
     assert got is not None and abs(got - expected) < 1e-9
     assert hours("umst-t2-muse-big", 1.0)[0] is None  # d 1024 was not measured
+
+
+def test_a_shape_key_left_unset_takes_what_the_arch_derives_from_the_keys_set():
+    """fairseq's transformer derives the decoder's width from the encoder's where it is not set: a config that sets
+    only ``encoder_embed_dim: 1024`` is the model of a row measured with both widths at 1024, not of one whose
+    decoder stayed at 512; a row that sets a key to its default is the default model."""
+    from umst_tools import batch_table
+
+    def row(*argv):
+        return dict(arch="transformer", argv=["--arch", "transformer", *argv])
+
+    wide = {"encoder_embed_dim": 1024, "encoder_ffn_embed_dim": 4096}
+    assert batch_table._same_shape(wide, row("--encoder-embed-dim", "1024", "--decoder-embed-dim", "1024",
+                                             "--encoder-ffn-embed-dim", "4096", "--decoder-ffn-embed-dim", "4096"))
+    assert not batch_table._same_shape(wide, row("--encoder-embed-dim", "1024", "--decoder-embed-dim", "512",
+                                                 "--encoder-ffn-embed-dim", "4096"))
+    assert batch_table._same_shape({}, row("--decoder-embed-dim", "512", "--encoder-layers", "6"))
+    assert not batch_table._same_shape({}, row("--encoder-layers", "12"))
+    assert batch_table._same_shape({"decoder_layers": 6}, row())

@@ -14,7 +14,6 @@ cards from its measured words/s.
     python -m umst_tools.batch_table            # the markdown table of docs/wmt-on-gpus.md
     python -m umst_tools.batch_table --cards    # the batch per card on 1, 8 and 16 cards, and the hours
 """
-import functools
 import glob
 import os
 import re
@@ -94,36 +93,33 @@ def speed_records(results_dir=os.path.join(ROOT, "docs", "results")):
     return sorted(out, key=lambda cr: cr[1].get("started", ""), reverse=True)
 
 
-@functools.lru_cache(maxsize=None)
-def _arch_defaults(arch):
-    """What fairseq's architecture function of ``arch`` sets (fairseq and the plugin imported, once: only for a
-    config that sets a shape key its measured row's command line does not)."""
+def _effective_shape(arch, given):
+    """The shape keys of ``arch`` built from ``given`` (shape key -> value) as fairseq builds it: its architecture
+    function fills what ``given`` leaves unset, from what it sets where a default depends on another key
+    (``decoder_embed_dim`` is ``encoder_embed_dim``'s value unless set). Imports fairseq and the plugin (once:
+    only for a config or row that sets a shape key)."""
     import argparse
 
     import umst_plugin  # noqa: F401  (registers the plugin's archs)
     from fairseq.models import ARCH_CONFIG_REGISTRY
 
-    namespace = argparse.Namespace()
+    namespace = argparse.Namespace(**given)
     ARCH_CONFIG_REGISTRY[arch](namespace)
-    return vars(namespace)
+    return {key: getattr(namespace, key, None) for key in SHAPE_KEYS}
 
 
 def _same_shape(shape, row):
-    """Whether the config's model and the measured row's have the same value of every shape key: the config's
-    (``shape``) or the row's command line's, else the arch's default. Both ways: a row measured at another shape
-    than its arch's defaults (UMST's MUSE, ``prime_base`` at 6+6 layers) is not the row of a config that keeps
-    them (``prime-t2-prime-base``)."""
+    """Whether the config's model and the measured row's have the same value of every shape key, each model as
+    fairseq builds it: the keys the config (``shape``) or the row's command line sets, the rest from the arch's
+    function (:func:`_effective_shape`). Both ways: a row measured at another shape than its arch's defaults
+    (UMST's MUSE, ``prime_base`` at 6+6 layers) is not the row of a config that keeps them
+    (``prime-t2-prime-base``)."""
     argv = row.get("argv", [])
-    for key in SHAPE_KEYS:
-        flag = "--" + key.replace("_", "-")
-        measured = int(argv[argv.index(flag) + 1]) if flag in argv else None
-        config = shape.get(key)
-        if measured is None and config is None:  # both the arch's default
-            continue
-        default = _arch_defaults(row["arch"]).get(key)
-        if (default if measured is None else measured) != (default if config is None else config):
-            return False
-    return True
+    measured = {key: int(argv[argv.index(flag) + 1]) for key in SHAPE_KEYS
+                if (flag := "--" + key.replace("_", "-")) in argv}
+    if not measured and not shape:  # both the arch's defaults
+        return True
+    return _effective_shape(row["arch"], measured) == _effective_shape(row["arch"], dict(shape))
 
 
 def row_hours(batch, record, cards):
