@@ -402,18 +402,6 @@ def test_the_family_name_scan_sees_code_and_not_comments_or_docstrings(tmp_path)
     assert _names_in_code(str(path)) == ["ROWS", '"prime_base"', "transformer_sf", "def", "f", "return", '"x"']
 
 
-def _resolved(arch, values):
-    """``values`` (fairseq args names) with what fairseq's architecture function of ``arch`` sets for the rest."""
-    import argparse
-
-    import umst_plugin  # noqa: F401  (registers the plugin's archs)
-    from fairseq.models import ARCH_CONFIG_REGISTRY
-
-    namespace = argparse.Namespace(**values)
-    ARCH_CONFIG_REGISTRY[arch](namespace)
-    return vars(namespace)
-
-
 def test_a_recipe_row_is_the_model_its_configs_train():
     """A benchmark row that stands for a WMT recipe's model (``BenchRow.recipes``: UMST's MUSE) has that config's
     arch and the same value of every model argument the config or the row sets, at base and big width; the speed
@@ -423,6 +411,7 @@ def test_a_recipe_row_is_the_model_its_configs_train():
     import yaml
 
     from benchmarks import harness
+    from umst_tools import batch_table
 
     rows = harness.table()
     with_recipes = {n: r for n, r in rows.items() if r.recipes}
@@ -436,7 +425,7 @@ def test_a_recipe_row_is_the_model_its_configs_train():
             assert arch == model.pop("_name"), (name, width, recipe)
             model.pop("share_all_embeddings", None)  # every benchmark row shares them (WMT's joined dictionary)
             keys = set(model) | set(overrides)
-            config, measured = _resolved(arch, model), _resolved(arch, overrides)
+            config, measured = batch_table.arch_args(arch, model), batch_table.arch_args(arch, overrides)
             different = {k: (config.get(k), measured.get(k)) for k in keys if config.get(k) != measured.get(k)}
             assert not different, f"{name} at {width} width against configs/{recipe}.yaml: {different}"
     assert "prime_muse" not in harness.measured_rows(rows)

@@ -93,11 +93,11 @@ def speed_records(results_dir=os.path.join(ROOT, "docs", "results")):
     return sorted(out, key=lambda cr: cr[1].get("started", ""), reverse=True)
 
 
-def _effective_shape(arch, given):
-    """The shape keys of ``arch`` built from ``given`` (shape key -> value) as fairseq builds it: its architecture
-    function fills what ``given`` leaves unset, from what it sets where a default depends on another key
-    (``decoder_embed_dim`` is ``encoder_embed_dim``'s value unless set). Imports fairseq and the plugin (once:
-    only for a config or row that sets a shape key)."""
+def arch_args(arch, given):
+    """The model arguments of ``arch`` built from ``given`` (fairseq argument name -> value) as fairseq builds them:
+    its architecture function fills what ``given`` leaves unset, from what it sets where a default depends on
+    another argument (``decoder_embed_dim`` is ``encoder_embed_dim``'s value unless set). Imports fairseq and the
+    plugin (only for a config or row that sets a shape key)."""
     import argparse
 
     import umst_plugin  # noqa: F401  (registers the plugin's archs)
@@ -105,13 +105,13 @@ def _effective_shape(arch, given):
 
     namespace = argparse.Namespace(**given)
     ARCH_CONFIG_REGISTRY[arch](namespace)
-    return {key: getattr(namespace, key, None) for key in SHAPE_KEYS}
+    return vars(namespace)
 
 
 def _same_shape(shape, row):
     """Whether the config's model and the measured row's have the same value of every shape key, each model as
     fairseq builds it: the keys the config (``shape``) or the row's command line sets, the rest from the arch's
-    function (:func:`_effective_shape`). Both ways: a row measured at another shape than its arch's defaults
+    function (:func:`arch_args`). Both ways: a row measured at another shape than its arch's defaults
     (UMST's MUSE, ``prime_base`` at 6+6 layers) is not the row of a config that keeps them
     (``prime-t2-prime-base``)."""
     argv = row.get("argv", [])
@@ -119,7 +119,8 @@ def _same_shape(shape, row):
                 if (flag := "--" + key.replace("_", "-")) in argv}
     if not measured and not shape:  # both the arch's defaults
         return True
-    return _effective_shape(row["arch"], measured) == _effective_shape(row["arch"], dict(shape))
+    built, configured = arch_args(row["arch"], measured), arch_args(row["arch"], dict(shape))
+    return all(built.get(key) == configured.get(key) for key in SHAPE_KEYS)
 
 
 def row_hours(batch, record, cards):
