@@ -1,11 +1,12 @@
 """Every registered architecture's widths, heads and depth where the user sets none: the papers' settings
 (umst_plugin/models/_sizes.py and each family's registrations), and a flag the user set wins."""
-import argparse
+from types import SimpleNamespace
 
 import pytest
 from fairseq.models import ARCH_CONFIG_REGISTRY
 
 import umst_plugin  # noqa: F401  (registers the architectures)
+from umst_tools.batch_table import arch_args
 
 # arch: (embed, FFN, heads) on both sides, encoder / decoder layers, residual dropout
 SIZES = {
@@ -24,9 +25,8 @@ SIZES = {
 
 
 def _defaults(arch, **flags):
-    args = argparse.Namespace(**flags)
-    ARCH_CONFIG_REGISTRY[arch](args)
-    return args
+    """The arch's arguments as fairseq's architecture function builds them from ``flags``."""
+    return SimpleNamespace(**arch_args(arch, flags))
 
 
 def test_every_plugin_architecture_is_listed():
