@@ -62,7 +62,8 @@ def test_same_loss_and_gradients_as_autocast_bit_for_bit(arch):
 
 def test_what_is_left_to_autocast():
     """A tied embedding (also read by the lookup in fp32), a parameter handed to a custom autograd function,
-    one cast in slices and an unused one are not cast at once; the linear maps' weights and biases are, and so is
+    one cast in slices, an unused one and one read whole but under no_grad (cast, and given no gradient: through
+    the concatenation it would get zeros where autocast leaves None) are not cast at once; the linear maps' weights and biases are, and so is
     a matrix read transposed (autocast casts the transposed view: every element once)."""
     class Halves(torch.autograd.Function):
         @staticmethod
@@ -86,12 +87,16 @@ def test_what_is_left_to_autocast():
             self.sliced = torch.nn.Parameter(torch.randn(16, 8))
             self.unused = torch.nn.Linear(8, 8)
             self.transposed = torch.nn.Parameter(torch.randn(10, 8))
+            self.no_gradient = torch.nn.Parameter(torch.randn(8, 8))
 
         def forward(self, tokens):
             x = self.embed(tokens)
             x = self.proj(x).reshape(-1, 8)
             x = Halves.apply(x, self.custom)
             x = F.linear(x, self.sliced[:8]) + F.linear(x, self.sliced[8:])
+            with torch.no_grad():
+                gate = torch.sigmoid(F.linear(x, self.no_gradient))
+            x = x * gate
             return self.out(x) + torch.matmul(x, self.transposed.t())
 
     model = Model()

@@ -217,9 +217,13 @@ def test_random_adjacencies_are_symmetric_with_self_loops_inside_sentences():
 
 
 def ref_rsan(attn, x, xw, word_ids, norm):
-    """Dense numpy RSAN for one sentence (float64): ATTN = (ATTN1 + G ATTN2 [diag(1/n)] G^T) / 2."""
+    """Dense numpy RSAN for one sentence (float64): ATTN = (ATTN1 + G ATTN2 [diag(1/n)] G^T) / 2. With relative
+    positions (``attn.max_relative_positions`` = k > 0), ATTN1 and its share of the values are Shaw et al.'s
+    (2018), written out pair by pair: e_ij = q_i (k_j + a^K_ij)^T / sqrt(d_k) and sum_j ATTN1_ij (v_j + a^V_ij),
+    with a_ij = the table's row clip(j - i, -k, k) + k."""
     p = {k: v.detach().double().numpy() for k, v in attn.state_dict().items()}
     H, dk = attn.num_heads, attn.head_dim
+    k_max = attn.max_relative_positions
 
     def lin(name, i, t):  # map i of a module (rows i*C:(i+1)*C of a packed projection)
         rows = slice(i * attn.embed_dim, (i + 1) * attn.embed_dim)
@@ -237,13 +241,24 @@ def ref_rsan(attn, x, xw, word_ids, norm):
     n = G.sum(0)
     cols = G / n[None, :] if norm == "row" else G
     heads, fused_maps = [], []
+    length = len(word_ids)
     for h in range(H):
         sl = slice(h * dk, (h + 1) * dk)
-        a1 = softmax(q1[:, sl] @ k1[:, sl].T / math.sqrt(dk))
+        if k_max > 0:
+            a_k, a_v = p["rel_keys.weight"], p["rel_values.weight"]
+            row = lambda i, j: min(max(j - i, -k_max), k_max) + k_max  # noqa: E731
+            e = np.array([[q1[i, sl] @ (k1[j, sl] + a_k[row(i, j)]) for j in range(length)]
+                          for i in range(length)]) / math.sqrt(dk)
+            a1 = softmax(e)
+            subword = np.array([sum(a1[i, j] * (v[j, sl] + a_v[row(i, j)]) for j in range(length))
+                                for i in range(length)])
+        else:
+            a1 = softmax(q1[:, sl] @ k1[:, sl].T / math.sqrt(dk))
+            subword = a1 @ v[:, sl]
         a2 = softmax(q2[:, sl] @ k2[:, sl].T / math.sqrt(dk))
         fused = 0.5 * (a1 + G @ a2 @ cols.T)
         fused_maps.append(fused)
-        heads.append(fused @ v[:, sl])
+        heads.append(0.5 * (subword + G @ a2 @ cols.T @ v[:, sl]))
     return lin("out_proj", 0, np.concatenate(heads, -1)), fused_maps
 
 
@@ -320,6 +335,30 @@ def test_fused_map_path_drops_entries_of_the_averaged_map(norm):
         got = attn(x, xw, g)
     torch.testing.assert_close(got, expected, atol=1e-12, rtol=1e-10)
     assert not torch.allclose(got, attn.eval()(x, xw, g))  # dropout was on
+
+
+@pytest.mark.parametrize("left_pad", [True, False])
+def test_rpr_attention_matches_shaw_et_al_pair_by_pair(left_pad):
+    """UMST + RPR's subword map against Shaw et al.'s formulas written out for every query-key pair (the banded
+    gather and scatter of ``relative_key_logits`` / ``relative_value_term`` are what is checked): sentences up to 22
+    subwords, k = 2, so most pairs are clipped, on both sides; trained relative tables (random, not zero)."""
+    torch.manual_seed(0)
+    sents = random_sentences(5, seed=44, max_words=8)
+    assert max(len(s[0]) for s in sents) > 2 * 2 + 1
+    src, wid, heads = collate(sents, left_pad=left_pad, extra_pad=1)
+    g = build_graphs(src, wid, heads, PAD, dtype=torch.float64)
+    attn = RectifiedSelfAttention(16, 4, max_relative_positions=2).double().eval()
+    with torch.no_grad():
+        attn.rel_keys.weight.normal_()
+        attn.rel_values.weight.normal_()
+    x = torch.randn(src.size(0), src.size(1), 16, dtype=torch.float64)
+    xw = torch.randn(src.size(0), heads.size(1), 16, dtype=torch.float64)
+    with torch.no_grad():
+        out = attn(x, xw, g)
+    for b, s in enumerate(sents):
+        sl = token_slice(s, src.size(1), left_pad)
+        ref, _ = ref_rsan(attn, x[b, sl].numpy(), xw[b, : len(s[2])].numpy(), s[1], "row")
+        np.testing.assert_allclose(out[b, sl].numpy(), ref, atol=1e-10)
 
 
 def test_rpr_attention_reduces_to_plain_without_relative_embeddings_and_is_shift_invariant():
