@@ -58,6 +58,8 @@ FILES = {
     "amp_weights": "umst_plugin/amp_weights.py",
     "side_files": "umst_plugin/data/side_files.py",
     "conllu_reader": "umst_plugin/preprocess/conllu_reader.py",
+    "significance": "umst_tools/multi30k/significance.py",
+    "preemption": "umst_plugin/training/preemption.py",
 }
 
 
@@ -257,6 +259,25 @@ MUTANTS = (
            "for line_no, raw in enumerate(f):",
            ("tests/test_conllu_reader.py", "tests/test_side_data_errors.py"),
            "a CoNLL-U file's errors name 0-based lines"),
+    Mutant("msmsa-relative-window", "msmsa_window_bias",
+           "divisors.append(2 * scale.value)", "divisors.append(scale.value)",
+           (*NOT_SLOW, "tests/test_msmsa.py", "tests/test_msmsa_lean.py"),
+           "an N/k head's reach floor(n / k) on each side (the stack's shared bias), not floor(n / 2k)"),
+    Mutant("msmsa-relative-window-module", "msmsa_windowed_attention",
+           'return torch.div(lengths, 2 * self.value, rounding_mode="floor")',
+           'return torch.div(lengths, self.value, rounding_mode="floor")',
+           (*NOT_SLOW, "tests/test_msmsa.py", "tests/test_msmsa_lean.py"),
+           "an N/k head's reach floor(n / k) on each side (the module's own bias), not floor(n / 2k)"),
+    Mutant("significance-sign", "significance",
+           "return round(result.score - baseline.score, 2), result.p_value",
+           "return round(baseline.score - result.score, 2), result.p_value",
+           ("tests/test_recipes.py::test_paired_bootstrap_against_the_baseline",),
+           "the significance column's BLEU difference taken baseline minus row"),
+    Mutant("preemption-signal-after-training", "preemption",
+           "        return None\n    if not _received:",
+           "        return _pass_on(signum, frame)\n    if not _received:",
+           ("tests/test_preemption.py",),
+           "a stop signal repeated after training ended kills the process with the signal's status"),
 )
 
 
