@@ -262,23 +262,32 @@ def ref_rsan(attn, x, xw, word_ids, norm):
     return lin("out_proj", 0, np.concatenate(heads, -1)), fused_maps
 
 
+def _matches_the_dense_reference(attn, sents, left_pad, norm):
+    """``attn`` (float64, eval) on the batch of ``sents`` equals :func:`ref_rsan` on each sentence alone, on its real
+    tokens; returns each sentence's reference maps."""
+    src, wid, heads = collate(sents, left_pad=left_pad, extra_pad=1)
+    g = build_graphs(src, wid, heads, PAD, dtype=torch.float64, upsample_norm=norm)
+    x = torch.randn(src.size(0), src.size(1), 16, dtype=torch.float64)
+    xw = torch.randn(src.size(0), heads.size(1), 16, dtype=torch.float64)
+    with torch.no_grad():
+        out = attn(x, xw, g)
+    maps = []
+    for b, s in enumerate(sents):
+        sl = token_slice(s, src.size(1), left_pad)
+        ref, sentence_maps = ref_rsan(attn, x[b, sl].numpy(), xw[b, : len(s[2])].numpy(), s[1], norm)
+        np.testing.assert_allclose(out[b, sl].numpy(), ref, atol=1e-10)
+        maps.append(sentence_maps)
+    return maps
+
+
 @pytest.mark.parametrize("norm", ["row", "literal"])
 @pytest.mark.parametrize("share_qk", [False, True])
 @pytest.mark.parametrize("left_pad", [True, False])
 def test_rectified_attention_matches_dense_reference(norm, share_qk, left_pad):
     torch.manual_seed(0)
     sents = random_sentences(7, seed=21)
-    src, wid, heads = collate(sents, left_pad=left_pad, extra_pad=1)
-    g = build_graphs(src, wid, heads, PAD, dtype=torch.float64, upsample_norm=norm)
     attn = RectifiedSelfAttention(16, 4, upsample_norm=norm, share_qk=share_qk).double().eval()
-    x = torch.randn(src.size(0), src.size(1), 16, dtype=torch.float64)
-    xw = torch.randn(src.size(0), heads.size(1), 16, dtype=torch.float64)
-    with torch.no_grad():
-        out = attn(x, xw, g)
-    for b, s in enumerate(sents):
-        sl = token_slice(s, src.size(1), left_pad)
-        ref, maps = ref_rsan(attn, x[b, sl].numpy(), xw[b, : len(s[2])].numpy(), s[1], norm)
-        np.testing.assert_allclose(out[b, sl].numpy(), ref, atol=1e-10)
+    for s, maps in zip(sents, _matches_the_dense_reference(attn, sents, left_pad, norm)):
         rows = np.stack(maps).sum(-1)
         multi_piece = max(np.bincount(s[1])) > 1
         if norm == "row":  # the default form is a distribution
@@ -345,20 +354,11 @@ def test_rpr_attention_matches_shaw_et_al_pair_by_pair(left_pad):
     torch.manual_seed(0)
     sents = random_sentences(5, seed=44, max_words=8)
     assert max(len(s[0]) for s in sents) > 2 * 2 + 1
-    src, wid, heads = collate(sents, left_pad=left_pad, extra_pad=1)
-    g = build_graphs(src, wid, heads, PAD, dtype=torch.float64)
     attn = RectifiedSelfAttention(16, 4, max_relative_positions=2).double().eval()
     with torch.no_grad():
         attn.rel_keys.weight.normal_()
         attn.rel_values.weight.normal_()
-    x = torch.randn(src.size(0), src.size(1), 16, dtype=torch.float64)
-    xw = torch.randn(src.size(0), heads.size(1), 16, dtype=torch.float64)
-    with torch.no_grad():
-        out = attn(x, xw, g)
-    for b, s in enumerate(sents):
-        sl = token_slice(s, src.size(1), left_pad)
-        ref, _ = ref_rsan(attn, x[b, sl].numpy(), xw[b, : len(s[2])].numpy(), s[1], "row")
-        np.testing.assert_allclose(out[b, sl].numpy(), ref, atol=1e-10)
+    _matches_the_dense_reference(attn, sents, left_pad, "row")
 
 
 def test_rpr_attention_reduces_to_plain_without_relative_embeddings_and_is_shift_invariant():
