@@ -130,7 +130,8 @@ def test_word_ids_from_token_tensor_match_text_rule(scheme, left_pad):
         vocab = [f"{SP}the", f"{SP}new", "est", f"{SP}car", "x", f"{SP}b"]
     for sym in vocab:
         d.add_symbol(sym)
-    sentences = [[1, 2, 3], [0, 4, 5, 1, 2], [3], [2, 0]]
+    # the last: a row cut after a piece that continues (a source cut mid-word): </s> is still a word of its own
+    sentences = [[1, 2, 3], [0, 4, 5, 1, 2], [3], [2, 0], [0, 1]]
     scheme_found, continues, begins = boundary_table(d)
     assert scheme_found == scheme
     rows = [torch.tensor([d.index(vocab[i]) for i in s] + [d.eos()]) for s in sentences]

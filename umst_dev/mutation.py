@@ -60,6 +60,8 @@ FILES = {
     "conllu_reader": "umst_plugin/preprocess/conllu_reader.py",
     "significance": "umst_tools/multi30k/significance.py",
     "preemption": "umst_plugin/training/preemption.py",
+    "grad_norm": "umst_plugin/training/grad_norm.py",
+    "word_boundaries": "umst_plugin/data/word_boundaries.py",
 }
 
 
@@ -278,6 +280,24 @@ MUTANTS = (
            "        return _pass_on(signum, frame)\n    if not _received:",
            ("tests/test_preemption.py",),
            "a stop signal repeated after training ended kills the process with the signal's status"),
+    Mutant("grad-norm-clip-up", "grad_norm",
+           "clip_coef = (float(max_norm) / (norm + 1e-6)).clamp_(max=1)",
+           "clip_coef = float(max_norm) / (norm + 1e-6)",
+           ("tests/test_fused_update.py",),
+           "gradients under --clip-norm scaled up to it, not only down"),
+    Mutant("fused-adam-decay-lr", "fused_adam",
+           "weight_decay=weight_decay * lr / step_size if step_size else 0.0, eps=eps,",
+           "weight_decay=weight_decay / step_size if step_size else 0.0, eps=eps,",
+           ("tests/test_fused_update.py::test_same_update_as_fairseqs_adam",),
+           "the fused update's weight decay not scaled by the learning rate (fairseq's adam decays by lr x wd)"),
+    Mutant("word-ids-eos", "word_boundaries",
+           "new_word = (new_word | is_eos) & is_tok", "new_word = new_word & is_tok",
+           ("tests/test_side_data.py",),
+           "</s> joins the word of a piece before it that continues (subword-nmt's @@), not a word of its own"),
+    Mutant("word-ids-sentencepiece-first", "word_boundaries",
+           "        new_word |= first\n", "",
+           ("tests/test_side_data.py",),
+           "a sentencepiece row whose first piece has no word marker starts with word 0"),
 )
 
 
