@@ -63,8 +63,9 @@ def test_same_loss_and_gradients_as_autocast_bit_for_bit(arch):
 def test_what_is_left_to_autocast():
     """A tied embedding (also read by the lookup in fp32), a parameter handed to a custom autograd function,
     one cast in slices, an unused one and one read whole but under no_grad (cast, and given no gradient: through
-    the concatenation it would get zeros where autocast leaves None) are not cast at once; the linear maps' weights and biases are, and so is
-    a matrix read transposed (autocast casts the transposed view: every element once)."""
+    the concatenation it would get zeros where autocast leaves None) are not cast at once; the linear maps'
+    weights and biases are, and so is a matrix read transposed (autocast casts the transposed view: every element
+    once)."""
     class Halves(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, w):

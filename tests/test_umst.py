@@ -256,9 +256,9 @@ def ref_rsan(attn, x, xw, word_ids, norm):
             a1 = softmax(q1[:, sl] @ k1[:, sl].T / math.sqrt(dk))
             subword = a1 @ v[:, sl]
         a2 = softmax(q2[:, sl] @ k2[:, sl].T / math.sqrt(dk))
-        fused = 0.5 * (a1 + G @ a2 @ cols.T)
-        fused_maps.append(fused)
-        heads.append(0.5 * (subword + G @ a2 @ cols.T @ v[:, sl]))
+        word_map = G @ a2 @ cols.T  # ATTN2 up-sampled to subwords
+        fused_maps.append(0.5 * (a1 + word_map))
+        heads.append(0.5 * (subword + word_map @ v[:, sl]))
     return lin("out_proj", 0, np.concatenate(heads, -1)), fused_maps
 
 
