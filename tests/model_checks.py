@@ -119,9 +119,16 @@ def check_parameters_defined_on_construction(arch, overrides, task="multiscale_t
     assert not bad, f"{arch}: uninitialized (non-finite) tensors after construction: {bad}"
 
 
+# Every dropout an arch has, on for check_dropout_off_in_eval: fairseq's three, and Prime's own (its convolution's
+# weights, its input); a dropout left at 0 would pass the check whatever its training flag.
+DROPOUTS = dict(dropout=0.3, attention_dropout=0.3, activation_dropout=0.3)
+OWN_DROPOUTS = {"prime": dict(prime_conv_weight_dropout=0.3, input_dropout=0.3)}
+
+
 def check_dropout_off_in_eval(arch, overrides, device="cpu"):
     """Two eval passes are identical (no dropout left on), two train passes differ."""
-    overrides = {**overrides, "dropout": 0.3, "attention_dropout": 0.3}
+    own = next((d for family, d in OWN_DROPOUTS.items() if arch.startswith(family + "_")), {})
+    overrides = {**overrides, **DROPOUTS, **own}
     model, task = _eval_model(arch, overrides, device)
     sample = dev.move_sample(dev.random_sample(task, 3, src_len=10, tgt_len=8, seed=9), device)
     with torch.no_grad():

@@ -1585,6 +1585,17 @@ def test_compound_splitting_matches_the_perl_regex():
     assert score.compound_split("Gesundheits-Reform a-b-c") == "Gesundheits ##AT##-##AT## Reform a ##AT##-##AT## b-c"
 
 
+def test_compound_split_bleu_splits_hypotheses_and_references():
+    """fairseq's compound_split_bleu.sh splits both sides: a hyphenated compound the hypothesis matches whole scores
+    as its three tokens, and one it writes apart as two words misses the ##AT##-##AT## token on the reference side."""
+    ref = ["die Gesundheits-Reform ist da und gut"]
+    assert score.tokenized_bleu(ref, ref, compound=True).score == pytest.approx(100.0)
+    apart = ["die Gesundheits Reform ist da und gut"]
+    expected = score.tokenized_bleu(apart, [score.compound_split(ref[0])]).score
+    assert score.tokenized_bleu(apart, ref, compound=True).score == pytest.approx(expected)
+    assert expected != pytest.approx(score.tokenized_bleu(apart, ref).score)
+
+
 def test_tokenized_bleu_is_multi_bleu_style():
     hyp, ref = ["the cat sat on the mat"], ["the cat sat on the mat"]
     assert score.tokenized_bleu(hyp, ref).score == pytest.approx(100.0)
