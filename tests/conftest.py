@@ -29,6 +29,32 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With ``UMST_TEST_CPU_LOG=FILE``: one JSON line per test with its wall seconds and the CPU seconds of the
+    worker (``self``) and of the processes it started and waited for (``children``: g++ under inductor, the CLIs
+    the test runs). The suite is bound by CPU on 2 cores, so its slow parts are the CPU-heavy tests, which wall
+    times inflated by the other workers do not show (``python tests/file_seconds.py --cpu FILE`` sums them)."""
+    log = os.environ.get("UMST_TEST_CPU_LOG")
+    if not log:
+        yield
+        return
+    import json
+    import resource
+    import time
+
+    def cpu(who):
+        usage = resource.getrusage(who)
+        return usage.ru_utime + usage.ru_stime
+
+    start, own, children = time.time(), cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
+    yield
+    record = dict(test=item.nodeid, wall=round(time.time() - start, 2), self=round(cpu(resource.RUSAGE_SELF) - own, 2),
+                  children=round(cpu(resource.RUSAGE_CHILDREN) - children, 2))
+    with open(log, "a") as f:  # (one short append per line: the workers' lines do not interleave)
+        f.write(json.dumps(record) + "\n")
+
+
 def longest_files_first(items):
     """The test files in the order of their measured seconds (tests/file_seconds.json), longest first, each file's
     tests together and in their own order; files without a record after them, as collected. scripts/test.sh's

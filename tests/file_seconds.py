@@ -7,6 +7,11 @@ after a whole run:
 
     bash scripts/test.sh --junitxml=/tmp/suite.xml
     .venv/bin/python tests/file_seconds.py /tmp/suite.xml      # writes tests/file_seconds.json
+
+Where the suite's CPU goes (per file and the costliest tests; conftest.py writes one line per test):
+
+    UMST_TEST_CPU_LOG=/tmp/cpu.jsonl bash scripts/test.sh
+    .venv/bin/python tests/file_seconds.py --cpu /tmp/cpu.jsonl
 """
 import collections
 import json
@@ -46,8 +51,29 @@ def cpu_name():
         return platform.processor() or platform.machine()
 
 
+def cpu_report(path, top=15):
+    """The CPU seconds of a UMST_TEST_CPU_LOG file: per test file, then the ``top`` costliest tests (lines)."""
+    with open(path) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    per_file = collections.Counter()
+    for r in records:
+        per_file[r["test"].split("::")[0]] += r["self"] + r["children"]
+    total = sum(per_file.values())
+    lines = [f"{len(records)} tests, {total:.1f} s of CPU (workers {sum(r['self'] for r in records):.1f} s, "
+             f"the processes they waited for {sum(r['children'] for r in records):.1f} s)"]
+    lines += [f"{s:8.1f} s  {name}" for name, s in per_file.most_common()]
+    lines.append(f"the {top} costliest tests (CPU s: worker + children; wall s):")
+    for r in sorted(records, key=lambda r: -(r["self"] + r["children"]))[:top]:
+        cpu = f"{r['self'] + r['children']:8.1f} s  ({r['self']:.1f} + {r['children']:.1f}; wall {r['wall']:.1f})"
+        lines.append(f"{cpu}  {r['test']}")
+    return lines
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == "--cpu":
+        print("\n".join(cpu_report(argv[1])))
+        return 0
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
         return 2

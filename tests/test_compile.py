@@ -445,8 +445,11 @@ def test_trainer_compiles_its_model_and_inference_clis_compile_what_they_load():
     assert fairseq_cli.generate._main is compile_flags.generate_main
 
     def cfg_of(*flags):
+        # --no-save: a Trainer with --compile and a save_dir keeps inductor's caches in SAVE_DIR/compile_cache and
+        # points this process's TORCHINDUCTOR_CACHE_DIR there; fairseq's default save_dir is ./checkpoints, in the
+        # checkout, where every later compile of this worker would go
         args = dev.parse_args("transformer", dict(TINY, cpu=True, optimizer="adam", lr="1e-3", max_tokens=100,
-                                                  **{f: True for f in flags}))
+                                                  no_save=True, **{f: True for f in flags}))
         return convert_namespace_to_omegaconf(args)
 
     d = dev.make_dictionary()

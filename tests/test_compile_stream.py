@@ -344,11 +344,13 @@ def test_the_trainer_retries_an_update_whose_compiled_backward_failed_and_goes_o
     d = dev.make_dictionary()
 
     def run(*flags):
+        # --no-save: no compile cache in ./checkpoints, the checkout (test_compile.py's Trainer test says why)
         args = dev.parse_args("transformer", dict(encoder_layers=1, decoder_layers=1, encoder_embed_dim=16,
                                                   decoder_embed_dim=16, encoder_ffn_embed_dim=32,
                                                   decoder_ffn_embed_dim=32, encoder_attention_heads=2,
                                                   decoder_attention_heads=2, dropout=0, cpu=True, optimizer="adam",
-                                                  lr="1e-3", max_tokens=1000, seed=3, **{f: True for f in flags}))
+                                                  lr="1e-3", max_tokens=1000, seed=3, no_save=True,
+                                                  **{f: True for f in flags}))
         cfg = convert_namespace_to_omegaconf(args)
         task = tasks.TASK_REGISTRY["multiscale_translation"](cfg.task, d, d)
         torch.manual_seed(3)

@@ -33,3 +33,30 @@ def test_seconds_per_file_from_a_junit_report(tmp_path):
                       '<testcase classname="tests.test_one" name="c" time="2.25"/>'
                       '</testsuite></testsuites>')
     assert file_seconds.from_junit(str(report)) == {"test_two.py": 4.0, "test_one.py": 3.8}
+
+
+def test_the_cpu_log_gives_each_test_its_own_and_its_processes_cpu(tmp_path):
+    """UMST_TEST_CPU_LOG (conftest.py): a test that computes in the worker is charged ``self``, one whose work runs in
+    a process it starts and waits for is charged ``children``; ``file_seconds.py --cpu`` sums them per file."""
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "test_work.py").write_text(
+        "import subprocess, sys\n"
+        "def test_in_the_worker():\n    sum(i * i for i in range(6_000_000))\n"
+        "def test_in_a_child():\n    subprocess.run([sys.executable, '-c', 'sum(i * i for i in range(6_000_000))'],"
+        " check=True)\n")
+    log = tmp_path / "cpu.jsonl"
+    env = dict(os.environ, UMST_TEST_CPU_LOG=str(log), PYTHONPATH=HERE)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
+                           str(tmp_path / "test_work.py")], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    records = {r["test"].split("::")[1]: r for r in map(json.loads, log.read_text().splitlines())}
+    worker, child = records["test_in_the_worker"], records["test_in_a_child"]
+    # the same loop, 0.32 s of CPU on an AMD EPYC (Zen 4): each charged where it ran, not where it did not
+    assert worker["self"] > 0.1 and worker["children"] < 0.02, worker
+    assert child["children"] > 0.1 and child["self"] < child["children"] / 2, child
+    report = file_seconds.cpu_report(str(log))
+    assert report[0].startswith("2 tests, ") and "test_work.py" in report[1], report
+    assert any(line.endswith("test_work.py::test_in_a_child") for line in report), report
