@@ -6,6 +6,7 @@ import os
 import random
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 
@@ -62,6 +63,9 @@ def test_tiny_run_has_every_planned_row_with_its_fields(tiny_run):
                       "peak_mib", "compile_s", "losses"):
             assert field in r, (key, field)
         assert r["words_per_s"] > 0 and r["updates"] == 8
+        # the median after warm-up: of fairseq's wps over the log intervals after the first (which holds the
+        # first update's start-up and, compiled, its compiling)
+        assert len(r["wps_records"]) == 4 and r["words_per_s"] == round(statistics.median(r["wps_records"][1:]), 1)
         assert 0 < r["target_tokens_per_step"] <= r["max_tokens"]
         assert [u for u, _ in r["losses"]] == [2, 4, 6, 8]  # every logged update
         assert 0 < r["real_tokens_per_step"] <= r["padded_tokens_per_step"] <= 2 * r["max_tokens"]

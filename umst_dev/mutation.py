@@ -71,6 +71,8 @@ FILES = {
     "group_gcn": "umst_plugin/modules/common/group_gcn.py",
     "transformer_sf_lean": "umst_plugin/modules/transformer_sf/lean.py",
     "side_data_dataset": "umst_plugin/data/side_data_dataset.py",
+    "speed_table": "benchmarks/speed_table.py",
+    "text_preprocessing": "umst_plugin/text_preprocessing.py",
 }
 
 
@@ -381,6 +383,15 @@ MUTANTS = (
            'ordered = [by_id[int(i)] for i in batch["id"]]', "ordered = samples",
            ("tests/test_side_data.py",),
            "a batch's word ids and heads collated in the order the samples came, not in the batch's length order"),
+    Mutant("speed-table-warm-up", "speed_table",
+           "words_per_s=round(statistics.median(wps[1:]), 1) if len(wps) > 1 else None,",
+           "words_per_s=round(statistics.median(wps), 1) if len(wps) > 1 else None,",
+           ("tests/test_speed_table.py::test_tiny_run_has_every_planned_row_with_its_fields",),
+           "the speed table's words/s a median over every log interval, the first (start-up, compiling) included"),
+    Mutant("text-lowercase", "text_preprocessing",
+           "        if self.lowercase:\n            text = text.lower()\n", "",
+           ("tests/test_inference.py",),
+           "raw text is not lowercased where the data-bin's record says its text was"),
 )
 
 
