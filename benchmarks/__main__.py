@@ -13,6 +13,7 @@ import sys
 COMMANDS = {
     "archs": ("benchmarks.bench_archs", "one training step of every arch: FLOPs, saved bytes, peak memory, time"),
     "decode": ("benchmarks.bench_decode", "decoding speed (fairseq-generate) of every arch"),
+    "loss": ("benchmarks.bench_loss", "the criterion's loss, fairseq's eager code against --compile's"),
     "launches": ("benchmarks.bench_launches", "kernel launches of one whole fairseq update, by phase"),
     "op-counts": ("benchmarks.bench_op_counts", "fp32-only backward matmuls under bf16, host syncs per step"),
     "precision": ("benchmarks.bench_precision", "fp32 vs bf16/fp16 autocast: loss, time and memory"),

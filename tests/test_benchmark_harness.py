@@ -89,6 +89,28 @@ def test_bench_archs_quick_run_and_its_tables(tmp_path):
     assert "| transformer (Prime's shape) |" in compare_runs.render(["table", str(out)])
 
 
+def test_bench_loss_quick_run_compares_fairseq_s_loss_with_the_compiled_one(tmp_path):
+    """``python -m benchmarks loss --quick``: a row per dtype, the compiled loss within tests/test_compiled_loss.py's
+    bounds of fairseq's eager one, the eager ops' traffic counted, the JSON and the table written."""
+    import json
+
+    import test_compiled_loss as bounds
+    from benchmarks import bench_loss
+
+    out, table = tmp_path / "loss.json", tmp_path / "loss.md"
+    result = bench_loss.main(["--quick", "--json", str(out), "--markdown", str(table)])
+    rows = {r["dtype"]: r for r in result["rows"]}
+    assert set(rows) == {"fp32", "bf16"} and json.loads(out.read_text())["rows"] == result["rows"]
+    for r in rows.values():
+        assert r["eager_s"] > 0 and r["compiled_s"] > 0 and r["loss_rel_diff"] <= bounds.LOSS_RTOL, r
+        # eager: the cast, the log-softmax, the sums and their backward, each a pass over the logits (24-26 ops,
+        # 49-61 bytes per logit measured at this size)
+        assert r["eager_ops"] >= 20 and r["eager_bytes_per_logit"] >= 40, r
+    assert rows["fp32"]["grad_max_diff"] <= bounds.F32_GRAD_ATOL
+    assert rows["bf16"]["grad_max_diff"] <= bounds.BF16_GRAD_STEPS * 2 ** -8  # gradients of at most 1 in size
+    assert "| bf16 | 128 x 100 |" in table.read_text()
+
+
 def test_kernels_are_attributed_to_the_phase_that_launched_them():
     """benchmarks.common.kernels_by_phase on an event tree shaped like torch.profiler's (CPU events with their
     kernels and children): the innermost phase range wins, the autograd engine's thread is backward, memory

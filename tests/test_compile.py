@@ -44,6 +44,7 @@ import umst_plugin  # noqa: F401  (installs the patches)
 from umst_dev import compiled_layers, dev
 from umst_plugin import compilation
 from umst_plugin.compilation import cache, dispatch, fallback, probe
+from umst_plugin.compilation import loss as compiled_loss
 from umst_plugin.compilation.state import STATE
 
 TINY = dict(encoder_layers=2, decoder_layers=1, encoder_embed_dim=24, decoder_embed_dim=24, encoder_ffn_embed_dim=48,
@@ -429,8 +430,8 @@ def test_only_a_cache_dir_the_user_chose_overrides_the_save_dirs(tmp_path, monke
 
 
 def test_trainer_compiles_its_model_and_inference_clis_compile_what_they_load():
-    """fairseq's Trainer with --compile compiles the layers of its model (on its device); inside a CLI main with
-    --compile, every model a task builds is compiled; outside, nothing is."""
+    """fairseq's Trainer with --compile compiles the layers of its model (on its device) and its criterion's loss;
+    inside a CLI main with --compile, every model a task builds is compiled; outside, nothing is."""
     from fairseq import tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
@@ -449,7 +450,8 @@ def test_trainer_compiles_its_model_and_inference_clis_compile_what_they_load():
         # points this process's TORCHINDUCTOR_CACHE_DIR there; fairseq's default save_dir is ./checkpoints, in the
         # checkout, where every later compile of this worker would go
         args = dev.parse_args("transformer", dict(TINY, cpu=True, optimizer="adam", lr="1e-3", max_tokens=100,
-                                                  no_save=True, **{f: True for f in flags}))
+                                                  no_save=True, criterion="label_smoothed_cross_entropy",
+                                                  label_smoothing=0.1, **{f: True for f in flags}))
         return convert_namespace_to_omegaconf(args)
 
     d = dev.make_dictionary()
@@ -461,6 +463,8 @@ def test_trainer_compiles_its_model_and_inference_clis_compile_what_they_load():
         trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
         layers = [m for _, m in compilation.find_layers(trainer.model)]
         assert layers and all(compilation.is_compiled(m) == compiled for m in layers), flags
+        loss = trainer.criterion._modules.get(compiled_loss.LOSS_MODULE)  # the loss too (compilation/loss.py)
+        assert (loss is not None and compilation.is_compiled(loss)) == compiled, flags
 
     cfg = cfg_of("compile")
     task = tasks.TASK_REGISTRY["multiscale_translation"](cfg.task, d, d)

@@ -79,6 +79,10 @@ def test_prime_trains_compiled_over_the_toy_corpus_resumes_from_its_cache_and_de
         in compiled, compiled[-3000:]
     assert re.search(r"--compile: PrimeEncoderLayer\.forward compiled in [0-9.]+ s \(training, autograd", compiled), \
         compiled[-3000:]
+    # the loss too (compilation/loss.py): the toy runs' --criterion label_smoothed_cross_entropy
+    assert "decoder: 1 x PrimeDecoderLayer), and the criterion's loss;" in compiled, compiled[-3000:]
+    assert re.search(r"--compile: LabelSmoothedLoss\.forward compiled in [0-9.]+ s \(training, autograd", compiled), \
+        compiled[-3000:]
     assert "compiled in" not in eager
     programs = _compiled(compiled)
     for cls in ("PrimeEncoderLayer", "PrimeDecoderLayer"):

@@ -34,6 +34,7 @@ EXTERNAL_FLAGS = {
     "--config-dir": "hydra's own CLI (fairseq-hydra-train --config-dir configs --config-name ROW)",
     "--config-name": "hydra's own CLI",
     "--combine": "the Prime authors' fairseq-0.6.2 fork (lancopku/Prime), quoted from their README",
+    "--durations": "pytest (the slowest tests' times, docs/tests-and-benchmarks.md)",
     "--no-deps": "pip",
     "--no-build-isolation": "pip",
     "--ignore-requires-python": "pip",

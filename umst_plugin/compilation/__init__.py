@@ -11,6 +11,10 @@ layers share one too, since ``patches/incremental_state_lookup.py`` keeps their 
   once each when first met: training (train mode, autograd) and evaluation (eval mode, no autograd); a batch
   without padding where fairseq then passes no padding mask; fairseq's decoder's causal mask sliced from a
   larger buffer; sizes 0 and 1, which torch specialises (a batch of one sentence).
+* **The loss too.** fairseq-train also compiles the criterion's loss where it is fairseq's label-smoothed
+  cross-entropy (every recipe's): the float32 log-softmax over the vocabulary and the label-smoothed sums, fairseq's
+  own code as one more region, which inductor fuses into a few passes over the logits instead of a dozen
+  (``loss``; other criteria, an adaptive softmax, and a model whose log-probabilities add a term run eager).
 * **Incremental decoding stays eager.** A decoder layer called with an ``incremental_state`` (beam search, one
   step at a time) runs its ordinary ``forward``; full-sequence calls (training, validation, scoring, the encoder
   in decoding) run the compiled one.
@@ -44,6 +48,7 @@ The modules, one concern each:
 
 * ``regions`` -- which modules are compiled: fairseq's transformer layers and every class with
   ``compile_region = True`` (each family's layers declare it; this package imports no family);
+* ``loss`` -- the criterion's loss as a region (:func:`compile_criterion`);
 * ``probe`` -- can torch.compile run here (:func:`check_available`, :class:`CompileUnavailable`);
 * ``dispatch`` -- compiling the layers (:func:`compile_layers`) and what a compiled layer's ``forward`` runs;
 * ``fallback`` -- a failed compile: that variant eager, the warning and its reason;
@@ -60,6 +65,7 @@ compile: importing it takes about a second, which a run without ``--compile`` do
 """
 from umst_plugin.compilation.cache import CACHE_DIRNAME, use_cache_dir
 from umst_plugin.compilation.dispatch import compile_layers, is_compiled, layers_eager
+from umst_plugin.compilation.loss import compile_criterion
 from umst_plugin.compilation.probe import CompileUnavailable, check_available
 from umst_plugin.compilation.regions import describe, find_layers, is_compile_region
 from umst_plugin.compilation.retry import CompileFailure
@@ -67,5 +73,5 @@ from umst_plugin.compilation.telemetry import CompileTimeLog, compile_seconds, c
 from umst_plugin.compilation.tf32 import set_tf32, tf32_supported
 
 __all__ = ["CACHE_DIRNAME", "CompileFailure", "CompileTimeLog", "CompileUnavailable", "check_available",
-           "compile_layers", "compile_seconds", "compiled_graphs", "describe", "find_layers", "is_compile_region",
-           "is_compiled", "layers_eager", "set_tf32", "tf32_supported", "use_cache_dir"]
+           "compile_criterion", "compile_layers", "compile_seconds", "compiled_graphs", "describe", "find_layers",
+           "is_compile_region", "is_compiled", "layers_eager", "set_tf32", "tf32_supported", "use_cache_dir"]

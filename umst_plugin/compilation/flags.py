@@ -52,7 +52,8 @@ SYMPTOM = ("fairseq has no torch.compile path (fairseq issue #5040) and leaves f
 REMOVE_WHEN = "fairseq's common options have --compile and --tf32"
 
 COMPILE_HELP = ("compile every encoder and decoder layer with torch.compile (regional compilation: layers of a class "
-                "share compiled code; dynamic batch size and lengths; incremental decoding steps stay eager). "
+                "share compiled code; dynamic batch size and lengths; incremental decoding steps stay eager), and in "
+                "fairseq-train the loss of --criterion label_smoothed_cross_entropy. "
                 "Stops at start-up where torch.compile cannot run; a compile that fails later runs that layer "
                 "variant eager, with a warning; compiled code is kept in SAVE_DIR/compile_cache for a resumed run; "
                 "the compile time is logged (docs/compile.md)")
@@ -91,8 +92,11 @@ def _setup_training(trainer):
         logger.info("--compile: compiled code cached in %s (%s)", directory,
                     f"{graphs} graph(s) from an earlier run" if graphs else "empty: compiling from scratch")
     names = compilation.compile_layers(trainer._model, device=trainer.device)
-    logger.info("--compile: %d layers compiled on %s (%s); the first updates compile them (logged)", len(names),
-                trainer.device, compilation.describe(trainer._model))
+    loss = ("and the criterion's loss" if compilation.compile_criterion(trainer._criterion) else
+            f"the loss of --criterion {type(trainer._criterion).__name__} eager: only label_smoothed_cross_entropy's "
+            "is compiled")
+    logger.info("--compile: %d layers compiled on %s (%s), %s; the first updates compile them (logged)", len(names),
+                trainer.device, compilation.describe(trainer._model), loss)
     trainer._umst_compile_log = [compilation.compile_seconds(), *telemetry.cache_counts()]
     retry.catch_compiled_backward(trainer.task)
 

@@ -154,10 +154,17 @@ class MSCModel(RawTextFromPretrained, FairseqEncoderDecoderModel):
             extra["msc_encoder_l2"] = [penalty]
         return x, extra
 
+    def _hooks_log_probs(self):
+        return self.training and (self.encoder_l2 > 0 or self.grad_norm_logger is not None)
+
+    def plain_normalized_probs(self):
+        """Whether get_normalized_probs is the decoder's log-softmax and nothing more now (not hooked in training):
+        where it is, fairseq-train --compile compiles the loss (umst_plugin/compilation/loss.py)."""
+        return not self._hooks_log_probs()
+
     def get_normalized_probs(self, net_output, log_probs: bool, sample=None):
         lprobs = super().get_normalized_probs(net_output, log_probs, sample)
-        hooked = self.encoder_l2 > 0 or self.grad_norm_logger is not None
-        if not (hooked and self.training and log_probs and lprobs.requires_grad):
+        if not (self._hooks_log_probs() and log_probs and lprobs.requires_grad):
             return lprobs
         extra = net_output[1] if len(net_output) > 1 and isinstance(net_output[1], dict) else {}
         penalty_list = extra.get("msc_encoder_l2") or [None]
