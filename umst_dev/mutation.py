@@ -53,6 +53,7 @@ FILES = {
     "train_sh": "scripts/train.sh",
     "forked_cli": "tests/forked_cli.py",
     "umst_attention": "umst_plugin/modules/umst/rectified_attention.py",
+    "compiled_loss": "umst_plugin/compilation/loss.py",
     "transformer_sf_attention": "umst_plugin/modules/transformer_sf/fast_attention.py",
     "msc_layer": "umst_plugin/modules/msc/layer.py",
     "amp_weights": "umst_plugin/amp_weights.py",
@@ -392,6 +393,14 @@ MUTANTS = (
            "        if self.lowercase:\n            text = text.lower()\n", "",
            ("tests/test_inference.py",),
            "raw text is not lowercased where the data-bin's record says its text was"),
+    Mutant("compiled-loss-padding", "compiled_loss",
+           "ignore_index=self.ignore_index, reduce=True)", "ignore_index=None, reduce=True)",
+           ("tests/test_compiled_loss.py",),
+           "--compile's loss counts the padded target positions"),
+    Mutant("compiled-loss-model-term", "compiled_loss",
+           "        return bool(declared())\n", "        return True\n",
+           ("tests/test_compiled_loss.py",),
+           "--compile's loss replaces a model's log-probabilities that add a term (MSC's --encoder-l2)"),
 )
 
 

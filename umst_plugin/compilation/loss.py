@@ -34,6 +34,8 @@ from fairseq.models.fairseq_decoder import FairseqDecoder
 from fairseq.models.fairseq_model import BaseFairseqModel
 from fairseq.models.transformer.transformer_base import TransformerModelBase
 
+from umst_plugin.compilation import dispatch
+
 # The get_normalized_probs of fairseq's models that only hand the decoder's output to the decoder's (the
 # transformer's repeats the base class's for TorchScript).
 _PLAIN_MODEL_PROBS = (BaseFairseqModel.get_normalized_probs, TransformerModelBase.get_normalized_probs)
@@ -108,8 +110,6 @@ def compilable(criterion):
 def compile_criterion(criterion):
     """Compile ``criterion``'s loss in place (see the module's docstring): True where it did, False where the
     criterion is not one this compiles (its eager code runs). Lazy, as the layers: the first update compiles."""
-    from umst_plugin.compilation import dispatch
-
     if LOSS_MODULE in criterion._modules:
         return True
     if not compilable(criterion):
