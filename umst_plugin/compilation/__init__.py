@@ -13,7 +13,7 @@ layers share one too, since ``patches/incremental_state_lookup.py`` keeps their 
   larger buffer; sizes 0 and 1, which torch specialises (a batch of one sentence).
 * **The loss too.** fairseq-train also compiles the criterion's loss where it is fairseq's label-smoothed
   cross-entropy (every recipe's): the float32 log-softmax over the vocabulary and the label-smoothed sums, fairseq's
-  own code as one more region, which inductor fuses into a few passes over the logits instead of a dozen
+  own code as one more region, which inductor fuses into three kernels instead of eager's 24-26 passes over the logits
   (``loss``; other criteria, an adaptive softmax, and a model whose log-probabilities add a term run eager).
 * **Incremental decoding stays eager.** A decoder layer called with an ``incremental_state`` (beam search, one
   step at a time) runs its ordinary ``forward``; full-sequence calls (training, validation, scoring, the encoder

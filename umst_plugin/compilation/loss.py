@@ -1,13 +1,15 @@
 """The criterion's loss as a compile region: under fairseq-train ``--compile``, fairseq's label-smoothed
 cross-entropy (``--criterion label_smoothed_cross_entropy``, every recipe's) is compiled with the layers.
 
-Why: eager, the loss goes over a (target tokens x vocabulary) tensor about a dozen times -- the logits cast to
-float32, the log-softmax (its max and sum passes and its output), the label smoothing's sum, then in the
-backward the gathered and the summed gradients, the log-softmax's backward and the cast back to the logits'
-dtype -- and each pass reads or writes 2-4 bytes per element: at 38,400 tokens and fairseq's 32k dictionaries,
-gigabytes per update, the size of several layers' activations. Compiled, inductor fuses the cast, the log-softmax
-and both sums into reductions that read the logits, and the whole backward into one pass that writes the logits'
-gradient in their own dtype (``benchmarks/bench_loss.py`` measures both; docs/compile.md has the figures).
+Why: eager, the loss goes over a (target tokens x vocabulary) tensor in each of its 24 ATen ops (26 for bfloat16
+logits) -- the logits cast to float32, the log-softmax, the gather and the label smoothing's sum, then in the
+backward the scattered and the summed gradients, the log-softmax's backward and the cast back to the logits'
+dtype: 48-60 bytes read and written per logit, at 4,096 tokens and a 32,768-type dictionary about as many bytes as
+the transformer's compiled layers move. Compiled, inductor's program is one forward kernel, which reads the logits
+in its reductions and writes the float32 log-probabilities the backward needs, and two backward kernels (the
+gather's gradient scattered into a zeroed float32 buffer; the log-softmax's backward, writing the gradient in the
+logits' dtype): about a third of eager's bytes for bfloat16 logits (``benchmarks/bench_loss.py`` counts eager's and times both;
+docs/compile.md has the figures).
 
 What is compiled is fairseq's own code: :class:`LabelSmoothedLoss` is ``utils.log_softmax`` (float32) followed by
 ``label_smoothed_nll_loss`` (summed, padding left out), the two calls of the criterion's ``compute_loss``, as a
