@@ -46,13 +46,11 @@ def _sample(task, bsz, tgt_len, seed):
     return dev.random_sample(task, bsz, 5, tgt_len, seed=seed)
 
 
-def _eager(criterion, model, logits, sample):
-    loss, nll = LabelSmoothedCrossEntropyCriterion.compute_loss(criterion, model, (logits, {}), sample)
-    return loss, nll, torch.autograd.grad(loss, logits)[0]
-
-
-def _compiled(criterion, model, logits, sample):
-    loss, nll = criterion.compute_loss(model, (logits, {}), sample)
+def _loss_and_grad(criterion, model, logits, sample, eager=False):
+    """(loss, nll_loss, the logits' gradient): the criterion's compute_loss, compiled where compile_criterion made
+    it so, or fairseq's own (``eager``)."""
+    compute = LabelSmoothedCrossEntropyCriterion.compute_loss.__get__(criterion) if eager else criterion.compute_loss
+    loss, nll = compute(model, (logits, {}), sample)
     return loss, nll, torch.autograd.grad(loss, logits)[0]
 
 
@@ -87,8 +85,8 @@ def test_compiled_loss_equals_fairseq_criterion(transformer, eps, prefix):
         sample = _sample(task, bsz, tgt_len, seed=i)
         assert (sample["target"] == task.target_dictionary.pad()).any()  # padded rows: left out of both sums
         logits = _logits(sample, vocab, torch.float32, seed=i)
-        (loss, nll, grad), (want_loss, want_nll, want_grad) = (_compiled(criterion, model, logits, sample),
-                                                               _eager(criterion, model, logits, sample))
+        loss, nll, grad = _loss_and_grad(criterion, model, logits, sample)
+        want_loss, want_nll, want_grad = _loss_and_grad(criterion, model, logits, sample, eager=True)
         assert loss.dtype == want_loss.dtype == torch.float32 and grad.dtype == torch.float32
         torch.testing.assert_close(loss, want_loss, rtol=LOSS_RTOL, atol=0)
         torch.testing.assert_close(nll, want_nll, rtol=LOSS_RTOL, atol=0)
@@ -108,8 +106,8 @@ def test_compiled_loss_with_bfloat16_logits_matches_eager_and_keeps_their_dtype(
     for i, (bsz, tgt_len) in enumerate([(4, 9), (7, 16)]):
         sample = _sample(task, bsz, tgt_len, seed=10 + i)
         logits = _logits(sample, vocab, torch.bfloat16, seed=10 + i)
-        loss, nll, grad = _compiled(criterion, model, logits, sample)
-        want_loss, want_nll, want_grad = _eager(criterion, model, logits, sample)
+        loss, nll, grad = _loss_and_grad(criterion, model, logits, sample)
+        want_loss, want_nll, want_grad = _loss_and_grad(criterion, model, logits, sample, eager=True)
         assert loss.dtype == want_loss.dtype == torch.float32 and grad.dtype == torch.bfloat16
         torch.testing.assert_close(loss, want_loss, rtol=LOSS_RTOL, atol=0)
         torch.testing.assert_close(nll, want_nll, rtol=LOSS_RTOL, atol=0)
@@ -136,13 +134,14 @@ def test_the_loss_is_compiled_for_label_smoothed_cross_entropy_only(transformer)
     assert not list(criterion.state_dict())  # nothing new in a checkpoint
 
 
+MSC_TINY = {**{k: v for k, v in TINY.items() if k not in ("encoder_layers", "decoder_layers")},
+            "encoder_blocks": 2, "encoder_layers_per_block": 1}
 FAMILIES = [
     ("transformer", TINY),
     ("umst_base", TINY),
     ("umst_base_rpr", dict(TINY, max_relative_positions=4)),
     ("transformer_sf_base", dict(TINY, fast_embed_dim=8, fast_ffn_embed_dim=16, fast_attention_heads=2)),
-    ("msc_base", {**{k: v for k, v in TINY.items() if k not in ("encoder_layers", "decoder_layers")},
-                  "encoder_blocks": 2, "encoder_layers_per_block": 1}),
+    ("msc_base", MSC_TINY),
     ("msmsa_base", dict(TINY, msmsa_scales="1,3", msmsa_min_block=2)),
     ("prime_base", dict(TINY, prime_kernels="3,7")),
     ("prime_simple_base", TINY),
@@ -161,9 +160,7 @@ def test_every_family_has_plain_log_probs(arch, overrides):
 
 
 def test_a_model_whose_log_probs_add_a_term_keeps_the_eager_loss():
-    msc, _ = dev.build_model("msc_base", {**{k: v for k, v in TINY.items()
-                                            if k not in ("encoder_layers", "decoder_layers")},
-                                         "encoder_blocks": 2, "encoder_layers_per_block": 1, "encoder_l2": 1e-4})
+    msc, _ = dev.build_model("msc_base", dict(MSC_TINY, encoder_l2=1e-4))
     assert not compiled_loss.plain_log_probs(msc.train())  # the L2 penalty rides on the log-probabilities
     assert compiled_loss.plain_log_probs(msc.eval())
     adaptive, _ = dev.build_model("transformer", dict(TINY, adaptive_softmax_cutoff="20"))
