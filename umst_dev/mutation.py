@@ -54,6 +54,7 @@ FILES = {
     "forked_cli": "tests/forked_cli.py",
     "umst_attention": "umst_plugin/modules/umst/rectified_attention.py",
     "compiled_loss": "umst_plugin/compilation/loss.py",
+    "saved_activation_strides": "umst_plugin/patches/saved_activation_strides.py",
     "transformer_sf_attention": "umst_plugin/modules/transformer_sf/fast_attention.py",
     "msc_layer": "umst_plugin/modules/msc/layer.py",
     "amp_weights": "umst_plugin/amp_weights.py",
@@ -401,6 +402,17 @@ MUTANTS = (
            "        return bool(declared())\n", "        return True\n",
            ("tests/test_compiled_loss.py",),
            "--compile's loss replaces a model's log-probabilities that add a term (MSC's --encoder-l2)"),
+    Mutant("saved-strides-evaluated", "saved_activation_strides",
+           "            return shape_env.deserialize_symexpr(expr)  # a number",
+           "            return shape_env.evaluate_symexpr(expr)  # a number",
+           ("tests/test_saved_activation_strides.py",),
+           "a compiled backward's saved strides are evaluated at the first batch's sizes again"),
+    Mutant("saved-strides-compared-at-hint", "saved_activation_strides",
+           'FIXED_LINE = "if not _umst_statically_known_true(ph_arg.stride()[k] == real_stride[k]):"',
+           "FIXED_LINE = LINE",
+           ("tests/test_saved_activation_strides.py",),
+           "a compiled backward compares saved strides at the first batch's sizes again (not restrided where equal "
+           "there)"),
 )
 
 

@@ -12,7 +12,7 @@ import torch.fx.experimental._config as fx_config
 
 from umst_plugin.compilation import fallback, probe, regions, retry, telemetry
 from umst_plugin.compilation.state import STATE
-from umst_plugin.patches import inductor_scan
+from umst_plugin.patches import inductor_scan, saved_activation_strides
 
 
 def is_compiled(module):
@@ -107,6 +107,7 @@ def configure_dynamo():
         config.fail_on_recompile_limit_hit = True  # an error, not a silent fall back to eager
     allow_custom_functions_in_autograd_cache()
     inductor_scan.install(load=True)  # prefix sums as ATen's scan on a GPU: Triton's took minutes to compile
+    saved_activation_strides.install(load=True)  # a backward's saved strides symbolic, not the first batch's
 
 
 def allow_custom_functions_in_autograd_cache():

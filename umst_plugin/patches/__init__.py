@@ -54,6 +54,7 @@ PATCHES = (
     "encoder_padding_mask",
     "decoder_padding_mask",
     "inductor_scan",
+    "saved_activation_strides",
 )
 
 
@@ -93,6 +94,9 @@ STOCK_NUMBERS = {
                          "that fell back to eager is compiled instead); not installed on torch >= 2.13",
     "inductor_scan": "no: only programs compiled for a GPU (--compile): a prefix sum runs as ATen's scan, not a "
                      "Triton one (integer sums, the same values)",
+    "saved_activation_strides": "no: only a compiled backward (--compile) whose saved activation inductor laid out "
+                                "otherwise than the traced graph: it runs compiled for every batch size instead of "
+                                "failing and falling back to eager (the same values)",
 }
 
 
