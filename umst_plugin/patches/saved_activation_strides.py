@@ -33,6 +33,7 @@ fix). ``tests/test_saved_activation_strides.py`` plants the divergent layout on 
 for dynamic shapes) in a small function and in MSC's encoder layer: torch's own code fails as on the H200, the
 patched code compiles every batch and equals eager.
 """
+import __future__
 import inspect
 import sys
 import textwrap
@@ -130,7 +131,12 @@ def _with_symbolic_comparison(graph_compile):
                          f"was written for (one line '{LINE}'). Run without --compile, or update the patch")
     graph_compile._umst_statically_known_true = statically_known_true
     namespace = {}
-    code = compile(source.replace(LINE, FIXED_LINE), inspect.getsourcefile(function), "exec")
+    first_line = inspect.getsourcelines(function)[1]  # (tracebacks then name torch's file at torch's lines)
+    fixed = "\n" * (first_line - 1) + source.replace(LINE, FIXED_LINE)
+    # annotations left unevaluated, as under a module's ``from __future__ import annotations``: some name types
+    # imported for type checkers only
+    code = compile(fixed, inspect.getsourcefile(function), "exec", flags=__future__.annotations.compiler_flag,
+                   dont_inherit=True)
     exec(code, graph_compile.__dict__, namespace)  # noqa: S102 -- torch's own source, one line replaced
     replacement = namespace["_aot_stage2b_bw_compile"]
     replacement.__doc__ = function.__doc__
