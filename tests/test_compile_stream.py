@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import e2e
+import unpatched_torch
 import umst_plugin  # noqa: F401  (installs the patches)
 from umst_dev import compiled_layers
 from umst_plugin import compilation
@@ -260,7 +261,8 @@ def test_a_failing_compiled_backward_is_traced_to_its_layer_and_that_variant_run
     windows built by the forward's ops, as before the fix of issue 63, in a layer compiled with dynamic shapes (a
     fairseq encoder layer class whose forward is the convolution): compiled on a batch shorter than the widest
     kernel (T 10, B 5), its compiled backward fails on the next short batch of another batch size (T 5, B 4)
-    (``assert_size_stride``). ``retry.backward_failure`` names the layer class, the backward and the shapes,
+    (``assert_size_stride``) under torch's own code, whose saved strides froze at the first batch's sizes
+    (``patches/saved_activation_strides.py`` fixes that; tests/test_saved_activation_strides.py). ``retry.backward_failure`` names the layer class, the backward and the shapes,
     and marks that variant eager; the retried step (what fairseq's Trainer does with it) runs the eager forward
     and backward, with the eager gradients. (The Trainer's retry loop around it: compilation/retry.py.)"""
     from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
@@ -299,9 +301,10 @@ def test_a_failing_compiled_backward_is_traced_to_its_layer_and_that_variant_run
             return step(T, B)
         finally:
             layer.forward = compiled_forward
-    step(10, 5)
-    with pytest.raises(Exception) as caught:
-        step(5, 4)
+    with unpatched_torch.saved_activation_strides():  # the failure: torch's saved stride frozen at (10, 5)'s
+        step(10, 5)
+        with pytest.raises(Exception) as caught:
+            step(5, 4)
     failure = retry.backward_failure(caught.value)
     assert isinstance(failure, compilation.CompileFailure), caught.value
     assert re.search(r"compiled backward of ConvLayer failed \(inputs 5x4x8 float32, 5x4x2x3 float32, 5x4x2x15 "
@@ -318,7 +321,7 @@ def test_the_trainer_retries_an_update_whose_compiled_backward_failed_and_goes_o
     is Prime's two-cell dynamic convolution (kernels 3 and 15, its logits predicted from the input, the backward
     windows as before the fix of issue 63, as in the test above), 3 updates of batches shaped as there (a source
     of 10 tokens x 5 sentences, then 5 x 4, then 12 x 3). Update 2's compiled backward fails
-    (``assert_size_stride``); the Trainer retries it with that variant eager (a warning naming the update) and
+    (``assert_size_stride``; under torch's own code, whose saved strides froze at update 1's sizes); the Trainer retries it with that variant eager (a warning naming the update) and
     goes on; the weights then equal those of a Trainer that never compiled (the failed attempt left no gradient
     and no optimizer step behind: one Adam step moves a weight by about 1e-3 (the lr); measured apart by 7.5e-8 at
     most, float32 rounding of the compiled kernels; bound 1e-6). Not the key projections' biases: their gradient
@@ -367,7 +370,7 @@ def test_the_trainer_retries_an_update_whose_compiled_backward_failed_and_goes_o
         assert trainer.get_num_updates() == 3
         return trainer.model
 
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING), unpatched_torch.saved_activation_strides():  # (the failure: torch's)
         compiled = run("compile")
     assert "retrying update 2 (the same batches) with that variant eager" in caplog.text, caplog.text
     (why,) = compiled_layers.eager_variants().values()

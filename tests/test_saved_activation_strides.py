@@ -3,17 +3,18 @@ expressions of the sizes. torch's own code froze them at the first batch's sizes
 activation out otherwise than the traced graph (MSC's encoder layer on an H200: ``AssertionError: expected size
 64==64, stride 425984==565248 at dim=2``, 565248 = 1024 x the first batch's 552 sentences).
 
-A CPU lays saved activations out as the traced graph does, so the tests plant the divergence: inductor's stride
-padding, which torch applies on GPUs and to static shapes only, switched on for the CPU and for dynamic shapes. A
-saved activation of ``size`` columns then gets the stride ``size`` rounded up to 16 float32 elements (64 bytes),
-where the traced graph says ``size``."""
-import contextlib
+On a CPU, Prime's convolution with its backward windows as they were before issue 63's fix meets the bug (the
+last test). The other tests plant the divergence in a small function: inductor's stride padding, which torch applies
+on GPUs and to static shapes only, switched on for the CPU and for dynamic shapes. A saved activation of ``size``
+float64 columns then gets the stride ``size`` rounded up to 16 elements (128 bytes), where the traced graph says
+``size``."""
 import inspect
 
 import pytest
 import torch
 
 import umst_plugin  # noqa: F401  (installs the patches)
+import unpatched_torch
 from umst_plugin.compilation import dispatch
 from umst_plugin.patches import PatchError, saved_activation_strides
 
@@ -36,24 +37,6 @@ def saves_a_padded_activation(x, w):
     """The activation ``h`` (3 x size) is saved for the backward of the product; its stride is the padded one."""
     h = torch.relu(x * 2.0 + 1.0)
     return (w @ h).sin().sum()
-
-
-@contextlib.contextmanager
-def torch_own_code():
-    """torch's functions in place of the patch's while inside."""
-    from torch._functorch._aot_autograd import graph_compile
-    from torch._inductor import output_code, utils
-
-    targets = [(graph_compile, "_aot_stage2b_bw_compile"), (output_code, "set_tracing_context_output_strides"),
-               (utils, "set_tracing_context_output_strides")]
-    patched = [getattr(owner, name) for owner, name in targets]
-    try:
-        for (owner, name), function in zip(targets, patched):
-            setattr(owner, name, getattr(function, "__wrapped__", function))
-        yield
-    finally:
-        for (owner, name), function in zip(targets, patched):
-            setattr(owner, name, function)
 
 
 def run_sizes(function):
@@ -106,7 +89,7 @@ def test_torch_own_code_freezes_a_saved_stride_at_the_first_batch_and_fails_the_
     dispatch.configure_dynamo()
     if not saved_activation_strides.applies():
         pytest.skip("this torch compares saved strides symbolically (pytorch/pytorch#191885): nothing to patch")
-    with planted_layout(), torch_own_code():
+    with planted_layout(), unpatched_torch.saved_activation_strides():
         outcomes, _ = run_sizes(saves_a_padded_activation)
     assert outcomes[0] == (SIZES[0], None)
     failed = {size: error for size, error in outcomes[1:] if error is not None}
@@ -134,7 +117,7 @@ def test_without_a_divergent_layout_the_patch_changes_nothing():
 
     with inductor_config.patch(fx_graph_cache=False, force_disable_caches=True):
         patched = run_sizes(saves_a_padded_activation)
-        with torch_own_code():
+        with unpatched_torch.saved_activation_strides():
             own = run_sizes(saves_a_padded_activation)
     assert patched == own and all(error is None for _, error in patched[0]) and patched[1] == 1, (patched, own)
 
@@ -151,3 +134,68 @@ def test_a_torch_whose_backward_compile_differs_is_refused_with_a_clear_error(mo
     monkeypatch.setattr(graph_compile, "_aot_stage2b_bw_compile", _aot_stage2b_bw_compile)
     with pytest.raises(PatchError, match=r"_aot_stage2b_bw_compile is not the function the patch was written for"):
         saved_activation_strides.install(load=True)
+
+
+def test_prime_s_convolution_with_its_old_backward_windows_runs_compiled_at_every_size(monkeypatch):
+    """A real layer that met the bug on a CPU: Prime's two-cell dynamic convolution (kernels 3 and 15) with its
+    backward windows built by the forward's ops, as before the fix of issue 63, whose compiled backward failed
+    inductor's check at the first short batch of another batch size. That fix changed the layer; the failure was
+    this one (torch's code still fails there, ``tests/test_compile_stream.py`` uses it as its real failing
+    backward). With the patch every size runs compiled, nothing falls back, and the gradients equal eager's."""
+    from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
+    from test_compile_stream import _old_backward_windows
+
+    from umst_dev import compiled_layers
+    from umst_plugin import compilation
+    from umst_plugin.compilation import retry
+    from umst_plugin.compilation.state import STATE
+    from umst_plugin.modules.prime.dynamic_conv import DynamicConvolution, multi_dynamic_convolution
+
+    # float32, another order of sums: measured 6.3e-7 of the largest element apart at most (with and without SIMD)
+    BOUND = 2.5e-6
+
+    class ConvLayer(TransformerEncoderLayerBase):  # a layer class --compile compiles
+        def __init__(self):
+            torch.nn.Module.__init__(self)
+            self.gates = torch.nn.Parameter(torch.tensor([0.3, 0.7]))
+
+        def forward(self, x, short, wide):
+            return multi_dynamic_convolution(x, [short, wide], [1, 7], self.gates)
+
+    def gradients(layer, T, B):
+        torch.manual_seed(T)
+        inputs = [torch.randn(T, B, 8, requires_grad=True), torch.randn(T, B, 2, 3, requires_grad=True),
+                  torch.randn(T, B, 2, 15, requires_grad=True)]
+        for logits in inputs[1:]:  # constant kernel widths, as in a Prime layer (tests/test_dynamic_conv.py)
+            torch._dynamo.mark_static(logits, 3)
+        layer.gates.grad = None
+        retry.start_step()
+        layer(*inputs).sum().backward()
+        return [t.grad for t in inputs] + [layer.gates.grad]
+
+    def compiled_layer():
+        torch._dynamo.reset()
+        STATE.eager_variants.clear()
+        model = torch.nn.Sequential(ConvLayer())
+        compilation.compile_layers(model)
+        return model[0]
+
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(DynamicConvolution, "_backward_windows", staticmethod(_old_backward_windows))
+    monkeypatch.setattr(STATE, "eager_variants", {})
+    with inductor_config.patch(fx_graph_cache=False, force_disable_caches=True):
+        layer, eager = compiled_layer(), ConvLayer()
+        apart = 0.0
+        for T, B in ((10, 5), (5, 4), (12, 3), (4, 6), (9, 2)):
+            for got, want in zip(gradients(layer, T, B), gradients(eager, T, B)):
+                apart = max(apart, ((got - want).abs().max() / want.abs().max()).item())
+        print(f"compiled gradients apart from eager's by {apart:.1e} of their largest element at most")
+        assert apart < BOUND
+        assert compiled_layers.eager_variants() == {}
+
+        with unpatched_torch.saved_activation_strides():
+            layer = compiled_layer()
+            gradients(layer, 10, 5)
+            with pytest.raises(AssertionError, match=r"expected size \d+==\d+, stride \d+==\d+ at dim"):
+                gradients(layer, 5, 4)

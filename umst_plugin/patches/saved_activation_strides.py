@@ -29,9 +29,11 @@ The backward's code then asserts the strides the forward produces, for every siz
 the traced one may add a guard on the sizes (a padded stride equal to the unpadded one or not): one more compile of
 the layer, not one per batch. Installed by ``--compile`` (``compilation.dispatch.configure_dynamo``) and by
 :func:`install` once inductor is loaded; nothing where torch's own code no longer has the line (a torch with the
-fix). ``tests/test_saved_activation_strides.py`` plants the divergent layout on a CPU (inductor's stride padding
-for dynamic shapes) in a small function and in MSC's encoder layer: torch's own code fails as on the H200, the
-patched code compiles every batch and equals eager.
+fix). On a CPU the same failure was met by Prime's convolution with its backward windows as they were before
+issue 63's fix (its compiled backward failed at the first short batch of another batch size).
+``tests/test_saved_activation_strides.py`` runs that layer, and plants a divergent layout in a small function
+(inductor's stride padding for dynamic shapes, on a CPU): torch's own code fails, the patched code compiles every
+batch and equals eager.
 """
 import __future__
 import inspect
