@@ -6,7 +6,10 @@ import contextlib
 def saved_activation_strides():
     """torch's own ``_aot_stage2b_bw_compile`` and ``set_tracing_context_output_strides`` while inside (a compiled
     backward's saved strides frozen at the first batch's sizes), and ``--compile`` not installing the patch again
-    (``patches/saved_activation_strides.py``); the patch's functions back on leaving."""
+    (``patches/saved_activation_strides.py``); the patch's functions back on leaving. Inductor's on-disk caches are
+    off while inside: their keys do not know the patch, so a graph compiled with it would be loaded here (and one
+    compiled here, with the failing backward, loaded by a later test with it)."""
+    import torch._inductor.config as inductor_config
     from torch._functorch._aot_autograd import graph_compile
     from torch._inductor import output_code, utils
 
@@ -21,7 +24,8 @@ def saved_activation_strides():
         for (owner, name), function in zip(targets[:3], patched):
             setattr(owner, name, getattr(function, "__wrapped__", function))
         patch.install = lambda load=False: None
-        yield
+        with inductor_config.patch(fx_graph_cache=False, force_disable_caches=True):
+            yield
     finally:
         for (owner, name), function in zip(targets, patched):
             setattr(owner, name, function)
