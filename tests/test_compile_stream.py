@@ -256,23 +256,14 @@ def _old_backward_windows(x, padding_l, K, H):
     return F.pad(x, (0, 0, 0, 0, padding_l, K - 1 - padding_l)).view(T + K - 1, B, H, C // H).unfold(0, K, 1)
 
 
-def test_a_failing_compiled_backward_is_traced_to_its_layer_and_that_variant_runs_eager(monkeypatch):
-    """A real failing compiled backward: Prime's two-cell dynamic convolution (kernels 3 and 15) with its backward
-    windows built by the forward's ops, as before the fix of issue 63, in a layer compiled with dynamic shapes (a
-    fairseq encoder layer class whose forward is the convolution): compiled on a batch shorter than the widest
-    kernel (T 10, B 5), its compiled backward fails on the next short batch of another batch size (T 5, B 4)
-    (``assert_size_stride``) under torch's own code, whose saved strides froze at the first batch's sizes
-    (``patches/saved_activation_strides.py`` fixes that; tests/test_saved_activation_strides.py). ``retry.backward_failure`` names the layer class, the backward and the shapes,
-    and marks that variant eager; the retried step (what fairseq's Trainer does with it) runs the eager forward
-    and backward, with the eager gradients. (The Trainer's retry loop around it: compilation/retry.py.)"""
+def conv_layer():
+    """A layer of a class --compile compiles (a fairseq encoder layer class) whose forward is Prime's two-cell
+    dynamic convolution, kernels 3 and 15, its two kernels' logits given as inputs."""
     from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 
-    from umst_plugin.modules.prime.dynamic_conv import DynamicConvolution, multi_dynamic_convolution
+    from umst_plugin.modules.prime.dynamic_conv import multi_dynamic_convolution
 
-    monkeypatch.setattr(DynamicConvolution, "_backward_windows", staticmethod(_old_backward_windows))
-    monkeypatch.setattr(STATE, "eager_variants", {})
-
-    class ConvLayer(TransformerEncoderLayerBase):  # a layer class --compile compiles
+    class ConvLayer(TransformerEncoderLayerBase):
         def __init__(self):
             torch.nn.Module.__init__(self)
             self.gates = torch.nn.Parameter(torch.tensor([0.3, 0.7]))
@@ -280,20 +271,44 @@ def test_a_failing_compiled_backward_is_traced_to_its_layer_and_that_variant_run
         def forward(self, x, short, wide):
             return multi_dynamic_convolution(x, [short, wide], [1, 7], self.gates)
 
-    model = torch.nn.Sequential(ConvLayer())
+    return ConvLayer()
+
+
+def conv_gradients(layer, T, B):
+    """The gradients of the inputs and gates of ``layer`` (:func:`conv_layer`) for a step of T x B random inputs
+    (seeded by T), as a training step of the plugin runs it (``retry.start_step`` first)."""
+    torch.manual_seed(T)
+    inputs = [torch.randn(T, B, 8, requires_grad=True), torch.randn(T, B, 2, 3, requires_grad=True),
+              torch.randn(T, B, 2, 15, requires_grad=True)]
+    for logits in inputs[1:]:  # constant kernel widths, as in a Prime layer (tests/test_dynamic_conv.py)
+        torch._dynamo.mark_static(logits, 3)
+    layer.gates.grad = None
+    retry.start_step()
+    layer(*inputs).sum().backward()
+    return [t.grad for t in inputs] + [layer.gates.grad]
+
+
+def test_a_failing_compiled_backward_is_traced_to_its_layer_and_that_variant_runs_eager(monkeypatch):
+    """A real failing compiled backward: Prime's two-cell dynamic convolution (kernels 3 and 15) with its backward
+    windows built by the forward's ops, as before the fix of issue 63, in a layer compiled with dynamic shapes (a
+    fairseq encoder layer class whose forward is the convolution): compiled on a batch shorter than the widest
+    kernel (T 10, B 5), its compiled backward fails on the next short batch of another batch size (T 5, B 4)
+    (``assert_size_stride``) under torch's own code, whose saved strides froze at the first batch's sizes
+    (``patches/saved_activation_strides.py`` fixes that; tests/test_saved_activation_strides.py).
+    ``retry.backward_failure`` names the layer class, the backward and the shapes, and marks that variant eager;
+    the retried step (what fairseq's Trainer does with it) runs the eager forward and backward, with the eager
+    gradients. (The Trainer's retry loop around it: compilation/retry.py.)"""
+    from umst_plugin.modules.prime.dynamic_conv import DynamicConvolution
+
+    monkeypatch.setattr(DynamicConvolution, "_backward_windows", staticmethod(_old_backward_windows))
+    monkeypatch.setattr(STATE, "eager_variants", {})
+
+    model = torch.nn.Sequential(conv_layer())
     compilation.compile_layers(model)
     layer = model[0]
 
     def step(T, B):
-        torch.manual_seed(T)
-        inputs = [torch.randn(T, B, 8, requires_grad=True), torch.randn(T, B, 2, 3, requires_grad=True),
-                  torch.randn(T, B, 2, 15, requires_grad=True)]
-        for logits in inputs[1:]:  # constant kernel widths, as in a Prime layer (tests/test_dynamic_conv.py)
-            torch._dynamo.mark_static(logits, 3)
-        layer.gates.grad = None
-        retry.start_step()
-        layer(*inputs).sum().backward()
-        return [t.grad for t in inputs] + [layer.gates.grad]
+        return conv_gradients(layer, T, B)
 
     def eager_step(T, B):
         compiled_forward = layer.__dict__.pop("forward")

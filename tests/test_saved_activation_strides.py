@@ -142,41 +142,20 @@ def test_prime_s_convolution_with_its_old_backward_windows_runs_compiled_at_ever
     inductor's check at the first short batch of another batch size. That fix changed the layer; the failure was
     this one (torch's code still fails there, ``tests/test_compile_stream.py`` uses it as its real failing
     backward). With the patch every size runs compiled, nothing falls back, and the gradients equal eager's."""
-    from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
-    from test_compile_stream import _old_backward_windows
+    from test_compile_stream import _old_backward_windows, conv_gradients, conv_layer
 
     from umst_dev import compiled_layers
     from umst_plugin import compilation
-    from umst_plugin.compilation import retry
     from umst_plugin.compilation.state import STATE
-    from umst_plugin.modules.prime.dynamic_conv import DynamicConvolution, multi_dynamic_convolution
+    from umst_plugin.modules.prime.dynamic_conv import DynamicConvolution
 
     # float32, another order of sums: measured 6.3e-7 of the largest element apart at most (with and without SIMD)
     BOUND = 2.5e-6
 
-    class ConvLayer(TransformerEncoderLayerBase):  # a layer class --compile compiles
-        def __init__(self):
-            torch.nn.Module.__init__(self)
-            self.gates = torch.nn.Parameter(torch.tensor([0.3, 0.7]))
-
-        def forward(self, x, short, wide):
-            return multi_dynamic_convolution(x, [short, wide], [1, 7], self.gates)
-
-    def gradients(layer, T, B):
-        torch.manual_seed(T)
-        inputs = [torch.randn(T, B, 8, requires_grad=True), torch.randn(T, B, 2, 3, requires_grad=True),
-                  torch.randn(T, B, 2, 15, requires_grad=True)]
-        for logits in inputs[1:]:  # constant kernel widths, as in a Prime layer (tests/test_dynamic_conv.py)
-            torch._dynamo.mark_static(logits, 3)
-        layer.gates.grad = None
-        retry.start_step()
-        layer(*inputs).sum().backward()
-        return [t.grad for t in inputs] + [layer.gates.grad]
-
     def compiled_layer():
         torch._dynamo.reset()
         STATE.eager_variants.clear()
-        model = torch.nn.Sequential(ConvLayer())
+        model = torch.nn.Sequential(conv_layer())
         compilation.compile_layers(model)
         return model[0]
 
@@ -185,10 +164,10 @@ def test_prime_s_convolution_with_its_old_backward_windows_runs_compiled_at_ever
     monkeypatch.setattr(DynamicConvolution, "_backward_windows", staticmethod(_old_backward_windows))
     monkeypatch.setattr(STATE, "eager_variants", {})
     with inductor_config.patch(fx_graph_cache=False, force_disable_caches=True):
-        layer, eager = compiled_layer(), ConvLayer()
+        layer, eager = compiled_layer(), conv_layer()
         apart = 0.0
         for T, B in ((10, 5), (5, 4), (12, 3), (4, 6), (9, 2)):
-            for got, want in zip(gradients(layer, T, B), gradients(eager, T, B)):
+            for got, want in zip(conv_gradients(layer, T, B), conv_gradients(eager, T, B)):
                 apart = max(apart, ((got - want).abs().max() / want.abs().max()).item())
         print(f"compiled gradients apart from eager's by {apart:.1e} of their largest element at most")
         assert apart < BOUND
@@ -196,6 +175,6 @@ def test_prime_s_convolution_with_its_old_backward_windows_runs_compiled_at_ever
 
         with unpatched_torch.saved_activation_strides():
             layer = compiled_layer()
-            gradients(layer, 10, 5)
+            conv_gradients(layer, 10, 5)
             with pytest.raises(AssertionError, match=r"expected size \d+==\d+, stride \d+==\d+ at dim"):
-                gradients(layer, 5, 4)
+                conv_gradients(layer, 5, 4)
