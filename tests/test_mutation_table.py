@@ -51,6 +51,26 @@ def test_a_planted_fault_is_taken_out_whatever_happens(tmp_path):
     assert target.read_text() == m.original * 2
 
 
+def test_the_record_names_the_commit_it_copied_and_says_when_the_tree_differed(tmp_path):
+    """``_commit``: HEAD's hash, marked where the copied tree has changed or untracked files (what the check reads
+    at its start, before copying: a checkout that moves on during the run does not change the record)."""
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                              check=True, capture_output=True, text=True).stdout.strip()
+
+    assert mutation._commit(str(tmp_path)) is None  # not a checkout
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("commit", "-qm", "a")
+    head = git("rev-parse", "--short", "HEAD")
+    assert mutation._commit(str(tmp_path)) == head
+    (tmp_path / "b.py").write_text("y = 2\n")  # untracked: copied, so the tree differs
+    assert mutation._commit(str(tmp_path)) == head + "+changes"
+
+
 def test_the_recorded_run_covers_the_table_and_caught_every_fault():
     with open(RECORD) as f:
         record = json.load(f)

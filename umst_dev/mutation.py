@@ -525,6 +525,7 @@ def check(mutants=MUTANTS, root=ROOT, timeout=900, log=print):
     if wrong:
         raise ValueError("the mutation table does not fit the code:\n  " + "\n  ".join(wrong))
     started, start = time.strftime("%Y-%m-%d %H:%M:%S"), time.monotonic()
+    commit = _commit(root)  # (the code copied now: the checkout may move on while the check runs)
     results, baseline = [], []
     copy = tempfile.mkdtemp(prefix="umst-mutation-")
     try:
@@ -548,7 +549,7 @@ def check(mutants=MUTANTS, root=ROOT, timeout=900, log=print):
                 log(tail)
     finally:
         shutil.rmtree(copy, ignore_errors=True)
-    return dict(started=started, seconds=round(time.monotonic() - start), machine=machine(), commit=_commit(root),
+    return dict(started=started, seconds=round(time.monotonic() - start), machine=machine(), commit=commit,
                 command="python -m umst_dev.mutation", baseline=baseline, results=results)
 
 
@@ -563,8 +564,12 @@ def machine():
 
 
 def _commit(root):
+    """HEAD's short hash, with ``+changes`` where the tree the check copies differs from it (changed or untracked
+    files that git does not ignore); None outside a git checkout."""
     proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
-    return proc.stdout.strip() or None
+    commit = proc.stdout.strip() or None
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True)
+    return commit + "+changes" if commit and status.stdout.strip() else commit
 
 
 def markdown(record):
