@@ -37,3 +37,38 @@ def test_a_graph_with_a_custom_function_is_cached_and_a_changed_backward_compile
     # the same forward, a backward that scales by 3: not the entry for 2
     assert changed["counters"]["autograd_cache_hit"] == 1 and changed["counters"]["autograd_cache_miss"] == 1, changed
     torch.testing.assert_close(changed["grad"], expected[3.0])
+
+
+def test_the_caches_are_keyed_on_the_plugin_s_compiler_patches(tmp_path, monkeypatch):
+    """``--compile`` keys inductor's compiled graphs and AOTAutograd's forward + backward on the source of the
+    plugin's compiler patches (``cache.key_caches_on_compiler_patches``): the same graph is taken from the cache
+    under the same patches and compiled anew under changed ones, whose entry then serves them in turn. (A cache
+    written before ``patches/saved_activation_strides.py`` gave the failing backward it fixes.)"""
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import clear_caches
+
+    from umst_plugin.compilation import cache, dispatch
+
+    dispatch.configure_dynamo()
+    assert cache.key_caches_on_compiler_patches()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    clear_caches()
+
+    def f(x):
+        return (x.sin() * 3).relu().sum()
+
+    def compile_and_count():
+        torch._dynamo.reset()
+        counters.clear()
+        x = torch.linspace(-1, 1, 7, requires_grad=True)
+        torch.compile(f)(x).backward()
+        torch.testing.assert_close(x.grad, torch.where(x.sin() > 0, 3 * x.cos(), 0 * x))
+        return counters["aot_autograd"]["autograd_cache_hit"], counters["aot_autograd"]["autograd_cache_miss"]
+
+    assert compile_and_count() == (0, 1)
+    assert compile_and_count() == (1, 0)  # the same patches: from the cache
+    monkeypatch.setattr(cache, "compiler_patches_key", lambda: "another version of the patches")
+    assert compile_and_count() == (0, 1)  # not the entry compiled under the others
+    assert compile_and_count() == (1, 0)
+    monkeypatch.undo()
+    clear_caches()

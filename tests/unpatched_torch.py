@@ -7,8 +7,8 @@ def saved_activation_strides():
     """torch's own ``_aot_stage2b_bw_compile`` and ``set_tracing_context_output_strides`` while inside (a compiled
     backward's saved strides frozen at the first batch's sizes), and ``--compile`` not installing the patch again
     (``patches/saved_activation_strides.py``); the patch's functions back on leaving. Inductor's on-disk caches are
-    off while inside: their keys do not know the patch, so a graph compiled with it would be loaded here (and one
-    compiled here, with the failing backward, loaded by a later test with it)."""
+    off while inside: their keys know the patch's source, not whether it is in place, so a graph compiled with it
+    would be loaded here (and one compiled here, with the failing backward, loaded by a later test with it)."""
     import torch._inductor.config as inductor_config
     from torch._functorch._aot_autograd import graph_compile
     from torch._inductor import output_code, utils

@@ -1,5 +1,6 @@
 """Compiled code kept with the run: fairseq-train keeps inductor's caches under ``SAVE_DIR/compile_cache``, so a
 resumed or requeued run compiles from them (:func:`use_cache_dir`)."""
+import functools
 import os
 
 CACHE_DIRNAME = "compile_cache"
@@ -53,3 +54,57 @@ def cached_graphs(directory):
     """How many compiled graphs inductor's FX graph cache holds under ``directory``."""
     root = os.path.join(directory, "fxgraph")
     return sum(len(files) for _, _, files in os.walk(root)) if os.path.isdir(root) else 0
+
+
+# the plugin's changes to what torch's compiler generates: inductor's cache keys do not see them
+COMPILER_PATCHES = ("umst_plugin.patches.partition_symbols", "umst_plugin.patches.inductor_scan",
+                    "umst_plugin.patches.saved_activation_strides")
+
+
+def compiler_patches_key():
+    """A hash of the source of :data:`COMPILER_PATCHES`: it changes where one of them changes."""
+    import hashlib
+    import importlib
+    import inspect
+
+    digest = hashlib.sha256()
+    for name in COMPILER_PATCHES:
+        digest.update(inspect.getsource(importlib.import_module(name)).encode())
+    return digest.hexdigest()[:16]
+
+
+def key_caches_on_compiler_patches():
+    """Make inductor's on-disk caches (its compiled graphs and AOTAutograd's forward + backward) keyed on the
+    plugin's patches of the compiler, through a post-grad pass that changes nothing and names
+    :func:`compiler_patches_key` as its ``uuid`` (the key torch's documentation gives custom passes). Without it a
+    cache written before a patch or under another version of it is loaded as if the patch made no difference: a
+    cache from before ``saved_activation_strides`` still gave the backward that patch fixes. Where the user set a
+    post-grad pass of their own, theirs stays and the key is theirs. Returns whether the plugin's pass is set."""
+    import torch._inductor.config as inductor_config
+
+    current = inductor_config.post_grad_custom_post_pass
+    if current is None:
+        inductor_config.post_grad_custom_post_pass = _compiler_patches_pass()
+    return isinstance(inductor_config.post_grad_custom_post_pass, _compiler_patches_pass_class())
+
+
+@functools.lru_cache(maxsize=None)
+def _compiler_patches_pass_class():
+    """The pass's class, made once inductor is imported (importing it costs seconds: only where --compile is on)."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class CompilerPatchesKey(CustomGraphPass):
+        """A post-grad pass that leaves the graph as it is; its uuid keys inductor's caches on the plugin's
+        compiler patches (:func:`key_caches_on_compiler_patches`)."""
+
+        def __call__(self, graph):
+            return None
+
+        def uuid(self):
+            return f"umst_plugin compiler patches {compiler_patches_key()}"
+
+    return CompilerPatchesKey
+
+
+def _compiler_patches_pass():
+    return _compiler_patches_pass_class()()

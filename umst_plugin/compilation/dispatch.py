@@ -10,7 +10,7 @@ import types
 import torch
 import torch.fx.experimental._config as fx_config
 
-from umst_plugin.compilation import fallback, probe, regions, retry, telemetry
+from umst_plugin.compilation import cache, fallback, probe, regions, retry, telemetry
 from umst_plugin.compilation.state import STATE
 from umst_plugin.patches import inductor_scan, saved_activation_strides
 
@@ -108,6 +108,7 @@ def configure_dynamo():
     allow_custom_functions_in_autograd_cache()
     inductor_scan.install(load=True)  # prefix sums as ATen's scan on a GPU: Triton's took minutes to compile
     saved_activation_strides.install(load=True)  # a backward's saved strides symbolic, not the first batch's
+    cache.key_caches_on_compiler_patches()  # (inductor's cache keys do not see the two patches above)
 
 
 def allow_custom_functions_in_autograd_cache():
