@@ -431,7 +431,8 @@ def test_only_a_cache_dir_the_user_chose_overrides_the_save_dirs(tmp_path, monke
 
 def test_trainer_compiles_its_model_and_inference_clis_compile_what_they_load():
     """fairseq's Trainer with --compile compiles the layers of its model (on its device) and its criterion's loss;
-    inside a CLI main with --compile, every model a task builds is compiled; outside, nothing is."""
+    inside a CLI main with --compile, every model a task builds is compiled, and every criterion's loss (what
+    fairseq-validate builds); outside, nothing is."""
     from fairseq import tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
@@ -470,8 +471,11 @@ def test_trainer_compiles_its_model_and_inference_clis_compile_what_they_load():
     task = tasks.TASK_REGISTRY["multiscale_translation"](cfg.task, d, d)
     with compile_flags._CommandLine(cfg):
         model = task.build_model(cfg.model)
+        criterion = task.build_criterion(cfg.criterion)  # (fairseq-validate's)
     assert all(compilation.is_compiled(m) for _, m in compilation.find_layers(model))
     assert not any(compilation.is_compiled(m) for _, m in compilation.find_layers(task.build_model(cfg.model)))
+    assert compilation.is_compiled(criterion._modules[compiled_loss.LOSS_MODULE])
+    assert compiled_loss.LOSS_MODULE not in task.build_criterion(cfg.criterion)._modules
 
 
 def test_compile_refuses_what_it_cannot_compile():

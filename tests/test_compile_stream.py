@@ -123,6 +123,7 @@ def test_prime_trains_compiled_over_the_toy_corpus_resumes_from_its_cache_and_de
     loss, out = validate("--compile")
     # the evaluation programs compile (no fallback to eager)
     assert ("PrimeEncoderLayer", "evaluation") in _compiled(out), out[-3000:]
+    assert ("LabelSmoothedLoss", "evaluation") in _compiled(out), out[-3000:]  # the criterion's loss too
     assert re.search(r"--compile: PrimeEncoderLayer\.forward compiled in [0-9.]+ s \(evaluation, no autograd", out), \
         out[-3000:]
     assert re.search(r"--compile: this run compiled \d+ graph\(s\) in [0-9.]+ s", out), out[-3000:]

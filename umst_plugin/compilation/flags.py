@@ -16,7 +16,8 @@ The fields ``compile`` and ``tf32`` join fairseq's ``CommonConfig`` (``umst_plug
 * **fairseq-validate, -generate, -interactive** -- their ``main`` (``generate``: ``_main``, which ``main`` calls
   either way) records the command line's ``common.compile`` / ``common.tf32`` while it runs, and
   ``FairseqTask.build_model`` compiles each model built meanwhile (the checkpoint's config is not asked: a model
-  trained with ``--compile`` is not compiled where it is only loaded, e.g. by ``from_pretrained``). In decoding
+  trained with ``--compile`` is not compiled where it is only loaded, e.g. by ``from_pretrained``), and
+  ``FairseqTask.build_criterion`` compiles the loss of each criterion built meanwhile (fairseq-validate's). In decoding
   only full-sequence calls run compiled (the encoder); incremental decoding steps stay eager. The wrappers are
   module-level functions of this module, so a multi-GPU fairseq-validate's spawned workers, which unpickle
   ``main`` by name, import the plugin and run them too.
@@ -237,9 +238,29 @@ def _install_build_model():
          "(self, cfg: fairseq.dataclass.configs.FairseqDataclass, from_checkpoint=False)")
 
 
+def _install_build_criterion():
+    """Inside a CLI main with ``--compile`` (fairseq-validate's), the criterion a task builds has its loss compiled,
+    as fairseq-train's Trainer has (``_setup_training``); outside one (fairseq-train builds its criterion before
+    its Trainer), the criterion is built as it is."""
+    def make(original_build):
+        def build_criterion(self, cfg, from_checkpoint=False):
+            criterion = original_build(self, cfg, from_checkpoint)
+            requests = STATE.requests
+            if requests and requests[-1][0]:
+                logger.info("--compile: %s", "the criterion's loss compiled" if compilation.compile_criterion(
+                    criterion) else f"the loss of --criterion {type(criterion).__name__} eager: only "
+                    "label_smoothed_cross_entropy's is compiled")
+            return criterion
+        return build_criterion
+
+    wrap(FairseqTask, "build_criterion", make, __name__,
+         "(self, cfg: omegaconf.dictconfig.DictConfig, from_checkpoint=False)")
+
+
 def install():
     common_options.add_fields(__name__, _CompileFields, after="amp_scale_window")
     _install_trainer()
     _install_cli()
     _install_build_model()
+    _install_build_criterion()
 
