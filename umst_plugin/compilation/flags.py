@@ -47,14 +47,14 @@ logger = logging.getLogger(__name__)
 OPTIONS = "`--compile`, `--tf32`"
 TARGET = ("fairseq.dataclass.configs.CommonConfig (common_options); fairseq.trainer.Trainer.__init__ and .train_step; "
           "fairseq_cli.validate.main, fairseq_cli.generate._main, fairseq_cli.interactive.main; "
-          "fairseq.tasks.FairseqTask.build_model")
+          "fairseq.tasks.FairseqTask.build_model and .build_criterion")
 SYMPTOM = ("fairseq has no torch.compile path (fairseq issue #5040) and leaves fp32 matmuls off the tensor cores "
            "(no TF32 switch)")
 REMOVE_WHEN = "fairseq's common options have --compile and --tf32"
 
 COMPILE_HELP = ("compile every encoder and decoder layer with torch.compile (regional compilation: layers of a class "
                 "share compiled code; dynamic batch size and lengths; incremental decoding steps stay eager), and in "
-                "fairseq-train the loss of --criterion label_smoothed_cross_entropy. "
+                "fairseq-train and fairseq-validate the loss of --criterion label_smoothed_cross_entropy. "
                 "Stops at start-up where torch.compile cannot run; a compile that fails later runs that layer "
                 "variant eager, with a warning; compiled code is kept in SAVE_DIR/compile_cache for a resumed run; "
                 "the compile time is logged (docs/compile.md)")
