@@ -95,7 +95,9 @@ CONTRAST_MAX_TOKENS = 4096
 CORPUS = dict(train=48000, valid=200, test=200, vocab=32768, lengths="wmt14")
 STACK_SIGNAL = signal.SIGUSR2  # a warm-up writes its threads' stacks to its log on it (faulthandler)
 MAIN_THREAD_LINE = "[warm-up] the training thread:"  # then its id as faulthandler writes it, in a warm-up's log
-STACK_WAIT_S = 2.0  # for those stacks, before the warm-ups stopped at the cap are killed
+# for those stacks at most, before the warm-ups stopped at the cap are killed: faulthandler writes them when the
+# process next runs, which under load (CI's three workers on two cores) took more than the 2 s first waited
+STACK_WAIT_S = 10.0
 CORPUS_STAMP = "speed-corpus.json"  # beside the corpus's data-bin: corpus_stamp() of the corpus it holds
 TINY_CORPUS = dict(train=600, valid=50, test=50, vocab=1000, lengths="wmt14")
 TINY_MAX_TOKENS = "1024,256"
@@ -930,7 +932,7 @@ def warm_up(rows, work, env, timeout, card_gib=None, order=None):
             stopped = [item for item in running if item[3].poll() is None]
             for item in stopped:
                 _ask_stack(item[3])
-            time.sleep(STACK_WAIT_S if stopped else 0)
+            wait_for_stacks([item[2].name for item in stopped])
             for item in running:
                 _kill_group(item[3])
                 collect(*item, capped=item in stopped)
@@ -977,6 +979,19 @@ def warm_up_child(spec_path, out_path):
     with open(out_path, "w") as f:
         json.dump(result, f)
     return 0
+
+
+def wait_for_stacks(logs, limit=STACK_WAIT_S, poll=0.25):
+    """Return once every log holds its training thread's stack (:func:`stack_at_cap`) and has not grown since the
+    last look (faulthandler writes every thread's stack, one after another), or after ``limit`` seconds."""
+    end, sizes = time.time() + limit, {}
+    while logs and time.time() < end:
+        grown = {path: os.path.getsize(path) if os.path.exists(path) else 0 for path in logs}
+        if grown == sizes and all(stack_at_cap(path) is not None for path in logs):
+            return True
+        sizes = grown
+        time.sleep(poll)
+    return not logs
 
 
 def _ask_stack(proc):

@@ -320,6 +320,39 @@ def test_the_stack_at_the_cap_names_the_layer_and_the_compiler_part_it_was_in(tm
     assert speed_table.stack_at_cap(str(log)) is None
 
 
+
+def test_the_cap_waits_for_the_stacks_as_long_as_they_take_to_be_written(tmp_path):
+    """wait_for_stacks returns once each log holds its training thread's stack and has stopped growing (a warm-up
+    on a loaded machine wrote its dump after the 2 s first waited, and the CI run's result had no stack), and at its
+    limit where a log never gets one."""
+    import threading
+    import time
+
+    late, never = tmp_path / "late-log.txt", tmp_path / "never-log.txt"
+    for log in (late, never):
+        log.write_text(f"{speed_table.MAIN_THREAD_LINE} 0x00007f0000000002\n")
+
+    def dump():  # as faulthandler does, when the process next runs
+        time.sleep(1.5)
+        with open(late, "a") as f:
+            f.write("Current thread 0x00007f0000000002 (most recent call first):\n"
+                    '  File "/x/torch/_dynamo/eval_frame.py", line 9 in _fn\n'
+                    '  File "/x/torch/_inductor/graph.py", line 3 in run\n')
+
+    writer = threading.Thread(target=dump)
+    start = time.time()
+    writer.start()
+    assert speed_table.stack_at_cap(str(late)) is None
+    assert speed_table.wait_for_stacks([str(late)], limit=20, poll=0.25)
+    waited, stack = time.time() - start, speed_table.stack_at_cap(str(late))
+    writer.join()
+    assert 1.5 <= waited < 5 and len(stack["frames"]) == 2, (waited, stack)
+    start = time.time()
+    assert not speed_table.wait_for_stacks([str(late), str(never)], limit=1.0, poll=0.25)
+    assert 1.0 <= time.time() - start < 3
+    assert speed_table.wait_for_stacks([])
+
+
 def test_warm_ups_run_as_many_at_once_as_the_card_holds():
     rows = [dict(name=n, max_tokens=38400) for n in ("transformer", "umst", "msc", "prime", "msmsa", "umst_rpr")]
     assert speed_table.warm_up_slots(rows, card_gib=139.8) == 4  # 0.95 x 139.8 GiB over 0.8 GiB x 38.4
