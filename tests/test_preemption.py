@@ -86,6 +86,42 @@ def test_a_warning_after_the_last_update_does_not_kill_the_ending_process():
     assert (proc.returncode, proc.stdout.strip()) == (0, "still here None"), (proc.returncode, proc.stderr[-2000:])
 
 
+
+@pytest.mark.parametrize("trained", [True, False], ids=["trained", "never-trained"])
+def test_a_warning_while_the_interpreter_tears_down_does_not_kill_a_process_that_trained(trained):
+    """Python drops its signal handlers when the interpreter finalizes, after the exit functions; tearing torch and
+    fairseq down takes a while, and the WMT rehearsal's two-node job got its time-limit warning there, just after
+    its last update (status 138, a FAILED job). A process that trained exits with its own status (its exit function
+    left the stop signals ignored); one that never trained still gets the signal's default action. The signal is
+    sent while an object's finalizer runs in the teardown, after the exit functions."""
+    lines = ["class Trainer:",
+             "    def get_num_updates(self):",
+             "        return 746",
+             "trainer = Trainer()",
+             "preemption._register(trainer)" if trained else "pass",
+             "preemption._install_handlers([signal.SIGUSR1, signal.SIGTERM])",
+             "del trainer",
+             "gc.collect()",
+             "class Teardown:",
+             "    def __del__(self):",
+             "        print('tearing down', flush=True)",
+             "        time.sleep(3)",
+             "teardown = Teardown()",
+             "print('ready', flush=True)"]
+    code = "\n".join(["import gc, os, signal, time, umst_plugin", "from umst_plugin.training import preemption",
+                      *lines]) + "\n"
+    proc = subprocess.Popen([sys.executable, "-c", code], env=e2e.cli_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    out = []
+    for line in proc.stdout:
+        out.append(line.strip())
+        if line.startswith("tearing down"):
+            time.sleep(0.5)  # (inside the finalizer's sleep: the interpreter is finalizing)
+            proc.send_signal(signal.SIGUSR1)
+    status = proc.wait(timeout=60)
+    assert out == ["ready", "tearing down"], (out, proc.stderr.read()[-2000:])
+    assert status == (0 if trained else -signal.SIGUSR1), (status, proc.stderr.read()[-2000:])
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

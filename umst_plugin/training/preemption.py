@@ -27,6 +27,7 @@ Outside training the handlers do what the signal did before (the previous handle
 a program that imports the plugin and never trains is not changed. ``--stop-on-signals none`` turns it
 off for a run.
 """
+import atexit
 import dataclasses
 import logging
 import os
@@ -126,11 +127,26 @@ def _install_handlers(signals):
         logger.warning("--stop-on-signals: the Trainer is built outside the main thread; no signal handlers "
                        "installed (training stops on a signal as fairseq does)")
         return
+    if not _previous:
+        atexit.register(_ignore_while_exiting)
     for sig in signals:
         current = signal.getsignal(sig)
         if current is not _handler:
             _previous[sig] = current
             signal.signal(sig, _handler)
+
+
+def _ignore_while_exiting():
+    """At exit, a process that trained ignores the stop signals from then on, as :func:`_handler` does once its
+    training is over. Python drops its handlers when the interpreter finalizes, after the exit functions, and
+    tearing torch and fairseq down takes a while: the WMT rehearsal's two-node job got its time-limit warning in
+    that window, just after its last update, and ended with the signal's status (138, a FAILED job) instead of its
+    own. A signal ignored is left ignored by the finalization."""
+    if not _trained:
+        return  # no training in this process: the signals do at exit what they did before
+    for sig in _previous:
+        if signal.getsignal(sig) is _handler:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def local_request():
