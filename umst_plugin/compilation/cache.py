@@ -61,8 +61,10 @@ COMPILER_PATCHES = ("umst_plugin.patches.partition_symbols", "umst_plugin.patche
                     "umst_plugin.patches.saved_activation_strides")
 
 
+@functools.lru_cache(maxsize=None)
 def compiler_patches_key():
-    """A hash of the source of :data:`COMPILER_PATCHES`: it changes where one of them changes."""
+    """A hash of the source of :data:`COMPILER_PATCHES`: it changes where one of them changes. Read once per
+    process (inductor asks for the key at every graph it compiles or looks up)."""
     import hashlib
     import importlib
     import inspect
@@ -82,9 +84,8 @@ def key_caches_on_compiler_patches():
     post-grad pass of their own, theirs stays and the key is theirs. Returns whether the plugin's pass is set."""
     import torch._inductor.config as inductor_config
 
-    current = inductor_config.post_grad_custom_post_pass
-    if current is None:
-        inductor_config.post_grad_custom_post_pass = _compiler_patches_pass()
+    if inductor_config.post_grad_custom_post_pass is None:
+        inductor_config.post_grad_custom_post_pass = _compiler_patches_pass_class()()
     return isinstance(inductor_config.post_grad_custom_post_pass, _compiler_patches_pass_class())
 
 
@@ -105,6 +106,3 @@ def _compiler_patches_pass_class():
 
     return CompilerPatchesKey
 
-
-def _compiler_patches_pass():
-    return _compiler_patches_pass_class()()

@@ -94,12 +94,16 @@ def _setup_training(trainer):
                     f"{graphs} graph(s) from an earlier run" if graphs else "empty: compiling from scratch")
     names = compilation.compile_layers(trainer._model, device=trainer.device)
     loss = ("and the criterion's loss" if compilation.compile_criterion(trainer._criterion) else
-            f"the loss of --criterion {type(trainer._criterion).__name__} eager: only label_smoothed_cross_entropy's "
-            "is compiled")
+            _eager_loss(trainer._criterion))
     logger.info("--compile: %d layers compiled on %s (%s), %s; the first updates compile them (logged)", len(names),
                 trainer.device, compilation.describe(trainer._model), loss)
     trainer._umst_compile_log = [compilation.compile_seconds(), *telemetry.cache_counts()]
     retry.catch_compiled_backward(trainer.task)
+
+
+def _eager_loss(criterion):
+    """What the compile log says of a criterion whose loss ``--compile`` leaves eager."""
+    return f"the loss of --criterion {type(criterion).__name__} eager: only label_smoothed_cross_entropy's is compiled"
 
 
 def _log_compiling(trainer):
@@ -222,13 +226,18 @@ def _install_cli():
          "(cfg: omegaconf.dictconfig.DictConfig, output_file)")
 
 
+def _compile_request():
+    """The innermost running CLI main's (compile, tf32, device) where it asked for ``--compile``, else None."""
+    return STATE.requests[-1] if STATE.requests and STATE.requests[-1][0] else None
+
+
 def _install_build_model():
     def make(original_build):
         def build_model(self, cfg, from_checkpoint=False):
             model = original_build(self, cfg, from_checkpoint)
-            requests = STATE.requests
-            if requests and requests[-1][0]:
-                names = compilation.compile_layers(model, device=requests[-1][2])
+            request = _compile_request()
+            if request:
+                names = compilation.compile_layers(model, device=request[2])
                 logger.info("--compile: %d layers compiled (%s); full-sequence calls compile on first use, "
                             "incremental decoding steps stay eager", len(names), compilation.describe(model))
             return model
@@ -245,11 +254,9 @@ def _install_build_criterion():
     def make(original_build):
         def build_criterion(self, cfg, from_checkpoint=False):
             criterion = original_build(self, cfg, from_checkpoint)
-            requests = STATE.requests
-            if requests and requests[-1][0]:
-                logger.info("--compile: %s", "the criterion's loss compiled" if compilation.compile_criterion(
-                    criterion) else f"the loss of --criterion {type(criterion).__name__} eager: only "
-                    "label_smoothed_cross_entropy's is compiled")
+            if _compile_request():
+                logger.info("--compile: %s", "the criterion's loss compiled"
+                            if compilation.compile_criterion(criterion) else _eager_loss(criterion))
             return criterion
         return build_criterion
 

@@ -40,7 +40,9 @@ import inspect
 import sys
 import textwrap
 
-from umst_plugin.patches import MARKER, PatchError, installed
+import torch
+
+from umst_plugin.patches import PatchError, installed, wrap
 
 TARGET = ("torch._inductor.output_code.set_tracing_context_output_strides and one line of "
           "torch._functorch._aot_autograd.graph_compile._aot_stage2b_bw_compile (torch 2.11 to 2.13)")
@@ -79,27 +81,17 @@ def install(load=False):
         return
     found = list(inspect.signature(utils.set_tracing_context_output_strides).parameters)
     if found != ["example_inputs", "compiled_graph"]:
-        raise PatchError(f"{NAME}: torch {_torch_version()}'s set_tracing_context_output_strides takes {found}; the "
+        raise PatchError(f"{NAME}: torch {torch.__version__}'s set_tracing_context_output_strides takes {found}; the "
                          "patch was written for torch 2.11 to 2.13's (example_inputs, compiled_graph). Run without "
                          "--compile, or update the patch")
-    backward_compile = _with_symbolic_comparison(graph_compile)  # (raises before anything is replaced)
+    wrap(graph_compile, "_aot_stage2b_bw_compile", _with_symbolic_comparison, NAME)  # (first: it may raise)
     for owner in (utils, output_code):  # (output_code imported it by name, and calls it there)
-        if not installed(owner.set_tracing_context_output_strides, NAME):
-            owner.set_tracing_context_output_strides = _mark(set_tracing_context_output_strides,
-                                                             owner.set_tracing_context_output_strides)
-    graph_compile._aot_stage2b_bw_compile = _mark(backward_compile, graph_compile._aot_stage2b_bw_compile)
-
-
-def _mark(replacement, original):
-    setattr(replacement, MARKER, NAME)
-    replacement.__wrapped__ = original
-    return replacement
+        wrap(owner, "set_tracing_context_output_strides", lambda _: set_tracing_context_output_strides, NAME)
 
 
 def set_tracing_context_output_strides(example_inputs, compiled_graph):
     """torch's function (it hands the forward's output strides to AOTAutograd through the tracing context), each
     stride kept an expression of the size symbols where torch evaluated it at the current sizes."""
-    import torch
     from torch._inductor.utils import shape_env_from_inputs
 
     context = torch._guards.TracingContext.try_get()
@@ -121,15 +113,15 @@ def set_tracing_context_output_strides(example_inputs, compiled_graph):
         context.output_strides.append(None if exprs is None else tuple(stride(e) for e in exprs))
 
 
-def _with_symbolic_comparison(graph_compile):
-    """torch's ``_aot_stage2b_bw_compile`` with :data:`LINE` replaced by :data:`FIXED_LINE`, compiled from its own
-    source in its own module's namespace."""
+def _with_symbolic_comparison(function):
+    """torch's ``_aot_stage2b_bw_compile`` (``function``) with :data:`LINE` replaced by :data:`FIXED_LINE`, compiled
+    from its own source in its own module's namespace."""
+    from torch._functorch._aot_autograd import graph_compile
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-    function = graph_compile._aot_stage2b_bw_compile
     source = textwrap.dedent(inspect.getsource(function))
     if source.count(LINE) != 1 or not source.startswith("def _aot_stage2b_bw_compile("):
-        raise PatchError(f"{NAME}: torch {_torch_version()}'s _aot_stage2b_bw_compile is not the function the patch "
+        raise PatchError(f"{NAME}: torch {torch.__version__}'s _aot_stage2b_bw_compile is not the function the patch "
                          f"was written for (one line '{LINE}'). Run without --compile, or update the patch")
     graph_compile._umst_statically_known_true = statically_known_true
     namespace = {}
@@ -140,12 +132,4 @@ def _with_symbolic_comparison(graph_compile):
     code = compile(fixed, inspect.getsourcefile(function), "exec", flags=__future__.annotations.compiler_flag,
                    dont_inherit=True)
     exec(code, graph_compile.__dict__, namespace)  # noqa: S102 -- torch's own source, one line replaced
-    replacement = namespace["_aot_stage2b_bw_compile"]
-    replacement.__doc__ = function.__doc__
-    return replacement
-
-
-def _torch_version():
-    import torch
-
-    return torch.__version__
+    return namespace["_aot_stage2b_bw_compile"]
