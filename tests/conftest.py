@@ -6,6 +6,9 @@ import os
 # layer test, 228 s against 172 s on 2 cores) and which a GPU's Triton does not use. Set it in the environment to
 # test vector code; subprocesses inherit it.
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
+# ... and g++ at -O0, linked by gold (tests/fast_cxx/g++ says why: a third less CPU per kernel file; inductor finds
+# the compiler by its name, hence the file's). Set CXX to test another compiler.
+os.environ.setdefault("CXX", os.path.join(os.path.dirname(os.path.abspath(__file__)), "fast_cxx", "g++"))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
