@@ -8,6 +8,8 @@ after a whole run:
     bash scripts/test.sh --junitxml=/tmp/suite.xml
     .venv/bin/python tests/file_seconds.py /tmp/suite.xml      # writes tests/file_seconds.json
 
+or from the per-test log below (its wall seconds): ``tests/file_seconds.py --from-cpu-log /tmp/cpu.jsonl``.
+
 Where the suite's CPU goes (per file and the costliest tests; conftest.py writes one line per test):
 
     UMST_TEST_CPU_LOG=/tmp/cpu.jsonl bash scripts/test.sh
@@ -32,6 +34,15 @@ def from_junit(path):
         name = next((m for m in module if m.startswith("test_")), None)
         if name:
             seconds[name + ".py"] += float(case.get("time") or 0)
+    return dict(sorted(((k, round(v, 1)) for k, v in seconds.items()), key=lambda kv: -kv[1]))
+
+
+def from_cpu_log(path):
+    """{test file name: wall seconds of its tests} from a UMST_TEST_CPU_LOG file (what a junit report gives)."""
+    seconds = collections.Counter()
+    with open(path) as f:
+        for record in (json.loads(line) for line in f if line.strip()):
+            seconds[os.path.basename(record["test"].split("::")[0])] += record["wall"]
     return dict(sorted(((k, round(v, 1)) for k, v in seconds.items()), key=lambda kv: -kv[1]))
 
 
@@ -74,10 +85,13 @@ def main(argv=None):
     if len(argv) == 2 and argv[0] == "--cpu":
         print("\n".join(cpu_report(argv[1])))
         return 0
-    if len(argv) != 1:
+    if len(argv) == 2 and argv[0] == "--from-cpu-log":
+        seconds = from_cpu_log(argv[1])
+    elif len(argv) == 1:
+        seconds = from_junit(argv[0])
+    else:
         print(__doc__, file=sys.stderr)
         return 2
-    seconds = from_junit(argv[0])
     with open(RECORD, "w") as f:
         json.dump({"machine": f"{cpu_name()}, {os.cpu_count()} cores", "total_seconds": round(sum(seconds.values())),
                    "seconds": seconds}, f, indent=1)

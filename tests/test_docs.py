@@ -214,11 +214,12 @@ def plugin_cli_flags():
 
 def script_texts():
     """The scripts, benchmarks and the fairseq-free tools they run (umst_tools: the argparse of the runner, the
-    recipes' Python; umst_dev: the GPU check, the mutation check)."""
+    recipes' Python; umst_dev: the GPU check, the mutation check), and the suite's schedule tool."""
     folders = ("scripts", "scripts/slurm", "benchmarks", "benchmarks/paper", "umst_tools", "umst_tools/multi30k",
                "umst_dev")
     paths = [p for d in folders
              for p in glob.glob(os.path.join(ROOT, d, "*")) if os.path.isfile(p)]
+    paths.append(os.path.join(ROOT, "tests", "file_seconds.py"))
     return {rel(p): read(p) for p in paths}
 
 

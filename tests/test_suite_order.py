@@ -35,6 +35,14 @@ def test_seconds_per_file_from_a_junit_report(tmp_path):
     assert file_seconds.from_junit(str(report)) == {"test_two.py": 4.0, "test_one.py": 3.8}
 
 
+def test_seconds_per_file_from_a_cpu_log(tmp_path):
+    log = tmp_path / "cpu.jsonl"
+    log.write_text('{"test": "tests/test_one.py::a", "wall": 1.5, "self": 1.0, "children": 0.0}\n'
+                   '{"test": "tests/test_two.py::b[x]", "wall": 4, "self": 0.1, "children": 3.0}\n\n'
+                   '{"test": "tests/test_one.py::c", "wall": 2.25, "self": 2.0, "children": 0.0}\n')
+    assert file_seconds.from_cpu_log(str(log)) == {"test_two.py": 4.0, "test_one.py": 3.8}
+
+
 def test_the_cpu_log_gives_each_test_its_own_and_its_processes_cpu(tmp_path):
     """UMST_TEST_CPU_LOG (conftest.py): a test that computes in the worker is charged ``self``, one whose work runs in
     a process it starts and waits for is charged ``children``; ``file_seconds.py --cpu`` sums them per file."""
