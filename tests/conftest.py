@@ -8,8 +8,9 @@ import os
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
 # ... and g++ at -O0, linked by gold (tests/fast_cxx/g++ says why: a third less CPU per kernel file; inductor finds
 # the compiler by its name, hence the file's). Set CXX to test another compiler.
+SUITE_CXX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fast_cxx", "g++")
 CXX_FROM_ENVIRONMENT = "CXX" in os.environ
-os.environ.setdefault("CXX", os.path.join(os.path.dirname(os.path.abspath(__file__)), "fast_cxx", "g++"))
+os.environ.setdefault("CXX", SUITE_CXX)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -34,16 +34,25 @@ def from_junit(path):
         name = next((m for m in module if m.startswith("test_")), None)
         if name:
             seconds[name + ".py"] += float(case.get("time") or 0)
-    return dict(sorted(((k, round(v, 1)) for k, v in seconds.items()), key=lambda kv: -kv[1]))
+    return _longest_first(seconds)
 
 
 def from_cpu_log(path):
     """{test file name: wall seconds of its tests} from a UMST_TEST_CPU_LOG file (what a junit report gives)."""
     seconds = collections.Counter()
-    with open(path) as f:
-        for record in (json.loads(line) for line in f if line.strip()):
-            seconds[os.path.basename(record["test"].split("::")[0])] += record["wall"]
+    for record in read_cpu_log(path):
+        seconds[os.path.basename(record["test"].split("::")[0])] += record["wall"]
+    return _longest_first(seconds)
+
+
+def _longest_first(seconds):
     return dict(sorted(((k, round(v, 1)) for k, v in seconds.items()), key=lambda kv: -kv[1]))
+
+
+def read_cpu_log(path):
+    """The records of a UMST_TEST_CPU_LOG file (conftest.py), one per test."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def load(path=RECORD):
@@ -64,8 +73,7 @@ def cpu_name():
 
 def cpu_report(path, top=15):
     """The CPU seconds of a UMST_TEST_CPU_LOG file: per test file, then the ``top`` costliest tests (lines)."""
-    with open(path) as f:
-        records = [json.loads(line) for line in f if line.strip()]
+    records = read_cpu_log(path)
     per_file = collections.Counter()
     for r in records:
         per_file[r["test"].split("::")[0]] += r["self"] + r["children"]

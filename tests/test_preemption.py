@@ -86,7 +86,6 @@ def test_a_warning_after_the_last_update_does_not_kill_the_ending_process():
     assert (proc.returncode, proc.stdout.strip()) == (0, "still here None"), (proc.returncode, proc.stderr[-2000:])
 
 
-
 @pytest.mark.parametrize("trained", [True, False], ids=["trained", "never-trained"])
 def test_a_warning_while_the_interpreter_tears_down_does_not_kill_a_process_that_trained(trained):
     """Python drops its signal handlers when the interpreter finalizes, after the exit functions; tearing torch and
@@ -121,6 +120,7 @@ def test_a_warning_while_the_interpreter_tears_down_does_not_kill_a_process_that
     status = proc.wait(timeout=60)
     assert out == ["ready", "tearing down"], (out, proc.stderr.read()[-2000:])
     assert status == (0 if trained else -signal.SIGUSR1), (status, proc.stderr.read()[-2000:])
+
 
 def free_port():
     with socket.socket() as s:

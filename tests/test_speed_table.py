@@ -320,7 +320,6 @@ def test_the_stack_at_the_cap_names_the_layer_and_the_compiler_part_it_was_in(tm
     assert speed_table.stack_at_cap(str(log)) is None
 
 
-
 def test_the_cap_waits_for_the_stacks_as_long_as_they_take_to_be_written(tmp_path):
     """wait_for_stacks returns once each log holds its training thread's stack and has stopped growing (a warm-up
     on a loaded machine wrote its dump after the 2 s first waited, and the CI run's result had no stack), and at its

@@ -105,4 +105,3 @@ def _compiler_patches_pass_class():
             return f"umst_plugin compiler patches {compiler_patches_key()}"
 
     return CompilerPatchesKey
-
