@@ -15,6 +15,10 @@ Every batch is checked against the contract (``side_inputs.check_side_inputs``) 
 
 Truncated sources (``--truncate-source``) truncate the side data the same way:
 words past the cut disappear and heads pointing past it become 0.
+
+Bucketed sources (fairseq's ``--num-batch-buckets``: every source padded to its bucket's length in the item itself,
+on the side batches pad) keep that padding: the word ids are those of the sentence, padded with 0 where its
+tokens are (``src_word_ids`` stays laid out like ``src_tokens``).
 """
 import torch
 from fairseq.data import BaseWrapperDataset, data_utils
@@ -57,9 +61,22 @@ class SideDataLanguagePairDataset(BaseWrapperDataset):
         scheme, continues, begins = self.boundaries
         return word_ids_from_tokens(source[None, :n_tok], self.pad, self.eos, continues, begins, scheme)[0]
 
+    def _bucket_padding(self, source):
+        """How many pad tokens fairseq's bucketing (``--num-batch-buckets``) put into this source item, on the side
+        the batches pad (0 without bucketing: an item holds no padding then)."""
+        if not self.dataset.buckets:
+            return 0
+        is_pad = source.eq(self.pad)
+        if not self.dataset.left_pad_source:
+            is_pad = is_pad.flip(0)  # the padded end first
+        return int(is_pad.cumprod(0).sum())  # the pad tokens at the padded end, up to the first real one
+
     def __getitem__(self, index):
         item = self.dataset[index]
         source = item["source"]
+        padding = self._bucket_padding(source)
+        if padding:
+            source = source[padding:] if self.dataset.left_pad_source else source[:len(source) - padding]
         has_eos = bool(len(source)) and int(source[-1]) == self.eos
         n_tok = len(source) - int(has_eos)
         word_ids = self._word_ids(index, source, n_tok)
@@ -72,6 +89,9 @@ class SideDataLanguagePairDataset(BaseWrapperDataset):
         if has_eos:
             word_ids = torch.cat([word_ids, word_ids.new_tensor([n_words + 1])])
             heads = torch.cat([heads, heads.new_zeros(1)])
+        if padding:  # laid out like the padded source
+            pad = word_ids.new_zeros(padding)
+            word_ids = torch.cat([pad, word_ids] if self.dataset.left_pad_source else [word_ids, pad])
         item["src_word_ids"] = word_ids
         item["src_word_heads"] = heads
         return item

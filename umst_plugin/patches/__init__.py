@@ -78,7 +78,8 @@ STOCK_NUMBERS = {
                      "and validation/decoding autocast under --amp; no without --amp",
     "cudnn_attention": "yes for fp16/bf16 attention on a GPU where torch picked cuDNN's backend, because its "
                        "backward gave wrong gradients or failed; no on a CPU and for fp32",
-    "pair_dataset_sizes": "no: the same sizes, without numpy's warning",
+    "pair_dataset_sizes": "no: the same sizes, without numpy's warning; runs with --num-batch-buckets, which "
+                          "stopped at start-up under numpy 2, get fairseq's buckets",
     "resume_batch_order": "yes for a run resumed in epoch 2 or later, because fairseq cut its batches from another "
                           "example order than the run it resumes (some sentences twice in the epoch, others not "
                           "at all); no for uninterrupted runs and resumes in epoch 1",
