@@ -319,6 +319,9 @@ def compile_and_count(trainer, sample, row, device):
         # the compiled layers' memory traffic and FLOPs in the counted update, forward and backward
         row["simulated_traffic"] = COMPILE_BACKEND.traffic()
         row["simulated_programs"] = [p.record() for p in COMPILE_BACKEND.programs[graphs_before:]]
+        # what would keep --compile-cudagraphs from replaying a program (none: every graph is replayed)
+        row["cudagraph_blockers"] = sorted({b for p in COMPILE_BACKEND.programs[graphs_before:]
+                                            for b in p.cudagraph_blockers})
         if DUMP_GPU_CODE:
             os.makedirs(DUMP_GPU_CODE, exist_ok=True)
             for i, program in enumerate(COMPILE_BACKEND.programs[graphs_before:]):

@@ -119,6 +119,12 @@ MIN_ROW_SECONDS = 12  # a row is not started with less time left before the dead
 # expandable segments (less held back by fragmentation, as dynamic shapes cause) and take 0.95 of the card.
 WARM_UP_GIB_PER_KTOKEN = 0.8
 
+# --cudagraphs: the archs, fairseq's length buckets and the updates a row (CUDA graphs are recorded once per batch
+# shape in each process: 96 updates of 38,400 tokens over WMT14's lengths in 8 buckets meet each shape several times)
+CUDAGRAPH_ARCHS = "transformer,umst"
+CUDAGRAPH_BUCKETS = 8
+CUDAGRAPH_UPDATES = 96
+
 # targets on one card at the recipe batch (bf16); the record says which are met
 TARGETS = dict(transformer_vs_stock_fp16=1.5, transformer_mfu=0.30, words_per_flop_vs_transformer=0.8,
                gpu_busy=0.7, bf16_vs_tf32=2.0)
@@ -133,24 +139,28 @@ def fairseq_args(data, arch, arch_args, max_tokens, updates, log_interval, seed=
             "--log-interval", str(log_interval), "--no-progress-bar"]
 
 
-def plan(data, max_tokens_list, updates, log_interval, archs, compile_archs, tiny=False, rows=None):
+def plan(data, max_tokens_list, updates, log_interval, archs, compile_archs, tiny=False, rows=None,
+         cudagraph_buckets=None):
     """(stock rows, plugin rows), each a dict(name, arch, stock, precision, compiled, max_tokens, argv), in the
     order they run: every row of the first batch size, then of the next. At the first, after the archs, the
     transformer of an arch's own shape where the arch has one (``harness.shape_baselines``: Prime's 12+12 layers at
     width 384), marked ``baseline_row``: no target counts it; an arch's ``words_per_flop_vs_own_shape`` is against
-    it."""
+    it. With ``cudagraph_buckets`` the CUDA graph plan instead (:func:`cudagraph_plan`)."""
     stock, plugin = [], []
     shape_of = harness.shape_baselines(rows)
     for max_tokens in max_tokens_list:
-        def row(name, precision, compiled=False, is_stock=False):
+        def row(name, precision, compiled=False, is_stock=False, extra=()):
             arch, overrides = harness.model_overrides(name, rows=rows)
             argv = fairseq_args(data, arch, harness.overrides_to_argv(overrides), max_tokens, updates, log_interval)
             # --tiny: a one-layer smoke run (one block where a family counts blocks)
             argv += harness.overrides_to_argv(harness.quick_overrides(name, layers=1, rows=rows)) if tiny else []
             argv += ["--task", "translation"] if is_stock else ["--user-dir", PLUGIN, "--task", "multiscale_translation"]
-            argv += PRECISION_ARGS[precision] + (["--compile"] if compiled else [])
+            argv += PRECISION_ARGS[precision] + (["--compile"] if compiled else []) + list(extra)
             return dict(name=("stock " if is_stock else "") + name, arch=arch, stock=is_stock, precision=precision,
                         compiled=compiled, max_tokens=max_tokens, argv=argv)
+        if cudagraph_buckets:
+            plugin += cudagraph_plan(row, archs, cudagraph_buckets)
+            continue
         stock += [row("transformer", "fp16", is_stock=True), row("transformer", "fp16-amp", is_stock=True)]
         for name in archs:
             plugin.append(dict(row(name, "bf16"), shape_baseline=shape_of.get(name)))
@@ -164,6 +174,22 @@ def plan(data, max_tokens_list, updates, log_interval, archs, compile_archs, tin
                 if any(shape_of.get(n) == base for n in archs if n in compile_archs):
                     plugin.append(dict(row(base, "bf16", compiled=True), baseline_row=True))
     return stock, plugin
+
+
+def cudagraph_plan(row, archs, buckets):
+    """The rows of ``--cudagraphs`` for each arch at one batch size: bf16 eager (its FLOPs per token), ``--compile``
+    on batches padded to ``buckets`` lengths (``--num-batch-buckets``: fairseq's fixed batch shapes), and the same
+    with ``--compile-cudagraphs``, whose layers replay one CUDA graph per shape. A bucketed row is a ``variant_of``
+    its arch (its FLOPs per token, model FLOPs per real token, from the arch's eager row); the CUDA graph row's
+    losses are compared with the bucketed row's (``loss_reference``: the same batches)."""
+    bucketed = ["--num-batch-buckets", str(buckets)]
+    out = []
+    for name in archs:
+        out.append(row(name, "bf16"))
+        out.append(dict(row(name, "bf16", compiled=True, extra=bucketed), name=f"{name} buckets", variant_of=name))
+        out.append(dict(row(name, "bf16", compiled=True, extra=bucketed + ["--compile-cudagraphs"]),
+                        name=f"{name} cudagraphs", variant_of=name, loss_reference=f"{name} buckets"))
+    return out
 
 
 # ---- in a row's process: fairseq-train with a probe on its trainer ---------------------------------------------
@@ -573,7 +599,7 @@ def finish(record):
     peak = peak_flops(record.get("card"))
     for r in rows:
         if r["compiled"] and r.get("flops_per_token") is None:
-            eager = by.get((r["name"], r["precision"], False, r["max_tokens"]))
+            eager = by.get((r.get("variant_of", r["name"]), r["precision"], False, r["max_tokens"]))
             if eager and eager.get("flops_per_token"):
                 r["flops_per_token"] = eager["flops_per_token"]
         if r.get("words_per_s") and r.get("flops_per_token"):
@@ -626,16 +652,20 @@ def loss_check(row, by, warm_up):
     masks from different random streams (inductor's own) and round differently (fused intermediates stay fp32),
     so the noise is measured, not assumed: ``dropout`` is this compiled row's own gap to its warm-up run, the same
     run with other dropout masks (:func:`warm_up_child`); ``precision`` is the plugin transformer's gap between
-    bf16 and fp32 (tf32) at this batch, the same masks; the tolerance is :data:`LOSS_NOISE_MARGIN` times their sum,
-    at least the log's resolution."""
-    eager = by.get((row["name"], row["precision"], False, row["max_tokens"]))
-    diff = max_loss_gap(eager.get("losses") if eager else None, row.get("losses"))
+    bf16 and fp32 (tf32) at this batch, the same masks (0 against a ``loss_reference`` row, compiled in the same
+    precision: ``--cudagraphs``); the tolerance is :data:`LOSS_NOISE_MARGIN` times their sum, at least the log's
+    resolution."""
+    if row.get("variant_of") and not row.get("loss_reference"):
+        return dict(ok=None, why="bucketed batches: no eager row trained the same batches")
+    reference = by.get((row["loss_reference"], row["precision"], True, row["max_tokens"]) if row.get("loss_reference")
+                       else (row["name"], row["precision"], False, row["max_tokens"]))
+    diff = max_loss_gap(reference.get("losses") if reference else None, row.get("losses"))
     if diff is None:
-        return dict(ok=None, why="no eager row's losses to compare with")
+        return dict(ok=None, why=f"no {row.get('loss_reference') or 'eager'} row's losses to compare with")
     dropout = max_loss_gap(row.get("losses"), warm_up.get(f"{row['name']} {row['max_tokens']}", {}).get(
         "losses_dropout_shifted"))
-    precision = max_loss_gap(*(by.get(("transformer", p, False, row["max_tokens"]), {}).get("losses")
-                               for p in ("bf16", "tf32")))
+    precision = 0.0 if row.get("loss_reference") else max_loss_gap(  # a reference row of the same precision: none
+        *(by.get(("transformer", p, False, row["max_tokens"]), {}).get("losses") for p in ("bf16", "tf32")))
     if dropout is None or precision is None:
         return dict(ok=None, max_abs_diff=round(diff, 4),
                     why="noise not measured (" + ", ".join(
@@ -669,7 +699,8 @@ def targets(record, by):
         present = [v for _, v in values if v is not None]
         target(name, min(present) if present else None, bound)
         out[name].update(rows=len(present), missing=[n for n, v in values if v is None])
-    plugin_rows = [r for r in by.values() if not r["stock"] and not r.get("baseline_row") and r["max_tokens"] == tokens]
+    plugin_rows = [r for r in by.values() if not r["stock"] and not r.get("baseline_row") and not r.get("variant_of")
+                   and r["max_tokens"] == tokens]
     over_rows("words_per_flop_vs_transformer (worst compiled)",
               [r for r in plugin_rows if r["compiled"] and r["name"] != "transformer"],
               "words_per_flop_vs_transformer", TARGETS["words_per_flop_vs_transformer"])
@@ -715,8 +746,8 @@ def table_markdown(record, which):
                          f"{r.get('error', 'no result')} |" + " |" * (len(SPEED_HEAD) - 4))
             continue
         check = r.get("loss_check") or {}
-        losses = "-" if not r["compiled"] else {True: "= eager", False: "**differ**", None: "not compared"}[
-            check.get("ok")]
+        same = "= " + (r.get("loss_reference") or "eager")
+        losses = "-" if not r["compiled"] else {True: same, False: "**differ**", None: "not compared"}[check.get("ok")]
         lines.append(
             f"| {r['name']} | {r['precision']} | {'yes' if r['compiled'] else 'no'} | {r['words_per_s']:,.0f} | "
             f"{_fmt(r.get('vs_stock_fp16'), '.2f')} | "
@@ -1128,6 +1159,12 @@ def main(argv=None):
                                                  "them)")
     p.add_argument("--compile-archs", default=None, help="archs with a --compile row (default: all; --tiny: transformer)")
     p.add_argument("--no-stock", action="store_true")
+    p.add_argument("--cudagraphs", type=int, nargs="?", const=CUDAGRAPH_BUCKETS, default=None, metavar="BUCKETS",
+                   help="the CUDA graph plan instead of the table (docs/compile.md): per arch of --archs (default "
+                        f"{CUDAGRAPH_ARCHS}), bf16 eager, --compile on --num-batch-buckets BUCKETS (default "
+                        f"{CUDAGRAPH_BUCKETS}) and the same with --compile-cudagraphs, at the first --max-tokens; "
+                        f"{CUDAGRAPH_UPDATES} updates a row unless --updates; no stock rows; its own record "
+                        "(gpu-speed-cudagraphs-<card>-<commit>.json)")
     p.add_argument("--deadline", type=float, default=None, help="seconds for the whole call")
     p.add_argument("--warm-up-timeout", type=float, default=240, help="seconds for the compile warm-up")
     p.add_argument("--commit", default=None, help="the commit measured (default: git's HEAD of this checkout)")
@@ -1169,6 +1206,8 @@ def main(argv=None):
     # the arch table is the plugin's registry: read where fairseq imports (a child, after an install)
     rows = harness.table_from_child(env) if paths else harness.table()
     measured = harness.recipe_rows(rows)
+    if args.cudagraphs and args.archs is None:
+        args.archs = CUDAGRAPH_ARCHS
     archs = [a for a in (args.archs if args.archs is not None else ",".join(measured)).split(",") if a]
     compile_default = "transformer" if args.tiny else ",".join(measured)
     compile_archs = [a for a in (args.compile_archs if args.compile_archs is not None else compile_default).split(",")
@@ -1178,10 +1217,14 @@ def main(argv=None):
         p.error(f"unknown arch(s) {', '.join(unknown)}; choices: {', '.join(rows)}")
     max_tokens = [int(t) for t in (args.max_tokens or (TINY_MAX_TOKENS if args.tiny else
                                                        f"{RECIPE_MAX_TOKENS},{CONTRAST_MAX_TOKENS}")).split(",")]
+    if args.cudagraphs:  # the recipe batch alone, and updates enough that replays outnumber the recordings
+        max_tokens, args.no_stock = max_tokens[:1], True
+        args.updates = args.updates or (8 if args.tiny else CUDAGRAPH_UPDATES)
     args.updates = args.updates or (8 if args.tiny else 24)
     args.log_interval = args.log_interval or (2 if args.tiny else 4)
     data = args.data or os.path.join(work, "corpus", "data-bin")
-    stock, plugin = plan(data, max_tokens, args.updates, args.log_interval, archs, compile_archs, args.tiny, rows)
+    stock, plugin = plan(data, max_tokens, args.updates, args.log_interval, archs, compile_archs, args.tiny, rows,
+                         cudagraph_buckets=args.cudagraphs)
     if args.no_stock:
         stock = []
     if args.dry_run:
@@ -1197,6 +1240,8 @@ def main(argv=None):
     info = device_info()
     commit = args.commit or git_commit()
     name = f"gpu-speed-{slug(info['card'])}" if info["card"] else f"speed-cpu{'-tiny' if args.tiny else ''}"
+    if args.cudagraphs:  # another plan: a record of its own, beside the table's
+        name = name.replace("speed-", "speed-cudagraphs-", 1)
     record_path = os.path.join(args.out, f"{name}-{commit}.json")
     command = "python -m benchmarks speed-table " + shlex.join(sys.argv[1:] if argv is None else argv)
     now = time.strftime("%Y-%m-%d %H:%M:%S %Z")

@@ -62,7 +62,8 @@ def test_prime_trains_compiled_over_the_toy_corpus_resumes_from_its_cache_and_de
     batch shorter than the kernel), every logged loss the eager run's (``LOGGED_LOSS_TOLERANCE``), the compiled
     programs counted and bounded. The same command again, for 10 more updates (a requeued job): it resumes from
     checkpoint_last.pt, finds the compiled code under SAVE_DIR/compile_cache and compiles from the cache (hits, no
-    misses, fewer seconds). fairseq-validate --compile on the checkpoint gives eager fairseq-validate's loss; fairseq-generate
+    misses, fewer seconds), with --compile-cudagraphs too, which a CPU leaves out with a warning. fairseq-validate
+    --compile on the checkpoint gives eager fairseq-validate's loss; fairseq-generate
     --compile the eager translations."""
     save = str(tmp_path / "prime")
 
@@ -97,8 +98,11 @@ def test_prime_trains_compiled_over_the_toy_corpus_resumes_from_its_cache_and_de
     print(f"prime_base, {UPDATES} updates: losses compiled {losses}, eager {reference}; programs {programs}; "
           f"compiling per update (update, s, hits, misses) {cold}")
 
-    # a requeued job: the same command, 10 more updates, from checkpoint_last.pt and the cache under SAVE_DIR
-    resumed = train(save, RESUMED, "--compile")
+    # a requeued job: the same command, 10 more updates, from checkpoint_last.pt and the cache under SAVE_DIR; with
+    # --compile-cudagraphs, which a CPU has not (a warning, then the same compiled layers: the cache holds them)
+    resumed = train(save, RESUMED, "--compile", "--compile-cudagraphs")
+    assert "--compile-cudagraphs: CUDA graphs need a CUDA device; the layers run compiled on cpu without them" \
+        in resumed, resumed[-3000:]
     assert "Loaded checkpoint" in resumed and re.search(r"compiled code cached in .*\(\d+ graph\(s\) from an earlier "
                                                         r"run\)", resumed), resumed[-3000:]
     warm = _step_compiles(resumed)

@@ -401,3 +401,26 @@ def test_bench_launches_counts_a_batch_of_the_tokens_and_lengths_asked_for_in_ev
         assert row["source_tokens"] == sum(sources) and row["target_tokens"] == sum(targets)
         assert row["padded_source_tokens"] == len(sources) * max(sources)
         assert 0.9 * 1024 <= len(sources) * max(max(sources), max(targets)) <= 1024
+
+
+def test_cudagraph_blockers_are_inductors_uncapturable_ops_and_written_inputs():
+    """``cudagraph_blockers``: a host sync (``.item()``) and an input written in place are named with the line they
+    came from; a graph of plain ops has none."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def clean(x, y):
+        return torch.relu(x @ y).sum(0)
+
+    def syncs(x, y):
+        return x * (x.sum().item() > 0)
+
+    def writes(x, y):
+        x.copy_(y)
+        return x + 1
+
+    x, y = torch.randn(3, 3), torch.randn(3, 3)
+    assert simulated_gpu.cudagraph_blockers(make_fx(clean)(x, y)) == []
+    [sync] = simulated_gpu.cudagraph_blockers(make_fx(syncs, tracing_mode="symbolic")(x, y))
+    assert sync.startswith("op aten._local_scalar_dense.default"), sync
+    written = simulated_gpu.cudagraph_blockers(make_fx(writes)(x, y))
+    assert len(written) == 1 and written[0].startswith("input x_1 written"), written

@@ -496,3 +496,36 @@ def test_nvidia_smi_lines_are_read_as_percentages():
     busy.samples = [(1.0, 20.0), (2.0, 80.0), (3.0, 100.0)]
     assert busy.between(1.5, 3.0) == 0.9 and not busy.available
     assert busy.per_interval([0.5, 1.5, 3.0]) == [0.2, 0.9]  # per log interval: a row's gpu_busy is their median
+
+
+def test_the_cudagraph_plan_runs_at_tiny_sizes_on_a_cpu(tmp_path):
+    """``--cudagraphs`` (docs/compile.md): the transformer in bf16 eager, compiled on 8 length buckets, and the same
+    with --compile-cudagraphs (which a CPU leaves out, with a warning), into a record of its own; the bucketed
+    rows take the eager row's FLOPs per token; the CUDA graph row's losses are compared with the bucketed row's,
+    the rows a variant of the transformer that no target counts."""
+    cmd = ["bash", os.path.join(ROOT, "scripts", "gpu-speed.sh"), "--tiny", "--cudagraphs", "--archs", "transformer",
+           "--updates", "4", "--out", str(tmp_path / "results"), "--work", str(tmp_path / "work"), "--commit", "abc1234"]
+    env = dict(os.environ, PYTHON=sys.executable)
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads((tmp_path / "results" / "speed-cudagraphs-cpu-tiny-abc1234.json").read_text())
+    assert not (tmp_path / "results" / "speed-cpu-tiny-abc1234.json").exists()  # the table's record untouched
+    rows = {r["name"]: r for r in record["rows"]}
+    assert list(rows) == ["transformer", "transformer buckets", "transformer cudagraphs"]
+    assert [p["max_tokens"] for p in record["plan"]] == [1024] * 3 and not any(r["stock"] for r in rows.values())
+    eager, buckets, graphs = rows.values()
+    assert "--num-batch-buckets" not in eager["argv"] and "--compile" not in eager["argv"]
+    assert buckets["argv"][-3:] == ["--compile", "--num-batch-buckets", "8"]
+    assert graphs["argv"][-4:] == ["--compile", "--num-batch-buckets", "8", "--compile-cudagraphs"]
+    for r in rows.values():
+        assert "error" not in r and r["words_per_s"] > 0 and r["updates"] == 4, r
+    assert buckets["flops_per_token"] == graphs["flops_per_token"] == eager["flops_per_token"] > 0
+    assert buckets["loss_check"]["ok"] is None and "bucketed batches" in buckets["loss_check"]["why"]
+    assert graphs["loss_check"]["precision_noise"] == 0.0 and graphs["loss_check"]["ok"] is True, graphs["loss_check"]
+    assert "| transformer cudagraphs | bf16 | yes |" in speed_table.markdown(record)
+    assert "= transformer buckets" in speed_table.markdown(record)
+    # the rows' log and the CUDA graph row's warm-up: a CPU has none
+    for log in ("plugin-log.txt", "warm-up-transformer-cudagraphs-1024-log.txt"):
+        assert "--compile-cudagraphs: CUDA graphs need a CUDA device" in (tmp_path / "work" / log).read_text(), log
+    assert record["targets"]["compiled_losses_equal_eager"]["rows"] == 0  # variants: no target counts them

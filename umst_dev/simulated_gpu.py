@@ -213,10 +213,35 @@ class Program:
             if kind_ != "triton" and library_calls[kind_] != n:
                 self.unsized.append(f"{kind_}: {n} launched, {library_calls[kind_]} sized")
 
+    cudagraph_blockers = ()  # what would keep inductor from replaying it as a CUDA graph (:func:`cudagraph_blockers`)
+
     def record(self):
         """A JSON-able summary."""
         return dict(kind=self.kind, launches=dict(self.launches), bytes=dict(self.bytes), flops=self.flops,
-                    unsized=self.unsized)
+                    unsized=self.unsized, cudagraph_blockers=list(self.cudagraph_blockers))
+
+
+def cudagraph_blockers(gm):
+    """What in the graph ``gm`` inductor would not replay as a CUDA graph under ``--compile-cudagraphs``
+    (torch.compile's ``reduce-overhead``): the first op it cannot capture, by inductor's own check
+    (``get_first_incompatible_cudagraph_node``: a host sync such as ``_local_scalar_dense``, a checkpointed
+    region's random state, a data-dependent size), and every input the graph writes into (a ``copy_`` into a
+    placeholder, which inductor's graph trees refuse unless the input is a parameter). A list of strings, each
+    naming the op or input and the user line it came from; empty where nothing stands in the way."""
+    from torch._inductor.utils import get_first_incompatible_cudagraph_node
+
+    def where(node):
+        lines = (node.meta.get("stack_trace") or "").strip().splitlines()
+        return f" ({lines[-2].strip()})" if len(lines) >= 2 else ""
+    found = []
+    node = get_first_incompatible_cudagraph_node(gm)
+    if node is not None:
+        found.append(f"op {node.target}{where(node)}")
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and str(node.target) == "aten.copy_.default" and \
+                getattr(node.args[0], "op", None) == "placeholder":
+            found.append(f"input {node.args[0].name} written{where(node)}")
+    return found
 
 
 def _library_traffic(scheduler):
@@ -411,7 +436,9 @@ def gpu_program(gm, example_inputs, device="h200", **inner_kwargs):
             cause = getattr(cause, "inner_exception", None) or cause.__cause__ or cause.__context__
         if cause is None:
             raise
-        return Program(kind, cause.code, cause.library)
+        program = Program(kind, cause.code, cause.library)
+        program.cudagraph_blockers = cudagraph_blockers(gm)
+        return program
     raise RuntimeError("inductor compiled the graph without generating a wrapper")
 
 

@@ -44,8 +44,9 @@ from umst_plugin.patches import as_config, original, wrap
 
 logger = logging.getLogger(__name__)
 
-OPTIONS = "`--compile`, `--tf32`"
-TARGET = ("fairseq.dataclass.configs.CommonConfig (common_options); fairseq.trainer.Trainer.__init__ and .train_step; "
+OPTIONS = "`--compile`, `--compile-cudagraphs`, `--tf32`"
+TARGET = ("fairseq.dataclass.configs.CommonConfig (common_options); fairseq.trainer.Trainer.__init__, .train_step and "
+          ".valid_step; "
           "fairseq_cli.validate.main, fairseq_cli.generate._main, fairseq_cli.interactive.main; "
           "fairseq.tasks.FairseqTask.build_model and .build_criterion")
 SYMPTOM = ("fairseq has no torch.compile path (fairseq issue #5040) and leaves fp32 matmuls off the tensor cores "
@@ -58,6 +59,11 @@ COMPILE_HELP = ("compile every encoder and decoder layer with torch.compile (reg
                 "Stops at start-up where torch.compile cannot run; a compile that fails later runs that layer "
                 "variant eager, with a warning; compiled code is kept in SAVE_DIR/compile_cache for a resumed run; "
                 "the compile time is logged (docs/compile.md)")
+CUDAGRAPHS_HELP = ("with --compile, in fairseq-train on a GPU: replay each compiled layer's kernels as CUDA graphs "
+                   "(torch.compile's mode 'reduce-overhead', CUDA graph trees), one graph recorded per batch shape, so "
+                   "that the host launches one graph where it launched every kernel; bound the batch shapes with "
+                   "--num-batch-buckets N (each new shape records graphs anew). Its updates and validation; no effect on "
+                   "a CPU (a warning) nor in fairseq-validate, -generate and -interactive (docs/compile.md)")
 TF32_HELP = ("fp32 matmuls on TensorFloat-32 tensor cores (NVIDIA Ampere or newer): sets "
              "torch.backends.cuda.matmul.allow_tf32, False in PyTorch by default, and "
              "torch.backends.cudnn.allow_tf32, which PyTorch already sets True (cuDNN convolutions use TF32 without "
@@ -68,6 +74,7 @@ TF32_HELP = ("fp32 matmuls on TensorFloat-32 tensor cores (NVIDIA Ampere or newe
 class _CompileFields(FairseqDataclass):
     """Only here to have dataclasses build the fields that CommonConfig receives."""
     compile: bool = dataclasses.field(default=False, metadata={"help": COMPILE_HELP})
+    compile_cudagraphs: bool = dataclasses.field(default=False, metadata={"help": CUDAGRAPHS_HELP})
     tf32: bool = dataclasses.field(default=False, metadata={"help": TF32_HELP})
 
 
@@ -78,6 +85,7 @@ def _setup_training(trainer):
     common = cfg.common
     if getattr(common, "tf32", False):
         compilation.set_tf32(True, trainer.device)
+    cudagraphs = _cudagraphs(cfg, trainer.device)
     if not getattr(common, "compile", False):
         return
     backend = getattr(cfg.distributed_training, "ddp_backend", None)
@@ -92,13 +100,37 @@ def _setup_training(trainer):
         directory, graphs = compilation.use_cache_dir(os.path.join(checkpoint.save_dir, compilation.CACHE_DIRNAME))
         logger.info("--compile: compiled code cached in %s (%s)", directory,
                     f"{graphs} graph(s) from an earlier run" if graphs else "empty: compiling from scratch")
-    names = compilation.compile_layers(trainer._model, device=trainer.device)
+    names = compilation.compile_layers(trainer._model, device=trainer.device,
+                                       mode=CUDAGRAPHS_MODE if cudagraphs else None)
+    trainer._umst_cudagraphs = cudagraphs
     loss = ("and the criterion's loss" if compilation.compile_criterion(trainer._criterion) else
             _eager_loss(trainer._criterion))
     logger.info("--compile: %d layers compiled on %s (%s), %s; the first updates compile them (logged)", len(names),
                 trainer.device, compilation.describe(trainer._model), loss)
     trainer._umst_compile_log = [compilation.compile_seconds(), *telemetry.cache_counts()]
     retry.catch_compiled_backward(trainer.task)
+
+
+CUDAGRAPHS_MODE = "reduce-overhead"  # torch.compile's mode with inductor's CUDA graph trees
+
+
+def _cudagraphs(cfg, device):
+    """Whether the compiled layers replay as CUDA graphs (``--compile-cudagraphs``): the flag, with ``--compile``, on a
+    CUDA device. A clear error without ``--compile``; a warning on another device (inductor records CUDA graphs of
+    CUDA programs only), and where nothing bounds the batch shapes."""
+    if not getattr(cfg.common, "compile_cudagraphs", False):
+        return False
+    if not getattr(cfg.common, "compile", False):
+        raise compilation.CompileUnavailable("--compile-cudagraphs replays the compiled layers: give --compile too")
+    if torch.device(device).type != "cuda":
+        logger.warning("--compile-cudagraphs: CUDA graphs need a CUDA device; the layers run compiled on %s without "
+                       "them", device)
+        return False
+    task = cfg.task
+    if not getattr(task, "num_batch_buckets", 0) and getattr(task, "required_seq_len_multiple", 1) <= 1:
+        logger.warning("--compile-cudagraphs: every new batch shape records its layers' CUDA graphs anew (time and "
+                       "memory); bound the shapes with --num-batch-buckets N (docs/compile.md)")
+    return True
 
 
 def _eager_loss(criterion):
@@ -121,6 +153,9 @@ def _log_compiling(trainer):
 def _train_step(trainer, original_step, samples, raise_oom):
     """fairseq's ``Trainer.train_step`` under ``--compile``: an update whose compiled backward failed retried with
     that variant eager (``compilation/retry.py``: every step of it), then the update's compile seconds logged."""
+    if trainer._umst_cudagraphs:
+        # an update is a new generation of CUDA graph trees: the last update's graph outputs are not read again
+        torch.compiler.cudagraph_mark_step_begin()
     try:
         return retry.train_step(trainer, original_step, samples, raise_oom)
     finally:
@@ -144,6 +179,15 @@ def _install_trainer():
     wrap(Trainer, "__init__", make_init, __name__,
          "(self, cfg: fairseq.dataclass.configs.FairseqConfig, task, model, criterion, quantizer=None)")
     wrap(Trainer, "train_step", make_train_step, __name__, "(self, samples, raise_oom=False)")
+
+    def make_valid_step(original_step):
+        def valid_step(self, sample, raise_oom=False):
+            if self.__dict__.get("_umst_cudagraphs"):
+                torch.compiler.cudagraph_mark_step_begin()  # each validation batch a generation of its own
+            return original_step(self, sample, raise_oom)
+        return valid_step
+
+    wrap(Trainer, "valid_step", make_valid_step, __name__, "(self, sample, raise_oom=False)")
 
 
 # ---- fairseq-validate, -generate, -interactive: the command line while main runs ------------------------------
