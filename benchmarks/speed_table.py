@@ -1052,8 +1052,9 @@ def stack_at_cap(log_path):
         return None
     # the training thread's (the others: compile workers); faulthandler keeps a stack's innermost 100 frames
     ident = re.findall(re.escape(MAIN_THREAD_LINE) + r" (0x[0-9a-f]+)", text)
+    # a frame per line; a signal that came during a garbage collection puts "  Garbage-collecting" first
     main = ident and re.findall(r"(?:Current thread|Thread) " + ident[-1]
-                                + r" \(most recent call first\):\n((?:  File .*\n)+)", text)
+                                + r" \(most recent call first\):\n((?:  (?:File .*|Garbage-collecting)\n)+)", text)
     if not main:
         return None
     frames = []

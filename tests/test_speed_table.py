@@ -9,6 +9,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -293,7 +294,7 @@ def test_a_warm_up_stopped_at_the_cap_says_where_it_was_compiling(tiny_run, tmp_
 def test_the_stack_at_the_cap_names_the_layer_and_the_compiler_part_it_was_in(tmp_path):
     """stack_at_cap reads faulthandler's dump: the training thread's frames (the id the warm-up logged), not those of
     the thread the signal came to, a compile worker's here; the plugin's innermost frame outside compilation/ and the
-    compiler part of the innermost frame that names one."""
+    compiler part of the innermost frame that names one; a dump that begins in a garbage collection."""
     site = "/venv/lib/python3.11/site-packages"
     log = tmp_path / "warm-up-log.txt"
     log.write_text(
@@ -316,6 +317,14 @@ def test_the_stack_at_the_cap_names_the_layer_and_the_compiler_part_it_was_in(tm
     assert stack["phase"] == "symbolic shapes"
     assert stack["where"] == ("sympy/core/basic.py:5 in subs, symbolic shapes, "
                               "under umst_plugin/modules/transformer_sf/layer.py:280 in blocks")
+    # the signal came during a garbage collection: faulthandler says so before the frames (a CI run's warm-up)
+    log.write_text(f"{speed_table.MAIN_THREAD_LINE} 0x00007f0000000002\n"
+                   "Current thread 0x00007f0000000002 (most recent call first):\n"
+                   "  Garbage-collecting\n"
+                   '  File "/usr/lib/python3.11/copy.py", line 161 in deepcopy\n'
+                   f'  File "{site}/omegaconf/nodes.py", line 103 in _deepcopy_impl\n\n')
+    stack = speed_table.stack_at_cap(str(log))
+    assert stack["frames"] == ["/usr/lib/python3.11/copy.py:161 in deepcopy", "omegaconf/nodes.py:103 in _deepcopy_impl"]
     log.write_text("INFO: training\n")
     assert speed_table.stack_at_cap(str(log)) is None
 
@@ -498,19 +507,21 @@ def test_nvidia_smi_lines_are_read_as_percentages():
     assert busy.per_interval([0.5, 1.5, 3.0]) == [0.2, 0.9]  # per log interval: a row's gpu_busy is their median
 
 
-def test_the_cudagraph_plan_runs_at_tiny_sizes_on_a_cpu(tmp_path):
+def test_the_cudagraph_plan_runs_at_tiny_sizes_on_a_cpu(tiny_run, tmp_path):
     """``--cudagraphs`` (docs/compile.md): the transformer in bf16 eager, compiled on 8 length buckets, and the same
     with --compile-cudagraphs (which a CPU leaves out, with a warning), into a record of its own; the bucketed
     rows take the eager row's FLOPs per token; the CUDA graph row's losses are compared with the bucketed row's,
-    the rows a variant of the transformer that no target counts."""
+    the rows a variant of the transformer that no target counts. In the tiny run's work folder, as a second call
+    on a GPU machine would be: its corpus, and its inductor cache, which holds the transformer's compiled layers."""
+    table_cmd, env, table_path, _, _ = tiny_run
+    work = Path(table_cmd[table_cmd.index("--work") + 1])
+    table_before = table_path.read_bytes()
     cmd = ["bash", os.path.join(ROOT, "scripts", "gpu-speed.sh"), "--tiny", "--cudagraphs", "--archs", "transformer",
-           "--updates", "4", "--out", str(tmp_path / "results"), "--work", str(tmp_path / "work"), "--commit", "abc1234"]
-    env = dict(os.environ, PYTHON=sys.executable)
-    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+           "--updates", "4", "--out", str(table_path.parent), "--work", str(work), "--commit", "abc1234"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    record = json.loads((tmp_path / "results" / "speed-cudagraphs-cpu-tiny-abc1234.json").read_text())
-    assert not (tmp_path / "results" / "speed-cpu-tiny-abc1234.json").exists()  # the table's record untouched
+    record = json.loads((table_path.parent / "speed-cudagraphs-cpu-tiny-abc1234.json").read_text())
+    assert table_path.read_bytes() == table_before  # the table's record untouched
     rows = {r["name"]: r for r in record["rows"]}
     assert list(rows) == ["transformer", "transformer buckets", "transformer cudagraphs"]
     assert [p["max_tokens"] for p in record["plan"]] == [1024] * 3 and not any(r["stock"] for r in rows.values())
@@ -527,5 +538,5 @@ def test_the_cudagraph_plan_runs_at_tiny_sizes_on_a_cpu(tmp_path):
     assert "= transformer buckets" in speed_table.markdown(record)
     # the rows' log and the CUDA graph row's warm-up: a CPU has none
     for log in ("plugin-log.txt", "warm-up-transformer-cudagraphs-1024-log.txt"):
-        assert "--compile-cudagraphs: CUDA graphs need a CUDA device" in (tmp_path / "work" / log).read_text(), log
+        assert "--compile-cudagraphs: CUDA graphs need a CUDA device" in (work / log).read_text(), log
     assert record["targets"]["compiled_losses_equal_eager"]["rows"] == 0  # variants: no target counts them
