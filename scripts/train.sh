@@ -3,7 +3,7 @@
 # (plain fairseq-hydra-train works too; this script adds the GPU-count scaling below).
 #
 #   bash scripts/train.sh ROW --data DATA_BIN [--save-dir DIR] [--gpus G] [--amp-bf16] [--compile] [--tf32]
-#        [--max-tokens T] [--dry-run] [--nnodes N --node-rank R --master-addr HOST [--master-port PORT]]
+#        [--cudagraphs] [--batch-buckets N] [--max-tokens T] [--dry-run] [--nnodes N --node-rank R --master-addr HOST [--master-port PORT]]
 #        [-- HYDRA_OVERRIDES...]
 #   bash scripts/train.sh umst-t2-umst-base --data data/wmt14_en_de/data-bin/wmt14_en_de_bpe32000 --amp-bf16
 #
@@ -18,6 +18,11 @@
 #                instead of the configs' fp16 (V100). fairseq's own --bf16 (pure bf16 weights) is another
 #                thing, which train.sh does not offer: --bf16 is refused with this explanation.
 #   --compile    torch.compile every encoder and decoder layer (docs/compile.md).
+#   --cudagraphs --compile, its layers replayed as CUDA graphs (--compile-cudagraphs) over length buckets: the
+#                sentences padded to one of --batch-buckets N lengths (default 8, task.num_batch_buckets), so
+#                that a graph recorded for a batch shape is replayed, not recorded again (docs/compile.md). No
+#                effect on a CPU but the buckets (a warning: compiled without graphs).
+#   --batch-buckets N  the number of length buckets (fairseq's --num-batch-buckets) with or without --cudagraphs.
 #   --tf32       fp32 matmuls on TF32 tensor cores; changes only what runs in fp32 (none of the model's
 #                matmuls under --amp-bf16 or fp16).
 #   --max-tokens T  tokens per GPU per step instead of the config's; update_freq scales the other way, so the
@@ -39,6 +44,7 @@ usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' 
 [[ $# -ge 1 && "$1" != -h && "$1" != --help ]] || { usage; exit 0; }
 ROW="$1"; shift
 DATA=""; SAVE="checkpoints/$ROW"; GPUS=""; OVERRIDES=(); BF16=0; DRY=0; COMPILE=0; TF32=0; MAX_TOKENS=""
+CUDAGRAPHS=0; BUCKETS=""
 NNODES=1; NODE_RANK=0; MASTER_ADDR=""; MASTER_PORT=29500
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -51,6 +57,8 @@ while [[ $# -gt 0 ]]; do
         --dry-run) DRY=1; shift ;;
         --compile) COMPILE=1; shift ;;
         --tf32) TF32=1; shift ;;
+        --cudagraphs) COMPILE=1; CUDAGRAPHS=1; shift ;;
+        --batch-buckets) BUCKETS="$2"; shift 2 ;;
         --max-tokens) MAX_TOKENS="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         --nnodes) NNODES="$2"; shift 2 ;;
@@ -79,6 +87,12 @@ if [[ "$NNODES" -gt 1 ]]; then
     (( NODE_RANK >= 0 && NODE_RANK < NNODES )) || { echo "--node-rank must be in 0..$((NNODES - 1))" >&2; exit 2; }
 fi
 [[ -z "$MAX_TOKENS" || "$MAX_TOKENS" =~ ^[1-9][0-9]*$ ]] || { echo "--max-tokens $MAX_TOKENS: expected a number of tokens" >&2; exit 2; }
+[[ -z "$BUCKETS" || "$BUCKETS" =~ ^[1-9][0-9]*$ ]] || { echo "--batch-buckets $BUCKETS: expected a number of buckets (1 or more)" >&2; exit 2; }
+for o in ${OVERRIDES[@]+"${OVERRIDES[@]}"}; do
+    if [[ "$o" =~ ^[+~]*task\.num_batch_buckets= && ( -n "$BUCKETS" || "$CUDAGRAPHS" -eq 1 ) ]]; then
+        echo "train.sh: $o and --batch-buckets/--cudagraphs both set the buckets; give one (--batch-buckets N)" >&2; exit 2
+    fi
+done
 # The batch the row asks for: the config's GPU count, update_freq and max_tokens, unless the overrides replace
 # them (update_freq and the world size are consumed here and passed on scaled); and the overrides as hydra
 # gets them: a key the YAML does not set becomes ++KEY=VALUE (model.* keys checked against the arch's flags).
@@ -215,6 +229,11 @@ fi
 # common options the plugin adds: "+" because fairseq-hydra-train composes the config before it imports the plugin
 [[ "$COMPILE" -eq 0 ]] || ARGS+=(+common.compile=true)
 [[ "$TF32" -eq 0 ]] || ARGS+=(+common.tf32=true)
+[[ "$CUDAGRAPHS" -eq 0 ]] || ARGS+=(+common.compile_cudagraphs=true)
+# CUDA graphs replay a recorded shape only: pad the sentences to a bounded set of lengths (the speed table's 8)
+[[ -n "$BUCKETS" || "$CUDAGRAPHS" -eq 0 ]] || BUCKETS=8
+# ("++": the rows' YAML task nodes set no num_batch_buckets, and hydra refuses a key they do not set)
+[[ -z "$BUCKETS" ]] || ARGS+=(++task.num_batch_buckets="$BUCKETS")
 
 CMD=("$PY" -m fairseq_cli.hydra_train --config-dir "$ROOT/configs" --config-name "$ROW"
      task.data="$DATA" common.user_dir="$ROOT/umst_plugin" checkpoint.save_dir="$SAVE" hydra.run.dir="$SAVE"

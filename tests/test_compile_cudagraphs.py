@@ -5,7 +5,9 @@ bounded by ``--num-batch-buckets`` (tests/test_length_buckets.py: the padding le
 On a CPU: the flag needs ``--compile`` (a clear error), says that a CPU has no CUDA graphs and trains as ``--compile``
 does, and warns where nothing bounds the batch shapes. On a GPU (``-m cuda``, the GPU check): the same losses as
 ``--compile`` alone on the same bucketed batches, and no layer graph that inductor skips."""
+import os
 import re
+import subprocess
 import types
 
 import pytest
@@ -62,3 +64,64 @@ def test_cudagraph_replays_give_the_compiled_losses_on_a_gpu(toy_databin, tmp_pa
     replayed = _train(toy_databin, tmp_path / "replayed", "--compile-cudagraphs")
     assert "skipping cudagraphs" not in replayed, replayed[-3000:]
     assert e2e.train_losses(replayed) == e2e.train_losses(compiled) != []
+
+
+def _train_sh(*args):
+    from test_train_sh_plan import TRAIN_SH, env
+
+    return subprocess.run(["bash", TRAIN_SH, *map(str, args)], env=env(), cwd=e2e.ROOT, capture_output=True, text=True)
+
+
+def test_train_sh_cudagraphs_adds_compile_the_graphs_and_eight_buckets_and_refuses_two_bucket_counts():
+    from test_train_sh_plan import plan
+
+    command, _ = plan("umst-t2-umst-base", "--gpus", "8", "--cudagraphs")
+    assert " +common.compile=true" in command and " +common.compile_cudagraphs=true" in command
+    assert " ++task.num_batch_buckets=8" in command
+    command, _ = plan("umst-t2-umst-base", "--gpus", "8", "--cudagraphs", "--batch-buckets", "16")
+    assert " ++task.num_batch_buckets=16" in command and "num_batch_buckets=8" not in command
+    command, _ = plan("umst-t2-umst-base", "--gpus", "8", "--batch-buckets", "4")  # buckets alone: no compiling
+    assert " ++task.num_batch_buckets=4" in command and "common.compile" not in command
+    command, _ = plan("umst-t2-umst-base", "--gpus", "8", "--compile")
+    assert "num_batch_buckets" not in command and "compile_cudagraphs" not in command
+    for args, expected in [(("--batch-buckets", "0"), "--batch-buckets 0: expected a number of buckets"),
+                           (("--cudagraphs", "--", "++task.num_batch_buckets=4"),
+                            "++task.num_batch_buckets=4 and --batch-buckets/--cudagraphs both set the buckets")]:
+        proc = _train_sh("umst-t2-umst-base", "--data", "/data/bin", "--dry-run", *args)
+        assert proc.returncode == 2 and expected in proc.stderr, (args, proc.stderr)
+
+
+def test_the_slurm_job_passes_cudagraphs_and_the_bucket_count_to_train_sh(tmp_path):
+    from test_train_sh_plan import _slurm_stand_ins, env
+
+    _slurm_stand_ins(tmp_path, ["gpu-a"])
+    environ = env(PATH=f"{tmp_path}:{os.environ['PATH']}", SLURM_JOB_ID="1234", SLURM_JOB_NODELIST="gpu-a",
+                  SLURM_SUBMIT_DIR=e2e.ROOT, TRAIN_SH_DRY_RUN="1")
+    proc = subprocess.run(["bash", os.path.join(e2e.ROOT, "scripts", "slurm", "train-1node.sbatch"),
+                           "umst-t2-umst-base", "/data/wmt14", "/ckpt", "--cudagraphs", "--batch-buckets", "12"],
+                          env=environ, cwd=e2e.ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    [command] = [line for line in proc.stdout.splitlines() if "fairseq_cli.hydra_train" in line]
+    assert all(f" {o}" in command for o in ("+common.compile=true", "+common.compile_cudagraphs=true",
+                                             "++task.num_batch_buckets=12")), command
+
+
+def test_train_sh_cudagraphs_trains_a_row_compiled_on_bucketed_batches_on_a_cpu(toy_databin, tmp_path):
+    """The real fairseq-hydra-train under train.sh --cudagraphs on the toy corpus (a Multi30k row's config, tiny):
+    the plugin's keys reach the Trainer through hydra (the CPU's warning, the layers compiled), and fairseq buckets
+    the sentences (its log of the 4 bucket lengths)."""
+    save = tmp_path / "save"
+    proc = _train_sh("m30k-transformer", "--data", toy_databin, "--save-dir", save, "--gpus", "0", "--cudagraphs",
+                     "--batch-buckets", "4", "--", f"task.source_lang={e2e.SRC}", f"task.target_lang={e2e.TGT}",
+                     "optimization.max_update=2", "dataset.max_tokens=1000", "dataset.data_buffer_size=0",
+                     "dataset.disable_validation=true", "checkpoint.no_epoch_checkpoints=true",
+                     "model.encoder_layers=1", "model.decoder_layers=1", "model.encoder_embed_dim=16",
+                     "model.decoder_embed_dim=16", "model.encoder_ffn_embed_dim=32", "model.decoder_ffn_embed_dim=32",
+                     "model.encoder_attention_heads=2", "model.decoder_attention_heads=2")
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert "--compile-cudagraphs: CUDA graphs need a CUDA device; the layers run compiled on cpu" in log, log[-4000:]
+    assert re.search(r"--compile: \d+ layers compiled on cpu", log), log[-4000:]
+    [buckets] = re.findall(r"bucketing source lengths: \[([0-9, ]+)\]", log)[:1]
+    assert len(buckets.split(",")) == 4, buckets
+    assert (save / "checkpoint_last.pt").is_file()

@@ -10,6 +10,9 @@
 #   --precision P         bf16 (default: bf16 autocast on fp32 master weights, train.sh --amp-bf16; A100/H100),
 #                         fp16 (the configs' own fairseq fp16 with a loss scale; V100) or fp32
 #   --compile             torch.compile every encoder and decoder layer (train.sh --compile; docs/compile.md)
+#   --cudagraphs          --compile with its layers replayed as CUDA graphs over 8 length buckets (train.sh
+#                         --cudagraphs; --batch-buckets N for another number)
+#   --batch-buckets N     pad the sentences to one of N lengths (train.sh --batch-buckets, task.num_batch_buckets)
 #   --tf32                fp32 matmuls on TF32 tensor cores (train.sh --tf32): for --precision fp32; under bf16
 #                         autocast the matmuls are bf16 already and it changes next to nothing
 #   --max-tokens T        T tokens per GPU per step, update_freq scaled the other way (train.sh --max-tokens; the
@@ -47,13 +50,15 @@ while [[ $# -gt 0 ]]; do
         --save-dir=*) SAVE="${1#--save-dir=}"; shift ;;
         --precision) PRECISION="${2:-}"; shift 2 ;;
         --precision=*) PRECISION="${1#--precision=}"; shift ;;
-        --compile|--tf32) TRAIN_ARGS+=("$1"); shift ;;
+        --compile|--tf32|--cudagraphs) TRAIN_ARGS+=("$1"); shift ;;
+        --batch-buckets) TRAIN_ARGS+=(--batch-buckets "${2:?--batch-buckets needs a number of buckets}"); shift 2 ;;
+        --batch-buckets=*) TRAIN_ARGS+=(--batch-buckets "${1#--batch-buckets=}"); shift ;;
         --max-tokens) TRAIN_ARGS+=(--max-tokens "${2:?--max-tokens needs a number of tokens}"); shift 2 ;;
         --max-tokens=*) TRAIN_ARGS+=(--max-tokens "${1#--max-tokens=}"); shift ;;
         -h|--help) usage; exit 0 ;;
         --) shift; OVERRIDES=("$@"); break ;;
-        -*) echo "train-job: unknown option $1 (options: --save-dir, --precision, --compile, --tf32," \
-                 "--max-tokens; other train.sh options are set by the job; hydra overrides after --)" >&2; exit 2 ;;
+        -*) echo "train-job: unknown option $1 (options: --save-dir, --precision, --compile, --cudagraphs," \
+                 "--batch-buckets, --tf32, --max-tokens; other train.sh options are set by the job; hydra overrides after --)" >&2; exit 2 ;;
         *) POSITIONAL+=("$1"); shift ;;
     esac
 done
