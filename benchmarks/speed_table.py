@@ -1218,10 +1218,9 @@ def main(argv=None):
         p.error(f"unknown arch(s) {', '.join(unknown)}; choices: {', '.join(rows)}")
     max_tokens = [int(t) for t in (args.max_tokens or (TINY_MAX_TOKENS if args.tiny else
                                                        f"{RECIPE_MAX_TOKENS},{CONTRAST_MAX_TOKENS}")).split(",")]
-    if args.cudagraphs:  # the recipe batch alone, and updates enough that replays outnumber the recordings
-        max_tokens, args.no_stock = max_tokens[:1], True
-        args.updates = args.updates or (8 if args.tiny else CUDAGRAPH_UPDATES)
-    args.updates = args.updates or (8 if args.tiny else 24)
+    if args.cudagraphs:  # the recipe batch alone (no stock rows: plan's), updates enough that replays outnumber recordings
+        max_tokens = max_tokens[:1]
+    args.updates = args.updates or (8 if args.tiny else CUDAGRAPH_UPDATES if args.cudagraphs else 24)
     args.log_interval = args.log_interval or (2 if args.tiny else 4)
     data = args.data or os.path.join(work, "corpus", "data-bin")
     stock, plugin = plan(data, max_tokens, args.updates, args.log_interval, archs, compile_archs, args.tiny, rows,

@@ -196,8 +196,10 @@ class Program:
     ``unsized``: launches whose bytes inductor did not estimate (counted as 0). Sizes are the graph's first inputs'
     (under dynamic shapes, the hints of its size symbols)."""
 
-    def __init__(self, kind, code, library):
+    def __init__(self, kind, code, library, cudagraph_blockers=()):
         self.kind, self.code = kind, code
+        # what would keep inductor from replaying it as a CUDA graph (:func:`cudagraph_blockers`)
+        self.cudagraph_blockers = list(cudagraph_blockers)
         self.launches = count_launches(code)
         self.bytes = collections.Counter()
         self.bytes["triton"], missing = triton_bytes(code)
@@ -212,8 +214,6 @@ class Program:
         for kind_, n in self.launches.items():
             if kind_ != "triton" and library_calls[kind_] != n:
                 self.unsized.append(f"{kind_}: {n} launched, {library_calls[kind_]} sized")
-
-    cudagraph_blockers = ()  # what would keep inductor from replaying it as a CUDA graph (:func:`cudagraph_blockers`)
 
     def record(self):
         """A JSON-able summary."""
@@ -436,9 +436,7 @@ def gpu_program(gm, example_inputs, device="h200", **inner_kwargs):
             cause = getattr(cause, "inner_exception", None) or cause.__cause__ or cause.__context__
         if cause is None:
             raise
-        program = Program(kind, cause.code, cause.library)
-        program.cudagraph_blockers = cudagraph_blockers(gm)
-        return program
+        return Program(kind, cause.code, cause.library, cudagraph_blockers(gm))
     raise RuntimeError("inductor compiled the graph without generating a wrapper")
 
 
