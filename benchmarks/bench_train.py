@@ -90,48 +90,18 @@ def plan(data, archs, precisions, updates, max_tokens, compile_archs=(), compile
     return stock, plugin
 
 
-class _Records(logging.Handler):
-    """Collects fairseq's json progress records (train_inner) as they are logged."""
-
-    def __init__(self):
-        super().__init__()
-        self.records = []
-
-    def emit(self, record):
-        message = record.getMessage()
-        i = message.find("{")
-        if i < 0 or '"wps"' not in message:
-            return
-        try:
-            data = json.loads(message[i:])
-        except ValueError:
-            return
-        if "num_updates" in data and "train_wps" not in data:
-            self.records.append(data)
-
-
 def run_one(argv):
     """fairseq-train's main on ``argv`` in this process; its train_inner records and wall seconds."""
-    from fairseq import options
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-    from fairseq_cli import train
+    from benchmarks import common  # (torch on first use only, as the rest of this module)
 
-    handler = _Records()
-    logging.getLogger().addHandler(handler)
-    start = time.time()
     compiling = _compile_state() if "--compile" in argv else None
-    try:
-        args = options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
-        cfg = convert_namespace_to_omegaconf(args)
-        train.main(cfg)
-    finally:
-        logging.getLogger().removeHandler(handler)
+    records, seconds = common.train_in_process(argv)
     if compiling is not None:
         after = _compile_state()
-        handler.records.append({"compile": {k: round(after[k] - compiling[k], 1) if k == "seconds" else
-                                            after[k] - compiling[k] for k in ("seconds", "graphs", "hits", "misses")}
-                                | {"eager_fallbacks": after["fallbacks"][len(compiling["fallbacks"]):]}})
-    return handler.records, time.time() - start
+        records.append({"compile": {k: round(after[k] - compiling[k], 1) if k == "seconds" else
+                                    after[k] - compiling[k] for k in ("seconds", "graphs", "hits", "misses")}
+                        | {"eager_fallbacks": after["fallbacks"][len(compiling["fallbacks"]):]}})
+    return records, seconds
 
 
 def _compile_state():

@@ -12,6 +12,7 @@ meaningless for one call).
 import argparse
 import collections
 import json
+import logging
 import os
 import platform
 import statistics
@@ -341,3 +342,49 @@ def cuda_profile(fn, repeats=3):
     return dict(kernels=sum(counts.values()), kernel_ms=kernel_s * 1000, wall_ms=wall * 1000,
                 busy=kernel_s / wall if wall else None, kernels_by_phase=dict(counts),
                 kernel_ms_by_phase={k: v / 1000 for k, v in times.items()})
+
+
+# ---- fairseq-train's main in this process, its progress records collected ----------------------------------------
+
+class TrainInnerRecords(logging.Handler):
+    """fairseq's json ``train_inner`` records (``--log-format json``), as they are logged, each with ``logged_at``
+    (``time.monotonic()``: the end of its log interval, which the speed table's GPU-busy reading needs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.records = []
+
+    def emit(self, record):
+        message = record.getMessage()
+        i = message.find("{")
+        if i < 0 or '"wps"' not in message:
+            return
+        try:
+            data = json.loads(message[i:])
+        except ValueError:
+            return
+        if "num_updates" in data and "train_wps" not in data:  # (not the epoch's summary)
+            data["logged_at"] = time.monotonic()
+            self.records.append(data)
+
+
+def train_in_process(argv, trainer_class=None):
+    """fairseq-train's main on ``argv`` in this process, with ``trainer_class`` in place of fairseq's Trainer where
+    given: its ``train_inner`` records (:class:`TrainInnerRecords`) and wall seconds."""
+    import fairseq_cli.train as train_cli
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    handler = TrainInnerRecords()
+    logging.getLogger().addHandler(handler)
+    fairseq_trainer = train_cli.Trainer
+    start = time.time()
+    try:
+        args = options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
+        if trainer_class is not None:
+            train_cli.Trainer = trainer_class
+        train_cli.main(convert_namespace_to_omegaconf(args))
+    finally:
+        train_cli.Trainer = fairseq_trainer
+        logging.getLogger().removeHandler(handler)
+    return handler.records, time.time() - start

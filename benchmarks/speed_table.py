@@ -194,27 +194,6 @@ def cudagraph_plan(row, archs, buckets):
 
 # ---- in a row's process: fairseq-train with a probe on its trainer ---------------------------------------------
 
-class _Records(logging.Handler):
-    """fairseq's json ``train_inner`` records, as they are logged."""
-
-    def __init__(self):
-        super().__init__()
-        self.records = []
-
-    def emit(self, record):
-        message = record.getMessage()
-        i = message.find("{")
-        if i < 0 or '"wps"' not in message:
-            return
-        try:
-            data = json.loads(message[i:])
-        except ValueError:
-            return
-        if "num_updates" in data and "train_wps" not in data:
-            data["logged_at"] = time.monotonic()  # the end of its log interval: GPU busy per interval
-            self.records.append(data)
-
-
 class GpuBusy:
     """nvidia-smi's ``utilization.gpu`` (the percent of the last sample period in which a kernel ran) read every
     ``period_ms`` in a thread, each value stamped with the time it was read; ``between(t0, t1)`` is the mean over
@@ -381,23 +360,9 @@ def _compile_state():
 def train(argv, probe=None, dropout_shift=0):
     """fairseq-train's main on ``argv`` in this process (with ``probe`` on its trainer, and its dropout masks
     shifted by ``dropout_shift``: :func:`_trainer_with`): its train_inner records and wall seconds."""
-    import fairseq_cli.train as train_cli
-    from fairseq import options
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from benchmarks import common  # (here: the parent process runs before torch is installed)
 
-    handler = _Records()
-    logging.getLogger().addHandler(handler)
-    trainer_class = train_cli.Trainer
-    start = time.time()
-    try:
-        args = options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
-        if probe is not None:
-            train_cli.Trainer = _trainer_with(probe, dropout_shift)
-        train_cli.main(convert_namespace_to_omegaconf(args))
-    finally:
-        train_cli.Trainer = trainer_class
-        logging.getLogger().removeHandler(handler)
-    return handler.records, time.time() - start
+    return common.train_in_process(argv, None if probe is None else _trainer_with(probe, dropout_shift))
 
 
 def device_info():
