@@ -523,27 +523,15 @@ def test_tf32_warns_without_tf32_and_switches_it_on_with_it(monkeypatch, caplog)
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
 
 
-def test_train_sh_and_the_slurm_scripts_pass_compile_and_tf32(tmp_path):
-    """train.sh --compile / --tf32 become fairseq-hydra-train's +common.compile / +common.tf32; the sbatch scripts
-    hand what follows the save directory to train.sh on every node."""
-    import subprocess
-
-    from test_train_sh_plan import _slurm_stand_ins, env, plan
+def test_train_sh_passes_compile_and_tf32():
+    """train.sh --compile / --tf32 become fairseq-hydra-train's +common.compile / +common.tf32 (the sbatch scripts
+    hand them to train.sh on every node: tests/test_train_sh_plan.py, on Slurm itself)."""
+    from test_train_sh_plan import plan
 
     command, _ = plan("umst-t2-umst-base", "--gpus", "8", "--compile", "--tf32")
     assert "+common.compile=true" in command and "+common.tf32=true" in command
     command, _ = plan("umst-t2-umst-base", "--gpus", "8")
     assert "common.compile" not in command and "common.tf32" not in command
-    _slurm_stand_ins(tmp_path, ["gpu-a", "gpu-b"])
-    environ = env(PATH=f"{tmp_path}:{os.environ['PATH']}", SLURM_JOB_ID="1234", SLURM_JOB_NODELIST="gpu-[a-b]",
-                  SLURM_SUBMIT_DIR=e2e.ROOT, TRAIN_SH_DRY_RUN="1")
-    proc = subprocess.run(["bash", os.path.join(e2e.ROOT, "scripts", "slurm", "train-2nodes.sbatch"),
-                           "umst-t2-umst-base", "/data/wmt14", "/ckpt", "--compile"], env=environ, cwd=e2e.ROOT,
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    commands = [line for line in proc.stdout.splitlines() if "fairseq_cli.hydra_train" in line]
-    assert len(commands) == 2 and all("+common.compile=true" in c and "checkpoint.save_dir=/ckpt" in c
-                                      for c in commands), commands
 
 
 

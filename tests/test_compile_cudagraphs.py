@@ -5,7 +5,6 @@ bounded by ``--num-batch-buckets`` (tests/test_length_buckets.py: the padding le
 On a CPU: the flag needs ``--compile`` (a clear error), says that a CPU has no CUDA graphs and trains as ``--compile``
 does, and warns where nothing bounds the batch shapes. On a GPU (``-m cuda``, the GPU check): the same losses as
 ``--compile`` alone on the same bucketed batches, and no layer graph that inductor skips."""
-import os
 import re
 import subprocess
 import types
@@ -89,21 +88,6 @@ def test_train_sh_cudagraphs_adds_compile_the_graphs_and_eight_buckets_and_refus
                             "++task.num_batch_buckets=4 and --batch-buckets/--cudagraphs both set the buckets")]:
         proc = _train_sh("umst-t2-umst-base", "--data", "/data/bin", "--dry-run", *args)
         assert proc.returncode == 2 and expected in proc.stderr, (args, proc.stderr)
-
-
-def test_the_slurm_job_passes_cudagraphs_and_the_bucket_count_to_train_sh(tmp_path):
-    from test_train_sh_plan import _slurm_stand_ins, env
-
-    _slurm_stand_ins(tmp_path, ["gpu-a"])
-    environ = env(PATH=f"{tmp_path}:{os.environ['PATH']}", SLURM_JOB_ID="1234", SLURM_JOB_NODELIST="gpu-a",
-                  SLURM_SUBMIT_DIR=e2e.ROOT, TRAIN_SH_DRY_RUN="1")
-    proc = subprocess.run(["bash", os.path.join(e2e.ROOT, "scripts", "slurm", "train-1node.sbatch"),
-                           "umst-t2-umst-base", "/data/wmt14", "/ckpt", "--cudagraphs", "--batch-buckets", "12"],
-                          env=environ, cwd=e2e.ROOT, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    [command] = [line for line in proc.stdout.splitlines() if "fairseq_cli.hydra_train" in line]
-    assert all(f" {o}" in command for o in ("+common.compile=true", "+common.compile_cudagraphs=true",
-                                             "++task.num_batch_buckets=12")), command
 
 
 def test_train_sh_cudagraphs_trains_a_row_compiled_on_bucketed_batches_on_a_cpu(toy_databin, tmp_path):

@@ -113,18 +113,29 @@ def _run_job(environ, *sbatch_args, timeout=120):
     return int(job), state
 
 
+# the job's options and what each node's train.sh command must then hold: the compile options (train.sh --compile,
+# --cudagraphs with --batch-buckets) and a third positional, the save directory
+JOB_OPTIONS = {
+    "train-1node.sbatch": (["--cudagraphs", "--batch-buckets", "12"],
+                           ["+common.compile=true", "+common.compile_cudagraphs=true", "++task.num_batch_buckets=12"]),
+    "train-2nodes.sbatch": (["/ckpt", "--compile"], ["+common.compile=true", "checkpoint.save_dir=/ckpt"]),
+}
+
+
 @pytest.mark.parametrize("script,nodes,tokens", [("train-1node.sbatch", 1, None), ("train-2nodes.sbatch", 2, 1792)])
 def test_sbatch_scripts_plan_one_train_sh_per_node(slurm, tmp_path, script, nodes, tokens):
     """Submitted to Slurm itself with TRAIN_SH_DRY_RUN=1 and GPUS_PER_NODE=8 (the nodes have no GPU; --gres=none):
     srun starts launch.sh once per node, each plans its train.sh command for 8 GPUs with its ranks and the
     rendezvous at the job's first node, and each node's task gets the job's --cpus-per-task (srun is given it: Slurm
-    22.05's srun does not take it, and this cluster binds tasks to cores)."""
+    22.05's srun does not take it, and this cluster binds tasks to cores); the job's options reach every node's
+    train.sh (``JOB_OPTIONS``)."""
     cpus = min(2, len(os.sched_getaffinity(0)))
     out = tmp_path / "job.out"
     environ = {**env(), **{k: v for k, v in slurm.items() if k == "SLURM_CONF"}, "TRAIN_SH_DRY_RUN": "1",
                "GPUS_PER_NODE": "8"}
+    options, expected = JOB_OPTIONS[script]
     job, state = _run_job(environ, "--gres=none", f"--cpus-per-task={cpus}", f"--output={out}",
-                          os.path.join("scripts", "slurm", script), "prime-t1-prime-big", "/data/wmt14",
+                          os.path.join("scripts", "slurm", script), "prime-t1-prime-big", "/data/wmt14", *options,
                           *(["--max-tokens", str(tokens)] if tokens else []))
     text = out.read_text()
     assert state == "COMPLETED", text[-3000:]
@@ -135,6 +146,7 @@ def test_sbatch_scripts_plan_one_train_sh_per_node(slurm, tmp_path, script, node
         assert field(command, "distributed_training.distributed_world_size") == str(8 * nodes)
         assert field(command, "CUDA_VISIBLE_DEVICES") == "0,1,2,3,4,5,6,7"
         assert "+common.amp_dtype=bfloat16" in command and "task.data=/data/wmt14" in command
+        assert all(f" {o} " in f"{command} " for o in expected), (expected, command)
         # prime-t1 rows assume 4 GPUs x update_freq 32 at 3,584 tokens: 128 / (8 x nodes), times 3584 / --max-tokens
         scale = 3584 // tokens if tokens else 1
         assert field(command, "optimization.update_freq") == f"\\[{128 * scale // (8 * nodes)}\\]"
