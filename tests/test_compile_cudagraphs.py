@@ -3,8 +3,11 @@
 bounded by ``--num-batch-buckets`` (tests/test_length_buckets.py: the padding leaves the loss as it was).
 
 On a CPU: the flag needs ``--compile`` (a clear error), says that a CPU has no CUDA graphs and trains as ``--compile``
-does, and warns where nothing bounds the batch shapes. On a GPU (``-m cuda``, the GPU check): the same losses as
-``--compile`` alone on the same bucketed batches, and no layer graph that inductor skips."""
+does, and warns where nothing bounds the batch shapes. The cap on the shapes recorded per layer class
+(``--compile-cudagraph-shapes``, ``compilation/graph_shapes.py``): the dispatch on the CPU, the refusals. On a GPU
+(``-m cuda``, the GPU check): the same losses as ``--compile`` alone on the same bucketed batches, with and without
+the cap, and no layer graph that inductor skips."""
+import copy
 import re
 import subprocess
 import types
@@ -13,7 +16,8 @@ import pytest
 import torch
 
 import e2e
-from umst_plugin.compilation import CompileUnavailable, flags
+from umst_plugin.compilation import CompileUnavailable, compile_layers, compiled_graphs, flags, graph_shapes
+from umst_plugin.compilation.state import STATE
 
 TINY = (*e2e.TINY, "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0")
 
@@ -38,12 +42,77 @@ def test_cudagraphs_need_compile_a_cuda_device_and_warn_where_the_shapes_are_unb
         assert "bound the shapes with --num-batch-buckets N" in caplog.text
 
 
-def test_fairseq_train_without_compile_stops_with_a_clear_error(toy_databin, tmp_path):
+@pytest.mark.parametrize("flags_given,error", [
+    (("--compile-cudagraphs",), "--compile-cudagraphs replays the compiled layers: give --compile too"),
+    (("--compile", "--compile-cudagraphs", "--compile-cudagraph-shapes", "-1"),
+     "--compile-cudagraph-shapes must be 0 (no cap) or more, not -1"),
+], ids=["without-compile", "negative-cap"])
+def test_fairseq_train_stops_with_a_clear_error(toy_databin, tmp_path, flags_given, error):
     proc = e2e.fairseq("train", toy_databin, "--user-dir", e2e.PLUGIN, "--task", "multiscale_translation", "--arch",
                        "transformer", *e2e.TINY, "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "1000",
-                       "--max-update", "1", "--save-dir", tmp_path, "--compile-cudagraphs", check=False)
+                       "--max-update", "1", "--save-dir", tmp_path, *flags_given, check=False)
     assert proc.returncode != 0
-    assert "--compile-cudagraphs replays the compiled layers: give --compile too" in proc.stdout + proc.stderr
+    assert error in proc.stdout + proc.stderr
+
+
+class _Block(torch.nn.Module):
+    compile_region = True  # (compile_layers compiles every module that says so)
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x, padding_mask=None):
+        y = torch.relu(self.linear(x))
+        return y if padding_mask is None else y.masked_fill(padding_mask.unsqueeze(-1), 0)
+
+
+def test_the_shape_cap_records_the_first_shapes_and_runs_the_rest_compiled_without_graphs(monkeypatch, caplog):
+    """``--compile-cudagraph-shapes 2`` (``compilation/graph_shapes.py``) on a one-layer model, on the CPU, where the
+    dispatch is the GPU's (inductor itself leaves CPU graphs unrecorded): the first two shapes go through the
+    reduce-overhead function, a shape seen before stays there, the first shape beyond the cap compiles the class's
+    graph-less variant once (with the warning) and every new shape after it runs that variant, without compiling
+    again. Each output equals the eager layer's exactly (the matmul is ATen's in both)."""
+    monkeypatch.setattr(STATE, "graph_caps", {})
+    model = torch.nn.Sequential(_Block()).eval()
+    eager = copy.deepcopy(model)
+    compile_layers(model, mode="reduce-overhead", graph_shapes_cap=2, check=False)
+    (cap,) = STATE.graph_caps.values()
+    assert cap.limit == 2 and not cap.recorded
+    torch.manual_seed(0)
+    steps = []
+    with torch.no_grad(), caplog.at_level("WARNING", logger="umst_plugin.compilation"):
+        for length in (5, 7, 5, 9, 11, 9, 7):
+            x = torch.randn(length, 3, 8)
+            graphs = compiled_graphs()
+            out = model(x)
+            assert torch.equal(out, eager(x))  # (inductor calls ATen's addmm as eager does: 0.0 apart, measured)
+            steps.append((len(cap.recorded), cap.beyond, compiled_graphs() - graphs))
+    # (recorded, calls beyond the cap, graphs compiled by the call)
+    assert steps == [(1, 0, 1), (2, 0, 0), (2, 0, 0), (2, 1, 1), (2, 2, 0), (2, 3, 0), (2, 3, 0)], steps
+    assert caplog.text.count("beyond the 2 it records as CUDA graphs (9x3x8 float32)") == 1, caplog.text
+    # a shape: training mode, autograd, every tensor argument's sizes
+    layer, x = model[0], torch.zeros(5, 3, 8)
+    with torch.no_grad():
+        assert graph_shapes.shape_key(layer, (x,), {}) in cap.recorded
+        assert graph_shapes.shape_key(layer, (x,), {"padding_mask": torch.zeros(3, 5)}) not in cap.recorded
+    assert graph_shapes.shape_key(layer, (x,), {}) not in cap.recorded
+    layer.train()
+    with torch.no_grad():
+        assert graph_shapes.shape_key(layer, (x,), {}) not in cap.recorded
+
+
+def test_no_cap_without_cudagraphs_or_with_zero_and_a_negative_cap_is_refused(monkeypatch):
+    monkeypatch.setattr(STATE, "graph_caps", {})
+    compile_layers(torch.nn.Sequential(_Block()), graph_shapes_cap=2, check=False)  # (no CUDA graph mode)
+    compile_layers(torch.nn.Sequential(_Block()), mode="reduce-overhead", graph_shapes_cap=0, check=False)
+    assert STATE.graph_caps == {}
+    with pytest.raises(ValueError, match="--compile-cudagraph-shapes must be 0 .no cap. or more, not -1"):
+        compile_layers(torch.nn.Sequential(_Block()), mode="reduce-overhead", graph_shapes_cap=-1, check=False)
+    cfg = _cfg(buckets=8)
+    cfg.common.compile_cudagraph_shapes = -3
+    with pytest.raises(CompileUnavailable, match="--compile-cudagraph-shapes must be 0 .no cap. or more, not -3"):
+        flags._cudagraphs(cfg, "cpu")  # (on any device)
 
 
 def _train(databin, save_dir, *extra):
@@ -63,6 +132,10 @@ def test_cudagraph_replays_give_the_compiled_losses_on_a_gpu(toy_databin, tmp_pa
     replayed = _train(toy_databin, tmp_path / "replayed", "--compile-cudagraphs")
     assert "skipping cudagraphs" not in replayed, replayed[-3000:]
     assert e2e.train_losses(replayed) == e2e.train_losses(compiled) != []
+    # capped at 2 shapes per class: the toy corpus's 4 buckets give more; the rest run compiled without graphs
+    capped = _train(toy_databin, tmp_path / "capped", "--compile-cudagraphs", "--compile-cudagraph-shapes", "2")
+    assert "beyond the 2 it records as CUDA graphs" in capped, capped[-3000:]
+    assert e2e.train_losses(capped) == e2e.train_losses(compiled)
 
 
 def _train_sh(*args):

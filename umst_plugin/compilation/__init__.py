@@ -53,6 +53,7 @@ The modules, one concern each:
 * ``dispatch`` -- compiling the layers (:func:`compile_layers`) and what a compiled layer's ``forward`` runs;
 * ``fallback`` -- a failed compile: that variant eager, the warning and its reason;
 * ``retry`` -- an update whose compiled backward failed, retried: every step of it in one place;
+* ``graph_shapes`` -- ``--compile-cudagraphs``' cap on the batch shapes each layer class records as CUDA graphs;
 * ``cache`` -- inductor's caches kept in ``SAVE_DIR/compile_cache``;
 * ``telemetry`` -- compile seconds, graphs and cache hits, logged;
 * ``tf32`` -- ``--tf32``;

@@ -10,7 +10,7 @@ import types
 import torch
 import torch.fx.experimental._config as fx_config
 
-from umst_plugin.compilation import cache, fallback, probe, regions, retry, telemetry
+from umst_plugin.compilation import cache, fallback, graph_shapes, probe, regions, retry, telemetry
 from umst_plugin.compilation.state import STATE
 from umst_plugin.patches import inductor_scan, saved_activation_strides
 
@@ -76,6 +76,8 @@ def _dispatch(self, *args, **kwargs):
     key = (eager, fallback.variant(self, args, kwargs)) if STATE.eager_variants else None
     if key is not None and key in STATE.eager_variants:
         return eager(self, *args, **kwargs)
+    if STATE.graph_caps:  # --compile-cudagraphs: beyond the class's cap of recorded shapes, compiled without graphs
+        compiled = graph_shapes.pick(self, eager, compiled, args, kwargs)
     graphs, start = telemetry.compiled_graphs(), time.perf_counter()
     try:
         out = compiled(self, *args, **kwargs)
@@ -127,11 +129,19 @@ def allow_custom_functions_in_autograd_cache():
         functorch_config.autograd_cache_allow_custom_autograd_functions = True
 
 
-def compile_layers(model, *, device=None, backend="inductor", mode=None, dynamic=True, fullgraph=True, check=True):
+CUDAGRAPHS_MODE = "reduce-overhead"  # torch.compile's mode with inductor's CUDA graph trees
+
+
+def compile_layers(model, *, device=None, backend="inductor", mode=None, dynamic=True, fullgraph=True, check=True,
+                   graph_shapes_cap=0):
     """Compile every encoder and decoder layer of ``model`` in place (see the package's docstring); returns the
     layers' names. ``check``: first ``probe.check_available`` on ``device`` (default: the model's). Compiling is
-    lazy: each layer class compiles at its first call. Raises ValueError for a model without layers this knows,
+    lazy: each layer class compiles at its first call. ``graph_shapes_cap`` (with ``mode="reduce-overhead"``, CUDA
+    graphs): each layer class records at most that many batch shapes as CUDA graphs and runs the others compiled
+    without graphs (``graph_shapes``; 0: no cap). Raises ValueError for a model without layers this knows,
     ``CompileUnavailable`` where torch.compile cannot run."""
+    if graph_shapes_cap < 0:
+        raise ValueError(f"--compile-cudagraph-shapes must be 0 (no cap) or more, not {graph_shapes_cap}")
     layers = regions.find_layers(model)
     if not layers:
         raise ValueError(f"--compile: {type(model).__name__} has no encoder or decoder layer of a class "
@@ -146,15 +156,36 @@ def compile_layers(model, *, device=None, backend="inductor", mode=None, dynamic
             device = param.device if param is not None else "cpu"
         probe.check_available(device, backend)
     configure_dynamo()
-    options = (backend, mode, dynamic, fullgraph)
+    capped = mode == CUDAGRAPHS_MODE and graph_shapes_cap > 0
     for _, layer in layers:
         if "_umst_compiled" in layer.__dict__:
             continue
         eager = type(layer).forward
-        key = (eager, options)
-        if key not in STATE.compiled_functions:
-            STATE.compiled_functions[key] = torch.compile(eager, backend=backend, mode=mode, dynamic=dynamic,
-                                                          fullgraph=fullgraph)
-        layer._umst_compiled = (STATE.compiled_functions[key], eager, _incremental_index(eager))
+        compiled = _compiled_function(eager, backend, mode, dynamic, fullgraph)
+        if capped:  # (the graph-less variant compiles only if a call goes beyond the cap)
+            _quiet_shape_warning(graph_shapes_cap)
+            graph_shapes.cap(compiled, graph_shapes_cap, _compiled_function(eager, backend, None, dynamic, fullgraph))
+        layer._umst_compiled = (compiled, eager, _incremental_index(eager))
         layer.forward = types.MethodType(_dispatch, layer)
     return [name for name, _ in layers]
+
+
+def _quiet_shape_warning(cap):
+    """inductor warns once a compiled graph has recorded more than ``triton.cudagraph_dynamic_shape_warn_limit``
+    sizes (8 in torch 2.13), advising to pad the inputs to a few shapes: a run on 8 length buckets meets about 16.
+    With the cap a graph records at most ``cap`` sizes, and the cap's own warning says when a shape goes beyond."""
+    import torch._inductor.config as inductor_config  # (the compiler: imported only once something compiles)
+
+    limit = inductor_config.triton.cudagraph_dynamic_shape_warn_limit
+    if limit is not None and limit < cap:
+        inductor_config.triton.cudagraph_dynamic_shape_warn_limit = cap
+
+
+def _compiled_function(eager, backend, mode, dynamic, fullgraph):
+    """``eager`` compiled with these options: one torch.compile wrapper per class and options, shared by the
+    class's layers."""
+    key = (eager, (backend, mode, dynamic, fullgraph))
+    if key not in STATE.compiled_functions:
+        STATE.compiled_functions[key] = torch.compile(eager, backend=backend, mode=mode, dynamic=dynamic,
+                                                      fullgraph=fullgraph)
+    return STATE.compiled_functions[key]

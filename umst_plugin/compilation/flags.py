@@ -38,13 +38,14 @@ from fairseq.tasks.fairseq_task import FairseqTask
 from fairseq.trainer import Trainer
 
 from umst_plugin import common_options, compilation
-from umst_plugin.compilation import retry, telemetry
+from umst_plugin.compilation import graph_shapes, retry, telemetry
+from umst_plugin.compilation.dispatch import CUDAGRAPHS_MODE
 from umst_plugin.compilation.state import STATE
 from umst_plugin.patches import as_config, original, wrap
 
 logger = logging.getLogger(__name__)
 
-OPTIONS = "`--compile`, `--compile-cudagraphs`, `--tf32`"
+OPTIONS = "`--compile`, `--compile-cudagraphs`, `--compile-cudagraph-shapes`, `--tf32`"
 TARGET = ("fairseq.dataclass.configs.CommonConfig (common_options); fairseq.trainer.Trainer.__init__, .train_step and "
           ".valid_step; "
           "fairseq_cli.validate.main, fairseq_cli.generate._main, fairseq_cli.interactive.main; "
@@ -62,8 +63,14 @@ COMPILE_HELP = ("compile every encoder and decoder layer with torch.compile (reg
 CUDAGRAPHS_HELP = ("with --compile, in fairseq-train on a GPU: replay each compiled layer's kernels as CUDA graphs "
                    "(torch.compile's mode 'reduce-overhead', CUDA graph trees), one graph recorded per batch shape, so "
                    "that the host launches one graph where it launched every kernel; bound the batch shapes with "
-                   "--num-batch-buckets N (each new shape records graphs anew). Its updates and validation; no effect on "
-                   "a CPU (a warning) nor in fairseq-validate, -generate and -interactive (docs/compile.md)")
+                   "--num-batch-buckets N (each new shape records graphs anew, up to --compile-cudagraph-shapes per "
+                   "layer class). Its updates and validation; no effect on a CPU (a warning) nor in fairseq-validate, "
+                   "-generate and -interactive (docs/compile.md)")
+CUDAGRAPH_SHAPES_HELP = ("with --compile-cudagraphs: each layer class records at most this many batch shapes as "
+                         "CUDA graphs (train / eval and every input's sizes), the first it meets; every other shape "
+                         "runs compiled without CUDA graphs, with a warning at the first (0: no cap, every shape "
+                         f"recorded). Default {graph_shapes.DEFAULT_SHAPES}: a run on 8 or 16 length buckets meets "
+                         "16-28 shapes per class (docs/compile.md)")
 TF32_HELP = ("fp32 matmuls on TensorFloat-32 tensor cores (NVIDIA Ampere or newer): sets "
              "torch.backends.cuda.matmul.allow_tf32, False in PyTorch by default, and "
              "torch.backends.cudnn.allow_tf32, which PyTorch already sets True (cuDNN convolutions use TF32 without "
@@ -75,6 +82,8 @@ class _CompileFields(FairseqDataclass):
     """Only here to have dataclasses build the fields that CommonConfig receives."""
     compile: bool = dataclasses.field(default=False, metadata={"help": COMPILE_HELP})
     compile_cudagraphs: bool = dataclasses.field(default=False, metadata={"help": CUDAGRAPHS_HELP})
+    compile_cudagraph_shapes: int = dataclasses.field(default=graph_shapes.DEFAULT_SHAPES,
+                                                      metadata={"help": CUDAGRAPH_SHAPES_HELP})
     tf32: bool = dataclasses.field(default=False, metadata={"help": TF32_HELP})
 
 
@@ -101,7 +110,8 @@ def _setup_training(trainer):
         logger.info("--compile: compiled code cached in %s (%s)", directory,
                     f"{graphs} graph(s) from an earlier run" if graphs else "empty: compiling from scratch")
     names = compilation.compile_layers(trainer._model, device=trainer.device,
-                                       mode=CUDAGRAPHS_MODE if cudagraphs else None)
+                                       mode=CUDAGRAPHS_MODE if cudagraphs else None,
+                                       graph_shapes_cap=_shape_cap(common) if cudagraphs else 0)
     trainer._umst_cudagraphs = cudagraphs
     loss = ("and the criterion's loss" if compilation.compile_criterion(trainer._criterion) else
             _eager_loss(trainer._criterion))
@@ -109,9 +119,6 @@ def _setup_training(trainer):
                 trainer.device, compilation.describe(trainer._model), loss)
     trainer._umst_compile_log = [compilation.compile_seconds(), *telemetry.cache_counts()]
     retry.catch_compiled_backward(trainer.task)
-
-
-CUDAGRAPHS_MODE = "reduce-overhead"  # torch.compile's mode with inductor's CUDA graph trees
 
 
 def _cudagraphs(cfg, device):
@@ -122,6 +129,7 @@ def _cudagraphs(cfg, device):
         return False
     if not getattr(cfg.common, "compile", False):
         raise compilation.CompileUnavailable("--compile-cudagraphs replays the compiled layers: give --compile too")
+    _shape_cap(cfg.common)  # a bad cap is an error on any device
     if torch.device(device).type != "cuda":
         logger.warning("--compile-cudagraphs: CUDA graphs need a CUDA device; the layers run compiled on %s without "
                        "them", device)
@@ -131,6 +139,14 @@ def _cudagraphs(cfg, device):
         logger.warning("--compile-cudagraphs: every new batch shape records its layers' CUDA graphs anew (time and "
                        "memory); bound the shapes with --num-batch-buckets N (docs/compile.md)")
     return True
+
+
+def _shape_cap(common):
+    """``--compile-cudagraph-shapes``: a clear error for a negative number."""
+    cap = getattr(common, "compile_cudagraph_shapes", graph_shapes.DEFAULT_SHAPES)
+    if cap is None or cap < 0:
+        raise compilation.CompileUnavailable(f"--compile-cudagraph-shapes must be 0 (no cap) or more, not {cap}")
+    return cap
 
 
 def _eager_loss(criterion):

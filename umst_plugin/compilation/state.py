@@ -12,6 +12,8 @@ class CompileState:
     probed: dict = dataclasses.field(default_factory=dict)
     # (a layer class's eager forward, compile options) -> its torch.compile wrapper, shared by the class's layers
     compiled_functions: dict = dataclasses.field(default_factory=dict)
+    # a layer class's forward compiled with CUDA graphs -> its cap on the shapes recorded (graph_shapes.ShapeCap)
+    graph_caps: dict = dataclasses.field(default_factory=dict)
     # (a tensor argument that was a view, its version, its plain copy): the copy reused (dispatch._plain)
     last_plain: tuple = (None, None, None)
     # inside dispatch.layers_eager(): compiled layers run their eager forward
