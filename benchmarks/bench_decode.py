@@ -48,13 +48,11 @@ import argparse
 import collections
 import contextlib
 import gc
-import json
 import logging
 import os
 import re
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 import warnings

@@ -68,7 +68,6 @@ block) likewise: ``transformer_sf_shape`` is ``transformer_sf_base`` with an enc
 transformer layers in that shape (``benchmarks/paper/transformer_sf.py``).
 """
 import argparse
-import collections
 import contextlib
 import functools
 import json

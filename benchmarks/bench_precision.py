@@ -19,7 +19,6 @@ capability and whether oneDNN has bf16 kernels for it, and the load average.
 import glob
 import os
 import statistics
-import sys
 
 import torch
 from omegaconf import OmegaConf

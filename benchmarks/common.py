@@ -16,7 +16,6 @@ import logging
 import os
 import platform
 import statistics
-import sys
 import time
 
 import torch

@@ -51,7 +51,9 @@ eager row's within noise, measured in the same call (:func:`loss_check`): compil
 masks from inductor's own random stream and keeps fused intermediates in fp32, so the tolerance is twice the
 sum of the dropout noise (the compiled row against its warm-up run, which trains the same updates with other
 dropout masks) and the bf16 noise (the plugin transformer's bf16 against its fp32 losses,
-the same masks); a row outside it is marked (``loss_check``).
+the same masks); a row outside it is marked (``loss_check``). A ``--compile-cudagraphs`` row's
+``cudagraph_shapes``: per layer class, the batch shapes recorded as CUDA graphs in the process and the calls beyond
+``--compile-cudagraph-shapes``' cap, which ran without graphs.
 
 The record, rewritten after every row: ``OUT/gpu-speed-<card>-<commit>.json`` (on a CPU ``speed-cpu-...``)
 with the commit, the card, the corpus and a ``rows`` list, each row with ``arch``, ``stock``, ``precision``,
@@ -353,8 +355,11 @@ def _compile_state():
     from umst_dev.compiled_layers import eager_variants
     from umst_plugin import compilation
 
+    from umst_plugin.compilation import graph_shapes
+
     return dict(seconds=compilation.compile_seconds(), graphs=compilation.compiled_graphs(),
-                fallbacks=[f"{name}: {why}" for (name, _), why in eager_variants().items()])
+                fallbacks=[f"{name}: {why}" for (name, _), why in eager_variants().items()],
+                graph_shapes=graph_shapes.counts())
 
 
 def train(argv, probe=None, dropout_shift=0):
@@ -469,6 +474,10 @@ def run_row(row, measured_from, busy):
         out["compile_s_in_row"] = round(after["seconds"] - before["seconds"], 1)
         out["compiled_graphs_in_row"] = after["graphs"] - before["graphs"]
         out["eager_fallbacks"] = after["fallbacks"][len(before["fallbacks"]):]
+    if after is not None and "--compile-cudagraphs" in row["argv"]:
+        # per layer class: batch shapes recorded as CUDA graphs in this process, calls beyond the cap (none on a CPU)
+        out["cudagraph_shapes"] = {name: dict(recorded=recorded, beyond_cap=beyond)
+                                   for name, (recorded, beyond) in after["graph_shapes"].items()}
     if out["updates"] < max_update(row["argv"]):
         out["error"] = f"stopped at update {out['updates']} of {max_update(row['argv'])}"
     return out

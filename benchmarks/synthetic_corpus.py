@@ -39,7 +39,6 @@ import logging
 import os
 import random
 import shutil
-import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -91,6 +91,7 @@ def test_the_shape_cap_records_the_first_shapes_and_runs_the_rest_compiled_witho
     # (recorded, calls beyond the cap, graphs compiled by the call)
     assert steps == [(1, 0, 1), (2, 0, 0), (2, 0, 0), (2, 1, 1), (2, 2, 0), (2, 3, 0), (2, 3, 0)], steps
     assert caplog.text.count("beyond the 2 it records as CUDA graphs (9x3x8 float32)") == 1, caplog.text
+    assert graph_shapes.counts() == {"_Block.forward": (2, 3)}  # (what the speed table's CUDA graph rows record)
     # a shape: training mode, autograd, every tensor argument's sizes
     layer, x = model[0], torch.zeros(5, 3, 8)
     with torch.no_grad():

@@ -8,7 +8,6 @@ import sys
 import tempfile
 import time
 
-import pytest
 
 import e2e
 import slurm_cluster

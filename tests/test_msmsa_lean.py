@@ -16,7 +16,6 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import model_checks as checks
 from test_msmsa import padded_batch

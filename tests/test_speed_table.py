@@ -532,6 +532,7 @@ def test_the_cudagraph_plan_runs_at_tiny_sizes_on_a_cpu(tiny_run, tmp_path):
     for r in rows.values():
         assert "error" not in r and r["words_per_s"] > 0 and r["updates"] == 4, r
     assert buckets["flops_per_token"] == graphs["flops_per_token"] == eager["flops_per_token"] > 0
+    assert graphs["cudagraph_shapes"] == {} and "cudagraph_shapes" not in buckets  # (a CPU records none)
     assert buckets["loss_check"]["ok"] is None and "bucketed batches" in buckets["loss_check"]["why"]
     assert graphs["loss_check"]["precision_noise"] == 0.0 and graphs["loss_check"]["ok"] is True, graphs["loss_check"]
     assert "| transformer cudagraphs | bf16 | yes |" in speed_table.markdown(record)

@@ -20,8 +20,6 @@ compares equal work.
 
 import argparse
 import contextlib
-import os
-import sys
 
 import torch
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion

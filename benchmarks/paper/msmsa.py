@@ -18,9 +18,7 @@ shared machine hits both alike.
 
     python -m benchmarks paper msmsa --threads 1 [--json out.json] [--quick]
 """
-import os
 import statistics
-import sys
 import time
 
 import torch

@@ -29,9 +29,7 @@ Usage:
 """
 import argparse
 import contextlib
-import os
 import statistics
-import sys
 
 import torch
 import torch.nn.functional as F

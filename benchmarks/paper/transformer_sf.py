@@ -14,10 +14,8 @@ FLOPs 1.1G -> 1.4G (base), 3.9G -> 5.0G (big) (table 8, sentence length not stat
 import argparse
 import copy
 import json
-import os
 import random
 import re
-import sys
 
 import torch
 import torch.nn as nn

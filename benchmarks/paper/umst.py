@@ -21,9 +21,7 @@ gradients beyond the resident model, plus the bytes of the tensors autograd save
 """
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 
 import numpy as np

@@ -25,7 +25,6 @@ them to inject dropout masks).
 from typing import List, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from umst_plugin.modules.common.amp_functions import autocast_cast, compute_dtype  # noqa: F401  (lean.compute_dtype)
