@@ -166,8 +166,8 @@ def test_train_sh_cudagraphs_adds_compile_the_graphs_and_eight_buckets_and_refus
 
 def test_train_sh_cudagraphs_trains_a_row_compiled_on_bucketed_batches_on_a_cpu(toy_databin, tmp_path):
     """The real fairseq-hydra-train under train.sh --cudagraphs on the toy corpus (a Multi30k row's config, tiny):
-    the plugin's keys reach the Trainer through hydra (the CPU's warning, the layers compiled), and fairseq buckets
-    the sentences (its log of the 4 bucket lengths)."""
+    the plugin's keys reach the Trainer through hydra (the CPU's warning, the layers compiled, the shape cap in the
+    config), and fairseq buckets the sentences (its log of the 4 bucket lengths)."""
     save = tmp_path / "save"
     proc = _train_sh("m30k-transformer", "--data", toy_databin, "--save-dir", save, "--gpus", "0", "--cudagraphs",
                      "--batch-buckets", "4", "--", f"task.source_lang={e2e.SRC}", f"task.target_lang={e2e.TGT}",
@@ -175,9 +175,11 @@ def test_train_sh_cudagraphs_trains_a_row_compiled_on_bucketed_batches_on_a_cpu(
                      "dataset.disable_validation=true", "checkpoint.no_epoch_checkpoints=true",
                      "model.encoder_layers=1", "model.decoder_layers=1", "model.encoder_embed_dim=16",
                      "model.decoder_embed_dim=16", "model.encoder_ffn_embed_dim=32", "model.decoder_ffn_embed_dim=32",
-                     "model.encoder_attention_heads=2", "model.decoder_attention_heads=2")
+                     "model.encoder_attention_heads=2", "model.decoder_attention_heads=2",
+                     "+common.compile_cudagraph_shapes=16")
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
+    assert "'compile_cudagraph_shapes': 16" in log, log[-4000:]  # the cap, as a hydra key of the plugin's
     assert "--compile-cudagraphs: CUDA graphs need a CUDA device; the layers run compiled on cpu" in log, log[-4000:]
     assert re.search(r"--compile: \d+ layers compiled on cpu", log), log[-4000:]
     [buckets] = re.findall(r"bucketing source lengths: \[([0-9, ]+)\]", log)[:1]
