@@ -133,10 +133,19 @@ def test_cudagraph_replays_give_the_compiled_losses_on_a_gpu(toy_databin, tmp_pa
     replayed = _train(toy_databin, tmp_path / "replayed", "--compile-cudagraphs")
     assert "skipping cudagraphs" not in replayed, replayed[-3000:]
     assert e2e.train_losses(replayed) == e2e.train_losses(compiled) != []
-    # capped at 2 shapes per class: the toy corpus's 4 buckets give more; the rest run compiled without graphs
+
+
+@pytest.mark.cuda
+def test_capped_cudagraph_shapes_give_the_compiled_losses_on_a_gpu(toy_databin, tmp_path):
+    """``--compile-cudagraph-shapes 2``: the toy corpus's 4 buckets give more shapes than 2, the rest run compiled
+    without graphs, with the warning; the losses are those of ``--compile`` alone (a test of its own: the GPU
+    check runs its tests side by side)."""
+    assert torch.cuda.is_available()
+    compiled = _train(toy_databin, tmp_path / "compiled")
     capped = _train(toy_databin, tmp_path / "capped", "--compile-cudagraphs", "--compile-cudagraph-shapes", "2")
     assert "beyond the 2 it records as CUDA graphs" in capped, capped[-3000:]
-    assert e2e.train_losses(capped) == e2e.train_losses(compiled)
+    assert "skipping cudagraphs" not in capped, capped[-3000:]
+    assert e2e.train_losses(capped) == e2e.train_losses(compiled) != []
 
 
 def _train_sh(*args):
