@@ -81,7 +81,7 @@ def test_the_shape_cap_records_the_first_shapes_and_runs_the_rest_compiled_witho
     assert cap.limit == 2 and not cap.recorded
     torch.manual_seed(0)
     steps = []
-    with torch.no_grad(), caplog.at_level("WARNING", logger="umst_plugin.compilation"):
+    with torch.no_grad(), caplog.at_level("INFO", logger="umst_plugin.compilation"):
         for length in (5, 7, 5, 9, 11, 9, 7):
             x = torch.randn(length, 3, 8)
             graphs = compiled_graphs()
@@ -91,6 +91,9 @@ def test_the_shape_cap_records_the_first_shapes_and_runs_the_rest_compiled_witho
     # (recorded, calls beyond the cap, graphs compiled by the call)
     assert steps == [(1, 0, 1), (2, 0, 0), (2, 0, 0), (2, 1, 1), (2, 2, 0), (2, 3, 0), (2, 3, 0)], steps
     assert caplog.text.count("beyond the 2 it records as CUDA graphs (9x3x8 float32)") == 1, caplog.text
+    recorded = re.findall(r"_Block.forward: batch shape (\d) of at most 2 recorded as CUDA graphs \((\S+) float32\)",
+                          caplog.text)
+    assert recorded == [("1", "5x3x8"), ("2", "7x3x8")], caplog.text
     assert graph_shapes.counts() == {"_Block.forward": (2, 3)}  # (what the speed table's CUDA graph rows record)
     # a shape: training mode, autograd, every tensor argument's sizes
     layer, x = model[0], torch.zeros(5, 3, 8)

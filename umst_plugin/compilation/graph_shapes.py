@@ -81,6 +81,9 @@ def pick(layer, eager, compiled, args, kwargs):
         return compiled
     if len(shape_cap.recorded) < shape_cap.limit:
         shape_cap.recorded.add(key)
+        # (a recording costs a warm-up run and the capture, and room in the graphs' pool: say when it happens)
+        logger.info("--compile-cudagraphs: %s: batch shape %d of at most %d recorded as CUDA graphs (%s)",
+                    eager.__qualname__, len(shape_cap.recorded), shape_cap.limit, fallback.shapes(args, kwargs))
         return compiled
     shape_cap.beyond += 1
     if not shape_cap.warned:
