@@ -71,7 +71,7 @@ STEPS = [
     ("env", 20, "Python, torch, CUDA, device, fairseq; the plugin's archs register"),
     ("data", 40, "the synthetic corpus of Multi30k lengths (29,000 pairs), fairseq-preprocess, umst-preprocess"),
     ("tests", 120, "pytest -m cuda: the model checks, the stock --amp fp16 resume cells and --compile-cudagraphs' "
-              "losses on the GPU (runs beside data, compile-tests and op-counts)"),
+              "losses on the GPU, with and without its shape cap (runs beside data, compile-tests and op-counts)"),
     ("compile-tests", 110, "pytest -m cuda tests/test_compile.py: the families' layers compiled on the GPU "
                            "at tiny widths, fp32 and bf16, with no fallback to eager (beside data, tests and op-counts)"),
     # 60: the whole-update sync counts (two fairseq Trainers per arch) took op-counts from 21 to 43 s on a 2-core
@@ -123,7 +123,7 @@ def commands(py, work, out):
                    "--junitxml", os.path.join(work, "gpu-tests.xml"), "tests/test_model_checks.py",
                    # stock fairseq's --amp fp16 resume cells: CUDA autocast and grad scaler, nothing on a CPU
                    "tests/test_resume_matrix.py",
-                   # --compile-cudagraphs: the compiled losses replayed as CUDA graphs, no graph skipped
+                   # --compile-cudagraphs: the compiled losses replayed as CUDA graphs, no graph skipped, capped
                    "tests/test_compile_cudagraphs.py"]],
         # a step of its own: the model checks' results stand if compiling runs out of time, and a failing model
         # check does not stop the compiled layers' test (a step's commands stop at the first that fails)
