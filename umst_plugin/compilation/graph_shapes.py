@@ -63,7 +63,9 @@ def shape_key(layer, args, kwargs):
 
 
 def cap(compiled, limit, graphless):
-    """Cap the shapes recorded through ``compiled`` (a class's forward compiled with CUDA graphs) at ``limit``."""
+    """Cap the shapes recorded through ``compiled`` (a class's forward compiled with CUDA graphs) at ``limit``. The
+    first cap set for a class holds for the process, as its recorded graphs do (inductor keeps them per compiled
+    graph, for every model of the class built since)."""
     if compiled not in STATE.graph_caps:
         STATE.graph_caps[compiled] = ShapeCap(limit, graphless)
     return STATE.graph_caps[compiled]
