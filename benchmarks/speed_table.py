@@ -354,7 +354,6 @@ def _compile_state():
         return None
     from umst_dev.compiled_layers import eager_variants
     from umst_plugin import compilation
-
     from umst_plugin.compilation import graph_shapes
 
     return dict(seconds=compilation.compile_seconds(), graphs=compilation.compiled_graphs(),

@@ -140,8 +140,7 @@ def compile_layers(model, *, device=None, backend="inductor", mode=None, dynamic
     graphs): each layer class records at most that many batch shapes as CUDA graphs and runs the others compiled
     without graphs (``graph_shapes``; 0: no cap). Raises ValueError for a model without layers this knows,
     ``CompileUnavailable`` where torch.compile cannot run."""
-    if graph_shapes_cap < 0:
-        raise ValueError(f"--compile-cudagraph-shapes must be 0 (no cap) or more, not {graph_shapes_cap}")
+    graph_shapes.check_limit(graph_shapes_cap)
     layers = regions.find_layers(model)
     if not layers:
         raise ValueError(f"--compile: {type(model).__name__} has no encoder or decoder layer of a class "
@@ -157,13 +156,14 @@ def compile_layers(model, *, device=None, backend="inductor", mode=None, dynamic
         probe.check_available(device, backend)
     configure_dynamo()
     capped = mode == CUDAGRAPHS_MODE and graph_shapes_cap > 0
+    if capped:
+        _quiet_shape_warning(graph_shapes_cap)
     for _, layer in layers:
         if "_umst_compiled" in layer.__dict__:
             continue
         eager = type(layer).forward
         compiled = _compiled_function(eager, backend, mode, dynamic, fullgraph)
         if capped:  # (the graph-less variant compiles only if a call goes beyond the cap)
-            _quiet_shape_warning(graph_shapes_cap)
             graph_shapes.cap(compiled, graph_shapes_cap, _compiled_function(eager, backend, None, dynamic, fullgraph))
         layer._umst_compiled = (compiled, eager, _incremental_index(eager))
         layer.forward = types.MethodType(_dispatch, layer)

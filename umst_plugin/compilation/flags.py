@@ -143,10 +143,10 @@ def _cudagraphs(cfg, device):
 
 def _shape_cap(common):
     """``--compile-cudagraph-shapes``: a clear error for a negative number."""
-    cap = getattr(common, "compile_cudagraph_shapes", graph_shapes.DEFAULT_SHAPES)
-    if cap is None or cap < 0:
-        raise compilation.CompileUnavailable(f"--compile-cudagraph-shapes must be 0 (no cap) or more, not {cap}")
-    return cap
+    try:
+        return graph_shapes.check_limit(getattr(common, "compile_cudagraph_shapes", graph_shapes.DEFAULT_SHAPES))
+    except ValueError as e:
+        raise compilation.CompileUnavailable(str(e)) from None
 
 
 def _eager_loss(criterion):

@@ -57,6 +57,13 @@ def _sizes(value):
     return type(value).__name__
 
 
+def check_limit(limit):
+    """``limit`` as a cap (``--compile-cudagraph-shapes``); ValueError for one that is not 0 or more."""
+    if limit is None or limit < 0:
+        raise ValueError(f"--compile-cudagraph-shapes must be 0 (no cap) or more, not {limit}")
+    return limit
+
+
 def shape_key(layer, args, kwargs):
     """What a recorded graph is keyed on here: train / eval, autograd, and every tensor argument's sizes."""
     return (layer.training, torch.is_grad_enabled(), _sizes(args), _sizes(kwargs))
