@@ -233,6 +233,13 @@ class GpuBusy:
         """The busy fraction of each span between consecutive ``stamps`` (the log intervals' ends)."""
         return [self.between(a, b) for a, b in zip(stamps, stamps[1:])]
 
+    def of_intervals(self, stamps):
+        """(the busy fraction of each log interval after the first, their median or None): the intervals whose
+        words/s the row's words/s is the median of (the first holds the start-up and, compiled, the compiling)."""
+        intervals = self.per_interval(stamps)
+        measured = [b for b in intervals if b is not None]
+        return intervals, round(statistics.median(measured), 3) if measured else None
+
     def close(self):
         if self.proc is not None:
             self.proc.terminate()
@@ -460,9 +467,7 @@ def run_row(row, measured_from, busy):
         out["flops_per_token"] = probe.flops / probe.flops_tokens
     out["peak_mib"] = peak.mib
     if busy.available and len(records) > 1:  # per measured log interval, as words/s: the median of the same spans
-        out["gpu_busy_intervals"] = busy.per_interval([r["logged_at"] for r in records])
-        measured = [b for b in out["gpu_busy_intervals"] if b is not None]
-        out["gpu_busy"] = round(statistics.median(measured), 3) if measured else None
+        out["gpu_busy_intervals"], out["gpu_busy"] = busy.of_intervals([r["logged_at"] for r in records])
     else:
         out["gpu_busy"] = None
     if probe.retries:

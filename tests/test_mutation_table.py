@@ -79,3 +79,28 @@ def test_the_recorded_run_covers_the_table_and_caught_every_fault():
                                                                                        mutation.MUTANTS})
     assert all(v == "caught" for v in verdicts.values()), {n: v for n, v in verdicts.items() if v != "caught"}
     assert all(b["status"] == 0 for b in record["baseline"]), record["baseline"]
+
+
+def test_an_update_merges_new_results_in_the_table_s_order_each_marked_with_its_run():
+    """``--update``: the faults run later replace theirs or join the record in the table's order, each with the
+    commit, start and machine of its run; a fault no longer in the table leaves; the markdown names the commit
+    beside a result that ran on another."""
+    a, b, c = (mutation.Mutant(n, "score", "x", "y", ("tests/t.py",), n) for n in "abc")
+    result = dict(file="f", fault="f", tests=["tests/t.py"], seconds=1.0, failed=[])
+    record = dict(started="s0", seconds=10, machine="m0", commit="c0", command="cmd", baseline=[{"tests": [1]}],
+                  results=[dict(result, name="c", verdict="caught"), dict(result, name="gone", verdict="caught"),
+                           dict(result, name="a", verdict="survived")])
+    update = dict(started="s1", seconds=5, machine="m1", commit="c1", command="cmd", baseline=[{"tests": [2]}],
+                  results=[dict(result, name="a", verdict="caught", failed=["tests/t.py::test_x"]),
+                           dict(result, name="b", verdict="caught")])
+    merged = mutation.merge(record, update, mutants=(a, b, c))
+    assert [(r["name"], r["verdict"], r.get("commit")) for r in merged["results"]] == [
+        ("a", "caught", "c1"), ("b", "caught", "c1"), ("c", "caught", None)]
+    assert merged["results"][0]["machine"] == "m1" and merged["results"][0]["started"] == "s1"
+    assert (merged["commit"], merged["started"], merged["seconds"]) == ("c0", "s0", 10)  # the full run's header
+    assert merged["baseline"] == [{"tests": [1]}, {"tests": [2]}]
+    assert merged["updates"] == [dict(started="s1", seconds=5, machine="m1", commit="c1", faults=["a", "b"])]
+    table = mutation.markdown(merged)
+    assert "Updated with `--update`: 2 fault(s) at commit c1, m1, 5 s." in table
+    assert "| caught (commit c1) | 1 | test_x |" in table and "| c: c | `f` | caught | 1 |  |" in table
+

@@ -505,6 +505,10 @@ def test_nvidia_smi_lines_are_read_as_percentages():
     busy.samples = [(1.0, 20.0), (2.0, 80.0), (3.0, 100.0)]
     assert busy.between(1.5, 3.0) == 0.9 and not busy.available
     assert busy.per_interval([0.5, 1.5, 3.0]) == [0.2, 0.9]  # per log interval: a row's gpu_busy is their median
+    # an interval that recompiled (20% busy) among steady ones: the median is the steady card's, as words/s is
+    busy.samples += [(4.0, 70.0), (5.0, 80.0)]
+    assert busy.of_intervals([0.5, 1.5, 2.5, 3.5, 4.5, 5.5]) == ([0.2, 0.8, 1.0, 0.7, 0.8], 0.8)  # (mean 0.7)
+    assert busy.of_intervals([10.0, 11.0]) == ([None], None)  # no sample in the span
 
 
 def test_the_cudagraph_plan_runs_at_tiny_sizes_on_a_cpu(tiny_run, tmp_path):

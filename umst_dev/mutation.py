@@ -5,6 +5,7 @@ to guard it. A fault that no test catches is a test missing (or one that cannot 
     python -m umst_dev.mutation --only NAME [NAME]  # some of them
     python -m umst_dev.mutation --list              # the table
     python -m umst_dev.mutation --json docs/results/mutation-cpu.json --markdown docs/results/mutation-cpu.md
+    python -m umst_dev.mutation --update docs/results/mutation-cpu.json   # the faults the record lacks, merged in
 
 A fault is a text patch of one file: a snippet that occurs exactly once in it, and what replaces it. The check
 copies the repository's files (``git ls-files``: tracked, and untracked ones git does not ignore) into a temporary
@@ -20,6 +21,11 @@ could not be judged.
 The paths of the code under test are written in one place, :data:`FILES` (a module that moves is changed there).
 ``tests/test_mutation_table.py`` checks, in the suite, that every snippet still occurs exactly once and that the
 tests named exist; the last full run is recorded in ``docs/results/mutation-cpu.json``.
+
+``--update RECORD`` runs the faults the record lacks (or those of ``--only``) and writes them into it, in the
+table's order, with the faults no longer in the table left out: a new fault is checked without running the whole
+table again. Each result run so is marked with its own commit, start and machine (the record's header keeps the
+full run's), and the markdown table names the commit beside a result that ran on another.
 """
 import argparse
 import contextlib
@@ -75,6 +81,9 @@ FILES = {
     "side_data_dataset": "umst_plugin/data/side_data_dataset.py",
     "speed_table": "benchmarks/speed_table.py",
     "text_preprocessing": "umst_plugin/text_preprocessing.py",
+    "bench_harness": "benchmarks/harness.py",
+    "graph_shapes": "umst_plugin/compilation/graph_shapes.py",
+    "encoder_padding_mask": "umst_plugin/patches/encoder_padding_mask.py",
 }
 
 
@@ -413,6 +422,62 @@ MUTANTS = (
            ("tests/test_saved_activation_strides.py",),
            "a compiled backward compares saved strides at the first batch's sizes again (not restrided where equal "
            "there)"),
+    Mutant("bench-batch-short-remainder", "bench_harness",
+           "    batch = batches[len(batches) // 2]\n", "    batch = batches[-1]\n",
+           ("tests/test_benchmark_harness.py::test_a_token_budget_gives_a_full_batch_of_the_length_distribution",),
+           "a bench's batch at a token budget is the last of the packed list (the longest sentences, or the short "
+           "remainder), not a full batch of the median lengths"),
+    Mutant("speed-table-loss-tolerance", "speed_table",
+           "tolerance = max(LOSS_NOISE_MARGIN * (dropout + precision), 2 * LOSS_RESOLUTION)",
+           "tolerance = max(LOSS_NOISE_MARGIN * max(dropout, precision), 2 * LOSS_RESOLUTION)",
+           ("tests/test_speed_table.py::test_loss_check_tolerance_is_twice_the_measured_dropout_and_bf16_noise",),
+           "a compiled row's loss tolerance takes the larger of the dropout and bf16 noises, not their sum"),
+    Mutant("speed-table-per-flop-eager-base", "speed_table",
+           'base = by.get(("transformer", r["precision"], r["compiled"], r["max_tokens"]))',
+           'base = by.get(("transformer", r["precision"], False, r["max_tokens"]))',
+           ("tests/test_speed_table.py::test_targets_over_several_rows_name_the_rows_not_measured",),
+           "a compiled row's words/s per FLOP taken against the eager transformer, not the compiled one"),
+    Mutant("speed-table-worst-row", "speed_table",
+           "target(name, min(present) if present else None, bound)",
+           "target(name, max(present) if present else None, bound)",
+           ("tests/test_speed_table.py::test_targets_over_several_rows_name_the_rows_not_measured",),
+           "a target over several rows judged by the best row, not the worst"),
+    Mutant("speed-table-real-tokens", "speed_table",
+           "                real += int((t != self.pad).sum())", "                real += t.numel()",
+           ("tests/test_speed_table.py::test_step_probe_counts_real_and_padded_tokens_and_the_flops_of_one_update",),
+           "the speed table's real tokens per step count the padding"),
+    Mutant("speed-table-busy-mean", "speed_table",
+           "round(statistics.median(measured), 3) if measured else None",
+           "round(statistics.mean(measured), 3) if measured else None",
+           ("tests/test_speed_table.py::test_nvidia_smi_lines_are_read_as_percentages",),
+           "a row's GPU busy fraction the mean over the log intervals (the compiling one included), not the median"),
+    Mutant("cudagraph-cap-off-by-one", "graph_shapes",
+           "if len(shape_cap.recorded) < shape_cap.limit:", "if len(shape_cap.recorded) <= shape_cap.limit:",
+           ("tests/test_compile_cudagraphs.py::"
+            "test_the_shape_cap_records_the_first_shapes_and_runs_the_rest_compiled_without_graphs",),
+           "--compile-cudagraph-shapes N records N + 1 shapes"),
+    Mutant("cudagraph-beyond-cap-eager", "graph_shapes",
+           "    return shape_cap.graphless\n", "    return eager\n",
+           ("tests/test_compile_cudagraphs.py::"
+            "test_the_shape_cap_records_the_first_shapes_and_runs_the_rest_compiled_without_graphs",),
+           "the shapes beyond the CUDA graph cap run eager, not compiled without graphs"),
+    Mutant("cudagraph-shape-key-sizes-only", "graph_shapes",
+           "return (layer.training, torch.is_grad_enabled(), _sizes(args), _sizes(kwargs))",
+           "return (_sizes(args), _sizes(kwargs))",
+           ("tests/test_compile_cudagraphs.py::"
+            "test_the_shape_cap_records_the_first_shapes_and_runs_the_rest_compiled_without_graphs",),
+           "a recorded CUDA graph shape keyed on sizes alone (training and evaluation, autograd or not, share it)"),
+    Mutant("encoder-mask-none-without-padding", "encoder_padding_mask",
+           "        lr = layer(x, encoder_padding_mask=encoder_padding_mask)\n",
+           "        lr = layer(x, encoder_padding_mask=encoder_padding_mask if encoder_padding_mask.any() else None)\n",
+           ("tests/test_patch_encoder_padding_mask.py",),
+           "fairseq's encoder gives its layers no padding mask for a batch without padding (a host sync, and a "
+           "compiled layer compiled again)"),
+    Mutant("bucket-padding-side", "side_data_dataset",
+           "        if not self.dataset.left_pad_source:\n            is_pad = is_pad.flip(0)",
+           "        if self.dataset.left_pad_source:\n            is_pad = is_pad.flip(0)",
+           ("tests/test_length_buckets.py::test_side_data_follows_the_bucket_padding",),
+           "a bucketed source's padding counted at the wrong end (its word ids laid out off the tokens)"),
 )
 
 
@@ -572,13 +637,34 @@ def _commit(root):
     return commit + "+changes" if commit and status.stdout.strip() else commit
 
 
+def merge(record, update, mutants=MUTANTS):
+    """``record`` with the results of ``update`` (a later run of some faults) in place of its own, each marked with
+    the update's commit, start and machine; in the order of ``mutants``, those no longer in it left out. The
+    update's baseline runs are added to the record's."""
+    ran = {r["name"]: dict(r, commit=update["commit"], started=update["started"], machine=update["machine"])
+           for r in update["results"]}
+    kept = {r["name"]: r for r in record["results"]}
+    kept.update(ran)
+    merged = dict(record, results=[kept[m.name] for m in mutants if m.name in kept],
+                  baseline=record.get("baseline", []) + update.get("baseline", []))
+    merged["updates"] = record.get("updates", []) + [dict(
+        started=update["started"], seconds=update["seconds"], machine=update["machine"], commit=update["commit"],
+        faults=sorted(ran))]
+    return merged
+
+
 def markdown(record):
     lines = [f"Mutation check, commit {record['commit']}, {record['machine']}: {record['seconds']} s "
-             f"(`{record['command']}`).", "",
-             "| fault | file | verdict | seconds | first failing test |", "|---|---|---|---:|---|"]
+             f"(`{record['command']}`)."]
+    for u in record.get("updates", []):
+        lines.append(f"Updated with `--update`: {len(u['faults'])} fault(s) at commit {u['commit']}, {u['machine']}, "
+                     f"{u['seconds']} s.")
+    lines += ["", "| fault | file | verdict | seconds | first failing test |", "|---|---|---|---:|---|"]
     for r in record["results"]:
         first = r["failed"][0].split("::")[-1] if r["failed"] else ""
-        lines.append(f"| {r['name']}: {r['fault']} | `{r['file']}` | {r['verdict']} | {r['seconds']:.0f} | {first} |")
+        at = f" (commit {r['commit']})" if r.get("commit", record["commit"]) != record["commit"] else ""
+        lines.append(f"| {r['name']}: {r['fault']} | `{r['file']}` | {r['verdict']}{at} | {r['seconds']:.0f} | "
+                     f"{first} |")
     return "\n".join(lines) + "\n"
 
 
@@ -589,6 +675,9 @@ def main(argv=None):
     parser.add_argument("--timeout", type=float, default=900, help="seconds per pytest run (default 900)")
     parser.add_argument("--json", help="write the record here")
     parser.add_argument("--markdown", help="write the table of results here")
+    parser.add_argument("--update", metavar="RECORD",
+                        help="run the faults this record (a --json file) lacks, or those of --only, and write their "
+                             "results into it (the markdown table: --markdown)")
     args = parser.parse_args(argv)
     mutants = MUTANTS
     if args.only:
@@ -596,6 +685,19 @@ def main(argv=None):
         if unknown:
             parser.error(f"no fault named {', '.join(unknown)} (see --list)")
         mutants = tuple(m for m in MUTANTS if m.name in args.only)
+    previous = None
+    if args.update:
+        try:
+            with open(args.update, encoding="utf-8") as f:
+                previous = json.load(f)
+            recorded = {r["name"] for r in previous["results"]}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            parser.error(f"--update {args.update}: not a record of this check ({e})")
+        if not args.only:
+            mutants = tuple(m for m in MUTANTS if m.name not in recorded)
+        if not mutants:
+            print(f"[mutation] {args.update} has a result for every fault in the table: nothing to run")
+            return 0
     if args.list:
         for m in mutants:
             print(f"{m.name}\t{FILES[m.file]}\t{m.fault}\t{' '.join(m.tests)}")
@@ -605,6 +707,12 @@ def main(argv=None):
         print("the mutation table does not fit the code:\n  " + "\n  ".join(wrong), file=sys.stderr)
         return 2
     record = check(mutants, timeout=args.timeout, log=lambda s: print(s, flush=True))
+    if previous is not None:
+        missed_now = {r["name"] for r in record["results"] if r["verdict"] != "caught"}
+        record = merge(previous, record)
+        args.json = args.json or args.update
+    else:
+        missed_now = None
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(record, f, indent=1)
@@ -613,7 +721,8 @@ def main(argv=None):
         with open(args.markdown, "w", encoding="utf-8") as f:
             f.write(markdown(record))
     print(markdown(record))
-    missed = [r["name"] for r in record["results"] if r["verdict"] != "caught"]
+    missed = [r["name"] for r in record["results"] if r["verdict"] != "caught" and
+              (missed_now is None or r["name"] in missed_now)]
     if missed:
         print(f"[mutation] not caught: {', '.join(missed)}", file=sys.stderr)
     return 1 if missed else 0
