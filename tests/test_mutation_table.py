@@ -102,5 +102,5 @@ def test_an_update_merges_new_results_in_the_table_s_order_each_marked_with_its_
     assert merged["updates"] == [dict(started="s1", seconds=5, machine="m1", commit="c1", faults=["a", "b"])]
     table = mutation.markdown(merged)
     assert "Updated with `--update`: 2 fault(s) at commit c1, m1, 5 s." in table
-    assert "| caught (commit c1) | 1 | test_x |" in table and "| c: c | `f` | caught | 1 |  |" in table
+    assert "| caught (commit c1) | 1 | test_x |" in table and "| c: f | `f` | caught | 1 |  |" in table
 
