@@ -84,6 +84,11 @@ FILES = {
     "bench_harness": "benchmarks/harness.py",
     "graph_shapes": "umst_plugin/compilation/graph_shapes.py",
     "encoder_padding_mask": "umst_plugin/patches/encoder_padding_mask.py",
+    "decoder_padding_mask": "umst_plugin/patches/decoder_padding_mask.py",
+    "lightconv_conv_bias": "umst_plugin/patches/lightconv_conv_bias.py",
+    "checkpoint_precision": "umst_plugin/patches/checkpoint_precision.py",
+    "task_autocast": "umst_plugin/patches/task_autocast.py",
+    "pair_dataset_sizes": "umst_plugin/patches/pair_dataset_sizes.py",
 }
 
 
@@ -478,6 +483,31 @@ MUTANTS = (
            "        if self.dataset.left_pad_source:\n            is_pad = is_pad.flip(0)",
            ("tests/test_length_buckets.py::test_side_data_follows_the_bucket_padding",),
            "a bucketed source's padding counted at the wrong end (its word ids laid out off the tokens)"),
+    Mutant("decoder-mask-none-without-padding", "decoder_padding_mask",
+           "    self_attn_padding_mask: Optional[Tensor] = prev_output_tokens.eq(self.padding_idx)\n",
+           "    self_attn_padding_mask: Optional[Tensor] = (prev_output_tokens.eq(self.padding_idx)\n"
+           "                                                if prev_output_tokens.eq(self.padding_idx).any() else None)\n",
+           ("tests/test_patch_decoder_padding_mask.py",),
+           "fairseq's decoder builds its self-attention padding mask only for a batch with padding (a host sync per "
+           "call, and a compiled decoder layer compiled again)"),
+    Mutant("lightconv-conv-bias-left", "lightconv_conv_bias",
+           "                    self.conv_bias.zero_()", "                    pass",
+           ("tests/test_patch_lightconv_conv_bias.py",),
+           "a dynamic convolution's unused conv_bias keeps the memory it was allocated in (NaN/Inf in checkpoints)"),
+    Mutant("checkpoint-amp-dtype-dropped", "checkpoint_precision",
+           "                    task.checkpoint_amp_dtype = mixed_precision.configured_amp_dtype(cfg)",
+           "                    task.checkpoint_amp_dtype = None",
+           ("tests/test_precision_flags.py::test_fairseq_validate_under_translation",),
+           "--amp without --amp-dtype validates and decodes a bf16-trained checkpoint under fp16 autocast"),
+    Mutant("validation-autocast-off", "task_autocast",
+           '            with mixed_precision.inference_autocast(self, model, "validation"):',
+           "            if True:  # (no autocast)",
+           ("tests/test_precision_flags.py::test_fairseq_validate_under_translation",),
+           "fairseq-validate and training's validation never autocast under --amp"),
+    Mutant("bucket-percentile-method", "pair_dataset_sizes",
+           'method="lower")', 'method="higher")',
+           ("tests/test_length_buckets.py::test_fairseqs_buckets_under_numpy_2",),
+           "--num-batch-buckets' bucket lengths the higher percentiles, not fairseq's lower ones"),
 )
 
 
