@@ -104,3 +104,28 @@ def test_an_update_merges_new_results_in_the_table_s_order_each_marked_with_its_
     assert "Updated with `--update`: 2 fault(s) at commit c1, m1, 5 s." in table
     assert "| caught (commit c1) | 1 | test_x |" in table and "| c: f | `f` | caught | 1 |  |" in table
 
+
+def test_a_fault_at_several_places_is_planted_whole_and_taken_out_whole(tmp_path):
+    """``Mutant.also``: every pair planted together (a formula's reference path and its faster twin changed alike),
+    the file restored after; a second snippet that does not occur once is reported by the table check and refused
+    by the planting, the file untouched."""
+    m = mutation.Mutant("two-sites", "score", "alpha = 1", "alpha = 2", ("tests/t.py",), "both",
+                        also=(("beta = 1", "beta = 2"),))
+    target = tmp_path / mutation.FILES["score"]
+    target.parent.mkdir(parents=True)
+    text = "alpha = 1\nx\nbeta = 1\n"
+    target.write_text(text)
+    with mutation.planted(str(tmp_path), m):
+        assert target.read_text() == "alpha = 2\nx\nbeta = 2\n"
+    assert target.read_text() == text
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "t.py").write_text("")
+    assert mutation.problems(str(tmp_path), [m]) == []
+    target.write_text("alpha = 1\nbeta = 1\nbeta = 1\n")
+    assert mutation.problems(str(tmp_path), [m]) == ["two-sites: its snippet occurs 2 times in umst_tools/score.py, "
+                                                     "not once"]
+    with pytest.raises(ValueError, match="2 times"):
+        with mutation.planted(str(tmp_path), m):
+            pass
+    assert target.read_text() == "alpha = 1\nbeta = 1\nbeta = 1\n"
+

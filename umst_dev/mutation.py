@@ -7,7 +7,8 @@ to guard it. A fault that no test catches is a test missing (or one that cannot 
     python -m umst_dev.mutation --json docs/results/mutation-cpu.json --markdown docs/results/mutation-cpu.md
     python -m umst_dev.mutation --update docs/results/mutation-cpu.json   # the faults the record lacks, merged in
 
-A fault is a text patch of one file: a snippet that occurs exactly once in it, and what replaces it. The check
+A fault is a text patch of one file: a snippet that occurs exactly once in it, and what replaces it (or several,
+planted together: ``Mutant.also``, the same change to a formula's reference path and its faster twin). The check
 copies the repository's files (``git ls-files``: tracked, and untracked ones git does not ignore) into a temporary
 directory and works there only: the guarding tests run once on the unchanged copy (they must pass, or a caught
 fault would mean nothing), then for each fault the copy's file is rewritten, its tests run (``pytest -n 0 -x``,
@@ -89,6 +90,8 @@ FILES = {
     "checkpoint_precision": "umst_plugin/patches/checkpoint_precision.py",
     "task_autocast": "umst_plugin/patches/task_autocast.py",
     "pair_dataset_sizes": "umst_plugin/patches/pair_dataset_sizes.py",
+    "transformer_sf_layer": "umst_plugin/modules/transformer_sf/layer.py",
+    "umst_layer": "umst_plugin/modules/umst/layer.py",
 }
 
 
@@ -100,6 +103,12 @@ class Mutant:
     faulty: str
     tests: tuple  # pytest arguments: test files or node ids (tests/...), options such as -m "not slow"
     fault: str  # what the fault does, in words
+    # more (snippet, fault) pairs of the same file, planted together with the first: the same change made to every
+    # path that computes one formula (a reference path and its faster twin), which their equivalence tests cannot see
+    also: tuple = ()
+
+    def replacements(self):
+        return ((self.original, self.faulty),) + tuple(self.also)
 
 
 NOT_SLOW = ("-m", "not slow")
@@ -508,6 +517,25 @@ MUTANTS = (
            'method="lower")', 'method="higher")',
            ("tests/test_length_buckets.py::test_fairseqs_buckets_under_numpy_2",),
            "--num-batch-buckets' bucket lengths the higher percentiles, not fairseq's lower ones"),
+    Mutant("transformer-sf-fusion-reads-fused-slow", "transformer_sf_layer",
+           "            x_fast = self._fast(self._fast_fused, x_fast, fast_mid, slow_mid, side)",
+           "            x_fast = self._fast(self._fast_fused, x_fast, fast_mid, x_slow, side)",
+           ("tests/test_transformer_sf.py::test_every_block_computes_fig_3s_equations",),
+           "the fast branch's cross-granularity attention reads the slow branch after the slow one's (sequential "
+           "fusion), not its post-SAN state; in the reference and the lean path alike",
+           also=(("            x_fast = self._fast(self._fast_fused_lean, x_fast, fast_mid, slow_mid, side)",
+                  "            x_fast = self._fast(self._fast_fused_lean, x_fast, fast_mid, x_slow, side)"),)),
+    Mutant("umst-word-stream-before-word-gcn", "umst_layer",
+           "        if self.word_gcn is not None:\n"
+           "            x = self._maybe_recompute(self._intra_group, x, graphs)\n"
+           "        x_word = self._maybe_recompute(self._word_stream, x, graphs)\n",
+           "        x_in = x\n"
+           "        if self.word_gcn is not None:\n"
+           "            x = self._maybe_recompute(self._intra_group, x, graphs)\n"
+           "        x_word = self._maybe_recompute(self._word_stream, x_in, graphs)\n",
+           ("tests/test_umst.py::test_every_block_computes_figure_2s_equations",),
+           "UMST's word stream pooled from the block's input, not from the subwords after the word GCN (figure 2); "
+           "every path alike"),
 )
 
 
@@ -527,11 +555,13 @@ def problems(root=ROOT, mutants=MUTANTS):
             found.append(f"{m.name}: {FILES[m.file]} does not exist")
             continue
         with open(path, encoding="utf-8") as f:
-            count = f.read().count(m.original)
-        if count != 1:
-            found.append(f"{m.name}: its snippet occurs {count} times in {FILES[m.file]}, not once")
-        if m.faulty == m.original:
-            found.append(f"{m.name}: the fault is the snippet itself")
+            text = f.read()
+        for original, faulty in m.replacements():
+            count = text.count(original)
+            if count != 1:
+                found.append(f"{m.name}: its snippet occurs {count} times in {FILES[m.file]}, not once")
+            if faulty == original:
+                found.append(f"{m.name}: the fault is the snippet itself")
         for arg in m.tests:
             if not arg.startswith("tests/"):
                 continue
@@ -555,12 +585,15 @@ def planted(root, mutant):
     path = os.path.join(root, FILES[mutant.file])
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    if text.count(mutant.original) != 1:
-        raise ValueError(f"{mutant.name}: its snippet occurs {text.count(mutant.original)} times in "
-                         f"{FILES[mutant.file]}, not once")
+    faulty_text = text
+    for original, faulty in mutant.replacements():
+        if faulty_text.count(original) != 1:
+            raise ValueError(f"{mutant.name}: its snippet occurs {faulty_text.count(original)} times in "
+                             f"{FILES[mutant.file]}, not once")
+        faulty_text = faulty_text.replace(original, faulty)
     try:
         with open(path, "w", encoding="utf-8") as f:
-            f.write(text.replace(mutant.original, mutant.faulty))
+            f.write(faulty_text)
         yield path
     finally:
         with open(path, "w", encoding="utf-8") as f:
