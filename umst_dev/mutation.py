@@ -92,6 +92,7 @@ FILES = {
     "pair_dataset_sizes": "umst_plugin/patches/pair_dataset_sizes.py",
     "transformer_sf_layer": "umst_plugin/modules/transformer_sf/layer.py",
     "umst_layer": "umst_plugin/modules/umst/layer.py",
+    "task": "umst_plugin/tasks/multiscale_translation.py",
 }
 
 
@@ -536,6 +537,12 @@ MUTANTS = (
            ("tests/test_umst.py::test_every_block_computes_figure_2s_equations",),
            "UMST's word stream pooled from the block's input, not from the subwords after the word GCN (figure 2); "
            "every path alike"),
+    Mutant("raw-text-parse-cache-misaligned", "task",
+           "for key, parse in zip(todo, parsers.safe_parse(self._parser, sentences)):",
+           "for key, parse in zip(keys, parsers.safe_parse(self._parser, sentences)):",
+           ("tests/test_inference.py::test_raw_text_reaches_the_model_as_in_training[umst]",),
+           "raw input's parses stored under the batch's sentences in order, not under the distinct sentences parsed "
+           "(a sentence given twice shifts every parse after it)"),
 )
 
 
