@@ -16,6 +16,7 @@ COMMANDS = {
     "loss": ("benchmarks.bench_loss", "the criterion's loss, fairseq's eager code against --compile's"),
     "launches": ("benchmarks.bench_launches", "kernel launches of one whole fairseq update, by phase"),
     "op-counts": ("benchmarks.bench_op_counts", "fp32-only backward matmuls under bf16, host syncs per step"),
+    "matmul": ("benchmarks.bench_matmul", "fp32 vs bf16 matmul GFLOP/s: what this machine's bf16 times mean"),
     "precision": ("benchmarks.bench_precision", "fp32 vs bf16/fp16 autocast: loss, time and memory"),
     "preprocess": ("benchmarks.bench_preprocess", "parsing and side-file writing throughput"),
     "train": ("benchmarks.bench_train", "fairseq-train words/s, stock and plugin, eager and --compile"),

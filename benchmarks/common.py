@@ -43,7 +43,9 @@ def cpu_name():
                       if line.startswith("model") and not line.startswith("model name"))
         flags = next(line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags"))
         isa = "AVX-512" if "avx512f" in flags else "AVX2"
-        extra = ", avx512_bf16" if "avx512_bf16" in flags else ""
+        # the units bf16 matmuls run on (AMX: 6.1-9.1x fp32's GFLOP/s, docs/results/matmul-cpu-amx.json); with neither,
+        # torch converts bf16 to fp32 and back (0.13x fp32 on an AVX2 EPYC): what a CPU's bf16 times can mean
+        extra = (", avx512_bf16" if "avx512_bf16" in flags else "") + (", AMX" if "amx_bf16" in flags else "")
         return f"{model} (family {family}, model {number}), {isa}{extra}, {os.cpu_count()} cores"
     except (OSError, StopIteration):
         return platform.processor() or "unknown CPU"

@@ -1,3 +1,4 @@
+import json
 import re
 
 import pytest
@@ -478,3 +479,42 @@ def test_a_whole_update_syncs_only_where_fairseq_s_trainer_does(precision):
     assert set(counter.by_owner()) == {"fairseq"}, counter.locations
     lines = {loc.split("/site-packages/fairseq/")[-1]: n for loc, n in counter.locations.items()}
     assert lines == FAIRSEQ_UPDATE_SYNCS[precision], counter.locations
+
+
+def test_the_matmul_record_holds_each_precisions_gflops_and_their_ratio(tmp_path):
+    """``python -m benchmarks matmul``: a row per thread count and shape, each precision's GFLOP/s and bf16's over
+    fp32's, written with the machine it ran on."""
+    from benchmarks import bench_matmul
+
+    record_path = tmp_path / "matmul.json"
+    assert bench_matmul.main(["--quick", "--threads", "1,2", "--json", str(record_path)]) == 0
+    record = json.loads(record_path.read_text())
+    assert record["command"] == f"python -m benchmarks matmul --quick --threads 1,2 --json {record_path}"
+    assert record["device"] and record["torch"] == torch.__version__
+    assert [(r["threads"], r["m"], r["k"], r["n"]) for r in record["rows"]] == [
+        (t, *shape) for t in (1, 2) for shape in bench_matmul.QUICK_SHAPES]
+    for row in record["rows"]:
+        assert row["fp32_gflops"] > 0 and row["bf16_gflops"] > 0
+        assert row["bf16_over_fp32"] == row["bf16_gflops"] / row["fp32_gflops"]
+
+
+def test_the_matmul_benchmark_multiplies_in_the_precision_it_names():
+    """Each precision's products run in that dtype: a bf16 figure of fp32 products would say nothing."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from benchmarks import bench_matmul
+
+    class ProductDtypes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.dtypes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.matmul):
+                self.dtypes.append(args[0].dtype)
+            return func(*args, **(kwargs or {}))
+
+    for dtype in (torch.float32, torch.bfloat16):
+        with ProductDtypes() as seen:
+            assert bench_matmul.gflops(8, 4, 8, dtype, rounds=1, per_round=2, warmup=1) > 0
+        assert seen.dtypes == [dtype] * 3
