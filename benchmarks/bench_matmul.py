@@ -11,7 +11,6 @@ per shape and precision, after 3 warm-up products, wall time (nothing else shoul
 import argparse
 import json
 import sys
-import time
 
 import torch
 
@@ -30,14 +29,11 @@ def gflops(m, k, n, dtype, device="cpu", rounds=5, per_round=5, warmup=3):
     b = torch.randn(k, n, device=device).to(dtype)
     for _ in range(warmup):
         a @ b
-    best = float("inf")
-    for _ in range(rounds):
-        common.sync(device)
-        start = time.perf_counter()
+
+    def products():
         for _ in range(per_round):
             a @ b
-        common.sync(device)
-        best = min(best, (time.perf_counter() - start) / per_round)
+    best = min(common.timed(products, device)[1] for _ in range(rounds)) / per_round  # wall clock
     return 2 * m * k * n / best / 1e9
 
 
