@@ -1,5 +1,7 @@
 """Autocast's parameter casts in one kernel (umst_plugin/amp_weights.py): the same loss and gradients, bit for
 bit, as plain autocast, for every arch, in far fewer launches; and inside fairseq's Trainer."""
+import inspect
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -103,12 +105,19 @@ def test_what_is_left_to_autocast():
     model = Model()
     cache = amp_weights.WeightCache(model)
     tokens = torch.randint(0, 10, (3, 5))
+    apply_before = inspect.getattr_static(torch.autograd.Function, "apply")
     with cache.record(torch.bfloat16):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = model(tokens)
     out.float().sum().backward()
     cache.settle()
     assert sorted(cache.names) == ["proj.bias", "proj.weight", "transposed"]
+    # the recorder wraps every custom function's apply (a Python classmethod up to torch 2.13, the C base's
+    # descriptor from 2.14) only while it records, and puts back the very descriptor it found
+    assert inspect.getattr_static(torch.autograd.Function, "apply") is apply_before
+    x = torch.randn(4, 8, requires_grad=True)
+    Halves.apply(x, model.custom).sum().backward()
+    assert x.grad.shape == x.shape
 
 
 def test_fairseq_trainer_updates_are_the_same_with_and_without():

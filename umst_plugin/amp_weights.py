@@ -34,6 +34,7 @@ before it and whose view went unused gets None back (:meth:`WeightCache.drop_unu
 no host sync.
 """
 import functools
+import inspect
 import logging
 
 import torch
@@ -89,21 +90,28 @@ class _CastRecorder(TorchDispatchMode):
         from torch.autograd.function import Function
 
         self.function_inputs = set()
-        self._apply = Function.__dict__["apply"]
-        recorder, original = self, Function.apply.__func__
+        # the descriptor wherever the class hierarchy defines it: a Python classmethod on Function up to torch
+        # 2.13, the C base class's classmethod_descriptor from 2.14 (which has no ``__func__``); either, bound
+        # to the calling subclass by ``__get__``, is the apply that subclass would have run
+        self._apply = inspect.getattr_static(Function, "apply")
+        self._apply_was_own = "apply" in Function.__dict__
+        recorder, original = self, self._apply
 
         def apply(cls, *args, **kwargs):
             for a in list(args) + list(kwargs.values()):
                 if isinstance(a, torch.Tensor) and a.device.type != "meta":
                     recorder.function_inputs.add(a.untyped_storage().data_ptr())
-            return original(cls, *args, **kwargs)
+            return original.__get__(None, cls)(*args, **kwargs)
         Function.apply = classmethod(apply)
         return super().__enter__()
 
     def __exit__(self, *exc):
         from torch.autograd.function import Function
 
-        Function.apply = self._apply
+        if self._apply_was_own:
+            Function.apply = self._apply
+        else:
+            del Function.apply
         return super().__exit__(*exc)
 
 
