@@ -53,6 +53,18 @@ def test_a_wrapper_s_launches_are_its_kernels_library_calls_and_fallbacks():
                       "fallback:umst_simulated.attention.default": 1}
 
 
+def test_torch_2_14_s_host_side_checks_launch_nothing():
+    """torch 2.14's wrapper checks its inputs' sizes and metadata in calls of their own and clones an input only
+    where it is misaligned (``copy_if_misaligned``): none is a kernel launch (they were counted as ``other:``
+    launches, about 10 per compiled layer)."""
+    checks = ("        assert_size_stride_grouped([(primals_2, (s77, 8), (8, 1)), (primals_3, (8, 8), (8, 1))])\n"
+              "        assert_tensor_metadata(primals_3, (8, 8), (8, 1), torch.float32)\n"
+              "        primals_2 = copy_if_misaligned(primals_2)\n")
+    wrapper = WRAPPER.replace("        args.clear()\n", "        args.clear()\n" + checks)
+    assert wrapper != WRAPPER
+    assert simulated_gpu.count_launches(wrapper) == simulated_gpu.count_launches(WRAPPER)
+
+
 # a wrapper as inductor (torch 2.11) writes it under config.benchmark_kernel, abridged: each Triton kernel's source
 # embedded as a string, with its estimated bytes in its metadata and a benchmark harness of its own (a ``call`` that
 # launches it: not the graph's); the graph's call launches the first kernel twice

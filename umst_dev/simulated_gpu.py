@@ -53,10 +53,14 @@ DEVICES = {
                  shared_memory_per_block_optin=232448, shared_memory_per_multiprocessor=233472,
                  shared_memory_per_block=49152, gcnArchName=""),
 }
-# wrapper-code calls that launch nothing: allocation, views, checks, streams
+# wrapper-code calls that launch nothing: allocation, views, checks, streams. torch 2.14's wrapper adds host-side
+# checks of its inputs (assert_size_stride_grouped, assert_tensor_metadata) and copy_if_misaligned, which clones an
+# input only where its address breaks the alignment a kernel was generated for (torch 2.11 made the same clone,
+# only when misaligned, without a call of its own); the caching allocator aligns every tensor a layer receives
 _NO_KERNEL = {"empty_strided_cuda", "empty_strided", "reinterpret_tensor", "assert_size_stride", "assert_alignment",
               "get_raw_stream", "torch.cuda.set_device", "torch.cuda._DeviceGuard", "args.clear", "len",
-              "as_strided", "alloc_from_pool", "torch._check", "torch._check_is_size"}
+              "as_strided", "alloc_from_pool", "torch._check", "torch._check_is_size", "assert_size_stride_grouped",
+              "assert_tensor_metadata", "copy_if_misaligned"}
 _CALL = re.compile(r"^(?:[\w, ]+ = )?([\w.]+)\(")
 
 
