@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 
 # console script -> (module, function), as fairseq's setup.py declares them
 ENTRY_POINTS = {
@@ -67,6 +68,8 @@ def entry_point(cmd, python):
     return None
 
 
+IMPORT_WARNINGS = []  # what the server's imports warned, shown again by each child (serve)
+
 # ---- the server -------------------------------------------------------------------------------------------------
 
 def _child(request, protocol):
@@ -85,6 +88,8 @@ def _child(request, protocol):
             os.dup2(opened, fd)
             os.close(opened)
         sys.stdin = open(0, "r", closefd=False)
+        for message, category, filename, lineno, line in IMPORT_WARNINGS:
+            warnings.showwarning(message, category, filename, lineno, None, line)
         kind, name = request["entry"]
         # sys.path[0] as python sets it: the script's folder (bin/ of a console script), the cwd for -m
         sys.path[0] = os.path.dirname(request["argv0"]) if kind == "script" else os.getcwd()
@@ -137,7 +142,16 @@ def serve(request_fd, answer_fd, kind, name):
     """Import what a real ``kind`` ``name`` process imports first; then read requests (one JSON line each) on
     ``request_fd``, fork a child per request, answer its status on ``answer_fd``."""
     sys.path.remove(os.path.dirname(os.path.abspath(__file__)))  # tests/ is not on a real process's path
-    importlib.import_module(preload((kind, name)))
+    # the warnings the imports show (torch 2.14 deprecates torch.jit.script, which fairseq calls at import): a
+    # fresh process prints them on its stderr before anything else, so each child shows them again on its own
+    # (recorded through showwarning, not warnings.catch_warnings, which would undo the filters the imports set)
+    show = warnings.showwarning
+    warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: \
+        IMPORT_WARNINGS.append((message, category, filename, lineno, line))
+    try:
+        importlib.import_module(preload((kind, name)))
+    finally:
+        warnings.showwarning = show
     if threading.active_count() != 1:  # forking a threaded process is unsafe: refuse, the client falls back
         os.write(answer_fd, b'{"error": "threads after the imports"}\n')
         return

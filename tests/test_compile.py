@@ -576,9 +576,10 @@ def test_a_fallback_from_generated_code_names_the_operator_and_keeps_the_code_th
     reason = fallback.reason(error)
     assert re.match(r"AssertionError: expected size \d+==\d+, stride \d+==\d+ at dim=\d.* "
                     r"\(in torch\.ops\.umst_test\.column_major_double\.default\); generated code \w+\.py:\d+: "
-                    r"assert_size_stride\(", reason), reason
+                    r"(assert_size_stride|assert_tensor_metadata)\(", reason), reason  # (torch 2.14: the latter)
     path, lineno, line = fallback.generated_frame(error)
-    assert line.startswith("assert_size_stride(") and open(path).read().splitlines()[lineno - 1].strip() == line
+    assert line.startswith(("assert_size_stride(", "assert_tensor_metadata(")) and \
+        open(path).read().splitlines()[lineno - 1].strip() == line
     layer = torch.nn.Linear(2, 2)
     with caplog.at_level(logging.WARNING):
         fallback.fall_back(layer, layer.forward, ("Linear", True, True), "5x7 float32", "forward", error)

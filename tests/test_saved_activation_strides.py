@@ -176,5 +176,11 @@ def test_prime_s_convolution_with_its_old_backward_windows_runs_compiled_at_ever
         with unpatched_torch.saved_activation_strides():
             layer = compiled_layer()
             conv_gradients(layer, 10, 5)
+            if torch.torch_version.TorchVersion(torch.__version__) >= (2, 14):
+                # torch 2.14's inductor lays these windows out as traced: its own code runs every size (measured
+                # under 2.14.1; tests/test_compile_stream.py then plants the layout for its failing backward)
+                conv_gradients(layer, 5, 4)
+                assert compiled_layers.eager_variants() == {}
+                return
             with pytest.raises(AssertionError, match=r"expected size \d+==\d+, stride \d+==\d+ at dim"):
                 conv_gradients(layer, 5, 4)
