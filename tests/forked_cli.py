@@ -11,7 +11,8 @@ tool's module, as the console script does before calling its main: fairseq_cli/t
 imports fairseq), the argv, the environment, the working directory, stdin / stdout / stderr (files), the exit
 status (``sys.exit(cli_main())``; a traceback and status 1 for an exception), the plugin (imported by
 ``--user-dir`` in the child: its patches are the child's own), fresh torch / inductor state (the server only
-imports), and the interpreter's own shutdown at exit (the child leaves by ``SystemExit`` through the server's
+imports), the warnings the imports show (on stderr before anything else: each child shows again those the server's
+imports showed), and the interpreter's own shutdown at exit (the child leaves by ``SystemExit`` through the server's
 frames: non-daemon threads joined, atexit handlers, then finalization -- objects and open files of the run
 finalized, their errors printed). What differs: nothing in
 the environment (a server starts with the caller's environment, and a call with another one first ends the tool's
