@@ -262,18 +262,22 @@ def _old_backward_windows(x, padding_l, K, H):
     return F.pad(x, (0, 0, 0, 0, padding_l, K - 1 - padding_l)).view(T + K - 1, B, H, C // H).unfold(0, K, 1)
 
 
-def failing_backward_layout():
-    """Where torch's own code fails the old backward windows' compiled backward. Under torch up to 2.13 inductor lays
-    a saved window out otherwise than the traced graph by itself, and the backward fails at the next batch size;
-    torch 2.14's inductor lays it out as traced (measured under 2.14.1: every size then runs compiled), so there the
-    divergent layout is planted as tests/test_saved_activation_strides.py plants it (inductor's stride padding, which
-    torch applies on GPUs, switched on for the CPU and dynamic shapes): the same failure of the same check."""
-    import torch._inductor.config as inductor_config
+# Under torch up to 2.13 inductor lays a saved window of the old backward windows out otherwise than the traced
+# graph by itself, and torch's own code fails the compiled backward at the next batch size; torch 2.14's inductor lays
+# it out as traced (measured under 2.14.1: every size then runs compiled)
+OLD_WINDOWS_MEET_THE_BUG = torch.torch_version.TorchVersion(torch.__version__) < (2, 14)
 
-    if torch.torch_version.TorchVersion(torch.__version__) < (2, 14):
+
+def failing_backward_layout():
+    """Where torch's own code fails the old backward windows' compiled backward: as it is where they meet the bug
+    (:data:`OLD_WINDOWS_MEET_THE_BUG`), else with the divergent layout planted as tests/test_saved_activation_strides.py
+    plants it (inductor's stride padding, which torch applies on GPUs, switched on for the CPU and dynamic shapes):
+    the same failure of the same check."""
+    if OLD_WINDOWS_MEET_THE_BUG:
         return contextlib.nullcontext()
-    return inductor_config.patch(disable_padding_cpu=False, pad_dynamic_shapes=True, fx_graph_cache=False,
-                                 force_disable_caches=True)
+    from test_saved_activation_strides import planted_layout
+
+    return planted_layout()
 
 
 def conv_layer():

@@ -142,7 +142,7 @@ def test_prime_s_convolution_with_its_old_backward_windows_runs_compiled_at_ever
     inductor's check at the first short batch of another batch size. That fix changed the layer; the failure was
     this one (torch's code still fails there, ``tests/test_compile_stream.py`` uses it as its real failing
     backward). With the patch every size runs compiled, nothing falls back, and the gradients equal eager's."""
-    from test_compile_stream import _old_backward_windows, conv_gradients, conv_layer
+    from test_compile_stream import OLD_WINDOWS_MEET_THE_BUG, _old_backward_windows, conv_gradients, conv_layer
 
     from umst_dev import compiled_layers
     from umst_plugin import compilation
@@ -176,9 +176,9 @@ def test_prime_s_convolution_with_its_old_backward_windows_runs_compiled_at_ever
         with unpatched_torch.saved_activation_strides():
             layer = compiled_layer()
             conv_gradients(layer, 10, 5)
-            if torch.torch_version.TorchVersion(torch.__version__) >= (2, 14):
-                # torch 2.14's inductor lays these windows out as traced: its own code runs every size (measured
-                # under 2.14.1; tests/test_compile_stream.py then plants the layout for its failing backward)
+            if not OLD_WINDOWS_MEET_THE_BUG:
+                # torch 2.14's inductor lays these windows out as traced: its own code runs every size
+                # (tests/test_compile_stream.py then plants the layout for its failing backward)
                 conv_gradients(layer, 5, 4)
                 assert compiled_layers.eager_variants() == {}
                 return

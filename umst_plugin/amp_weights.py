@@ -34,7 +34,6 @@ before it and whose view went unused gets None back (:meth:`WeightCache.drop_unu
 no host sync.
 """
 import functools
-import inspect
 import logging
 
 import torch
@@ -90,11 +89,10 @@ class _CastRecorder(TorchDispatchMode):
         from torch.autograd.function import Function
 
         self.function_inputs = set()
-        # the descriptor wherever the class hierarchy defines it: a Python classmethod on Function up to torch
-        # 2.13, the C base class's classmethod_descriptor from 2.14 (which has no ``__func__``); either, bound
-        # to the calling subclass by ``__get__``, is the apply that subclass would have run
-        self._apply = inspect.getattr_static(Function, "apply")
-        self._apply_was_own = "apply" in Function.__dict__
+        # Function's own apply: a Python classmethod up to torch 2.13, the C base's classmethod_descriptor from
+        # 2.14 (which has no ``__func__``); either, bound to the calling subclass by ``__get__``, is the apply that
+        # subclass would have run
+        self._apply = Function.__dict__["apply"]
         recorder, original = self, self._apply
 
         def apply(cls, *args, **kwargs):
@@ -108,10 +106,7 @@ class _CastRecorder(TorchDispatchMode):
     def __exit__(self, *exc):
         from torch.autograd.function import Function
 
-        if self._apply_was_own:
-            Function.apply = self._apply
-        else:
-            del Function.apply
+        Function.apply = self._apply
         return super().__exit__(*exc)
 
 
