@@ -270,14 +270,9 @@ OLD_WINDOWS_MEET_THE_BUG = torch.torch_version.TorchVersion(torch.__version__) <
 
 def failing_backward_layout():
     """Where torch's own code fails the old backward windows' compiled backward: as it is where they meet the bug
-    (:data:`OLD_WINDOWS_MEET_THE_BUG`), else with the divergent layout planted as tests/test_saved_activation_strides.py
-    plants it (inductor's stride padding, which torch applies on GPUs, switched on for the CPU and dynamic shapes):
-    the same failure of the same check."""
-    if OLD_WINDOWS_MEET_THE_BUG:
-        return contextlib.nullcontext()
-    from test_saved_activation_strides import planted_layout
-
-    return planted_layout()
+    (:data:`OLD_WINDOWS_MEET_THE_BUG`), else with the divergent layout planted (:func:`unpatched_torch.planted_layout`,
+    as tests/test_saved_activation_strides.py plants it): the same failure of the same check."""
+    return contextlib.nullcontext() if OLD_WINDOWS_MEET_THE_BUG else unpatched_torch.planted_layout()
 
 
 def conv_layer():

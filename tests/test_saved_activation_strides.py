@@ -25,14 +25,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 SIZES = (552, 416, 300, 123, 64)
 
 
-def planted_layout():
-    """Inductor pads the saved activation's stride (a CPU and dynamic shapes included), no compiled code cached."""
-    import torch._inductor.config as inductor_config
-
-    return inductor_config.patch(disable_padding_cpu=False, pad_dynamic_shapes=True, fx_graph_cache=False,
-                                 force_disable_caches=True)
-
-
 def saves_a_padded_activation(x, w):
     """The activation ``h`` (3 x size) is saved for the backward of the product; its stride is the padded one."""
     h = torch.relu(x * 2.0 + 1.0)
@@ -89,7 +81,7 @@ def test_torch_own_code_freezes_a_saved_stride_at_the_first_batch_and_fails_the_
     dispatch.configure_dynamo()
     if not saved_activation_strides.applies():
         pytest.skip("this torch compares saved strides symbolically (pytorch/pytorch#191885): nothing to patch")
-    with planted_layout(), unpatched_torch.saved_activation_strides():
+    with unpatched_torch.planted_layout(), unpatched_torch.saved_activation_strides():
         outcomes, _ = run_sizes(saves_a_padded_activation)
     assert outcomes[0] == (SIZES[0], None)
     failed = {size: error for size, error in outcomes[1:] if error is not None}
@@ -103,7 +95,7 @@ def test_the_patched_backward_compiles_every_size_and_equals_eager():
     at most (a stride expression of the sizes may add a guard: the padded stride equal to the unpadded one or
     not), not one per size."""
     dispatch.configure_dynamo()
-    with planted_layout():
+    with unpatched_torch.planted_layout():
         outcomes, graphs = run_sizes(saves_a_padded_activation)
     assert all(error is None for _, error in outcomes), outcomes
     assert graphs <= 2, graphs

@@ -29,3 +29,13 @@ def saved_activation_strides():
     finally:
         for (owner, name), function in zip(targets, patched):
             setattr(owner, name, function)
+
+
+def planted_layout():
+    """Inductor lays a saved activation out otherwise than the traced graph, as on a GPU: its stride padding, which
+    torch applies on GPUs, switched on for the CPU and dynamic shapes; no compiled code cached. With
+    :func:`saved_activation_strides`, torch's own code then fails the compiled backward at the next batch size."""
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch(disable_padding_cpu=False, pad_dynamic_shapes=True, fx_graph_cache=False,
+                                 force_disable_caches=True)

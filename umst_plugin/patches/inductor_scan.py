@@ -35,7 +35,8 @@ REMOVE_WHEN = ("a torch/Triton that compiles a persistent 32 x 1024 scan in seco
 NAME = __name__.rsplit(".", 1)[-1]
 # devices whose compiled programs get ATen's scan: those inductor writes Triton for
 LIBRARY_SCAN_DEVICES = ("cuda",)
-EXPECTED_SIGNATURE = "(x, axis=None, dtype=None)"  # inductor's lowering, torch 2.11 to 2.14
+TORCH_VERSIONS = "torch 2.11 to 2.14"  # those whose inductor lowering the patch was written for and tested under
+EXPECTED_SIGNATURE = "(x, axis=None, dtype=None)"  # that lowering's
 
 
 def install(load=False):
@@ -54,7 +55,7 @@ def install(load=False):
     if found != EXPECTED_SIGNATURE or not hasattr(lowering, "fallback_cumsum"):
         raise PatchError(f"{NAME}: inductor's cumsum lowering is {found} (expected {EXPECTED_SIGNATURE}, with "
                          f"lowering.fallback_cumsum) under torch {torch.__version__}; the patch was written for "
-                         "torch 2.11 to 2.14. Run without --compile, or update the patch")
+                         f"{TORCH_VERSIONS}. Run without --compile, or update the patch")
 
     def cumsum(x, axis=None, dtype=None):
         device = x.get_device()

@@ -44,8 +44,9 @@ import torch
 
 from umst_plugin.patches import PatchError, installed, wrap
 
+TORCH_VERSIONS = "torch 2.11 to 2.14"  # those whose code the patch was written for and tested under
 TARGET = ("torch._inductor.output_code.set_tracing_context_output_strides and one line of "
-          "torch._functorch._aot_autograd.graph_compile._aot_stage2b_bw_compile (torch 2.11 to 2.14)")
+          f"torch._functorch._aot_autograd.graph_compile._aot_stage2b_bw_compile ({TORCH_VERSIONS})")
 SYMPTOM = ("MSC's compiled encoder layer failed in backward on an H200 ('AssertionError: expected size 64==64, "
            "stride 425984==565248 at dim=2': a stride frozen at the first batch's size) and ran eager from then on")
 REMOVE_WHEN = ("the plugin requires a torch with pytorch/pytorch#191885 (saved-activation strides kept symbolic), "
@@ -82,7 +83,7 @@ def install(load=False):
     found = list(inspect.signature(utils.set_tracing_context_output_strides).parameters)
     if found != ["example_inputs", "compiled_graph"]:
         raise PatchError(f"{NAME}: torch {torch.__version__}'s set_tracing_context_output_strides takes {found}; the "
-                         "patch was written for torch 2.11 to 2.14's (example_inputs, compiled_graph). Run without "
+                         f"patch was written for {TORCH_VERSIONS}'s (example_inputs, compiled_graph). Run without "
                          "--compile, or update the patch")
     wrap(graph_compile, "_aot_stage2b_bw_compile", _with_symbolic_comparison, NAME)  # (first: it may raise)
     for owner in (utils, output_code):  # (output_code imported it by name, and calls it there)
