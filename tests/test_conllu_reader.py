@@ -2,7 +2,7 @@
 input stops with an error naming the file, the sentence's first line and what was expected."""
 import pytest
 
-from umst_plugin.preprocess.conllu_reader import read_conllu
+from umst_plugin.preprocess.conllu_reader import collapse_multiword, read_conllu
 from umst_plugin.preprocess.errors import SideDataError
 
 
@@ -26,6 +26,36 @@ def test_multiword_tokens_collapse_onto_the_surface_token(tmp_path):
     _, (good, mwt) = parse(tmp_path, GOOD + MWT)
     assert (good.forms, good.heads, good.labels) == (["a", "dog"], [2, 0], ["det", "root"])
     assert (mwt.forms, mwt.heads, mwt.labels) == (["zum", "Haus", "gehen"], [2, 3, 0], ["case", "obl", "root"])
+
+
+# Hebrew "garti babayit" (I lived in the house): babayit = be + ha + bayit, and the token's syntactic head is its
+# last member (be and ha attach to bayit, inside the token; bayit to garti), as UD's Hebrew treebank writes it
+HEAD_LAST_MWT = ("# text = גרתי בבית\n" + row(1, "גרתי", 0, "root")
+                 + "2-4\tבבית\t_\t_\t_\t_\t_\t_\t_\t_\n" + row(2, "ב", 4, "case") + row(3, "ה", 4, "det")
+                 + row(4, "בית", 1, "obl") + "\n")
+# an enhanced-UD empty node (5.1, the elided verb of a gapping clause): no basic head, not a surface token
+EMPTY_NODE = ("# text = I like tea and you coffee\n" + row(1, "I", 2, "nsubj") + row(2, "like", 0, "root")
+              + row(3, "tea", 2, "obj") + row(4, "and", 5, "cc") + row(5, "you", 2, "conj")
+              + "5.1\tlike\tlike\tVERB\t_\t_\t_\t_\t2:conj\t_\n" + row(6, "coffee", 5, "orphan") + "\n")
+
+
+def test_a_multiword_token_takes_the_member_whose_head_is_outside_it(tmp_path):
+    """The token's head and label are its syntactic head word's: the member attached outside the token, wherever it
+    stands in it (here the last; the first in ``zum``), not a member attached inside it (which would point the
+    token at itself)."""
+    _, (mwt,) = parse(tmp_path, HEAD_LAST_MWT)
+    assert (mwt.forms, mwt.heads, mwt.labels) == (["גרתי", "בבית"], [0, 1], ["root", "obl"])
+    # stanza's parses collapse through the same rule (collapse_multiword: (word id, head, label) per member)
+    assert collapse_multiword([[(1, 0, "root")], [(2, 4, "case"), (3, 4, "det"), (4, 1, "obl")]]) == (
+        [0, 1], ["root", "obl"])
+    assert collapse_multiword([[(1, 3, "case"), (2, 3, "det")], [(3, 4, "obl")], [(4, 0, "root")]]) == (
+        [2, 3, 0], ["case", "obl", "root"])
+
+
+def test_empty_nodes_are_left_out(tmp_path):
+    _, (parse_,) = parse(tmp_path, EMPTY_NODE)
+    assert parse_.forms == ["I", "like", "tea", "and", "you", "coffee"]
+    assert (parse_.heads, parse_.labels) == ([2, 0, 2, 5, 2, 5], ["nsubj", "root", "obj", "cc", "conj", "orphan"])
 
 
 def test_windows_line_ends_read_as_unix_ones(tmp_path):

@@ -118,6 +118,24 @@ def test_word_ids_from_pieces(pieces, scheme, ids, words):
     assert words_from_pieces(pieces, scheme) == words
 
 
+@pytest.mark.parametrize("scheme,first,other", [(SUBWORD_NMT, "un@@", "do"), (SENTENCEPIECE, "est", f"{SP}car")])
+def test_the_first_symbol_after_the_special_ones_is_read_like_any_other(scheme, first, other):
+    """Only the special symbols (pad, eos, bos, unk) begin a word whatever they are; the dictionary's next entry,
+    its most frequent piece, continues or not by its own marker."""
+    from fairseq.data import Dictionary
+
+    d = Dictionary()
+    for sym in (first, other):
+        d.add_symbol(sym)
+    assert d.index(first) == d.nspecial
+    _, continues, begins = boundary_table(d, scheme)
+    assert continues[: d.nspecial].tolist() == [False] * d.nspecial and begins[: d.nspecial].all()
+    if scheme == SUBWORD_NMT:
+        assert continues[d.index(first)] and not continues[d.index(other)]
+    else:
+        assert not begins[d.index(first)] and begins[d.index(other)]
+
+
 @pytest.mark.parametrize("scheme", [SUBWORD_NMT, SENTENCEPIECE])
 @pytest.mark.parametrize("left_pad", [True, False])
 def test_word_ids_from_token_tensor_match_text_rule(scheme, left_pad):

@@ -112,6 +112,19 @@ def test_task_refuses_misaligned_side_data(workspace):
         task.load_dataset("valid")
 
 
+def test_task_refuses_a_head_file_of_another_length(workspace):
+    """Only the heads copied from another split (the word ids right): the line counts are compared each on its own,
+    and the error says both counts and the source's."""
+    _, databin = workspace
+    for ext in ("bin", "idx"):
+        shutil.copy(os.path.join(databin, f"train.kel-mor.kel.heads.{ext}"),
+                    os.path.join(databin, f"valid.kel-mor.kel.heads.{ext}"))
+    task = dev.setup_task(databin, {"source_lang": e2e.SRC, "target_lang": e2e.TGT})
+    with pytest.raises(SideDataError, match=r"valid\.kel-mor\.kel\.wordids\.bin: (\d+) word-id and (?!\1 )\d+ head "
+                                            r"lines but \1 source sentences"):
+        task.load_dataset("valid")
+
+
 def test_task_names_missing_side_data(workspace):
     _, databin = workspace
     os.remove(os.path.join(databin, "valid.kel-mor.kel.heads.bin"))

@@ -178,6 +178,24 @@ def test_mfu_words_per_flop_and_targets_from_the_rows():
     assert targets["gpu_busy (least plugin row)"]["met"] is None  # no gpu_busy in these rows
 
 
+def test_mfu_takes_the_cards_own_dense_bf16_peak():
+    """The peak is matched by the card's name, the longer name first: an H100 PCIe (756 TFLOP/s) is not taken for
+    the SXM H100 (989.4) whose name its own contains. A card not in the table has no MFU, not one against a guess."""
+    assert speed_table.peak_flops("NVIDIA H100 PCIe") == 756.0e12
+    assert speed_table.peak_flops("NVIDIA H100 80GB HBM3") == 989.4e12
+    assert speed_table.peak_flops("NVIDIA H200") == 989.4e12
+    assert speed_table.peak_flops("NVIDIA A100-SXM4-80GB") == 312.0e12
+    assert speed_table.peak_flops("cpu") is None and speed_table.peak_flops(None) is None
+    record = _record([9.50, 9.01, 8.50], shifted=[9.50, 9.01, 8.50])
+    record["card"] = "NVIDIA H100 PCIe"
+    rows = {speed_table.row_key(r): r for r in speed_table.finish(record)["rows"]}
+    assert rows[("transformer", "bf16", True, 38400)]["mfu"] == pytest.approx(round(500000 * 3e8 / 756.0e12, 4))
+    record = _record([9.50, 9.01, 8.50], shifted=[9.50, 9.01, 8.50])
+    record["card"] = "cpu"
+    finished = speed_table.finish(record)
+    assert all(r["mfu"] is None for r in finished["rows"]) and finished["targets"]["transformer_mfu"]["met"] is None
+
+
 def test_step_probe_counts_real_and_padded_tokens_and_the_flops_of_one_update():
     pad = 1
     src = torch.tensor([[pad, 5, 6, 2], [7, 8, 9, 2]])

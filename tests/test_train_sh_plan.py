@@ -254,6 +254,31 @@ def test_a_misspelt_model_key_stops_before_training(tmp_path):
     assert "hydra_train" not in proc.stderr
 
 
+def test_cudagraphs_pads_to_eight_length_buckets_unless_told_how_many():
+    """--cudagraphs is --compile with CUDA graphs over length buckets: 8 unless --batch-buckets says how many (a
+    graph is recorded per batch shape; unbucketed lengths would record one per batch). --batch-buckets alone buckets
+    without compiling. Two settings of the buckets, or a bucket count that is not a positive number, stop before
+    anything runs, saying why."""
+    command, _ = plan("umst-t2-umst-base", "--gpus", "8", "--cudagraphs")
+    assert "+common.compile=true" in command and "+common.compile_cudagraphs=true" in command, command
+    assert field(command, "++task.num_batch_buckets") == "8", command
+    command, _ = plan("umst-t2-umst-base", "--gpus", "8", "--cudagraphs", "--batch-buckets", "3")
+    assert field(command, "++task.num_batch_buckets") == "3", command
+    command, _ = plan("umst-t2-umst-base", "--gpus", "8", "--batch-buckets", "5")
+    assert field(command, "++task.num_batch_buckets") == "5" and "compile" not in command, command
+    command, _ = plan("umst-t2-umst-base", "--gpus", "8", "--compile")
+    assert "num_batch_buckets" not in command and "compile_cudagraphs" not in command, command
+    for args, says in [(["--batch-buckets", "0"], "--batch-buckets 0: expected a number of buckets"),
+                       (["--cudagraphs", "--", "task.num_batch_buckets=3"], "both set the buckets; give one"),
+                       (["--batch-buckets", "4", "--", "+task.num_batch_buckets=3"], "both set the buckets")]:
+        proc = subprocess.run(["bash", TRAIN_SH, "umst-t2-umst-base", "--data", "/d", "--dry-run", *args], env=env(),
+                              capture_output=True, text=True)
+        assert proc.returncode == 2 and says in proc.stderr, (args, proc.stderr)
+    # a hydra override of the buckets alone is the user's, passed on as given
+    command, _ = plan("umst-t2-umst-base", "--gpus", "8", "--", "task.num_batch_buckets=3")
+    assert "num_batch_buckets=3" in command and "++task.num_batch_buckets=8" not in command, command
+
+
 @pytest.mark.parametrize("gpus,nodes,uf", [(8, 1, 2), (8, 2, 1), (4, 1, 4)])
 def test_max_tokens_keeps_the_tokens_per_update(gpus, nodes, uf):
     """--max-tokens 38400 on nodes x gpus: the planned update has the tokens of the row's own batch, read from its
