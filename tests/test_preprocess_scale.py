@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from umst_plugin.preprocess import cli, text
-from umst_plugin.preprocess.chunks import shard_range
+from umst_plugin.preprocess.chunks import batches, shard_range
 from umst_plugin.preprocess.sidefiles import int_lines, write_mmap_index
 from umst_plugin.preprocess.text import read_bpe_lines, scan_bpe, word_ids_from_pieces
 
@@ -89,6 +89,17 @@ def test_shard_ranges_cover_on_chunk_boundaries():
         assert ranges[0][0] == 0 and ranges[-1][1] == n_lines
         assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
         assert all(a % chunk == 0 or a == n_lines for a, _ in ranges)
+
+
+def test_parser_batches_hold_at_most_batch_size_sentences_and_batch_tokens_words():
+    """--batch-size and --batch-tokens bound what the parser gets at once (its memory): consecutive batches, each
+    full up to the first limit the next sentence would pass; a sentence longer than --batch-tokens alone."""
+    sentences = [["w"] * n for n in (8, 3, 4, 2, 5, 1)]
+    lengths = lambda batched: [[len(s) for s in b] for b in batched]  # noqa: E731
+    assert lengths(batches(sentences, 2, 0)) == [[8, 3], [4, 2], [5, 1]]
+    assert lengths(batches(sentences, 10, 6)) == [[8], [3], [4, 2], [5, 1]]
+    assert lengths(batches(sentences, 2, 7)) == [[8], [3, 4], [2, 5], [1]]
+    assert lengths(batches(sentences, 100, 0)) == [[8, 3, 4, 2, 5, 1]]
 
 
 # ---- resume and shards with a real parser ------------------------------------------------------------

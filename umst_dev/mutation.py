@@ -94,6 +94,7 @@ FILES = {
     "umst_layer": "umst_plugin/modules/umst/layer.py",
     "task": "umst_plugin/tasks/multiscale_translation.py",
     "compile_cache": "umst_plugin/compilation/cache.py",
+    "preprocess_chunks": "umst_plugin/preprocess/chunks.py",
 }
 
 
@@ -628,6 +629,12 @@ MUTANTS = (
            ("tests/test_side_data_errors.py::test_task_refuses_a_head_file_of_another_length",),
            "a data-bin's side files checked for the source's line count only when both differ (a head file of "
            "another length reaches numpy's shape error)"),
+    Mutant("parser-batches-token-limit", "preprocess_chunks",
+           "(batch_tokens and words + len(s) > batch_tokens)",
+           "(batch_tokens or words + len(s) > batch_tokens)",
+           ("tests/test_preprocess_scale.py::"
+            "test_parser_batches_hold_at_most_batch_size_sentences_and_batch_tokens_words",),
+           "umst-preprocess hands its parser one sentence at a time (the word limit taken as set when it is not)"),
 )
 
 
