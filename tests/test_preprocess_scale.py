@@ -1,4 +1,5 @@
 """umst-preprocess at scale: vectorised BPE scan and writer, resumable chunks, shards + merge, bad inputs."""
+import argparse
 import os
 import random
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 
 from umst_plugin.preprocess import cli, text
-from umst_plugin.preprocess.chunks import batches, shard_range
+from umst_plugin.preprocess.chunks import ChunkedParse, batches, shard_range
 from umst_plugin.preprocess.sidefiles import int_lines, write_mmap_index
 from umst_plugin.preprocess.text import read_bpe_lines, scan_bpe, word_ids_from_pieces
 
@@ -102,6 +103,22 @@ def test_parser_batches_hold_at_most_batch_size_sentences_and_batch_tokens_words
     assert lengths(batches(sentences, 100, 0)) == [[8, 3, 4, 2, 5, 1]]
 
 
+def test_a_shard_removes_only_its_own_chunks_half_written_files(tmp_path):
+    """Shards may share a work dir given by hand, and run at once: a shard starting up removes what a kill left of
+    its own chunks (a ``.tmp-PID`` file is never whole), never a file another shard is writing now."""
+    bpe = tmp_path / "train.en"
+    bpe.write_text("a b\n" * 20)
+    args = argparse.Namespace(parser="spacy", chunk_size=5)
+    work = tmp_path / "work"
+    first = ChunkedParse(args, str(bpe), "subword-nmt", 0, 10, str(work))  # chunks 0 and 1
+    work.mkdir()
+    killed, writing = work / "chunk-000001.tsv.tmp-111", work / "chunk-000002.tsv.tmp-222"  # the second shard's
+    killed.write_text("0 1\tx y\t\n")
+    writing.write_text("0 1\tx y\t\n")
+    assert first.prepare() == [0, 1]
+    assert not killed.exists() and writing.exists()
+
+
 # ---- resume and shards with a real parser ------------------------------------------------------------
 
 def _english_corpus(d, copies=5):
@@ -140,7 +157,7 @@ def english(tmp_path_factory, spacy_ok):
 
 
 @pytest.mark.slow  # two spawned parser processes, each importing fairseq and loading spaCy
-def test_resume_after_interrupt_is_byte_identical(english, capsys):
+def test_resume_after_interrupt_is_byte_identical(english, capsys, caplog):
     d, args = english
     dest = d / "resumed"
     # a previously written data-bin (no parse) that the interrupted run must leave untouched
@@ -154,7 +171,10 @@ def test_resume_after_interrupt_is_byte_identical(english, capsys):
     assert chunks == ["chunk-000000.tsv", "chunk-000001.tsv", "chunk-000002.tsv", "manifest.json"]
     # a half-written chunk from the kill is never taken for a finished one
     (dest / ".umst-work" / "train.en" / "chunk-000003.tsv.tmp-999").write_text("0 0\tx x\t\n")
-    assert cli.main(args + ["--destdir", str(dest), "--workers", "2"]) == 0
+    with caplog.at_level("INFO", logger="umst_plugin.preprocess"):
+        assert cli.main(args + ["--destdir", str(dest), "--workers", "2"]) == 0
+    # 60 lines in chunks of 7: 9 chunks, of which the 3 done are not parsed again
+    assert "parsing 6 chunk(s) in 2 worker processes" in caplog.text, caplog.text
     assert _files(dest) == _files(d / "full")
     assert _files(dest) != before
     assert not os.path.exists(dest / ".umst-work")

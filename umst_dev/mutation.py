@@ -635,6 +635,17 @@ MUTANTS = (
            ("tests/test_preprocess_scale.py::"
             "test_parser_batches_hold_at_most_batch_size_sentences_and_batch_tokens_words",),
            "umst-preprocess hands its parser one sentence at a time (the word limit taken as set when it is not)"),
+    Mutant("preprocess-workers-ignored", "preprocess_chunks",
+           'workers = getattr(self.args, "workers", 1) or 1',
+           "workers = 1",
+           ("tests/test_preprocess_scale.py::test_resume_after_interrupt_is_byte_identical",),
+           "umst-preprocess --workers N parses in one process (the same files, N times slower)"),
+    Mutant("preprocess-removes-other-shards-files", "preprocess_chunks",
+           'if ".tmp-" in name and name.split(".tmp-")[0] in ours:',
+           'if ".tmp-" in name:',
+           ("tests/test_preprocess_scale.py::test_a_shard_removes_only_its_own_chunks_half_written_files",),
+           "a shard starting up removes every half-written chunk in a shared work dir, another shard's too (its "
+           "rename then fails)"),
 )
 
 

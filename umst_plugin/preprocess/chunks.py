@@ -183,6 +183,7 @@ class ChunkedParse:
         workers = getattr(self.args, "workers", 1) or 1
         try:
             if todo and workers <= 1:
+                logger.info(f"{self.work_dir}: parsing {len(todo)} chunk(s) in this process")
                 backend = parsers.build_backend(self.args.parser, self.args)
                 for k, sentences in self._jobs(todo):
                     write_chunk(self.chunk_path(k), parse_sentences(backend, sentences, self.args))
@@ -192,6 +193,7 @@ class ChunkedParse:
                     if stop_after is not None and finished >= stop_after:
                         raise KeyboardInterrupt(f"deliberate interrupt after {finished} chunks (--stop-after-chunks)")
             elif todo:
+                logger.info(f"{self.work_dir}: parsing {len(todo)} chunk(s) in {workers} worker processes")
                 ctx = multiprocessing.get_context("spawn")  # fork + torch/CUDA threads can deadlock
                 pool = ctx.Pool(workers)
                 try:
