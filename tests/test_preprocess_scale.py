@@ -211,6 +211,28 @@ def test_three_shards_merged_equal_unsharded(english):
     assert ours == _files(d / "full")
 
 
+def test_conllu_shards_merged_equal_unsharded(toy_raw, tmp_path):
+    """--parser conllu with --shard: each shard takes the CoNLL-U sentences of its own lines (the file is read from
+    its start, the lines before the shard skipped), and the merged shards equal an unsharded run byte for byte."""
+    import e2e
+
+    args = ["-s", e2e.SRC, "-t", e2e.TGT, "--trainpref", os.path.join(toy_raw, "train"), "--parser", "conllu",
+            "--no-check-binarized", "--no-progress", "--chunk-size", "7"]
+    assert cli.main(args + ["--destdir", str(tmp_path / "full")]) == 0
+    shards = tmp_path / "shards"
+    for i in (1, 2, 3):
+        assert cli.main(args + ["--destdir", str(tmp_path / "unused"), "--text-dir", str(shards), "--shard",
+                                f"{i}/3"]) == 0
+    full_heads = (tmp_path / "full" / f"train.{e2e.SRC}.heads").read_text().splitlines()
+    shard_heads = [(shards / f"train.{e2e.SRC}.shard{i}of3.heads").read_text().splitlines() for i in (1, 2, 3)]
+    assert sum(shard_heads, []) == full_heads and all(len(h) % 7 == 0 for h in shard_heads[:-1])
+    assert cli.main(args + ["--destdir", str(tmp_path / "merged"), "--text-dir", str(shards), "--merge-shards",
+                            "3"]) == 0
+    merged = _files(tmp_path / "merged")
+    merged.update({k: v for k, v in _files(shards).items() if ".shard" not in k})
+    assert merged == _files(tmp_path / "full")
+
+
 def test_merge_checks_shards_line_by_line(english, capsys):
     d, args = english
     text_dir = d / "badshards"
@@ -234,6 +256,16 @@ def test_merge_checks_shards_line_by_line(english, capsys):
     err = capsys.readouterr().err
     n1 = len((text_dir / "train.en.shard1of2.heads").read_text().splitlines())
     assert f"train.en:{n1 + 5}:" in err and str(shard2) in err and "expected equal counts" in err
+    # a head past the words of its line: the error names the shard's line and the BPE line it parses
+    labels2.write_text(good_labels)
+    bad_heads = good.splitlines()
+    fifth = bad_heads[4].split()
+    bad_heads[4] = " ".join(["99"] + fifth[1:])
+    shard2.write_text("\n".join(bad_heads) + "\n")
+    assert cli.main(merge) == 2
+    err = capsys.readouterr().err
+    assert f"{shard2}:5: head 99 out of range; expected 0 (root) to {len(fifth)} (the words of BPE line {n1 + 5} " \
+           "of" in err, err
     shard2.write_text("\n".join(good.splitlines()[:-1]) + "\n")
     labels2.write_text("\n".join(good_labels.splitlines()[:-1]) + "\n")
     assert cli.main(merge) == 2

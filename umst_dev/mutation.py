@@ -95,6 +95,7 @@ FILES = {
     "task": "umst_plugin/tasks/multiscale_translation.py",
     "compile_cache": "umst_plugin/compilation/cache.py",
     "preprocess_chunks": "umst_plugin/preprocess/chunks.py",
+    "preprocess_sidefiles": "umst_plugin/preprocess/sidefiles.py",
 }
 
 
@@ -646,6 +647,16 @@ MUTANTS = (
            ("tests/test_preprocess_scale.py::test_a_shard_removes_only_its_own_chunks_half_written_files",),
            "a shard starting up removes every half-written chunk in a shared work dir, another shard's too (its "
            "rename then fails)"),
+    Mutant("conllu-shard-one-line-early", "preprocess_sidefiles",
+           "if line_no <= start or (stop is not None and line_no > stop):",
+           "if line_no < start or (stop is not None and line_no > stop):",
+           ("tests/test_preprocess_scale.py::test_conllu_shards_merged_equal_unsharded",),
+           "a --parser conllu shard takes the parse of the line before its first as well"),
+    Mutant("head-out-of-range-line", "preprocess_sidefiles",
+           'raise SideDataError(where, line + 1, f"head {parses.heads[bad[0]]} out of range',
+           'raise SideDataError(where, line, f"head {parses.heads[bad[0]]} out of range',
+           ("tests/test_preprocess_scale.py::test_merge_checks_shards_line_by_line",),
+           "a head out of range named at the 0-based line of its parse file"),
 )
 
 
