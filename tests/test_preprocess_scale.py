@@ -180,7 +180,7 @@ def test_resume_after_interrupt_is_byte_identical(english, capsys, caplog):
     assert not os.path.exists(dest / ".umst-work")
 
 
-def test_changed_input_discards_stale_chunks(english, tmp_path):
+def test_changed_input_discards_stale_chunks(english, tmp_path, caplog):
     d, args = english
     src = tmp_path / "train.en"
     lines = _english_corpus(tmp_path)
@@ -189,7 +189,9 @@ def test_changed_input_discards_stale_chunks(english, tmp_path):
     assert cli.main(a + ["--stop-after-chunks", "1"]) == 130
     src.write_text("\n".join(lines[1:] + lines[:1]) + "\n")  # same size, other content -> new mtime
     os.utime(src, ns=(1, 1))
-    assert cli.main(a) == 0
+    with caplog.at_level("WARNING", logger="umst_plugin.preprocess"):
+        assert cli.main(a) == 0
+    assert "discarding chunks made with different inputs or settings (mtime_ns changed)" in caplog.text, caplog.text
     heads = (tmp_path / "bin" / "train.en.heads").read_text().splitlines()
     full = (d / "full" / "train.en.heads").read_text().splitlines()
     assert heads == full[1:] + full[:1]

@@ -125,6 +125,28 @@ def test_task_refuses_a_head_file_of_another_length(workspace):
         task.load_dataset("valid")
 
 
+def test_task_names_the_first_sentence_whose_heads_do_not_fit_its_words(workspace):
+    """Heads of another split with as many sentences: the error names the first sentence (1-based line) whose head
+    count differs from its number of words."""
+    import re
+
+    from fairseq.data.indexed_dataset import MMapIndexedDataset
+
+    _, databin = workspace
+    for ext in ("bin", "idx"):
+        shutil.copy(os.path.join(databin, f"test.kel-mor.kel.heads.{ext}"),
+                    os.path.join(databin, f"valid.kel-mor.kel.heads.{ext}"))
+    word_ids = MMapIndexedDataset(os.path.join(databin, "valid.kel-mor.kel.wordids"))
+    heads = MMapIndexedDataset(os.path.join(databin, "valid.kel-mor.kel.heads"))
+    assert len(word_ids) == len(heads)
+    first = next(i for i in range(len(heads)) if len(heads[i]) != int(word_ids[i][-1]))
+    task = dev.setup_task(databin, {"source_lang": e2e.SRC, "target_lang": e2e.TGT})
+    with pytest.raises(SideDataError) as error:
+        task.load_dataset("valid")
+    assert re.search(rf"valid\.kel-mor\.kel\.heads\.bin:{first + 1}: {len(heads[first])} heads but "
+                     rf"{int(word_ids[first][-1])} words in the word ids", str(error.value)), (first, str(error.value))
+
+
 def test_task_names_missing_side_data(workspace):
     _, databin = workspace
     os.remove(os.path.join(databin, "valid.kel-mor.kel.heads.bin"))

@@ -657,6 +657,16 @@ MUTANTS = (
            'raise SideDataError(where, line, f"head {parses.heads[bad[0]]} out of range',
            ("tests/test_preprocess_scale.py::test_merge_checks_shards_line_by_line",),
            "a head out of range named at the 0-based line of its parse file"),
+    Mutant("side-data-heads-line", "side_files",
+           "raise SideDataError(head_path, i + 1,",
+           "raise SideDataError(head_path, i,",
+           ("tests/test_side_data_errors.py::test_task_names_the_first_sentence_whose_heads_do_not_fit_its_words",),
+           "a head file's error names the 0-based line of the sentence whose heads do not fit its words"),
+    Mutant("preprocess-stale-chunks-reason", "preprocess_chunks",
+           "changed = sorted(k for k in manifest if old.get(k) != manifest[k])",
+           "changed = sorted(k for k in manifest if old.get(k) == manifest[k])",
+           ("tests/test_preprocess_scale.py::test_changed_input_discards_stale_chunks",),
+           "discarded chunks' warning names the settings that did not change, not those that did"),
 )
 
 

@@ -1,0 +1,68 @@
+"""umst_dev/flip_sweep.py, the flip sweep (``python -m umst_dev.flip_sweep FILE TESTS``: minutes, not run in the
+suite): what it flips, and a sweep of a small repository whose test pins one flip and misses another."""
+import subprocess
+import sys
+
+from umst_dev import flip_sweep
+
+SOURCE = '''"""A docstring: a == b and c < d are words here."""
+import logging
+
+logger = logging.getLogger(__name__)
+
+
+def clip(x, low, high):
+    # a comment: x <= high or not
+    if x < low and not x is None:
+        return low
+    if x is not None and x >= high:
+        logger.info("x == high or above")
+        return high
+    return x + 1 if "a < b" == "c" else x - 1
+'''
+
+
+def test_flips_are_the_code_s_operators_only():
+    found = [(row, change, after.strip()) for row, _, after, change in flip_sweep.flips(SOURCE)]
+    assert found == [
+        (9, "< -> <=", "if x <= low and not x is None:"),
+        (9, "and -> or", "if x < low or not x is None:"),
+        (9, "not -> (none)", "if x < low and x is None:"),
+        (9, "is -> is not", "if x < low and not x is not None:"),
+        (11, "is not -> is", "if x is None and x >= high:"),
+        (11, "and -> or", "if x is not None or x >= high:"),
+        (11, ">= -> >", "if x is not None and x > high:"),
+        (14, "+ 1 -> - 1", 'return x - 1 if "a < b" == "c" else x - 1'),
+        (14, "== -> !=", 'return x + 1 if "a < b" != "c" else x - 1'),
+        (14, "- 1 -> + 1", 'return x + 1 if "a < b" == "c" else x + 1'),
+    ]
+    # each flip changes its own line only, and leaves valid Python
+    for row, line, after, _ in flip_sweep.flips(SOURCE):
+        lines = SOURCE.splitlines(keepends=True)
+        compile("".join(lines[:row - 1] + [after] + lines[row:]), "flipped", "exec")
+
+
+def test_a_sweep_finds_the_flip_no_test_pins_and_leaves_the_file_as_it_was(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    module = "def at_least(x, low):\n    return x >= low\n\n\ndef next_one(x):\n    return x + 1\n"
+    (repo / "pkg" / "__init__.py").write_text("")
+    (repo / "pkg" / "numbers.py").write_text(module)
+    # pins next_one, and at_least only away from the boundary (x == low): ">= -> >" survives
+    (repo / "tests" / "test_numbers.py").write_text(
+        "from pkg.numbers import at_least, next_one\n\n\ndef test_numbers():\n"
+        "    assert next_one(2) == 3 and at_least(5, 1) and not at_least(0, 1)\n")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    lines = []
+    record = flip_sweep.sweep(str(repo), "pkg/numbers.py", ["tests/test_numbers.py"], timeout=120, log=lines.append)
+    verdicts = {(r["line"], r["change"]): r["verdict"] for r in record["results"]}
+    assert verdicts == {(2, ">= -> >"): "survived", (6, "+ 1 -> - 1"): "caught"}, (verdicts, lines)
+    assert lines[-1] == "[flip-sweep] 1 of 2 flips survived"
+    assert (repo / "pkg" / "numbers.py").read_text() == module  # the checkout is never written
+
+
+def test_the_command_refuses_a_file_that_is_not_there():
+    proc = subprocess.run([sys.executable, "-m", "umst_dev.flip_sweep", "umst_plugin/nothing.py", "tests/x.py"],
+                          cwd=flip_sweep.mutation.ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and "umst_plugin/nothing.py: no such file" in proc.stderr, proc.stderr

@@ -1,0 +1,124 @@
+"""The flip sweep: where a test is missing, found by flipping operators one at a time in one file.
+
+    python -m umst_dev.flip_sweep FILE TEST [TEST ...] [--json OUT] [--timeout S]
+
+The mutation check (:mod:`umst_dev.mutation`) plants faults someone wrote down; this sweep proposes them. In
+``FILE`` (a path in the repository) every comparison, boolean operator, ``not``, ``+ 1``/``- 1`` and ``True``/
+``False`` of the code (not of its strings, comments or docstrings) is flipped in turn (``==`` to ``!=``, ``<`` to
+``<=``, ``and`` to ``or``, ...), and ``TEST`` (pytest arguments) run against each flip, on a copy of the repository
+as the mutation check works (the checkout is never written). A flip the tests pass *survived*: a lead, not a
+verdict. Many survivors change nothing a user could see (an equivalent flip: ``x is None or not isinstance(x, int)``
+against ``and`` where the value is always an int or None); the others are a test missing. Write that test, then
+the fault it catches into the mutation table (``MUTANTS``), so that the check keeps it caught.
+
+It takes a while: one pytest run per flip (a file of 150 lines has 20-50 flips; at 5-40 s a run, 2-30 minutes).
+The lines print as each flip is judged; ``--json`` writes every flip's verdict.
+"""
+import argparse
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import tokenize
+
+from umst_dev import mutation
+
+# (token, its flips): each flip of a token is one candidate
+OPERATOR_FLIPS = {"==": ("!=",), "!=": ("==",), "<": ("<=",), "<=": ("<",), ">": (">=",), ">=": (">",),
+                  "and": ("or",), "or": ("and",), "True": ("False",), "False": ("True",), "is": ("is not",)}
+
+
+def flips(text):
+    """Every candidate flip of ``text`` (Python source): (line number, the line, the line flipped, what changed),
+    in the order of the file. Strings, comments and docstrings are tokens of their own, so nothing in them is
+    flipped; nor are logging calls' lines (their words are not behaviour a test pins)."""
+    lines = text.splitlines(keepends=True)
+    found = []
+    tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    for i, tok in enumerate(tokens):
+        (row, col), (end_row, end_col) = tok.start, tok.end
+        if row > len(lines) or row != end_row or "logger." in lines[row - 1] or "logging." in lines[row - 1]:
+            continue
+        line = lines[row - 1]
+        following = tokens[i + 1] if i + 1 < len(tokens) else None
+        if tok.type == tokenize.OP or tok.type == tokenize.NAME:
+            if tok.string == "is" and following is not None and following.string == "not":
+                replacements = [("is not", "is", following.end[1])]
+            elif tok.string == "not" and i > 0 and tokens[i - 1].string == "is":
+                continue  # (``is not``: flipped at its ``is``)
+            elif tok.string == "not":
+                replacements = [("not ", "", col + 4 if line[col + 3:col + 4] == " " else end_col)]
+            else:
+                replacements = [(tok.string, new, end_col) for new in OPERATOR_FLIPS.get(tok.string, ())]
+            for before, after, stop in replacements:
+                found.append((row, line, line[:col] + after + line[stop:], f"{before.strip()} -> {after or '(none)'}"))
+        elif tok.type == tokenize.NUMBER and tok.string == "1" and i > 0 and tokens[i - 1].string in ("+", "-"):
+            sign = tokens[i - 1]
+            if sign.start[0] == row:
+                flipped = "-" if sign.string == "+" else "+"
+                s = sign.start[1]
+                found.append((row, line, line[:s] + flipped + line[s + 1:], f"{sign.string} 1 -> {flipped} 1"))
+    return found
+
+
+def sweep(root, rel_path, tests, timeout=900, log=print):
+    """Run every flip of ``rel_path`` against ``tests`` on a copy of ``root``; returns the record (``--json``)."""
+    started, start = time.strftime("%Y-%m-%d %H:%M:%S"), time.monotonic()
+    commit = mutation._commit(root)
+    copy = tempfile.mkdtemp(prefix="umst-flip-sweep-")
+    results = []
+    try:
+        mutation.copy_of_repository(root, copy)
+        path = os.path.join(copy, rel_path)
+        with open(path, encoding="utf-8") as f:
+            original = f.read()
+        candidates = flips(original)
+        status, seconds, _, tail = mutation.run_tests(copy, tests, timeout)
+        log(f"[flip-sweep] {len(candidates)} flips in {rel_path}; unchanged code: pytest status {status} in "
+            f"{seconds:.0f} s")
+        if status != 0:
+            raise RuntimeError(f"the tests fail on the unchanged code (status {status}): a flip they catch would mean "
+                               f"nothing:\n{tail}")
+        original_lines = original.splitlines(keepends=True)
+        try:
+            for row, line, flipped, change in candidates:
+                text = "".join(original_lines[:row - 1] + [flipped] + original_lines[row:])
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(text)
+                status, seconds, failed, _ = mutation.run_tests(copy, tests, timeout)
+                verdict = mutation._verdict(status)
+                results.append(dict(line=row, change=change, before=line.strip(), after=flipped.strip(),
+                                    verdict=verdict, seconds=round(seconds, 1), failed=failed[:3]))
+                log(f"[flip-sweep] {verdict:8s} line {row}: {change}: {flipped.strip()}")
+        finally:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(original)
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+    survived = [r for r in results if r["verdict"] == "survived"]
+    log(f"[flip-sweep] {len(survived)} of {len(results)} flips survived")
+    return dict(started=started, seconds=round(time.monotonic() - start), machine=mutation.machine(), commit=commit,
+                file=rel_path, tests=list(tests), results=results)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m umst_dev.flip_sweep", description=__doc__.split("\n\n")[0])
+    parser.add_argument("file", help="the file to flip, a path in the repository (umst_plugin/...)")
+    parser.add_argument("tests", nargs="+", help="pytest arguments: the tests that should catch the flips")
+    parser.add_argument("--json", help="write every flip's verdict here")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per pytest run (default 900)")
+    args = parser.parse_args(argv)
+    if not os.path.isfile(os.path.join(mutation.ROOT, args.file)):
+        parser.error(f"{args.file}: no such file in {mutation.ROOT}")
+    record = sweep(mutation.ROOT, args.file, args.tests, args.timeout)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
