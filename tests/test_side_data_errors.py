@@ -55,6 +55,18 @@ def test_line_count_mismatch(workspace):
     assert_clean_failure(raw, databin, "test.kel:38:", "test.kel.conllu ended before this line")
 
 
+def test_a_parse_file_longer_than_the_text_names_the_line_after_the_last(workspace):
+    raw, databin = workspace
+    path = os.path.join(raw, "test.kel")
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(lines[:-1])  # the CoNLL-U keeps its last sentence
+    n_lines = len(lines)
+    assert_clean_failure(raw, databin, f"test.kel:{n_lines}:",
+                         f"test.kel.conllu has more sentences than the {n_lines - 1} lines of the BPE text")
+
+
 def test_words_vs_parse_mismatch(workspace):
     raw, databin = workspace
     path = os.path.join(raw, "valid.kel")

@@ -113,7 +113,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if not os.path.isfile(os.path.join(mutation.ROOT, args.file)):
         parser.error(f"{args.file}: no such file in {mutation.ROOT}")
-    record = sweep(mutation.ROOT, args.file, args.tests, args.timeout)
+    record = sweep(mutation.ROOT, args.file, args.tests, args.timeout, log=lambda line: print(line, flush=True))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)

@@ -667,6 +667,11 @@ MUTANTS = (
            "changed = sorted(k for k in manifest if old.get(k) == manifest[k])",
            ("tests/test_preprocess_scale.py::test_changed_input_discards_stale_chunks",),
            "discarded chunks' warning names the settings that did not change, not those that did"),
+    Mutant("conllu-longer-than-text-line", "preprocess_sidefiles",
+           'raise SideDataError(bpe_path, count + 1, f"{parse_source} has more sentences',
+           'raise SideDataError(bpe_path, count, f"{parse_source} has more sentences',
+           ("tests/test_side_data_errors.py::test_a_parse_file_longer_than_the_text_names_the_line_after_the_last",),
+           "a CoNLL-U file longer than its text named at the text's last line, not the line after it"),
 )
 
 
