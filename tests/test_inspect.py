@@ -253,18 +253,13 @@ def test_sentence_without_parser(toy, tmp_path):
 
 
 def test_sentence_with_spacy(toy, tmp_path):
-    from umst_plugin.preprocess.errors import ParserSetupError
-
-    pytest.importorskip("spacy")
+    e2e.skip_without_spacy_model()
     raw, databin = toy
     with open(os.path.join(raw, "test.tok.kel"), encoding="utf-8") as f:
         line = f.readline().strip()
-    try:
-        result = run([databin, "--sentence", line, "--source-parser", "spacy", "--source-parser-model",
-                      "en_core_web_md", "--bpe", "subword_nmt", "--bpe-codes", os.path.join(raw, "bpe.codes"),
-                      "--output", str(tmp_path / "sp.png")])
-    except ParserSetupError as e:
-        pytest.skip(f"spaCy model not available: {e}")
+    result = run([databin, "--sentence", line, "--source-parser", "spacy", "--source-parser-model",
+                  "en_core_web_md", "--bpe", "subword_nmt", "--bpe-codes", os.path.join(raw, "bpe.codes"),
+                  "--output", str(tmp_path / "sp.png")])
     heads = result.source.heads[:-1]
     assert result.source.words[:-1] == line.split() and len(heads) == len(line.split())
     assert 0 in heads and any(h > 0 for h in heads)  # spaCy's tree, not the no-edge fallback

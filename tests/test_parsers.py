@@ -7,6 +7,7 @@ from argparse import Namespace
 
 import pytest
 
+import e2e
 from umst_plugin.preprocess import cli, parsers
 from umst_plugin.preprocess.conllu_reader import SurfaceParse
 from umst_plugin.preprocess.errors import ParserSetupError
@@ -72,8 +73,6 @@ def test_stanza_missing_model_names_the_download_command(tmp_path):
 
 @needs_stanza
 def test_stanza_missing_model_cli(tmp_path, toy_raw):
-    import e2e
-
     proc = e2e.umst_preprocess("-s", e2e.SRC, "-t", e2e.TGT, "--validpref", os.path.join(toy_raw, "valid"),
                                "--destdir", tmp_path / "bin", "--parser", "stanza", "--parser-model", "en",
                                "--stanza-dir", tmp_path / "stanza", "--no-check-binarized", "--no-progress",
@@ -103,8 +102,6 @@ class GoldStanzaPipeline:
 
 @needs_stanza
 def test_stanza_heads_and_labels_survive_into_side_files(tmp_path, toy_raw, monkeypatch):
-    import e2e
-
     valid = os.path.join(toy_raw, "valid")
     gold = GoldStanzaPipeline(f"{valid}.{e2e.SRC}.conllu")
     monkeypatch.setattr(StanzaBackend, "build_pipeline", lambda self, args: gold)
@@ -187,13 +184,7 @@ Mr. Smith &apos;s dog barked loudly at the post@@ man .
 
 @pytest.fixture(scope="module")
 def spacy_parsed(tmp_path_factory):
-    pytest.importorskip("spacy")
-    from umst_plugin.preprocess.spacy_backend import load_pipeline
-
-    try:
-        load_pipeline("en_core_web_md")
-    except ParserSetupError as e:
-        pytest.skip(str(e))
+    e2e.skip_without_spacy_model()
     d = tmp_path_factory.mktemp("spacy")
     (d / "train.en").write_text(ENGLISH_BPE)
     assert cli.main(["-s", "en", "-t", "de", "--trainpref", str(d / "train"), "--destdir", str(d / "bin"),
@@ -232,11 +223,8 @@ def test_spacy_known_heads(spacy_parsed):
 
 
 def test_spacy_backend_as_the_task_builds_it():
-    pytest.importorskip("spacy")
-    try:
-        backend = parsers.build_backend("spacy", Namespace(parser_model="en_core_web_md"))
-    except ParserSetupError as e:
-        pytest.skip(str(e))
+    e2e.skip_without_spacy_model()
+    backend = parsers.build_backend("spacy", Namespace(parser_model="en_core_web_md"))
     [p] = backend.parse([["The", "dog", "barked", "."]])
     assert p.heads == [2, 3, 0, 3]
 
@@ -247,6 +235,20 @@ def test_spacy_missing_model_message():
         parsers.build_backend("spacy", Namespace(parser_model="xx_no_such_model", device="cpu"))
 
 
+def test_a_spacy_pipeline_without_a_parser_is_refused(tmp_path):
+    """A pipeline that loads but has no dependency parser (a blank or NER-only one) stops set-up, naming its
+    components, before any sentence is parsed into fallback graphs."""
+    spacy = pytest.importorskip("spacy")
+    from umst_plugin.preprocess.spacy_backend import load_pipeline
+
+    blank = spacy.blank("en")
+    blank.add_pipe("sentencizer")
+    blank.to_disk(tmp_path / "blank_en")
+    with pytest.raises(ParserSetupError, match=r"has no dependency parser \(components: sentencizer\); expected one "
+                                               r"with a 'parser'"):
+        load_pipeline(str(tmp_path / "blank_en"))
+
+
 def test_task_parses_interactive_input_with_spacy():
     """The task's --source-parser spacy path (fairseq-interactive) through build_backend(Namespace(parser_model))."""
     pytest.importorskip("spacy")
@@ -255,10 +257,7 @@ def test_task_parses_interactive_input_with_spacy():
 
     from umst_dev import dev
 
-    try:
-        parsers.build_backend("spacy", Namespace(parser_model="en_core_web_md", device="cpu"))
-    except ParserSetupError as e:
-        pytest.skip(str(e))
+    e2e.skip_without_spacy_model()
     d = Dictionary()
     for sym in "The c@@ at sat on the mat . &quot; no".split():
         d.add_symbol(sym)

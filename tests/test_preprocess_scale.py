@@ -135,14 +135,9 @@ def _files(d):
 
 @pytest.fixture(scope="module")
 def spacy_ok():
-    pytest.importorskip("spacy")
-    from umst_plugin.preprocess.errors import ParserSetupError
-    from umst_plugin.preprocess.spacy_backend import load_pipeline
+    import e2e
 
-    try:
-        load_pipeline("en_core_web_md")
-    except ParserSetupError as e:
-        pytest.skip(str(e))
+    e2e.skip_without_spacy_model()
 
 
 @pytest.fixture(scope="module")

@@ -103,6 +103,25 @@ def test_interactive_word_ids_match_preprocessed(toy_databin):
     assert rebuilt["src_word_heads"].equal(batch["net_input"]["src_word_heads"].clamp(max=0))
 
 
+def test_the_collater_hands_transformer_sf_its_character_length(toy_databin):
+    """A model that asks for host-side batch hints (``host_batch_hint``: TranSFormer's longest character sequence,
+    which its encoder would otherwise read off the device, a host sync per batch) gets them in every batch the
+    task's datasets collate, equal to what the encoder would have read."""
+    from fairseq import tasks
+
+    cfg = dev.config_of(dev.parse_args("transformer_sf_base", {"encoder_layers": 1, "decoder_layers": 1,
+                                                               "source_lang": e2e.SRC, "target_lang": e2e.TGT},
+                                       "multiscale_translation", toy_databin))
+    task = tasks.setup_task(cfg.task)
+    task.load_dataset("valid")
+    dataset = task.dataset("valid")
+    assert "src_char_len" not in dataset.collater([dataset[i] for i in range(4)])["net_input"]  # no model yet
+    model = task.build_model(cfg.model)
+    batch = dataset.collater([dataset[i] for i in range(8)])
+    src_tokens = batch["net_input"]["src_tokens"]
+    assert batch["net_input"]["src_char_len"] == model.encoder.char_table.max_char_length(src_tokens) > 0
+
+
 SP = "\u2581"
 
 

@@ -672,6 +672,23 @@ MUTANTS = (
            'raise SideDataError(bpe_path, count, f"{parse_source} has more sentences',
            ("tests/test_side_data_errors.py::test_a_parse_file_longer_than_the_text_names_the_line_after_the_last",),
            "a CoNLL-U file longer than its text named at the text's last line, not the line after it"),
+    Mutant("collater-drops-batch-hints", "side_data_dataset",
+           '            batch["net_input"].update(self.batch_hints(src_tokens))\n',
+           "            pass\n",
+           ("tests/test_side_data.py::test_the_collater_hands_transformer_sf_its_character_length",),
+           "the collater drops the models' host-side batch hints (TranSFormer reads its character length off the "
+           "device: a host sync per batch)"),
+    Mutant("spacy-pipeline-without-parser-accepted", "spacy_backend",
+           'if "parser" not in nlp.pipe_names:',
+           "if False:",
+           ("tests/test_parsers.py::test_a_spacy_pipeline_without_a_parser_is_refused",),
+           "a spaCy pipeline without a dependency parser accepted (every sentence parsed into a fallback graph)"),
+    Mutant("spacy-loader-refuses-its-model", "spacy_backend",
+           'if "parser" not in nlp.pipe_names:',
+           'if "parser" in nlp.pipe_names:',
+           ("tests/test_parsers.py",),
+           "the spaCy loader refuses the pipeline it should load (the spaCy tests skipped this as a model not "
+           "installed)"),
 )
 
 
