@@ -224,9 +224,10 @@ def test_spacy_known_heads(spacy_parsed):
 
 def test_spacy_backend_as_the_task_builds_it():
     e2e.skip_without_spacy_model()
-    backend = parsers.build_backend("spacy", Namespace(parser_model="en_core_web_md"))
+    backend = parsers.build_backend("spacy", Namespace(parser_model="en_core_web_md", batch_size=7))
     [p] = backend.parse([["The", "dog", "barked", "."]])
     assert p.heads == [2, 3, 0, 3]
+    assert backend.batch_size == 7  # --batch-size reaches spaCy's nlp.pipe
 
 
 def test_spacy_missing_model_message():

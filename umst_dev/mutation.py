@@ -689,6 +689,11 @@ MUTANTS = (
            ("tests/test_parsers.py",),
            "the spaCy loader refuses the pipeline it should load (the spaCy tests skipped this as a model not "
            "installed)"),
+    Mutant("spacy-batch-size-ignored", "spacy_backend",
+           'self.batch_size = getattr(args, "batch_size", None) or 256',
+           "self.batch_size = 256",
+           ("tests/test_parsers.py::test_spacy_backend_as_the_task_builds_it",),
+           "umst-preprocess --batch-size never reaches spaCy's nlp.pipe (always 256)"),
 )
 
 
