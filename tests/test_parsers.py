@@ -252,13 +252,12 @@ def test_a_spacy_pipeline_without_a_parser_is_refused(tmp_path):
 
 def test_task_parses_interactive_input_with_spacy():
     """The task's --source-parser spacy path (fairseq-interactive) through build_backend(Namespace(parser_model))."""
-    pytest.importorskip("spacy")
+    e2e.skip_without_spacy_model()
     import torch
     from fairseq.data import Dictionary
 
     from umst_dev import dev
 
-    e2e.skip_without_spacy_model()
     d = Dictionary()
     for sym in "The c@@ at sat on the mat . &quot; no".split():
         d.add_symbol(sym)

@@ -6,6 +6,7 @@ import random
 import numpy as np
 import pytest
 
+import e2e
 from umst_plugin.preprocess import cli, text
 from umst_plugin.preprocess.chunks import ChunkedParse, batches, shard_range
 from umst_plugin.preprocess.sidefiles import int_lines, write_mmap_index
@@ -135,8 +136,6 @@ def _files(d):
 
 @pytest.fixture(scope="module")
 def spacy_ok():
-    import e2e
-
     e2e.skip_without_spacy_model()
 
 
@@ -211,8 +210,6 @@ def test_three_shards_merged_equal_unsharded(english):
 def test_conllu_shards_merged_equal_unsharded(toy_raw, tmp_path):
     """--parser conllu with --shard: each shard takes the CoNLL-U sentences of its own lines (the file is read from
     its start, the lines before the shard skipped), and the merged shards equal an unsharded run byte for byte."""
-    import e2e
-
     args = ["-s", e2e.SRC, "-t", e2e.TGT, "--trainpref", os.path.join(toy_raw, "train"), "--parser", "conllu",
             "--no-check-binarized", "--no-progress", "--chunk-size", "7"]
     assert cli.main(args + ["--destdir", str(tmp_path / "full")]) == 0

@@ -2,6 +2,7 @@
 previously written data-bin exactly as it was."""
 import hashlib
 import os
+import re
 import shutil
 
 import pytest
@@ -23,6 +24,13 @@ def workspace(toy_raw, toy_databin, tmp_path):
     shutil.copytree(toy_raw, raw)
     shutil.copytree(toy_databin, databin)
     return str(raw), str(databin)
+
+
+def copy_side_file(databin, kind, from_split, to_split):
+    """A side file of the data-bin (``wordids`` or ``heads``, .bin and .idx) copied over another split's."""
+    for ext in ("bin", "idx"):
+        shutil.copy(os.path.join(databin, f"{from_split}.kel-mor.kel.{kind}.{ext}"),
+                    os.path.join(databin, f"{to_split}.kel-mor.kel.{kind}.{ext}"))
 
 
 def rewrite_line(path, line_no, new_text=None, raw_bytes=None):
@@ -116,9 +124,7 @@ def test_task_refuses_misaligned_side_data(workspace):
     """Side files of another split copied over: the task stops at load time, naming file and line."""
     _, databin = workspace
     for kind in ("wordids", "heads"):
-        for ext in ("bin", "idx"):
-            shutil.copy(os.path.join(databin, f"test.kel-mor.kel.{kind}.{ext}"),
-                        os.path.join(databin, f"valid.kel-mor.kel.{kind}.{ext}"))
+        copy_side_file(databin, kind, "test", "valid")
     task = dev.setup_task(databin, {"source_lang": e2e.SRC, "target_lang": e2e.TGT})
     with pytest.raises(SideDataError, match=r"valid\.kel-mor\.kel\.wordids\.bin:1: .* word ids but"):
         task.load_dataset("valid")
@@ -128,9 +134,7 @@ def test_task_refuses_a_head_file_of_another_length(workspace):
     """Only the heads copied from another split (the word ids right): the line counts are compared each on its own,
     and the error says both counts and the source's."""
     _, databin = workspace
-    for ext in ("bin", "idx"):
-        shutil.copy(os.path.join(databin, f"train.kel-mor.kel.heads.{ext}"),
-                    os.path.join(databin, f"valid.kel-mor.kel.heads.{ext}"))
+    copy_side_file(databin, "heads", "train", "valid")
     task = dev.setup_task(databin, {"source_lang": e2e.SRC, "target_lang": e2e.TGT})
     with pytest.raises(SideDataError, match=r"valid\.kel-mor\.kel\.wordids\.bin: (\d+) word-id and (?!\1 )\d+ head "
                                             r"lines but \1 source sentences"):
@@ -140,14 +144,10 @@ def test_task_refuses_a_head_file_of_another_length(workspace):
 def test_task_names_the_first_sentence_whose_heads_do_not_fit_its_words(workspace):
     """Heads of another split with as many sentences: the error names the first sentence (1-based line) whose head
     count differs from its number of words."""
-    import re
-
     from fairseq.data.indexed_dataset import MMapIndexedDataset
 
     _, databin = workspace
-    for ext in ("bin", "idx"):
-        shutil.copy(os.path.join(databin, f"test.kel-mor.kel.heads.{ext}"),
-                    os.path.join(databin, f"valid.kel-mor.kel.heads.{ext}"))
+    copy_side_file(databin, "heads", "test", "valid")
     word_ids = MMapIndexedDataset(os.path.join(databin, "valid.kel-mor.kel.wordids"))
     heads = MMapIndexedDataset(os.path.join(databin, "valid.kel-mor.kel.heads"))
     assert len(word_ids) == len(heads)
