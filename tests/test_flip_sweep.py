@@ -66,3 +66,36 @@ def test_the_command_refuses_a_file_that_is_not_there():
     proc = subprocess.run([sys.executable, "-m", "umst_dev.flip_sweep", "umst_plugin/nothing.py", "tests/x.py"],
                           cwd=flip_sweep.mutation.ROOT, capture_output=True, text=True)
     assert proc.returncode == 2 and "umst_plugin/nothing.py: no such file" in proc.stderr, proc.stderr
+
+
+def test_survivors_of_an_earlier_sweep_are_judged_again_by_other_tests(tmp_path):
+    """``--survivors-of``: the second sweep runs only the flip the first one's tests let through, against a test
+    that pins it; a record of another version of the file is refused with the line it no longer has."""
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    module = "def at_least(x, low):\n    return x >= low\n\n\ndef next_one(x):\n    return x + 1\n"
+    (repo / "pkg" / "__init__.py").write_text("")
+    (repo / "pkg" / "numbers.py").write_text(module)
+    (repo / "tests" / "test_quick.py").write_text(
+        "from pkg.numbers import at_least, next_one\n\n\ndef test_quick():\n"
+        "    assert next_one(2) == 3 and at_least(5, 1)\n")
+    (repo / "tests" / "test_boundary.py").write_text(
+        "from pkg.numbers import at_least\n\n\ndef test_boundary():\n    assert at_least(1, 1)\n")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    quick = flip_sweep.sweep(str(repo), "pkg/numbers.py", ["tests/test_quick.py"], timeout=120, log=lambda _: None)
+    assert [(r["line"], r["verdict"]) for r in quick["results"]] == [(2, "survived"), (6, "caught")]
+    lines = []
+    again = flip_sweep.sweep(str(repo), "pkg/numbers.py", ["tests/test_boundary.py"], timeout=120,
+                             log=lines.append, only_survivors_of=quick)
+    assert [(r["line"], r["change"], r["verdict"]) for r in again["results"]] == [(2, ">= -> >", "caught")], lines
+    assert again["survivors_of"]["tests"] == ["tests/test_quick.py"]
+    # the file changed since the record: its survivor's line is gone
+    (repo / "pkg" / "numbers.py").write_text(module.replace("x >= low", "low <= x"))
+    try:
+        flip_sweep.sweep(str(repo), "pkg/numbers.py", ["tests/test_boundary.py"], timeout=120, log=lambda _: None,
+                         only_survivors_of=quick)
+    except ValueError as e:
+        assert "pkg/numbers.py line 2 is no longer 'return x >= low'" in str(e), e
+    else:
+        raise AssertionError("a record of another version of the file was taken")

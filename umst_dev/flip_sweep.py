@@ -12,7 +12,10 @@ against ``and`` where the value is always an int or None); the others are a test
 the fault it catches into the mutation table (``MUTANTS``), so that the check keeps it caught.
 
 It takes a while: one pytest run per flip (a file of 150 lines has 20-50 flips; at 5-40 s a run, 2-30 minutes).
-The lines print as each flip is judged; ``--json`` writes every flip's verdict.
+The lines print as each flip is judged; ``--json`` writes every flip's verdict. A first sweep against a file's quick
+tests, then ``--survivors-of`` its record against the slower ones (``python -m umst_dev.flip_sweep FILE SLOW_TESTS
+--survivors-of quick.json``), judges only the flips the quick tests let through: the slow tests run for a few flips,
+not for all of them.
 """
 import argparse
 import io
@@ -64,8 +67,28 @@ def flips(text):
     return found
 
 
-def sweep(root, rel_path, tests, timeout=900, log=print):
-    """Run every flip of ``rel_path`` against ``tests`` on a copy of ``root``; returns the record (``--json``)."""
+def survivors_of(record, rel_path, candidates):
+    """The flips of ``candidates`` that survived in ``record`` (an earlier sweep's ``--json`` of the same file), each
+    matched by its line number, its change and its line's text. A survivor the file no longer has (the line moved or
+    changed since) is an error that names it: the record is of another version of the file."""
+    if record.get("file") != rel_path:
+        raise ValueError(f"the record is of {record.get('file')}, not of {rel_path}")
+    by_key = {(row, change, line.strip()): (row, line, flipped, change) for row, line, flipped, change in candidates}
+    chosen = []
+    for result in record["results"]:
+        if result["verdict"] != "survived":
+            continue
+        key = (result["line"], result["change"], result["before"])
+        if key not in by_key:
+            raise ValueError(f"{rel_path} line {result['line']} is no longer {result['before']!r} "
+                             f"(recorded at commit {record.get('commit')}): sweep the file again")
+        chosen.append(by_key[key])
+    return chosen
+
+
+def sweep(root, rel_path, tests, timeout=900, log=print, only_survivors_of=None):
+    """Run every flip of ``rel_path`` against ``tests`` on a copy of ``root``; returns the record (``--json``).
+    With ``only_survivors_of`` (an earlier record of the same file), only the flips that survived there."""
     started, start = time.strftime("%Y-%m-%d %H:%M:%S"), time.monotonic()
     commit = mutation._commit(root)
     copy = tempfile.mkdtemp(prefix="umst-flip-sweep-")
@@ -76,6 +99,8 @@ def sweep(root, rel_path, tests, timeout=900, log=print):
         with open(path, encoding="utf-8") as f:
             original = f.read()
         candidates = flips(original)
+        if only_survivors_of is not None:
+            candidates = survivors_of(only_survivors_of, rel_path, candidates)
         status, seconds, _, tail = mutation.run_tests(copy, tests, timeout)
         log(f"[flip-sweep] {len(candidates)} flips in {rel_path}; unchanged code: pytest status {status} in "
             f"{seconds:.0f} s")
@@ -100,8 +125,11 @@ def sweep(root, rel_path, tests, timeout=900, log=print):
         shutil.rmtree(copy, ignore_errors=True)
     survived = [r for r in results if r["verdict"] == "survived"]
     log(f"[flip-sweep] {len(survived)} of {len(results)} flips survived")
-    return dict(started=started, seconds=round(time.monotonic() - start), machine=mutation.machine(), commit=commit,
-                file=rel_path, tests=list(tests), results=results)
+    record = dict(started=started, seconds=round(time.monotonic() - start), machine=mutation.machine(), commit=commit,
+                  file=rel_path, tests=list(tests), results=results)
+    if only_survivors_of is not None:
+        record["survivors_of"] = dict(commit=only_survivors_of.get("commit"), tests=only_survivors_of.get("tests"))
+    return record
 
 
 def main(argv=None):
@@ -110,10 +138,20 @@ def main(argv=None):
     parser.add_argument("tests", nargs="+", help="pytest arguments: the tests that should catch the flips")
     parser.add_argument("--json", help="write every flip's verdict here")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per pytest run (default 900)")
+    parser.add_argument("--survivors-of", metavar="RECORD",
+                        help="only the flips that survived in this earlier record (--json) of the same file")
     args = parser.parse_args(argv)
     if not os.path.isfile(os.path.join(mutation.ROOT, args.file)):
         parser.error(f"{args.file}: no such file in {mutation.ROOT}")
-    record = sweep(mutation.ROOT, args.file, args.tests, args.timeout, log=lambda line: print(line, flush=True))
+    earlier = None
+    if args.survivors_of:
+        with open(args.survivors_of) as f:
+            earlier = json.load(f)
+    try:
+        record = sweep(mutation.ROOT, args.file, args.tests, args.timeout, log=lambda line: print(line, flush=True),
+                       only_survivors_of=earlier)
+    except ValueError as e:
+        parser.error(f"{args.survivors_of}: {e}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)
