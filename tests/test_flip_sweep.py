@@ -74,21 +74,27 @@ def test_survivors_of_an_earlier_sweep_are_judged_again_by_other_tests(tmp_path)
     repo = tmp_path / "repo"
     (repo / "pkg").mkdir(parents=True)
     (repo / "tests").mkdir()
-    module = "def at_least(x, low):\n    return x >= low\n\n\ndef next_one(x):\n    return x + 1\n"
+    module = ("def at_least(x, low):\n    return x >= low\n\n\ndef next_one(x):\n    return x + 1\n\n\n"
+              "def any_of(a, b, c):\n    return a or b or c\n")
     (repo / "pkg" / "__init__.py").write_text("")
     (repo / "pkg" / "numbers.py").write_text(module)
     (repo / "tests" / "test_quick.py").write_text(
-        "from pkg.numbers import at_least, next_one\n\n\ndef test_quick():\n"
-        "    assert next_one(2) == 3 and at_least(5, 1)\n")
+        "from pkg.numbers import any_of, at_least, next_one\n\n\ndef test_quick():\n"
+        "    assert next_one(2) == 3 and at_least(5, 1) and any_of(1, 1, 1) and not any_of(0, 0, 0)\n")
+    # pins the boundary, and the second "or" of any_of (a or b and c is false for 0, 0, 1), not the first
     (repo / "tests" / "test_boundary.py").write_text(
-        "from pkg.numbers import at_least\n\n\ndef test_boundary():\n    assert at_least(1, 1)\n")
+        "from pkg.numbers import any_of, at_least\n\n\ndef test_boundary():\n"
+        "    assert at_least(1, 1) and any_of(0, 0, 1)\n")
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     quick = flip_sweep.sweep(str(repo), "pkg/numbers.py", ["tests/test_quick.py"], timeout=120, log=lambda _: None)
-    assert [(r["line"], r["verdict"]) for r in quick["results"]] == [(2, "survived"), (6, "caught")]
+    assert [(r["line"], r["verdict"]) for r in quick["results"]] == [
+        (2, "survived"), (6, "caught"), (10, "survived"), (10, "survived")]
     lines = []
     again = flip_sweep.sweep(str(repo), "pkg/numbers.py", ["tests/test_boundary.py"], timeout=120,
                              log=lines.append, only_survivors_of=quick)
-    assert [(r["line"], r["change"], r["verdict"]) for r in again["results"]] == [(2, ">= -> >", "caught")], lines
+    assert [(r["line"], r["after"], r["verdict"]) for r in again["results"]] == [
+        (2, "return x > low", "caught"), (10, "return a and b or c", "survived"),
+        (10, "return a or b and c", "caught")], lines
     assert again["survivors_of"]["tests"] == ["tests/test_quick.py"]
     # the file changed since the record: its survivor's line is gone
     (repo / "pkg" / "numbers.py").write_text(module.replace("x >= low", "low <= x"))

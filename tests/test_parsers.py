@@ -308,3 +308,87 @@ def test_the_recorded_stanza_package_reaches_the_parser_of_raw_input(tmp_path, m
     tokens = torch.tensor([d.index(s) for s in "the cat sat .".split()] + [d.eos()])
     with pytest.raises(ParserSetupError, match=re.escape(f"model_dir='{tmp_path / 'stanza'}'") + r".*package='gum'"):
         task.build_dataset_for_inference([tokens], [len(tokens)])
+
+
+def test_interactive_input_is_parsed_once_per_sentence_whatever_its_padding():
+    """fairseq-interactive hands the task each batch twice (build_dataset_for_inference, then inference_step with
+    the side inputs dropped): each distinct sentence is parsed once, keyed by its words without </s> and padding, so
+    the same sentence padded to another length in another batch is not parsed again and gets the same heads."""
+    e2e.skip_without_spacy_model()
+    import torch
+    from fairseq.data import Dictionary
+
+    from umst_dev import dev
+
+    d = Dictionary()
+    for sym in "The cat sat on the mat . A dog ran".split():
+        d.add_symbol(sym)
+    _, task = dev.build_model("umst_base", {"source_parser": "spacy", "source_parser_model": "en_core_web_md",
+                                            "encoder_layers": 1, "decoder_layers": 1, "encoder_embed_dim": 8,
+                                            "decoder_embed_dim": 8, "encoder_ffn_embed_dim": 8,
+                                            "decoder_ffn_embed_dim": 8, "encoder_attention_heads": 1,
+                                            "decoder_attention_heads": 1}, dictionary=d)
+    cat = [d.index(s) for s in "The cat sat on the mat .".split()] + [d.eos()]
+    dog = [d.index(s) for s in "A dog ran .".split()] + [d.eos()]
+    parsed = []
+    first = task._parse_tokens(torch.tensor([cat, cat]))  # the backend is built here, on first use
+    backend = task._parser
+    parse = backend.parse
+    backend.parse = lambda sentences: parsed.append(list(sentences)) or parse(sentences)
+    left_padded = torch.tensor([cat, [d.pad()] * 3 + dog])
+    again = task._parse_tokens(left_padded)
+    assert task._parser is backend  # built once
+    assert parsed == [[["A", "dog", "ran", "."]]]  # only the new sentence; "cat" came from the cache
+    assert again[0].tolist() == first[0].tolist() == first[1].tolist() == [2, 3, 0, 3, 6, 4, 3]
+    assert again[1].tolist() == [2, 3, 0, 3]
+    task._parse_tokens(torch.tensor([dog + [d.pad()] * 3]))  # right-padded this time
+    assert len(parsed) == 1
+
+
+def test_interactive_input_without_a_parser_warns_once(caplog):
+    """--source-parser none (the default): raw input gets the fallback graph, and one warning says so and how to
+    parse instead, not one per batch."""
+    import logging
+
+    import torch
+    from fairseq.data import Dictionary
+
+    from umst_dev import dev
+
+    d = Dictionary()
+    for sym in "the cat sat".split():
+        d.add_symbol(sym)
+    _, task = dev.build_model("umst_base", {"encoder_layers": 1, "decoder_layers": 1, "encoder_embed_dim": 8,
+                                            "decoder_embed_dim": 8, "encoder_ffn_embed_dim": 8,
+                                            "decoder_ffn_embed_dim": 8, "encoder_attention_heads": 1,
+                                            "decoder_attention_heads": 1}, dictionary=d)
+    tokens = torch.tensor([d.index(s) for s in "the cat sat".split()] + [d.eos()])
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            item = task.build_dataset_for_inference([tokens], [len(tokens)])[0]
+            assert item["src_word_heads"].tolist() == [0, 0, 0, 0]
+    warnings = [r.getMessage() for r in caplog.records if "no --source-parser configured" in r.getMessage()]
+    assert len(warnings) == 1 and "Set --source-parser (e.g. spacy or stanza)" in warnings[0], caplog.text
+
+
+def test_the_task_s_source_parser_model_reaches_the_parser(tmp_path):
+    """--source-parser-model names the pipeline raw input is parsed with: one that is not there stops with its
+    name, not with spaCy's default pipeline taken instead."""
+    e2e.skip_without_spacy_model()
+    import torch
+    from fairseq.data import Dictionary
+
+    from umst_dev import dev
+
+    d = Dictionary()
+    for sym in "the cat sat".split():
+        d.add_symbol(sym)
+    missing = str(tmp_path / "no-such-pipeline")
+    _, task = dev.build_model("umst_base", {"source_parser": "spacy", "source_parser_model": missing,
+                                            "encoder_layers": 1, "decoder_layers": 1, "encoder_embed_dim": 8,
+                                            "decoder_embed_dim": 8, "encoder_ffn_embed_dim": 8,
+                                            "decoder_ffn_embed_dim": 8, "encoder_attention_heads": 1,
+                                            "decoder_attention_heads": 1}, dictionary=d)
+    tokens = torch.tensor([d.index(s) for s in "the cat sat".split()] + [d.eos()])
+    with pytest.raises(ParserSetupError, match=re.escape(missing)):
+        task.build_dataset_for_inference([tokens], [len(tokens)])

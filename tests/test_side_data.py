@@ -1,6 +1,7 @@
 """Side data follows fairseq's batches: left/right padding, length re-sorting, truncation, data shards,
 and the interactive path that derives word ids from tokens."""
 import os
+import shutil
 
 import pytest
 import torch
@@ -72,13 +73,93 @@ def test_truncation_truncates_side_data(toy_databin):
     check_batches(task, "valid", word_rows, head_rows, left_pad=True, max_len=6)
 
 
-def test_two_data_shards_round_robin(toy_raw, toy_databin, tmp_path):
-    raw_b = e2e.make_toy_corpus(str(tmp_path / "raw_b"), n_train=120, n_valid=10, n_test=10, seed=7)
-    shard_b = e2e.binarize(raw_b, str(tmp_path / "bin_b"), splits=("train",), dicts_from=toy_databin)
-    task = task_on(f"{toy_databin}:{shard_b}")
-    task.load_dataset("train", epoch=2)  # epoch 2 reads the second shard
-    assert len(task.dataset("train")) == 120
-    check_batches(task, "train", *expected_rows(shard_b, "train"), left_pad=True)
+def test_data_shards_round_robin(toy_raw, toy_databin, tmp_path):
+    """fairseq reads shard (epoch - 1) mod n of ``data1:data2:...``; the side files come from the same shard.
+    Three shards of three sizes: with two, epoch - 1 and epoch + 1 name the same shard."""
+    shards = [toy_databin]
+    for n_train, seed in ((120, 7), (90, 8)):
+        raw = e2e.make_toy_corpus(str(tmp_path / f"raw_{seed}"), n_train=n_train, n_valid=10, n_test=10, seed=seed)
+        shards.append(e2e.binarize(raw, str(tmp_path / f"bin_{seed}"), splits=("train",), dicts_from=toy_databin))
+    task = task_on(":".join(shards))
+    for epoch, shard, size in ((2, shards[1], 120), (3, shards[2], 90)):
+        task.load_dataset("train", epoch=epoch)
+        assert len(task.dataset("train")) == size
+        check_batches(task, "train", *expected_rows(shard, "train"), left_pad=True)
+
+
+def copy_split(databin, from_split, to_split):
+    """Every file of a split (both languages' tokens, the side files and their text) copied as another split."""
+    for name in os.listdir(databin):
+        if name.startswith(f"{from_split}."):
+            shutil.copy(os.path.join(databin, name), os.path.join(databin, to_split + name[len(from_split):]))
+
+
+def test_shards_within_a_data_dir_combine_for_training_only(toy_databin, tmp_path):
+    """``train`` + ``train1`` in one data dir (fairseq's way to add data, e.g. back-translations, with
+    ``--upsample-primary``): training concatenates both, the primary ``train`` repeated, and the side data follows;
+    ``valid`` loads alone beside a ``valid1`` (fairseq-train passes combine=False, fairseq-generate the default)."""
+    databin = str(tmp_path / "data-bin")
+    shutil.copytree(toy_databin, databin)
+    copy_split(databin, "valid", "train1")
+    copy_split(databin, "train", "valid1")
+    task = task_on(databin, upsample_primary=2)
+    task.load_dataset("train", combine=True)
+    train_words, train_heads = expected_rows(databin, "train")
+    extra_words, extra_heads = expected_rows(databin, "train1")
+    assert len(task.dataset("train")) == 2 * len(train_words) + len(extra_words)
+    # fairseq's ConcatDataset maps the primary's repeats back to its rows (index mod its size)
+    check_batches(task, "train", 2 * train_words + extra_words, 2 * train_heads + extra_heads, left_pad=True)
+    task.load_dataset("valid")  # as fairseq-generate loads its split: combine left at its default
+    valid_words, valid_heads = expected_rows(databin, "valid")
+    assert len(task.dataset("valid")) == len(valid_words) != len(expected_rows(databin, "valid1")[0])
+    check_batches(task, "valid", valid_words, valid_heads, left_pad=True)
+
+
+def test_every_sentence_outside_training_is_batched(toy_databin):
+    """fairseq-fixed drops a last batch that is not a multiple of --required-batch-size-multiple (fairseq-train's
+    8); the task keeps it outside training, so validation and decoding see every sentence, and training's batches
+    stay multiples of 8 (but the last)."""
+    task = task_on(toy_databin)
+    task.load_dataset("train")
+    task.load_dataset("valid")
+    for split in ("train", "valid"):
+        dataset = task.dataset(split)
+        itr = task.get_batch_iterator(dataset, max_tokens=200, seed=1, required_batch_size_multiple=8)
+        sizes = [len(batch["id"]) for batch in itr.next_epoch_itr(shuffle=False)]
+        if split == "valid":
+            assert len(dataset) % 8 != 0 and sum(sizes) == len(dataset), sizes
+        else:
+            assert all(size % 8 == 0 for size in sizes[:-1]) and sum(sizes) == len(dataset), sizes
+    # the same by position, as fairseq's own callers pass it (dataset, max_tokens, max_sentences, max_positions,
+    # ignore_invalid_inputs, required_batch_size_multiple)
+    itr = task.get_batch_iterator(task.dataset("valid"), 200, None, None, False, 8)
+    assert sum(len(batch["id"]) for batch in itr.next_epoch_itr(shuffle=False)) == len(task.dataset("valid"))
+
+
+def test_raw_input_notes_its_preparation_once(toy_databin, tmp_path, caplog):
+    """Where raw text is about to be prepared, the task says once how: by the data-bin's record, by the arguments
+    alone (--text-preprocessing arguments), or that the data-bin has no record."""
+    import logging
+
+    from umst_plugin import text_preprocessing as textprep
+
+    with_record = str(tmp_path / "with-record")
+    shutil.copytree(toy_databin, with_record)
+    with open(os.path.join(with_record, "bpe.codes"), "w") as f:
+        f.write("#version: 0.2\n")
+    textprep.write_record(with_record, [e2e.SRC, e2e.TGT], lowercase=True, bpe_codes="bpe.codes")
+    cases = [(with_record, {}, f"{with_record}/{textprep.RECORD_NAME}: raw {e2e.SRC} input gets"),
+             (with_record, {"text_preprocessing": "arguments"}, "--text-preprocessing arguments: raw input is "
+                                                                "prepared only by --tokenizer/--bpe as given"),
+             (toy_databin, {}, f"{toy_databin} has no {textprep.RECORD_NAME}")]
+    for databin, overrides, message in cases:
+        task = task_on(databin, **overrides)
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            for _ in range(3):
+                task.note_raw_input()
+        notes = [r.getMessage() for r in caplog.records if r.name.startswith("umst_plugin")]
+        assert len(notes) == 1 and notes[0].startswith(message), (message, notes)
 
 
 def test_interactive_word_ids_match_preprocessed(toy_databin):
@@ -97,6 +178,9 @@ def test_interactive_word_ids_match_preprocessed(toy_databin):
                                              "decoder_embed_dim": 8, "encoder_ffn_embed_dim": 8,
                                              "decoder_ffn_embed_dim": 8, "encoder_attention_heads": 2,
                                              "decoder_attention_heads": 2})
+    # a batch that carries its side inputs (fairseq-generate on a data-bin) keeps them: the parsed heads
+    assert task._add_missing_side_inputs(batch, [model]) is batch
+    assert batch["net_input"]["src_word_heads"].gt(0).any()
     bare = {"net_input": {k: batch["net_input"][k] for k in ("src_tokens", "src_lengths")}}
     rebuilt = task._add_missing_side_inputs(bare, [model])["net_input"]
     assert rebuilt["src_word_ids"].equal(batch["net_input"]["src_word_ids"])

@@ -69,16 +69,18 @@ def flips(text):
 
 def survivors_of(record, rel_path, candidates):
     """The flips of ``candidates`` that survived in ``record`` (an earlier sweep's ``--json`` of the same file), each
-    matched by its line number, its change and its line's text. A survivor the file no longer has (the line moved or
-    changed since) is an error that names it: the record is of another version of the file."""
+    matched by its line number, its line's text and the line flipped (a line can have two flips of one kind: ``a or
+    b or c``). A survivor the file no longer has (the line moved or changed since) is an error that names it: the
+    record is of another version of the file."""
     if record.get("file") != rel_path:
         raise ValueError(f"the record is of {record.get('file')}, not of {rel_path}")
-    by_key = {(row, change, line.strip()): (row, line, flipped, change) for row, line, flipped, change in candidates}
+    by_key = {(row, line.strip(), flipped.strip()): (row, line, flipped, change)
+              for row, line, flipped, change in candidates}
     chosen = []
     for result in record["results"]:
         if result["verdict"] != "survived":
             continue
-        key = (result["line"], result["change"], result["before"])
+        key = (result["line"], result["before"], result["after"])
         if key not in by_key:
             raise ValueError(f"{rel_path} line {result['line']} is no longer {result['before']!r} "
                              f"(recorded at commit {record.get('commit')}): sweep the file again")
