@@ -177,6 +177,45 @@ def test_stack_builds_every_layers_bias_once_and_drops_it(causal, monkeypatch):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_a_stack_s_bias_follows_its_padding_mask(causal):
+    """Inside a scope the bias is kept for the mask it was built for, the same tensor unchanged: another mask of the
+    same shape and version counter, or the same mask changed in place, gets its own bias, as each layer alone
+    builds it."""
+    layers, masks = _stack(causal)
+    x = torch.randn(12, 3, 16)
+    first, second = padded_batch([12, 7, 3], 12, left=True), padded_batch([5, 12, 9], 12, left=True)
+    assert first._version == second._version  # the key alone cannot tell them apart: the tensor's identity must
+
+    def alone(mask):
+        return [layer(x, key_padding_mask=mask)[0] for layer in layers]
+
+    want_first, want_second = alone(first), alone(second)
+    with masks.scope():
+        for mask, want in ((first, want_first), (second, want_second)):
+            for layer, expected in zip(layers, want):
+                torch.testing.assert_close(layer(x, key_padding_mask=mask)[0], expected, rtol=0, atol=0)
+        second.copy_(first)  # the same tensor, changed in place
+        for layer, expected in zip(layers, want_first):
+            torch.testing.assert_close(layer(x, key_padding_mask=second)[0], expected, rtol=0, atol=0)
+
+
+def test_window_masks_keep_their_rules_and_pickle_without_their_state():
+    """The heads' rule (2 x H half-width constants) is made once per device and module; a pickled stack (a
+    checkpoint of the whole model, multiprocessing) carries no cached tensor and no open scope."""
+    import pickle
+
+    layers, masks = _stack(False)
+    assert masks._constants_on("cpu", 1) is masks._constants_on("cpu", 1)
+    assert masks._constants_on("cpu", None).shape == (2, 12)
+    with masks.scope():
+        layers[0](torch.randn(5, 2, 16), key_padding_mask=torch.zeros(2, 5, dtype=torch.bool))
+        assert masks._entry is not None
+        restored = pickle.loads(pickle.dumps(masks))
+    assert (restored._constants, restored._entry, restored._active) == ({}, None, False)
+    assert (restored.slots, restored.causal) == (masks.slots, masks.causal)
+
+
 def test_model_encoder_builds_its_bias_once_per_forward(monkeypatch):
     model, task = dev.build_model("msmsa_base", dict(TINY, encoder_layers=3, msmsa_decoder=True))
     calls = []

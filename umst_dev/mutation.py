@@ -739,6 +739,21 @@ MUTANTS = (
            "options = Namespace(parser_model=None,",
            ("tests/test_parsers.py::test_the_task_s_source_parser_model_reaches_the_parser",),
            "--source-parser-model never reaches the parser of raw input (its default pipeline parses instead)"),
+    Mutant("msmsa-stack-bias-kept-for-another-mask", "msmsa_window_bias",
+           "if entry is None or entry[0] is not key_padding_mask or entry[1] != key:",
+           "if entry is None or entry[0] is not key_padding_mask and entry[1] != key:",
+           ("tests/test_msmsa_lean.py::test_a_stack_s_bias_follows_its_padding_mask",),
+           "a stack's window bias reused for another padding mask of the same shape, or for its mask changed in place"),
+    Mutant("msmsa-window-masks-pickled-in-scope", "msmsa_window_bias",
+           'state["_constants"], state["_entry"], state["_active"] = {}, None, False',
+           'state["_constants"], state["_entry"], state["_active"] = {}, None, True',
+           ("tests/test_msmsa_lean.py::test_window_masks_keep_their_rules_and_pickle_without_their_state",),
+           "a pickled stack's window masks restored inside an open scope (a bias kept across batches)"),
+    Mutant("msmsa-head-rules-made-every-call", "msmsa_window_bias",
+           "        if value is None:\n            scales",
+           "        if value is not None:\n            scales",
+           ("tests/test_msmsa_lean.py::test_window_masks_keep_their_rules_and_pickle_without_their_state",),
+           "the heads' half-width rule copied to the device at every layer's call, never kept"),
 )
 
 
