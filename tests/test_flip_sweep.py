@@ -105,3 +105,31 @@ def test_survivors_of_an_earlier_sweep_are_judged_again_by_other_tests(tmp_path)
         assert "pkg/numbers.py line 2 is no longer 'return x >= low'" in str(e), e
     else:
         raise AssertionError("a record of another version of the file was taken")
+
+
+def test_a_sweep_stopped_part_way_keeps_its_verdicts_and_removes_its_copy(tmp_path):
+    """SIGTERM (a job stopped, a session's end) after the first verdict: the command stops the pytest run in flight,
+    removes its copy of the repository and leaves the verdicts reached in --json, marked unfinished."""
+    import json
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "sweep.json"
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-m", "umst_dev.flip_sweep", "umst_plugin/data/side_files.py",
+                             "tests/test_conllu_reader.py", "--json", str(out)], cwd=flip_sweep.mutation.ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if " line " in line:  # the first verdict
+            break
+    time.sleep(1)
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, lines + [rest]
+    assert f"stopped; the verdicts reached are in {out}" in rest
+    record = json.loads(out.read_text())
+    assert record["finished"] is False and 1 <= len(record["results"]) < 11, record
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("umst-flip-sweep-")]

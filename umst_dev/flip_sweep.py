@@ -12,7 +12,8 @@ against ``and`` where the value is always an int or None); the others are a test
 the fault it catches into the mutation table (``MUTANTS``), so that the check keeps it caught.
 
 It takes a while: one pytest run per flip (a file of 150 lines has 20-50 flips; at 5-40 s a run, 2-30 minutes).
-The lines print as each flip is judged; ``--json`` writes every flip's verdict. A first sweep against a file's quick
+The lines print as each flip is judged; ``--json`` writes every flip's verdict as it comes (a sweep stopped by
+Ctrl-C or a kill keeps the verdicts it reached, ``"finished": false``). A first sweep against a file's quick
 tests, then ``--survivors-of`` its record against the slower ones (``python -m umst_dev.flip_sweep FILE SLOW_TESTS
 --survivors-of quick.json``), judges only the flips the quick tests let through: the slow tests run for a few flips,
 not for all of them.
@@ -22,6 +23,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -88,13 +90,27 @@ def survivors_of(record, rel_path, candidates):
     return chosen
 
 
-def sweep(root, rel_path, tests, timeout=900, log=print, only_survivors_of=None):
+def sweep(root, rel_path, tests, timeout=900, log=print, only_survivors_of=None, json_path=None):
     """Run every flip of ``rel_path`` against ``tests`` on a copy of ``root``; returns the record (``--json``).
-    With ``only_survivors_of`` (an earlier record of the same file), only the flips that survived there."""
+    With ``only_survivors_of`` (an earlier record of the same file), only the flips that survived there. With
+    ``json_path``, the record is written there after every flip (``"finished": false`` until the last), so a sweep
+    stopped part way keeps the verdicts it reached."""
     started, start = time.strftime("%Y-%m-%d %H:%M:%S"), time.monotonic()
     commit = mutation._commit(root)
     copy = tempfile.mkdtemp(prefix="umst-flip-sweep-")
     results = []
+
+    def record(finished):
+        found = dict(started=started, seconds=round(time.monotonic() - start), machine=mutation.machine(),
+                     commit=commit, file=rel_path, tests=list(tests), finished=finished, results=results)
+        if only_survivors_of is not None:
+            found["survivors_of"] = dict(commit=only_survivors_of.get("commit"), tests=only_survivors_of.get("tests"))
+        if json_path:
+            with open(json_path + ".tmp", "w") as f:
+                json.dump(found, f, indent=1)
+            os.replace(json_path + ".tmp", json_path)
+        return found
+
     try:
         mutation.copy_of_repository(root, copy)
         path = os.path.join(copy, rel_path)
@@ -103,6 +119,9 @@ def sweep(root, rel_path, tests, timeout=900, log=print, only_survivors_of=None)
         candidates = flips(original)
         if only_survivors_of is not None:
             candidates = survivors_of(only_survivors_of, rel_path, candidates)
+            if only_survivors_of.get("finished") is False:
+                log(f"[flip-sweep] the earlier record was stopped part way: its "
+                    f"{len(only_survivors_of['results'])} judged flips only")
         status, seconds, _, tail = mutation.run_tests(copy, tests, timeout)
         log(f"[flip-sweep] {len(candidates)} flips in {rel_path}; unchanged code: pytest status {status} in "
             f"{seconds:.0f} s")
@@ -120,6 +139,7 @@ def sweep(root, rel_path, tests, timeout=900, log=print, only_survivors_of=None)
                 results.append(dict(line=row, change=change, before=line.strip(), after=flipped.strip(),
                                     verdict=verdict, seconds=round(seconds, 1), failed=failed[:3]))
                 log(f"[flip-sweep] {verdict:8s} line {row}: {change}: {flipped.strip()}")
+                record(finished=False)
         finally:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(original)
@@ -127,11 +147,7 @@ def sweep(root, rel_path, tests, timeout=900, log=print, only_survivors_of=None)
         shutil.rmtree(copy, ignore_errors=True)
     survived = [r for r in results if r["verdict"] == "survived"]
     log(f"[flip-sweep] {len(survived)} of {len(results)} flips survived")
-    record = dict(started=started, seconds=round(time.monotonic() - start), machine=mutation.machine(), commit=commit,
-                  file=rel_path, tests=list(tests), results=results)
-    if only_survivors_of is not None:
-        record["survivors_of"] = dict(commit=only_survivors_of.get("commit"), tests=only_survivors_of.get("tests"))
-    return record
+    return record(finished=True)
 
 
 def main(argv=None):
@@ -149,15 +165,22 @@ def main(argv=None):
     if args.survivors_of:
         with open(args.survivors_of) as f:
             earlier = json.load(f)
+    # a kill (SIGTERM: a job stopped, a session's end) ends the sweep as Ctrl-C does: the pytest run in flight is
+    # stopped, the copy removed, the verdicts reached kept in --json
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        record = sweep(mutation.ROOT, args.file, args.tests, args.timeout, log=lambda line: print(line, flush=True),
-                       only_survivors_of=earlier)
+        sweep(mutation.ROOT, args.file, args.tests, args.timeout, log=lambda line: print(line, flush=True),
+              only_survivors_of=earlier, json_path=args.json)
     except ValueError as e:
         parser.error(f"{args.survivors_of}: {e}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(record, f, indent=1)
+    except KeyboardInterrupt:
+        print(f"[flip-sweep] stopped; the verdicts reached are in {args.json or '(no --json)'}", flush=True)
+        return 130
     return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
