@@ -750,3 +750,33 @@ def test_end_to_end_multiscale_task_side_inputs_ignored(toy_raw, toy_databin, tm
     assert e2e.train_losses(log), log[-3000:]
     out = e2e.generate(toy_databin, os.path.join(save_dir, "checkpoint_last.pt"))
     e2e.assert_translated_all(out, toy_raw)
+
+
+@pytest.mark.parametrize("init", ["pytorch", "xavier"])
+def test_initialisation_of_each_branch(init):
+    """--prime-init pytorch (the default, the paper's section 2.1): every branch's maps drawn as nn.Linear's default
+    for that branch's own fan-in, weights and biases within 1/sqrt(fan in); xavier: fairseq's Xavier-uniform weights,
+    zero biases, the convolution's kernel predictors included."""
+    model, _ = tiny("prime_base", prime_init=init)
+    layer = model.encoder.layers[0]
+    d = layer.embed_dim
+    start = 0
+    for width in layer.in_splits:  # each input map, as the layer initialises it
+        weight = layer.in_proj_weight[start:start + width]
+        bias = layer.in_proj_bias[start:start + width]
+        start += width
+        bound = d ** -0.5 if init == "pytorch" else math.sqrt(6.0 / (d + width))
+        assert 0.8 * bound < weight.abs().max() <= bound, (init, width)
+        if init == "pytorch":
+            assert 0 < bias.abs().max() <= bound
+        else:
+            assert bias.eq(0).all()
+    predictors = [cell.weight_linear.weight for cell in layer.conv.cells if hasattr(cell, "weight_linear")]
+    assert predictors
+    for weight in predictors:
+        out_features, in_features = weight.shape
+        xavier = math.sqrt(6.0 / (in_features + out_features))
+        if init == "xavier":
+            assert 0.8 * xavier < weight.abs().max() <= xavier
+        else:  # nn.Linear's own default
+            assert weight.abs().max() <= in_features ** -0.5

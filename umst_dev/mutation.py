@@ -754,6 +754,17 @@ MUTANTS = (
            "        if value is not None:\n            scales",
            ("tests/test_msmsa_lean.py::test_window_masks_keep_their_rules_and_pickle_without_their_state",),
            "the heads' half-width rule copied to the device at every layer's call, never kept"),
+    Mutant("prime-init-schemes-swapped", "prime_layer",
+           '    if init == "pytorch":\n        bound = 1.0 / math.sqrt(fan_in)',
+           '    if init != "pytorch":\n        bound = 1.0 / math.sqrt(fan_in)',
+           ("tests/test_prime.py::test_initialisation_of_each_branch",),
+           "Prime's --prime-init pytorch (the paper's default) drawing Xavier weights and zero biases, and xavier "
+           "nn.Linear's"),
+    Mutant("prime-xavier-skips-kernel-predictors", "prime_layer",
+           "                    if lin is not None:\n                        nn.init.xavier_uniform_(lin.weight)",
+           "                    if lin is None:\n                        nn.init.xavier_uniform_(lin.weight)",
+           ("tests/test_prime.py::test_initialisation_of_each_branch",),
+           "--prime-init xavier leaving the dynamic convolution's kernel predictors at nn.Linear's default"),
 )
 
 
