@@ -101,7 +101,7 @@ def test_survivors_of_an_earlier_sweep_are_judged_again_by_other_tests(tmp_path)
     try:
         flip_sweep.sweep(str(repo), "pkg/numbers.py", ["tests/test_boundary.py"], timeout=120, log=lambda _: None,
                          only_survivors_of=quick)
-    except ValueError as e:
+    except flip_sweep.RecordMismatch as e:
         assert "pkg/numbers.py line 2 is no longer 'return x >= low'" in str(e), e
     else:
         raise AssertionError("a record of another version of the file was taken")

@@ -69,13 +69,17 @@ def flips(text):
     return found
 
 
+class RecordMismatch(ValueError):
+    """An earlier record (``--survivors-of``) that does not fit the file as it is."""
+
+
 def survivors_of(record, rel_path, candidates):
     """The flips of ``candidates`` that survived in ``record`` (an earlier sweep's ``--json`` of the same file), each
     matched by its line number, its line's text and the line flipped (a line can have two flips of one kind: ``a or
     b or c``). A survivor the file no longer has (the line moved or changed since) is an error that names it: the
     record is of another version of the file."""
     if record.get("file") != rel_path:
-        raise ValueError(f"the record is of {record.get('file')}, not of {rel_path}")
+        raise RecordMismatch(f"the record is of {record.get('file')}, not of {rel_path}")
     by_key = {(row, line.strip(), flipped.strip()): (row, line, flipped, change)
               for row, line, flipped, change in candidates}
     chosen = []
@@ -84,7 +88,7 @@ def survivors_of(record, rel_path, candidates):
             continue
         key = (result["line"], result["before"], result["after"])
         if key not in by_key:
-            raise ValueError(f"{rel_path} line {result['line']} is no longer {result['before']!r} "
+            raise RecordMismatch(f"{rel_path} line {result['line']} is no longer {result['before']!r} "
                              f"(recorded at commit {record.get('commit')}): sweep the file again")
         chosen.append(by_key[key])
     return chosen
@@ -171,7 +175,7 @@ def main(argv=None):
     try:
         sweep(mutation.ROOT, args.file, args.tests, args.timeout, log=lambda line: print(line, flush=True),
               only_survivors_of=earlier, json_path=args.json)
-    except ValueError as e:
+    except RecordMismatch as e:
         parser.error(f"{args.survivors_of}: {e}")
     except KeyboardInterrupt:
         print(f"[flip-sweep] stopped; the verdicts reached are in {args.json or '(no --json)'}", flush=True)
