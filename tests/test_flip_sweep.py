@@ -42,18 +42,25 @@ def test_flips_are_the_code_s_operators_only():
         compile("".join(lines[:row - 1] + [after] + lines[row:]), "flipped", "exec")
 
 
-def test_a_sweep_finds_the_flip_no_test_pins_and_leaves_the_file_as_it_was(tmp_path):
+def small_repository(tmp_path, module, tests):
+    """A git repository with ``pkg/numbers.py`` (``module``) and ``tests/<name>`` for each of ``tests``."""
     repo = tmp_path / "repo"
     (repo / "pkg").mkdir(parents=True)
     (repo / "tests").mkdir()
-    module = "def at_least(x, low):\n    return x >= low\n\n\ndef next_one(x):\n    return x + 1\n"
     (repo / "pkg" / "__init__.py").write_text("")
     (repo / "pkg" / "numbers.py").write_text(module)
-    # pins next_one, and at_least only away from the boundary (x == low): ">= -> >" survives
-    (repo / "tests" / "test_numbers.py").write_text(
-        "from pkg.numbers import at_least, next_one\n\n\ndef test_numbers():\n"
-        "    assert next_one(2) == 3 and at_least(5, 1) and not at_least(0, 1)\n")
+    for name, text in tests.items():
+        (repo / "tests" / name).write_text(text)
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    return repo
+
+
+def test_a_sweep_finds_the_flip_no_test_pins_and_leaves_the_file_as_it_was(tmp_path):
+    module = "def at_least(x, low):\n    return x >= low\n\n\ndef next_one(x):\n    return x + 1\n"
+    # pins next_one, and at_least only away from the boundary (x == low): ">= -> >" survives
+    repo = small_repository(tmp_path, module, {
+        "test_numbers.py": "from pkg.numbers import at_least, next_one\n\n\ndef test_numbers():\n"
+                           "    assert next_one(2) == 3 and at_least(5, 1) and not at_least(0, 1)\n"})
     lines = []
     record = flip_sweep.sweep(str(repo), "pkg/numbers.py", ["tests/test_numbers.py"], timeout=120, log=lines.append)
     verdicts = {(r["line"], r["change"]): r["verdict"] for r in record["results"]}
@@ -71,21 +78,14 @@ def test_the_command_refuses_a_file_that_is_not_there():
 def test_survivors_of_an_earlier_sweep_are_judged_again_by_other_tests(tmp_path):
     """``--survivors-of``: the second sweep runs only the flip the first one's tests let through, against a test
     that pins it; a record of another version of the file is refused with the line it no longer has."""
-    repo = tmp_path / "repo"
-    (repo / "pkg").mkdir(parents=True)
-    (repo / "tests").mkdir()
     module = ("def at_least(x, low):\n    return x >= low\n\n\ndef next_one(x):\n    return x + 1\n\n\n"
               "def any_of(a, b, c):\n    return a or b or c\n")
-    (repo / "pkg" / "__init__.py").write_text("")
-    (repo / "pkg" / "numbers.py").write_text(module)
-    (repo / "tests" / "test_quick.py").write_text(
-        "from pkg.numbers import any_of, at_least, next_one\n\n\ndef test_quick():\n"
-        "    assert next_one(2) == 3 and at_least(5, 1) and any_of(1, 1, 1) and not any_of(0, 0, 0)\n")
-    # pins the boundary, and the second "or" of any_of (a or b and c is false for 0, 0, 1), not the first
-    (repo / "tests" / "test_boundary.py").write_text(
-        "from pkg.numbers import any_of, at_least\n\n\ndef test_boundary():\n"
-        "    assert at_least(1, 1) and any_of(0, 0, 1)\n")
-    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    repo = small_repository(tmp_path, module, {
+        "test_quick.py": "from pkg.numbers import any_of, at_least, next_one\n\n\ndef test_quick():\n"
+                         "    assert next_one(2) == 3 and at_least(5, 1) and any_of(1, 1, 1) and not any_of(0, 0, 0)\n",
+        # pins the boundary, and the second "or" of any_of (a or b and c is false for 0, 0, 1), not the first
+        "test_boundary.py": "from pkg.numbers import any_of, at_least\n\n\ndef test_boundary():\n"
+                            "    assert at_least(1, 1) and any_of(0, 0, 1)\n"})
     quick = flip_sweep.sweep(str(repo), "pkg/numbers.py", ["tests/test_quick.py"], timeout=120, log=lambda _: None)
     assert [(r["line"], r["verdict"]) for r in quick["results"]] == [
         (2, "survived"), (6, "caught"), (10, "survived"), (10, "survived")]

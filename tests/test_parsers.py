@@ -250,23 +250,39 @@ def test_a_spacy_pipeline_without_a_parser_is_refused(tmp_path):
         load_pipeline(str(tmp_path / "blank_en"))
 
 
-def test_task_parses_interactive_input_with_spacy():
-    """The task's --source-parser spacy path (fairseq-interactive) through build_backend(Namespace(parser_model))."""
-    e2e.skip_without_spacy_model()
-    import torch
+TINY_MODEL = dict(encoder_layers=1, decoder_layers=1, encoder_embed_dim=8, decoder_embed_dim=8,
+                  encoder_ffn_embed_dim=8, decoder_ffn_embed_dim=8, encoder_attention_heads=1,
+                  decoder_attention_heads=1)
+
+
+def tiny_task(vocabulary, arch="umst_base", **task_options):
+    """A tiny ``arch`` and its multiscale_translation task over a dictionary of ``vocabulary`` (space-separated
+    symbols), with ``task_options`` (--source-parser ...): the task that prepares raw input, as fairseq-interactive's.
+    Returns (model, task, dictionary)."""
     from fairseq.data import Dictionary
 
     from umst_dev import dev
 
-    d = Dictionary()
-    for sym in "The c@@ at sat on the mat . &quot; no".split():
-        d.add_symbol(sym)
-    _, task = dev.build_model("transformer", {"source_parser": "spacy", "source_parser_model": "en_core_web_md",
-                                              "encoder_layers": 1, "decoder_layers": 1, "encoder_embed_dim": 8,
-                                              "decoder_embed_dim": 8, "encoder_ffn_embed_dim": 8,
-                                              "decoder_ffn_embed_dim": 8, "encoder_attention_heads": 1,
-                                              "decoder_attention_heads": 1}, dictionary=d)
-    tokens = torch.tensor([d.index(s) for s in "The c@@ at sat on the mat .".split()] + [d.eos()])
+    dictionary = Dictionary()
+    for symbol in vocabulary.split():
+        dictionary.add_symbol(symbol)
+    model, task = dev.build_model(arch, {**task_options, **TINY_MODEL}, dictionary=dictionary)
+    return model, task, dictionary
+
+
+def token_row(dictionary, sentence):
+    """The ids of ``sentence``'s space-separated symbols and </s>, a list."""
+    return [dictionary.index(s) for s in sentence.split()] + [dictionary.eos()]
+
+
+def test_task_parses_interactive_input_with_spacy():
+    """The task's --source-parser spacy path (fairseq-interactive) through build_backend(Namespace(parser_model))."""
+    e2e.skip_without_spacy_model()
+    import torch
+
+    _, task, d = tiny_task("The c@@ at sat on the mat . &quot; no", arch="transformer", source_parser="spacy",
+                           source_parser_model="en_core_web_md")
+    tokens = torch.tensor(token_row(d, "The c@@ at sat on the mat ."))
     item = task.build_dataset_for_inference([tokens], [len(tokens)])[0]
     assert item["src_word_ids"].tolist() == [1, 2, 2, 3, 4, 5, 6, 7, 8]
     assert item["src_word_heads"].tolist() == [2, 3, 0, 3, 6, 4, 3, 0]  # "cat" rebuilt from c@@ at
@@ -280,9 +296,7 @@ def test_the_recorded_stanza_package_reaches_the_parser_of_raw_input(tmp_path, m
     import json
 
     import torch
-    from fairseq.data import Dictionary
 
-    from umst_dev import dev
     from umst_plugin import hub
     from umst_plugin import text_preprocessing as textprep
 
@@ -296,16 +310,11 @@ def test_the_recorded_stanza_package_reaches_the_parser_of_raw_input(tmp_path, m
     record = textprep.read_record(str(db))
     assert (record.source_parser, record.source_parser_model, record.source_parser_package) == ("stanza", "en", "gum")
 
-    d = Dictionary()
-    for sym in "the cat sat .".split():
-        d.add_symbol(sym)
-    tiny = dict(encoder_layers=1, decoder_layers=1, encoder_embed_dim=8, decoder_embed_dim=8, encoder_ffn_embed_dim=8,
-                decoder_ffn_embed_dim=8, encoder_attention_heads=1, decoder_attention_heads=1)
-    model, task = dev.build_model("umst_base", tiny, dictionary=d)
+    model, task, d = tiny_task("the cat sat .")
     task.text_record = record
     assert hub.use_recorded_parser(task, [model], given=False) == ("stanza", "en")
     assert task.cfg.source_parser_package == "gum"
-    tokens = torch.tensor([d.index(s) for s in "the cat sat .".split()] + [d.eos()])
+    tokens = torch.tensor(token_row(d, "the cat sat ."))
     with pytest.raises(ParserSetupError, match=re.escape(f"model_dir='{tmp_path / 'stanza'}'") + r".*package='gum'"):
         task.build_dataset_for_inference([tokens], [len(tokens)])
 
@@ -316,20 +325,10 @@ def test_interactive_input_is_parsed_once_per_sentence_whatever_its_padding():
     the same sentence padded to another length in another batch is not parsed again and gets the same heads."""
     e2e.skip_without_spacy_model()
     import torch
-    from fairseq.data import Dictionary
 
-    from umst_dev import dev
-
-    d = Dictionary()
-    for sym in "The cat sat on the mat . A dog ran".split():
-        d.add_symbol(sym)
-    _, task = dev.build_model("umst_base", {"source_parser": "spacy", "source_parser_model": "en_core_web_md",
-                                            "encoder_layers": 1, "decoder_layers": 1, "encoder_embed_dim": 8,
-                                            "decoder_embed_dim": 8, "encoder_ffn_embed_dim": 8,
-                                            "decoder_ffn_embed_dim": 8, "encoder_attention_heads": 1,
-                                            "decoder_attention_heads": 1}, dictionary=d)
-    cat = [d.index(s) for s in "The cat sat on the mat .".split()] + [d.eos()]
-    dog = [d.index(s) for s in "A dog ran .".split()] + [d.eos()]
+    _, task, d = tiny_task("The cat sat on the mat . A dog ran", source_parser="spacy",
+                           source_parser_model="en_core_web_md")
+    cat, dog = token_row(d, "The cat sat on the mat ."), token_row(d, "A dog ran .")
     parsed = []
     first = task._parse_tokens(torch.tensor([cat, cat]))  # the backend is built here, on first use
     backend = task._parser
@@ -351,18 +350,9 @@ def test_interactive_input_without_a_parser_warns_once(caplog):
     import logging
 
     import torch
-    from fairseq.data import Dictionary
 
-    from umst_dev import dev
-
-    d = Dictionary()
-    for sym in "the cat sat".split():
-        d.add_symbol(sym)
-    _, task = dev.build_model("umst_base", {"encoder_layers": 1, "decoder_layers": 1, "encoder_embed_dim": 8,
-                                            "decoder_embed_dim": 8, "encoder_ffn_embed_dim": 8,
-                                            "decoder_ffn_embed_dim": 8, "encoder_attention_heads": 1,
-                                            "decoder_attention_heads": 1}, dictionary=d)
-    tokens = torch.tensor([d.index(s) for s in "the cat sat".split()] + [d.eos()])
+    _, task, d = tiny_task("the cat sat")
+    tokens = torch.tensor(token_row(d, "the cat sat"))
     with caplog.at_level(logging.WARNING):
         for _ in range(3):
             item = task.build_dataset_for_inference([tokens], [len(tokens)])[0]
@@ -376,19 +366,9 @@ def test_the_task_s_source_parser_model_reaches_the_parser(tmp_path):
     name, not with spaCy's default pipeline taken instead."""
     e2e.skip_without_spacy_model()
     import torch
-    from fairseq.data import Dictionary
 
-    from umst_dev import dev
-
-    d = Dictionary()
-    for sym in "the cat sat".split():
-        d.add_symbol(sym)
     missing = str(tmp_path / "no-such-pipeline")
-    _, task = dev.build_model("umst_base", {"source_parser": "spacy", "source_parser_model": missing,
-                                            "encoder_layers": 1, "decoder_layers": 1, "encoder_embed_dim": 8,
-                                            "decoder_embed_dim": 8, "encoder_ffn_embed_dim": 8,
-                                            "decoder_ffn_embed_dim": 8, "encoder_attention_heads": 1,
-                                            "decoder_attention_heads": 1}, dictionary=d)
-    tokens = torch.tensor([d.index(s) for s in "the cat sat".split()] + [d.eos()])
+    _, task, d = tiny_task("the cat sat", source_parser="spacy", source_parser_model=missing)
+    tokens = torch.tensor(token_row(d, "the cat sat"))
     with pytest.raises(ParserSetupError, match=re.escape(missing)):
         task.build_dataset_for_inference([tokens], [len(tokens)])
