@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from umst_plugin.modules.common.attention import attention, explicit_attention
+from umst_plugin.modules.common.attention import additive_mask, attention, explicit_attention
 
 F64 = dict(dtype=torch.float64)
 
@@ -207,9 +207,9 @@ def test_prime_fused_attention_equals_the_weights_path():
                                                             decoder_ffn_embed_dim=32))
     layer = model.encoder.layers[0].double().eval()
     q, k, v = (torch.randn(7, 3, 16, **F64) for _ in range(3))
-    pad = padding_mask(3, 7, seed=10)
-    fused = grads_of(lambda a, b, c: layer._attend(a, b, c, pad, None)[0], q, k, v)
-    explicit = grads_of(lambda a, b, c: layer._attend(a, b, c, pad, None, need_weights=True)[0], q, k, v)
+    pad = additive_mask(padding_mask(3, 7, seed=10).view(3, 1, 1, 7), torch.float64)
+    fused = grads_of(lambda a, b, c: layer._attend(a, b, c, pad)[0], q, k, v)
+    explicit = grads_of(lambda a, b, c: layer._attend(a, b, c, pad, need_weights=True)[0], q, k, v)
     close(fused[0], explicit[0])
     for a, b in zip(fused[1], explicit[1]):
         close(a, b)

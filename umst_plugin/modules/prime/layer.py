@@ -477,25 +477,15 @@ class PrimeLayer(nn.Module):
         k: Tensor,
         v: Tensor,
         mask: Optional[Tensor],
-        attn_mask: Optional[Tensor] = None,
         need_weights: bool = False,
-        query_padding_mask: Optional[Tensor] = None,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """Multi-head scaled dot-product attention. q: T x B x d, k/v: S x B x d; ``mask``: additive, in q's dtype,
         broadcastable to B x 1 x T x S, -inf where blocked (what ``scaled_dot_product_attention`` makes of a
-        boolean mask on every call; the layer builds it once per stack, see ``_self_attention_mask``). Called with
-        a boolean B x S key padding mask instead (True = padding), with an optional boolean T x S ``attn_mask`` and
-        B x T ``query_padding_mask`` (rows freed), it builds the additive mask itself."""
+        boolean mask on every call; the layer builds it once per stack, see ``_self_attention_mask`` and
+        ``_cross_key_value``)."""
         T, B, d = q.shape
         S = k.size(0)
         H, Dh = self.num_heads, self.head_dim
-        if attn_mask is not None or (mask is not None and mask.dtype == torch.bool):
-            blocked = None if mask is None else mask.view(B, 1, 1, S)
-            if attn_mask is not None:
-                blocked = attn_mask.view(1, 1, T, S) if blocked is None else blocked | attn_mask.view(1, 1, T, S)
-            if query_padding_mask is not None:
-                blocked = blocked & ~query_padding_mask.view(B, 1, T, 1)
-            mask = additive_mask(blocked, q.dtype)
         if not need_weights:
             # One fused kernel for scaling, masking, softmax (float32 accumulation in half precision), dropout and
             # the weighted sum; fairseq's own attention takes the same kernel.
