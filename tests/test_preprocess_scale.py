@@ -120,6 +120,66 @@ def test_a_shard_removes_only_its_own_chunks_half_written_files(tmp_path):
     assert not killed.exists() and writing.exists()
 
 
+class _CountingBar:
+    """A progress bar that keeps what it was told: one update per chunk result the run waited for."""
+
+    def __init__(self, total, initial):
+        self.updates = []
+
+    def update(self, n):
+        self.updates.append(n)
+
+    def close(self):
+        pass
+
+
+def test_worker_pool_queues_a_bounded_window_and_stops_after_chunks(tmp_path, monkeypatch):
+    """``--workers N``: a chunk's sentences are read from the BPE file only when fewer than 2N chunks wait for
+    their results (a WMT split is never in memory at once); ``--stop-after-chunks K`` ends the pool after exactly
+    K results; a rerun parses only the chunks missing and gives the arrays of a run in one process. The parser
+    is ``none`` (every sentence's fallback graph): what is tested is the pool, which spawns its workers."""
+    lines = [" ".join(f"w{i}x{j}" for j in range(1 + i % 5)) for i in range(60)]  # 60 lines: 9 chunks of 7
+    bpe = tmp_path / "train.en"
+    bpe.write_text("\n".join(lines) + "\n")
+    drawn_after = []  # per chunk read: how many results had been waited for before it
+    bars = []
+    jobs = ChunkedParse._jobs
+
+    def counting_jobs(self, todo):
+        for job in jobs(self, todo):
+            drawn_after.append(len(bars[-1].updates))
+            yield job
+
+    def progress(total, initial):
+        bars.append(_CountingBar(total, initial))
+        return bars[-1]
+
+    monkeypatch.setattr(ChunkedParse, "_jobs", counting_jobs)
+
+    def parse(work, workers, stop_after=None):
+        args = argparse.Namespace(parser="none", chunk_size=7, workers=workers, stop_after_chunks=stop_after)
+        drawn_after.clear()
+        return ChunkedParse(args, str(bpe), "subword-nmt", 0, 60, str(tmp_path / work)).run(progress)
+
+    reference = parse("serial", workers=1)
+    assert drawn_after == [0, 1, 2, 3, 4, 5, 6, 7, 8]  # one process: each chunk parsed before the next is read
+
+    whole = parse("pool", workers=2)
+    assert drawn_after == [0, 0, 0, 0, 1, 2, 3, 4, 5]  # four chunks ahead of the oldest result, never more
+    assert bars[-1].updates == [7] * 8 + [4]
+
+    with pytest.raises(KeyboardInterrupt, match="after 2 chunks"):
+        parse("stopped", workers=2, stop_after=2)
+    assert bars[-1].updates == [7, 7]
+    done = sorted(name for name in os.listdir(tmp_path / "stopped") if name.endswith(".tsv"))
+    assert "chunk-000000.tsv" in done and "chunk-000001.tsv" in done and len(done) < 9
+    resumed = parse("stopped", workers=2)
+    assert len(drawn_after) == 9 - len(done)  # the chunks written before the stop are not read again
+    for arrays in (whole, resumed):
+        assert arrays.heads.tolist() == reference.heads.tolist()
+        assert arrays.sizes.tolist() == reference.sizes.tolist() == [1 + i % 5 for i in range(60)]
+        assert arrays.labels == reference.labels
+
 # ---- resume and shards with a real parser ------------------------------------------------------------
 
 def _english_corpus(d, copies=5):

@@ -765,6 +765,18 @@ MUTANTS = (
            "                    if lin is None:\n                        nn.init.xavier_uniform_(lin.weight)",
            ("tests/test_prime.py::test_initialisation_of_each_branch",),
            "--prime-init xavier leaving the dynamic convolution's kernel predictors at nn.Linear's default"),
+    Mutant("preprocess-pool-queue-unbounded-by-one", "preprocess_chunks",
+           "                        if len(pending) >= 2 * workers:",
+           "                        if len(pending) > 2 * workers:",
+           ("tests/test_preprocess_scale.py::test_worker_pool_queues_a_bounded_window_and_stops_after_chunks",),
+           "the parser pool reading one chunk more ahead of its oldest result than its bound of 2 x --workers"),
+    Mutant("preprocess-pool-ignores-stop-after-chunks", "preprocess_chunks",
+           "                        if stop_after is not None and finished >= stop_after:\n"
+           "                            raise KeyboardInterrupt(f\"deliberate interrupt after {finished} chunks \"",
+           "                        if stop_after is None and finished >= stop_after:\n"
+           "                            raise KeyboardInterrupt(f\"deliberate interrupt after {finished} chunks \"",
+           ("tests/test_preprocess_scale.py::test_worker_pool_queues_a_bounded_window_and_stops_after_chunks",),
+           "--workers ignoring --stop-after-chunks (the interrupt the resume tests use never comes in the pool)"),
 )
 
 
