@@ -24,6 +24,7 @@ from test_umst import PAD, TINY, build, collate, random_sentences, ref_G, ref_ph
 from umst_plugin.modules.common.lean_ops import use_reference_path
 from umst_plugin.modules.umst.graphs import (
     build_graphs,
+    dense_operators,
     dependency_adjacency,
     normalize_binary,
     symmetric_normalize,
@@ -163,6 +164,35 @@ def test_dense_operators_in_the_compute_dtype_and_shuffled_groups():
     assert g.group_adj is None and g.word_adj is not None
     index, weight, mass = upsampling_map(g.token_word, g.token_pad, g.word_pad, "gather")
     torch.testing.assert_close(mass, g.pieces)  # the shortcut through the piece counts
+
+
+def test_dense_operators_build_the_one_hot_they_are_not_given():
+    """``dense_operators`` called on its own (no one-hot of the token -> word map from ``build_graphs``) builds
+    the same operators."""
+    src, wid, heads = collate(random_sentences(6, seed=3), left_pad=True, extra_pad=2)
+    for upsample in ("gather", "linear"):
+        given = build_graphs(src, wid, heads, PAD, upsample=upsample, dtype=torch.float64)
+        graphs = build_graphs(src, wid, heads, PAD, upsample=upsample, dtype=torch.float64, dense=False)
+        alone = dense_operators(graphs, torch.float64, upsample=upsample)
+        for name, value in alone.items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(value, getattr(given, name)), (upsample, name)
+
+
+def test_debug_checks_validate_the_side_inputs_only_when_asked(monkeypatch):
+    """The model re-checks its side inputs' values (a host sync on a GPU) under ``UMST_DEBUG_CHECKS=1`` or
+    ``check_values=True``, and never by default: the task's collater has checked every batch on the host."""
+    src, wid, heads = collate(random_sentences(4, seed=6), extra_pad=1)
+    short = int(heads.ge(0).sum(1).argmin())
+    heads[short, 0] = int(heads[short].ge(0).sum()) + 1  # a head past the sentence's last word
+    monkeypatch.delenv("UMST_DEBUG_CHECKS", raising=False)
+    build_graphs(src, wid, heads, PAD)
+    with pytest.raises(ValueError, match="inconsistent with src_tokens"):
+        build_graphs(src, wid, heads, PAD, check_values=True)
+    monkeypatch.setenv("UMST_DEBUG_CHECKS", "1")
+    with pytest.raises(ValueError, match=rf"batch rows \[{short}\]"):
+        build_graphs(src, wid, heads, PAD)
+    build_graphs(src, wid, heads, PAD, check_values=False)
 
 
 @pytest.mark.parametrize("extra", [[], ["--phrase-gcn-form", "authors"], ["--max-relative-positions", "4"]],

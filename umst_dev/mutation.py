@@ -777,6 +777,16 @@ MUTANTS = (
            "                            raise KeyboardInterrupt(f\"deliberate interrupt after {finished} chunks \"",
            ("tests/test_preprocess_scale.py::test_worker_pool_queues_a_bounded_window_and_stops_after_chunks",),
            "--workers ignoring --stop-after-chunks (the interrupt the resume tests use never comes in the pool)"),
+    Mutant("umst-debug-checks-ignored", "umst_graphs",
+           "        if check_values or (check_values is None and debug_checks()):",
+           "        if check_values or (check_values is not None and debug_checks()):",
+           ("tests/test_umst_lean.py::test_debug_checks_validate_the_side_inputs_only_when_asked",),
+           "UMST_DEBUG_CHECKS=1 no longer making the model re-check its side inputs' values"),
+    Mutant("umst-dense-operators-need-the-one-hot", "umst_graphs",
+           "    if onehot is None or onehot.dtype != work:",
+           "    if onehot is None and onehot.dtype != work:",
+           ("tests/test_umst_lean.py::test_dense_operators_build_the_one_hot_they_are_not_given",),
+           "dense_operators failing when called without build_graphs' one-hot map"),
 )
 
 

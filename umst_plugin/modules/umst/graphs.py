@@ -352,8 +352,9 @@ class _SegmentSum(torch.autograd.Function):
 
 
 def segment_sum_keeping_index(source: Tensor, index: Tensor, n_rows: int, dtype: Optional[torch.dtype] = None) -> Tensor:
-    """``segment_ops.segment_sum`` whose autograd keeps only ``index`` for backward (see _SegmentSum)."""
-    return _SegmentSum.apply(source, index, n_rows, accumulation_dtype(source.dtype) if dtype is None else dtype)
+    """``segment_ops.segment_sum`` whose autograd keeps only ``index`` for backward (see _SegmentSum); ``dtype``:
+    as there (default: the accumulation dtype of ``source``)."""
+    return _SegmentSum.apply(source, index, n_rows, dtype)
 
 
 def _flat_slots(index: Tensor, n_slots: int) -> Tensor:
