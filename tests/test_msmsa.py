@@ -32,6 +32,9 @@ def test_scale_parsing_and_odd_sizes():
     assert parse_scales("1,3,N/16,N/8,N/4") == [Scale("fixed", 1), Scale("fixed", 3), Scale("relative", 16),
                                                  Scale("relative", 8), Scale("relative", 4)]
     assert parse_scale("N") == Scale("relative", 1) and parse_scale("global") == Scale("global")
+    # a scale's name (the module's summary, the head maps' titles) is the spelling it parses from
+    names = ["1", "3", "N/16", "N", "global"]
+    assert [str(scale) for scale in parse_scales(",".join(names))] == names
     with pytest.raises(ValueError, match="odd"):
         parse_scale("4")
     with pytest.raises(ValueError, match="cannot parse"):
@@ -319,9 +322,31 @@ def test_train_generate_interactive(toy_raw, toy_databin, tmp_path):
     e2e.interactive_on_raw_test_lines(toy_raw, toy_databin, ckpt)
 
 
+@pytest.mark.parametrize("dense_max_len", [256, 0], ids=["one fused call", "per scale"])
 @pytest.mark.parametrize("specs", [("1", "N/4"), ("1", "1")])
-def test_q_and_k_projections_always_get_a_gradient(specs):
-    """On a batch too short for any window to exceed 1 token, q/k still take part (DDP needs every parameter)."""
-    attn = MultiScaleSelfAttention(8, 2, [parse_scale(s) for s in specs]).train()
+def test_q_and_k_projections_always_get_a_gradient(specs, dense_max_len):
+    """On a batch too short for any window to exceed 1 token, q/k still take part (DDP needs every parameter),
+    in one fused call and per group of heads sharing a scale (longer batches, where a layer of scale-1 heads
+    only must not skip attention)."""
+    attn = MultiScaleSelfAttention(8, 2, [parse_scale(s) for s in specs], dense_max_len=dense_max_len).train()
     attn(torch.randn(5, 2, 8))[0].sum().backward()
     assert attn.q_proj.weight.grad is not None and attn.k_proj.weight.grad is not None
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_scale_one_heads_drop_their_weight_in_training_only(need_weights):
+    """A scale-1 head's output is its value (softmax over one key is 1): attention dropout drops that single
+    weight in training (the output 0 or the value / (1 - p)), and never in evaluation."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 40, 4) for _ in range(3))
+    value = v.permute(2, 0, 1, 3)
+    out, weights = windowed_attention(q, k, v, parse_scale("1"), dropout_p=0.5, training=False,
+                                      need_weights=need_weights)
+    assert torch.equal(out, value)
+    out, weights = windowed_attention(q, k, v, parse_scale("1"), dropout_p=0.5, training=True,
+                                      need_weights=need_weights)
+    kept = out.ne(0).all(-1)
+    assert 0.3 < kept.float().mean() < 0.7 and out.eq(0).all(-1).logical_or(kept).all()
+    torch.testing.assert_close(out[kept], 2 * value[kept], rtol=0, atol=0)
+    if need_weights:  # B x G x T x T: the kept weight on the diagonal
+        assert torch.equal(weights, torch.diag_embed(2.0 * kept.permute(1, 2, 0).float()))
