@@ -188,6 +188,24 @@ def test_incremental_decoding_matches_full_module():
     assert cache["prev_key"].shape == (2, 6, 50, 4)
 
 
+def test_incremental_decoding_of_a_left_padded_batch_matches_full_module():
+    """Step by step with each step's key padding mask (a left-padded prefix): the cache keeps the padding of
+    the steps before, so relative windows count the sentence's own positions as in full decoding."""
+    torch.manual_seed(4)
+    attn = MultiScaleSelfAttention(24, 6, HEAD_SCALES, causal=True, min_block=4).eval()
+    x = torch.randn(40, 2, 24)
+    pad = torch.zeros(2, 40, dtype=torch.bool)
+    pad[1, :9] = True
+    full, _ = attn(x, key_padding_mask=pad)
+    cache, steps = {}, []
+    for t in range(40):
+        steps.append(attn(x[t:t + 1], key_padding_mask=pad[:, t:t + 1], cache=cache)[0])
+    steps = torch.cat(steps)
+    torch.testing.assert_close(steps[:, 0], full[:, 0], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(steps[9:, 1], full[9:, 1], atol=1e-5, rtol=1e-4)
+    assert torch.equal(cache["prev_key_padding_mask"], pad)
+
+
 def _peak_bytes(fn):
     from torch.profiler import ProfilerActivity, profile
 

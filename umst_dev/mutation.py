@@ -807,6 +807,11 @@ MUTANTS = (
            '            return "N" if self.value != 1 else f"N/{self.value}"',
            ("tests/test_msmsa.py::test_scale_parsing_and_odd_sizes",),
            "relative scales named N/k the wrong way round in the module summary and the head maps' titles"),
+    Mutant("msmsa-incremental-drops-step-padding", "msmsa_windowed_attention",
+           "new = key_padding_mask if key_padding_mask is not None else x.new_zeros(batch, tgt_len, dtype=torch.bool)",
+           "new = key_padding_mask if key_padding_mask is None else x.new_zeros(batch, tgt_len, dtype=torch.bool)",
+           ("tests/test_msmsa.py::test_incremental_decoding_of_a_left_padded_batch_matches_full_module",),
+           "MSMSA's decoding dropping a step's key padding mask once the cache holds keys"),
 )
 
 
