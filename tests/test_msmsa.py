@@ -247,6 +247,13 @@ def test_parameter_count_equals_transformer():
     assert n_params(msmsa) == n_params(transformer)
     with_decoder, _ = dev.build_model("msmsa_base", {"msmsa_decoder": True})
     assert n_params(with_decoder) == n_params(transformer)
+    # the heads' window rule is rebuilt from the arch's options: the state dict (a checkpoint) holds what the
+    # transformer's holds, so checkpoints load whatever the rule's layout becomes
+    assert with_decoder.state_dict().keys() - dict(with_decoder.named_parameters()).keys() == \
+        transformer.state_dict().keys() - dict(transformer.named_parameters()).keys()
+    # initialised as fairseq's MultiheadAttention: the output projection's bias at 0
+    attn = with_decoder.encoder.layers[0].self_attn
+    assert attn.out_proj.bias.abs().sum() == 0 and attn.q_proj.bias.abs().sum() > 0
     big_overrides = {"encoder_layers": 1, "decoder_layers": 1}  # big widths, fewer layers to keep the test light
     big, _ = dev.build_model("msmsa_big", big_overrides)
     big_transformer, _ = dev.build_model("transformer_vaswani_wmt_en_de_big", {

@@ -812,6 +812,16 @@ MUTANTS = (
            "new = key_padding_mask if key_padding_mask is None else x.new_zeros(batch, tgt_len, dtype=torch.bool)",
            ("tests/test_msmsa.py::test_incremental_decoding_of_a_left_padded_batch_matches_full_module",),
            "MSMSA's decoding dropping a step's key padding mask once the cache holds keys"),
+    Mutant("msmsa-window-rule-in-checkpoints", "msmsa_windowed_attention",
+           "dtype=torch.long), persistent=False)",
+           "dtype=torch.long), persistent=True)",
+           ("tests/test_msmsa.py::test_parameter_count_equals_transformer",),
+           "MSMSA's window rule saved in checkpoints (a checkpoint without it no longer loads)"),
+    Mutant("msmsa-output-bias-initialised-as-linear", "msmsa_windowed_attention",
+           "        if self.out_proj.bias is not None:\n            nn.init.constant_(self.out_proj.bias, 0.0)",
+           "        if self.out_proj.bias is None:\n            nn.init.constant_(self.out_proj.bias, 0.0)",
+           ("tests/test_msmsa.py::test_parameter_count_equals_transformer",),
+           "MSMSA's output projection bias left at nn.Linear's random init where fairseq's attention zeroes it"),
 )
 
 
