@@ -99,6 +99,29 @@ def test_char_table_sentencepiece_round_trip_non_ascii():
     assert table.decode_chars(cb.chars[0].tolist()) == "the é </s>"
 
 
+def test_char_table_plain_words_and_marker_like_symbols():
+    """A vocabulary without markers is read as plain words, one word per token; a long number is characters, not
+    one of fairseq's ``madeupwordNNNN`` fillers; a bare ``@@`` joins the next token as the task's word boundaries
+    read it, so the table's word ids are the task's."""
+    from umst_plugin.data.word_boundaries import SUBWORD_NMT, word_ids_from_pieces
+
+    d = make_dict(["the", "car", "12345678901", "madeupword0007"])
+    table = CharTable.from_dictionary(d)
+    assert table.style == "word"
+    cb = table(batch_of(d, ["the 12345678901 car the"]))
+    assert table.decode_words(cb.chars[0].tolist()) == ["the", "12345678901", "car", "the", "</s>"]
+    assert cb.token_word_ids[0].tolist() == [1, 2, 3, 4, 5]
+    assert int(table.token_num_chars[d.index("12345678901")]) == 11
+    assert int(table.token_num_chars[d.index("madeupword0007")]) == 1  # a filler is one opaque character
+    d = make_dict(BPE_SYMBOLS + ["@@"])
+    table = CharTable.from_dictionary(d)
+    for sentence in ("the @@ car", "ca@@ @@ r@@ s a"):
+        cb = table(batch_of(d, [sentence]))
+        assert cb.token_word_ids[0].tolist() == word_ids_from_pieces(sentence.split(), SUBWORD_NMT) + [
+            len(set(word_ids_from_pieces(sentence.split(), SUBWORD_NMT))) + 1]
+    assert table.decode_words(table(batch_of(d, ["the @@ car"])).chars[0].tolist()) == ["the", "car", "</s>"]
+
+
 def test_char_table_groups_and_alignment():
     d = make_dict(BPE_SYMBOLS)
     table = CharTable.from_dictionary(d)

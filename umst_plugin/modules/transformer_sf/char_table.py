@@ -6,7 +6,7 @@ tokens is needed: ``CharTable`` is built once from the source dictionary's
 symbols and stores, per dictionary entry, its characters (as character-vocabulary
 ids) and whether it glues to its neighbour:
 
-* subword-nmt (``new@@ est``): an entry ending in ``@@`` joins the *next* token;
+* subword-nmt (``new@@ est``): an entry ending in ``@@`` joins the *next* token (a bare ``@@`` too);
 * sentencepiece (``▁new est``): an entry *without* a leading ``▁`` joins the
   *previous* token; a bare ``▁`` starts a word and has no characters;
 * plain words: every token is its own word.
@@ -79,9 +79,13 @@ def _is_special(index, symbol, num_special):
 
 
 def split_symbol(symbol: str, style: str):
-    """(text, joins_prev, joins_next) of one non-special dictionary symbol."""
+    """(text, joins_prev, joins_next) of one non-special dictionary symbol.
+
+    A bare ``@@`` joins the next token with no characters of its own, as the task's word boundaries
+    (``umst_plugin.data.word_boundaries``) and subword-nmt's own decoding (``sed 's/@@ //g'``) read it, so the
+    table's word ids equal the task's ``src_word_ids`` on every sentence."""
     if style == "subword-nmt":
-        if len(symbol) > 2 and symbol.endswith(BPE_MARK):
+        if symbol.endswith(BPE_MARK):
             return symbol[:-2], False, True
         return symbol, False, False
     if style == "sentencepiece":
