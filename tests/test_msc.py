@@ -267,6 +267,9 @@ def test_ablations_change_structure():
     model, _, _ = build("msc_iwslt_de_en", TINY + ABLATIONS["no_ctx_attn"])
     assert all(layer.context_attn is None for layer in model.encoder.layers)
     assert all(layer.context_attn is not None for layer in model.decoder.layers)
+    # the FFN cell (table 5; no formula in the paper): the encoder's FFN width inside, as docs/msc.md says
+    cell = build("msc_iwslt_de_en", TINY + ABLATIONS["ffn_cell"])[0].encoder.context_cell
+    assert cell.fc1.out_features == cell.fc2.in_features == 32 != 4 * 16  # --encoder-ffn-embed-dim, not 4 x C
 
 
 def test_bf16_padded_rows_finite():

@@ -11,6 +11,7 @@ incremental state), and launches fewer kernels:
   through beam reorders (rows repeated and dropped), the cache growing past its first capacity, a padded
   prefix, fairseq's beamable cross-attention (``set_beam_size``) and a whole SequenceGenerator beam search;
 * the encoder's stacked states: reorder = reordering each list; lists edited by a caller win over the stack;
+* a layer called alone builds its own masks and cross keys/values and equals its reference form;
 * no host sync in the lean forward and backward nor in a decoding step; kernel launch guards.
 """
 import copy
@@ -385,3 +386,98 @@ def test_training_launches():
             m(**net_input(sample))[0].sum().backward()
         totals[name] = k.total
     assert totals["lean"] < 0.8 * totals["reference"], totals
+
+
+# ---- a layer called alone ----------------------------------------------------------------------------------
+
+def _layer_inputs(seed=3, tgt_len=6, src_len=7, bsz=3, dim=16):
+    """x (target), memory, context; the source padded left, the target right (no row wholly padded)."""
+    g = torch.Generator().manual_seed(seed)
+    x, memory, context = (torch.randn(n, bsz, dim, generator=g, dtype=torch.float64)
+                          for n in (tgt_len, src_len, src_len))
+    src_pad = torch.zeros(bsz, src_len, dtype=torch.bool)
+    src_pad[1, :2] = src_pad[2, :4] = True
+    tgt_pad = torch.zeros(bsz, tgt_len, dtype=torch.bool)
+    tgt_pad[1, -2:] = True
+    return x, memory, context, src_pad, tgt_pad
+
+
+def _calls_of(module):
+    calls = []
+    module.register_forward_hook(lambda *args: calls.append(1))
+    return calls
+
+
+@pytest.mark.parametrize("context_attention", [True, False], ids=["context", "no-context"])
+def test_a_layer_called_alone_builds_its_masks_and_keys_and_equals_its_reference_form(context_attention):
+    """The encoder and decoder build their layers' masks and cross keys/values once per stack and pass them in. A
+    layer called alone (a stack of one's own, ``umst-inspect``) builds them from the padding masks it is given,
+    for every combination of causal and padding masks, and equals its reference form; its attention over the
+    memory is returned as fairseq's decoder layer returns it (averaged over heads, in eval only unless asked);
+    ``layer.reference`` and fairseq's incremental state without the lean step take the reference form."""
+    from umst_plugin.modules.msc.layer import MSCDecoderLayer, MSCEncoderLayer
+
+    assert MSCEncoderLayer(16, 32, 2).fusion.mode == "gate"  # by default the paper's layer: context attention, gate
+    torch.manual_seed(0)
+    kw = dict(dropout=0.0, context_attention=context_attention)
+    encoder_layer = MSCEncoderLayer(16, 32, 2, **kw).double().eval()
+    decoder_layer = MSCDecoderLayer(16, 32, 2, **kw).double().eval()
+    x, memory, context, src_pad, tgt_pad = _layer_inputs()
+    context = context if context_attention else None
+    future = torch.triu(torch.full((x.size(0), x.size(0)), float("-inf"), dtype=torch.float64), 1)
+    close = dict(atol=1e-10, rtol=1e-9)
+    with torch.no_grad():
+        for pad in (src_pad, None):
+            want = encoder_layer.reference_forward(memory, pad, context)
+            torch.testing.assert_close(encoder_layer(memory, pad, context), want, **close)
+        assert not torch.allclose(want, encoder_layer.reference_forward(memory, src_pad, context))
+
+        for self_mask, self_pad, cross_pad in ((future, tgt_pad, src_pad), (future, None, src_pad),
+                                               (None, tgt_pad, src_pad), (future, tgt_pad, None)):
+            got, attn = decoder_layer(x, memory, cross_pad, context, self_attn_mask=self_mask,
+                                      self_attn_padding_mask=self_pad)
+            want, want_attn = decoder_layer.reference_forward(x, memory, cross_pad, context, self_attn_mask=self_mask,
+                                                              self_attn_padding_mask=self_pad)
+            torch.testing.assert_close(got, want, **close)
+            assert attn is not None and attn.shape == (x.size(1), x.size(0), memory.size(0))  # B x T x S
+            torch.testing.assert_close(attn, want_attn, **close)
+        heads = decoder_layer(x, memory, src_pad, context, self_attn_mask=future, need_head_weights=True)[1]
+        assert heads.shape == (2, x.size(1), x.size(0), memory.size(0))
+        torch.testing.assert_close(heads.mean(0), decoder_layer(x, memory, src_pad, context,
+                                                                self_attn_mask=future)[1], **close)
+
+        decoder_layer.train()  # (no dropout: the same numbers) no attention returned in training unless asked
+        for forward in (decoder_layer, decoder_layer.reference_forward):
+            assert forward(x, memory, src_pad, context, self_attn_mask=future)[1] is None
+            assert forward(x, memory, src_pad, context, self_attn_mask=future, need_attn=True)[1] is not None
+            assert forward(x, memory, src_pad, context, self_attn_mask=future,
+                           need_head_weights=True)[1].shape == heads.shape
+        decoder_layer.eval()
+        decoder_layer.make_generation_fast_()  # (fairseq's default before a search: no alignment wanted)
+        assert decoder_layer(x, memory, src_pad, context, self_attn_mask=future)[1] is None
+        decoder_layer.make_generation_fast_(need_attn=True)
+
+        # fairseq's incremental state (no lean step): the reference form, step by step = the whole target
+        state, steps = {}, []
+        for t in range(x.size(0)):
+            steps.append(decoder_layer(x[t:t + 1], memory, src_pad, context, incremental_state=state)[0])
+        assert len(state) > 0
+        torch.testing.assert_close(torch.cat(steps), decoder_layer(x, memory, src_pad, context,
+                                                                   self_attn_mask=future)[0], **close)
+
+        # layer.reference: fairseq's attention modules are called (the lean path reads their weights only)
+        for layer, args in ((encoder_layer, (memory, src_pad, context)), (decoder_layer, (x, memory, src_pad,
+                                                                                          context))):
+            calls = _calls_of(layer.self_attn)
+            layer(*args)
+            assert not calls
+            layer.reference = True
+            layer(*args)
+            assert len(calls) == 1
+            layer.reference = False
+
+    if context_attention:
+        with pytest.raises(ValueError, match="pass `context`"):
+            decoder_layer(x, memory, src_pad, None)
+        with pytest.raises(ValueError, match="pass `context`"):
+            encoder_layer(memory, src_pad, None)
