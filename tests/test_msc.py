@@ -441,3 +441,60 @@ def test_end_to_end_multiscale_translation_task(toy_raw, toy_databin, tmp_path):
     e2e.assert_translated_all(out, toy_raw)
     # fairseq-interactive through multiscale_translation is covered by the translation-task test above
     # and by tests/test_end_to_end.py; MSC ignores the side inputs it would rebuild.
+
+
+def test_plain_ablation_computes_fairseqs_prenorm_transformer(monkeypatch):
+    """--no-block-collaboration --no-contextual-collaboration is fairseq's pre-norm Transformer in values too, not
+    only in size: with the same weights (renamed: the top block's layer norm is fairseq's final encoder layer
+    norm), the same output and attention for a padded batch in float64 (also with fairseq's alignment options),
+    and the same incremental decoding."""
+    import copy
+
+    import torch.nn.functional as F
+    from fairseq.modules import multihead_attention
+
+    from umst_plugin.modules.common.lean_ops import use_reference_path
+
+    # fairseq's attention takes its softmax in float32 for any input: float64 here, as in the lean tests
+    monkeypatch.setattr(multihead_attention.utils, "softmax", lambda x, dim, onnx_trace=False: F.softmax(x, dim))
+    plain, _, args = build("msc_iwslt_de_en", TINY + ABLATIONS["plain"])
+    n_enc, n_dec = len(plain.encoder.layers), len(plain.decoder.layers)
+    ref, _, _ = build("transformer", ["--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+                                      "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+                                      "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+                                      "--encoder-layers", str(n_enc), "--decoder-layers", str(n_dec),
+                                      "--encoder-normalize-before", "--decoder-normalize-before"])
+    top = f"encoder.block_layer_norms.{plain.encoder.num_blocks - 1}."
+    state = {(k.replace(top, "encoder.layer_norm.") if k.startswith(top) else k): v
+             for k, v in plain.state_dict().items()}
+    assert set(state) - {"encoder.version", "decoder.version"} == set(ref.state_dict()) - {
+        "encoder.version", "decoder.version"}
+    ref.load_state_dict(state, strict=False)
+    plain, ref = plain.double().eval(), ref.double().eval()
+    src, lengths, prev, _ = random_batch(bsz=4, src_len=8, tgt_len=6)
+    with torch.no_grad():
+        out, extra = plain(src, lengths, prev)
+        ref_out, ref_extra = ref(src, lengths, prev)
+        torch.testing.assert_close(out, ref_out, atol=1e-10, rtol=1e-9)
+        torch.testing.assert_close(extra["attn"][0], ref_extra["attn"][0], atol=1e-10, rtol=1e-9)
+        ref_enc = ref.encoder(src, lengths)
+        for model in (plain, use_reference_path(copy.deepcopy(plain))):  # the lean path and the reference form
+            enc = model.encoder(src, lengths)
+            for options_ in (dict(alignment_layer=0, alignment_heads=1), dict(full_context_alignment=True)):
+                got, got_extra = model.decoder(prev, encoder_out=enc, **options_)
+                want, want_extra = ref.decoder(prev, encoder_out=ref_enc, **options_)
+                torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-9)
+                torch.testing.assert_close(got_extra["attn"][0], want_extra["attn"][0], atol=1e-10, rtol=1e-9)
+        enc = plain.encoder(src, lengths)
+        state, steps = {}, []
+        for t in range(prev.size(1)):
+            steps.append(plain.decoder(prev[:, :t + 1], encoder_out=enc, incremental_state=state)[0][:, -1])
+        torch.testing.assert_close(torch.stack(steps, 1), ref_out, atol=1e-10, rtol=1e-9)
+
+
+def test_the_decoder_needs_msc_encoder_out():
+    model, _, _ = build("msc_iwslt_de_en", TINY)
+    src, lengths, prev, _ = random_batch()
+    for encoder_out in (None, {"encoder_out": [torch.zeros(7, 3, 16)]}):
+        with pytest.raises(ValueError, match="needs the encoder-out dict of MSCEncoder"):
+            model.decoder(prev, encoder_out=encoder_out)
