@@ -43,6 +43,17 @@ def test_scan_bpe_unicode_whitespace_takes_the_exact_path(tmp_path):
     path.write_text("a\u00a0b c@@ d\ne\u2009f\n", encoding="utf-8")  # str.split() splits on these too
     scan = scan_bpe(path, "subword-nmt")
     assert scan.word_ids.tolist() == [1, 2, 3, 3, 1, 2] and scan.n_tokens.tolist() == [4, 2]
+    assert scan.n_words.tolist() == [3, 2]
+
+
+def test_count_lines_counts_a_last_line_without_its_newline(tmp_path, monkeypatch):
+    """The line count that splits a file into shards (umst-preprocess --shard): str.splitlines()'s count, whether
+    or not the last line ends with a newline, wherever the blocks it reads end."""
+    monkeypatch.setattr(text, "BLOCK_BYTES", 3)  # block edges before, at and after newlines
+    path = tmp_path / "f"
+    for content in (b"", b"\n", b"ab\n", b"ab\ncd", b"ab\ncd\n", b"a\n\nb", b"abcdefg", b"abcde\n"):
+        path.write_bytes(content)
+        assert text.count_lines(path) == len(content.decode().splitlines()), content
 
 
 def test_scan_bpe_errors_name_file_and_line(tmp_path):

@@ -97,6 +97,7 @@ FILES = {
     "compile_cache": "umst_plugin/compilation/cache.py",
     "preprocess_chunks": "umst_plugin/preprocess/chunks.py",
     "preprocess_sidefiles": "umst_plugin/preprocess/sidefiles.py",
+    "preprocess_text": "umst_plugin/preprocess/text.py",
 }
 
 
@@ -915,6 +916,21 @@ MUTANTS = (
            'if encoder_out is None and "msc_block_out" not in encoder_out:',
            ("tests/test_msc.py::test_the_decoder_needs_msc_encoder_out",),
            "MSC's decoder given no encoder output failing with a TypeError instead of naming what it needs"),
+    Mutant("count-lines-drops-unterminated-last-line", "preprocess_text",
+           'return n + (last != b"\\n")',
+           'return n + (last == b"\\n")',
+           ("tests/test_preprocess_scale.py::test_count_lines_counts_a_last_line_without_its_newline",),
+           "the shards' line count missing a last line without its newline (and counting one past the end)"),
+    Mutant("count-lines-last-byte", "preprocess_text",
+           "last = block[-1:]",
+           "last = block[+1:]",
+           ("tests/test_preprocess_scale.py::test_count_lines_counts_a_last_line_without_its_newline",),
+           "the shards' line count reading a block's tail from its second byte, not its last"),
+    Mutant("scan-exact-path-word-count", "preprocess_text",
+           "n_words.append(w[-1] if w else 0)",
+           "n_words.append(w[+1] if w else 0)",
+           ("tests/test_preprocess_scale.py::test_scan_bpe_unicode_whitespace_takes_the_exact_path",),
+           "the exact (non-ASCII whitespace) scan counting a line's words from its second token's word id"),
 )
 
 
