@@ -46,6 +46,16 @@ def test_scan_bpe_unicode_whitespace_takes_the_exact_path(tmp_path):
     assert scan.n_words.tolist() == [3, 2]
 
 
+def test_parser_words_of_a_line_range(tmp_path):
+    """What a parser chunk reads (``iter_parser_words``, 0-based [start, stop)): its lines, numbered from 1, as
+    words with the BPE markers joined and Moses' escapes undone."""
+    path = tmp_path / "f"
+    path.write_text("a@@ b c\nd &apos;e\nf\ng h@@ i\n", encoding="utf-8")
+    assert list(text.iter_parser_words(path, "subword-nmt", 1, 3)) == [(2, ["d", "'e"]), (3, ["f"])]
+    assert list(text.iter_parser_words(path, "subword-nmt", 3)) == [(4, ["g", "hi"])]
+    assert [n for n, _ in text.iter_parser_words(path, "subword-nmt")] == [1, 2, 3, 4]
+
+
 def test_count_lines_counts_a_last_line_without_its_newline(tmp_path, monkeypatch):
     """The line count that splits a file into shards (umst-preprocess --shard): str.splitlines()'s count, whether
     or not the last line ends with a newline, wherever the blocks it reads end."""

@@ -931,6 +931,16 @@ MUTANTS = (
            "n_words.append(w[+1] if w else 0)",
            ("tests/test_preprocess_scale.py::test_scan_bpe_unicode_whitespace_takes_the_exact_path",),
            "the exact (non-ASCII whitespace) scan counting a line's words from its second token's word id"),
+    Mutant("parser-chunk-one-line-early", "preprocess_text",
+           "if number <= start:",
+           "if number < start:",
+           ("tests/test_preprocess_scale.py::test_parser_words_of_a_line_range",),
+           "a parser chunk's words starting one line before its range (the line before parsed twice)"),
+    Mutant("parser-chunk-past-stop", "preprocess_text",
+           "if stop is not None and number > stop:",
+           "if stop is None and number > stop:",
+           ("tests/test_preprocess_scale.py::test_parser_words_of_a_line_range",),
+           "a parser chunk's words running on past its range to the end of the file"),
 )
 
 
