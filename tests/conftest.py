@@ -118,3 +118,16 @@ def multi30k_standin(tmp_path_factory, worker_id):
 
     top = built_once(tmp_path_factory, worker_id, "multi30k_standin", recipe_toy.prepare_multi30k_standin)
     return recipe_toy.multi30k_standin(top)
+
+
+@pytest.fixture
+def float64_softmax(monkeypatch):
+    """fairseq's attention takes its softmax in float32 for any input (``utils.softmax``): in float64 comparisons it
+    keeps float64 (half inputs still go to float32)."""
+    import torch.nn.functional as F
+    from fairseq.modules import multihead_attention
+
+    def softmax(x, dim, onnx_trace=False):
+        return F.softmax(x, dim=dim, dtype=torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else None)
+
+    monkeypatch.setattr(multihead_attention.utils, "softmax", softmax)

@@ -443,21 +443,16 @@ def test_end_to_end_multiscale_translation_task(toy_raw, toy_databin, tmp_path):
     # and by tests/test_end_to_end.py; MSC ignores the side inputs it would rebuild.
 
 
-def test_plain_ablation_computes_fairseqs_prenorm_transformer(monkeypatch):
+def test_plain_ablation_computes_fairseqs_prenorm_transformer(float64_softmax):
     """--no-block-collaboration --no-contextual-collaboration is fairseq's pre-norm Transformer in values too, not
     only in size: with the same weights (renamed: the top block's layer norm is fairseq's final encoder layer
     norm), the same output and attention for a padded batch in float64 (also with fairseq's alignment options),
     and the same incremental decoding."""
     import copy
 
-    import torch.nn.functional as F
-    from fairseq.modules import multihead_attention
-
     from umst_plugin.modules.common.lean_ops import use_reference_path
 
-    # fairseq's attention takes its softmax in float32 for any input: float64 here, as in the lean tests
-    monkeypatch.setattr(multihead_attention.utils, "softmax", lambda x, dim, onnx_trace=False: F.softmax(x, dim))
-    plain, _, args = build("msc_iwslt_de_en", TINY + ABLATIONS["plain"])
+    plain, _, _ = build("msc_iwslt_de_en", TINY + ABLATIONS["plain"])
     n_enc, n_dec = len(plain.encoder.layers), len(plain.decoder.layers)
     ref, _, _ = build("transformer", ["--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
                                       "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",

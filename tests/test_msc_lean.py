@@ -45,17 +45,8 @@ def build(overrides=None, arch="msc_iwslt_de_en", dtype=torch.float64):
     return model.to(dtype), task
 
 
-@pytest.fixture(autouse=True)
-def float64_softmax(monkeypatch):
-    """fairseq's attention takes its softmax in float32 for any input (``utils.softmax``): in these float64
-    comparisons it keeps float64 (half inputs still go to float32)."""
-    import torch.nn.functional as F
-    from fairseq.modules import multihead_attention
-
-    def softmax(x, dim, onnx_trace=False):
-        return F.softmax(x, dim=dim, dtype=torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else None)
-
-    monkeypatch.setattr(multihead_attention.utils, "softmax", softmax)
+# fairseq's attention keeps float64 in these comparisons (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("float64_softmax")
 
 
 def pair(overrides=None, **kw):
