@@ -308,6 +308,60 @@ def test_conllu_shards_merged_equal_unsharded(toy_raw, tmp_path):
     assert merged == _files(tmp_path / "full")
 
 
+def test_side_file_checks_name_the_parse_and_the_line(tmp_path):
+    """The sidefiles checks on their own: the parse file an error names (the one given, else what made the
+    parses), the line after the last of a longer CoNLL-U, the line of a labels file shorter than its heads,
+    the words' check on by default, and a binarized source with no index taken as absent."""
+    from umst_plugin.data.side_files import SideDataError
+    from umst_plugin.preprocess.conllu_reader import SurfaceParse
+    from umst_plugin.preprocess.sidefiles import (ParseArrays, check_against_binarized, check_parses,
+                                                  parses_from_conllu, read_parse_text)
+
+    bpe = tmp_path / "train.en"
+    bpe.write_text("the dog@@ s bark\na cat\n")
+    scan = scan_bpe(str(bpe), "subword-nmt")
+    check_parses(scan, ParseArrays([2, 0, 3, 2, 0], [3, 2], ["det root x", "det root"]))  # heads up to the words
+    parses = ParseArrays([2, 0, 7, 2, 0], [3, 2], ["det root x", "det root"], source="made by a parser")
+    with pytest.raises(SideDataError) as info:
+        check_parses(scan, parses)
+    assert str(info.value).startswith("made by a parser:1: head 7 out of range")
+    with pytest.raises(SideDataError) as info:
+        check_parses(scan, parses, parse_path="shard1of2.heads")
+    assert str(info.value).startswith("shard1of2.heads:1: head 7 out of range")
+
+    def sentence(*forms):
+        return SurfaceParse(list(forms), [0] + [1] * (len(forms) - 1), ["root"] + ["dep"] * (len(forms) - 1))
+
+    good = [sentence("the", "dogs", "bark"), sentence("a", "cat")]
+    assert parses_from_conllu(str(bpe), good, "t.conllu", "subword-nmt").sizes.tolist() == [3, 2]
+    with pytest.raises(SideDataError) as info:
+        parses_from_conllu(str(bpe), good + [sentence("more")], "t.conllu", "subword-nmt")
+    assert str(info.value) == f"{bpe}:3: t.conllu has more sentences than the 2 lines of the BPE text"
+    other = [sentence("the", "cats", "bark"), sentence("a", "cat")]
+    with pytest.raises(SideDataError, match=r":1: word 2 is 'dogs' in the BPE text but 'cats' in t.conllu"):
+        parses_from_conllu(str(bpe), other, "t.conllu", "subword-nmt")
+    assert parses_from_conllu(str(bpe), other, "t.conllu", "subword-nmt", check_forms=False).sizes.tolist() == [3, 2]
+
+    heads, labels = tmp_path / "s.heads", tmp_path / "s.labels"
+    heads.write_text("2 0 2\n2 0\n")
+    labels.write_text("det root x\n")
+    with pytest.raises(SideDataError) as info:
+        read_parse_text(str(heads), str(labels))
+    assert str(info.value).startswith(f"{labels}:2: 1 lines but 2 in {heads}; expected one label line per head line")
+
+    # fairseq cannot read a .bin without its .idx: the binarized check finds no source rather than failing on it
+    prefix = tmp_path / "bin" / "train.en-de.en"
+    prefix.parent.mkdir()
+    (tmp_path / "bin" / "train.en-de.en.bin").write_bytes(b"\0" * 24)
+    assert check_against_binarized(scan, str(prefix), str(bpe)) is False
+
+
+def test_int_lines_at_the_int32_boundary():
+    """Values from 2**31 on do not fit int32: written with int64 digits, not wrapped negative."""
+    for value in (2 ** 31 - 1, 2 ** 31, 2 ** 31 + 5):
+        assert int_lines(np.array([3, value]), [2]) == f"3 {value}\n"
+
+
 def test_merge_checks_shards_line_by_line(english, capsys):
     d, args = english
     text_dir = d / "badshards"
