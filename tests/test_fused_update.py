@@ -255,6 +255,39 @@ def test_patch_chooses_per_parameters():
     assert isinstance(trainer.optimizer.optimizer, Adam)
 
 
+def test_each_opt_out_gives_fairseqs_adam_and_says_so_once(monkeypatch, caplog):
+    """--use-old-adam, --fp16-adam-stats and a TPU each keep fairseq's adam (which refuses --fp16-adam-stats
+    without apex); so do parameters on a device without the fused kernel. Each choice is logged once per process, not once per optimizer built."""
+    from argparse import Namespace
+
+    from fairseq.optim.adam import FairseqAdam
+
+    assert fused_adam.fused_available([torch.zeros(2, device="meta")]) is None
+    monkeypatch.setattr(fused_adam, "_announced", set())
+    base = dict(lr=[1e-3], adam_betas="(0.9, 0.98)", adam_eps=1e-8, weight_decay=0.0, use_old_adam=False,
+                fp16_adam_stats=False, tpu=False)
+
+    def build(**flags):
+        return FairseqAdam(Namespace(**dict(base, **flags)), [torch.nn.Parameter(torch.zeros(2))])._optimizer
+
+    with caplog.at_level("INFO", logger=fused_adam.__name__):
+        for _ in range(2):
+            optimizer = build()
+            assert isinstance(optimizer, fused_adam.FusedAdam)
+            assert not optimizer.supports_memory_efficient_fp16 and optimizer.supports_flat_params
+            for flag in ("use_old_adam", "tpu"):
+                assert type(build(**{flag: True})) is Adam, flag
+            # fairseq's own answer: its fp16 Adam statistics need apex's kernel (CUDA)
+            with pytest.raises(NotImplementedError, match="--fp16-adam-stats is only supported with FusedAdamV1"):
+                build(fp16_adam_stats=True)
+    lines = [r.getMessage() for r in caplog.records if r.name == fused_adam.__name__]
+    assert lines == ["--optimizer adam: fairseq's adam in torch's fused AdamW kernel, all parameters in one "
+                     "multi-tensor step (--use-old-adam: fairseq's per-parameter loop)",
+                     "--optimizer adam: fairseq's per-parameter Adam (--use-old-adam)",
+                     "--optimizer adam: fairseq's per-parameter Adam (non-float32 parameters or --fp16-adam-stats or "
+                     "a TPU)"]
+
+
 def test_amp_skips_a_non_finite_step_on_the_device():
     """bf16 --amp: an inf gradient leaves the weights and the fused optimizer's step count alone, and the grad
     scaler hands the flag to the kernel (no host sync in the scaler's step)."""
