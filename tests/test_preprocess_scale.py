@@ -398,7 +398,7 @@ def test_merge_checks_shards_line_by_line(english, capsys):
     shard2.write_text("\n".join(good.splitlines()[:-1]) + "\n")
     labels2.write_text("\n".join(good_labels.splitlines()[:-1]) + "\n")
     assert cli.main(merge) == 2
-    assert "the 2 shards hold 59 lines but the BPE text has 60" in capsys.readouterr().err
+    assert ".en:60: the 2 shards hold 59 lines but the BPE text has 60" in capsys.readouterr().err
     os.remove(shard2)
     assert cli.main(merge) == 2
     assert f"{shard2}: shard 2 of 2 missing" in capsys.readouterr().err
@@ -481,7 +481,9 @@ def test_the_record_of_the_parser_names_what_each_parser_loads(tmp_path):
     assert record("--parser", "stanza")["model"] == "en"  # the source language
     assert record("--parser", "stanza", "--stanza-lang", "de", "--stanza-package", "gsd") == {
         "parser": "stanza", "model": "de", "stanza_package": "gsd", "written_by": "umst-preprocess"}
-    assert record("--parser", "none")["model"] is None
+    assert record("--parser", "none") == {"parser": "none", "model": None, "written_by": "umst-preprocess"}
+    assert record("--parser", "conllu", "--conllu-suffix", ".ud") == {
+        "parser": "conllu", "model": None, "conllu_suffix": ".ud", "written_by": "umst-preprocess"}
     bpe = tmp_path / "train.en"
     bpe.write_text("a b@@ c\n")
     assert cli.main(["-s", "en", "-t", "de", "--trainpref", str(tmp_path / "train"), "--destdir", str(tmp_path / "db"),
@@ -490,3 +492,29 @@ def test_the_record_of_the_parser_names_what_each_parser_loads(tmp_path):
 
     assert json.loads((tmp_path / "db" / "source-parse.json").read_text())["model"] == "en_core_web_md"
     assert sorted(os.listdir(tmp_path / "db")) == ["source-parse.json"]  # nothing parsed, nothing else written
+
+
+def test_conllu_words_are_checked_unless_no_check_forms(tmp_path, capsys):
+    """umst-preprocess --parser conllu compares the CoNLL-U's words with the BPE text's (Moses escapes undone);
+    --no-check-forms keeps only the counts. The languages are required arguments, as fairseq-preprocess's are."""
+    (tmp_path / "train.en").write_text("the dog@@ s bark\n")
+    rows = "".join(f"{k + 1}\t{w}\t_\t_\t_\t_\t{0 if k == 2 else 3}\t_\t_\t_\n"
+                   for k, w in enumerate(["the", "cats", "bark"]))
+    (tmp_path / "train.en.conllu").write_text(rows + "\n")
+    args = ["-s", "en", "-t", "de", "--trainpref", str(tmp_path / "train"), "--parser", "conllu",
+            "--no-check-binarized", "--no-progress"]
+    assert cli.main(args + ["--destdir", str(tmp_path / "checked")]) == 2
+    assert f"{tmp_path / 'train.en'}:1: word 2 is 'dogs' in the BPE text but 'cats' in" in capsys.readouterr().err
+    assert cli.main(args + ["--destdir", str(tmp_path / "unchecked"), "--no-check-forms"]) == 0
+    assert (tmp_path / "unchecked" / "train.en.heads").read_text() == "3 3 0\n"
+    # an unsharded run records its parser; --record-only rewrites that record in the existing data-bin
+    record = tmp_path / "unchecked" / "source-parse.json"
+    assert '"conllu_suffix": ".conllu"' in record.read_text()
+    assert cli.main(args + ["--destdir", str(tmp_path / "unchecked"), "--record-only", "--conllu-suffix", ".ud"]) == 0
+    assert '"conllu_suffix": ".ud"' in record.read_text()
+    with pytest.raises(SystemExit):
+        cli.get_parser().parse_args(["-t", "de", "--trainpref", "x"])
+    assert "the following arguments are required: -s/--source-lang" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.get_parser().parse_args(["-s", "en", "--trainpref", "x"])
+    assert "the following arguments are required: -t/--target-lang" in capsys.readouterr().err
