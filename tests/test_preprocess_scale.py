@@ -399,6 +399,11 @@ def test_merge_checks_shards_line_by_line(english, capsys):
     labels2.write_text("\n".join(good_labels.splitlines()[:-1]) + "\n")
     assert cli.main(merge) == 2
     assert ".en:60: the 2 shards hold 59 lines but the BPE text has 60" in capsys.readouterr().err
+    # one line too many: named at the shard's first line past the text
+    shard2.write_text(good + good.splitlines()[-1] + "\n")
+    labels2.write_text(good_labels + good_labels.splitlines()[-1] + "\n")
+    assert cli.main(merge) == 2
+    assert f"{shard2}:{60 - n1 + 1}: shards 1-2 have more lines than the 60 lines of" in capsys.readouterr().err
     os.remove(shard2)
     assert cli.main(merge) == 2
     assert f"{shard2}: shard 2 of 2 missing" in capsys.readouterr().err
