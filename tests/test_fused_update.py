@@ -257,7 +257,8 @@ def test_patch_chooses_per_parameters():
 
 def test_each_opt_out_gives_fairseqs_adam_and_says_so_once(monkeypatch, caplog):
     """--use-old-adam, --fp16-adam-stats and a TPU each keep fairseq's adam (which refuses --fp16-adam-stats
-    without apex); so do parameters on a device without the fused kernel. Each choice is logged once per process, not once per optimizer built."""
+    without apex); so do parameters on a device without the fused kernel. Each choice is logged once per process,
+    not once per optimizer built."""
     from argparse import Namespace
 
     from fairseq.optim.adam import FairseqAdam

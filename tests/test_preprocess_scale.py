@@ -412,10 +412,16 @@ def test_merge_checks_shards_line_by_line(english, capsys):
 
 # ---- bad inputs ------------------------------------------------------------------------------------
 
+def conllu_rows(words, heads=None):
+    """One CoNLL-U sentence's token rows (without its blank line): ``heads`` 1-based, every word a root if None."""
+    heads = heads or [0] * len(words)
+    return "".join(f"{k + 1}\t{w}\t_\t_\t_\t_\t{h}\troot\t_\t_\n" for k, (w, h) in enumerate(zip(words, heads)))
+
+
 def test_conllu_token_count_mismatch_names_both_files_and_line(tmp_path, capsys):
     (tmp_path / "train.en").write_text("the dog@@ s bark\na cat\n")
-    rows = lambda words: "".join(f"{k + 1}\t{w}\t_\t_\t_\t_\t0\troot\t_\t_\n" for k, w in enumerate(words))
-    (tmp_path / "train.en.conllu").write_text(rows(["the", "dogs", "bark"]) + "\n" + rows(["a", "cat", "x"]) + "\n")
+    (tmp_path / "train.en.conllu").write_text(conllu_rows(["the", "dogs", "bark"]) + "\n"
+                                              + conllu_rows(["a", "cat", "x"]) + "\n")
     rc = cli.main(["-s", "en", "-t", "de", "--trainpref", str(tmp_path / "train"), "--destdir", str(tmp_path / "b"),
                    "--no-check-binarized", "--no-progress"])
     err = capsys.readouterr().err
@@ -503,9 +509,7 @@ def test_conllu_words_are_checked_unless_no_check_forms(tmp_path, capsys):
     """umst-preprocess --parser conllu compares the CoNLL-U's words with the BPE text's (Moses escapes undone);
     --no-check-forms keeps only the counts. The languages are required arguments, as fairseq-preprocess's are."""
     (tmp_path / "train.en").write_text("the dog@@ s bark\n")
-    rows = "".join(f"{k + 1}\t{w}\t_\t_\t_\t_\t{0 if k == 2 else 3}\t_\t_\t_\n"
-                   for k, w in enumerate(["the", "cats", "bark"]))
-    (tmp_path / "train.en.conllu").write_text(rows + "\n")
+    (tmp_path / "train.en.conllu").write_text(conllu_rows(["the", "cats", "bark"], heads=[3, 3, 0]) + "\n")
     args = ["-s", "en", "-t", "de", "--trainpref", str(tmp_path / "train"), "--parser", "conllu",
             "--no-check-binarized", "--no-progress"]
     assert cli.main(args + ["--destdir", str(tmp_path / "checked")]) == 2

@@ -155,12 +155,13 @@ def test_char_table_is_saved_in_state_dict():
 
 
 def test_checkpoints_hold_parameters_and_the_char_table_only():
-    """Working buffers (the reassociated cross-attention's column of ones) stay out of the state dict: a
-    checkpoint written before one existed loads strictly, and one written now loads into a model without it."""
+    """Working buffers (the reassociated cross-attention's column of ones) stay out of the state dict, so that a
+    checkpoint holds the parameters, the character table and fairseq's version entry, and nothing a model built
+    by another version of the code might lack."""
     model, _ = build()
     assert any(m.reassociate for m in model.modules() if hasattr(m, "reassociate"))  # the buffer is there
-    state = model.state_dict()
-    extra = sorted(k for k in state if k not in dict(model.named_parameters()))
+    parameters = dict(model.named_parameters())
+    extra = sorted(k for k in model.state_dict() if k not in parameters)
     assert extra == ["decoder.version"] + [f"encoder.char_table.{name}" for name in (
         "char_codepoints", "token_chars", "token_joins_next", "token_joins_prev", "token_num_chars")]
 
