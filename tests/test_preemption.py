@@ -52,6 +52,61 @@ def test_signals_act_as_before_outside_training():
         parse_signals("KILL")
 
 
+
+@pytest.mark.parametrize("end_of_epoch, epoch, save_interval, updates, every, validate_after, saves", [
+    (True, 2, 1, 7, 0, 0, True),       # an epoch's end at the save interval
+    (True, 3, 2, 7, 0, 0, False),      # an epoch's end between save intervals
+    (False, 2, 1, 7, 0, 0, False),     # mid-epoch, no --save-interval-updates
+    (False, 1, 1, 20, 10, 0, True),    # at --save-interval-updates
+    (False, 1, 1, 25, 10, 0, False),   # between them
+    (False, 1, 1, 20, 10, 20, True),   # at --validate-after-updates itself
+    (False, 1, 1, 20, 10, 21, False),  # before --validate-after-updates
+    (False, 1, 1, 0, 10, 0, False),    # update 0
+])
+def test_a_stop_lets_fairseq_save_where_it_saves_anyway(end_of_epoch, epoch, save_interval, updates, every,
+                                                        validate_after, saves):
+    """Where fairseq's validate_and_save saves at this update anyway (fairseq_cli/train.py's ``do_save`` without
+    its ``should_stop``), a stop runs it as it was, with its validation and epoch checkpoint, and saves nothing
+    more; everywhere else the stop saves checkpoint_last.pt itself. Each term of fairseq's condition, pinned."""
+    from types import SimpleNamespace
+
+    from umst_plugin.training.preemption import _fairseq_saves
+
+    cfg = SimpleNamespace(checkpoint=SimpleNamespace(save_interval=save_interval, save_interval_updates=every),
+                          dataset=SimpleNamespace(validate_after_updates=validate_after))
+    assert _fairseq_saves(cfg, SimpleNamespace(epoch=epoch), updates, end_of_epoch) is saves
+
+
+def test_the_agreed_flag_is_the_ranks_sum_and_one_process_reads_its_own():
+    """With more than one rank the stop is the all-reduced sum of the ranks' flags (> 0 on every rank alike, also
+    where this rank got no signal); one process reads its own request; a Trainer without the flag (--stop-on-signals
+    none) never stops on one. On a CPU the stored sum is a float (gloo reduces on the CPU)."""
+    from types import SimpleNamespace
+
+    from umst_plugin.training import preemption
+
+    flag = preemption._AgreedFlag()
+    assert flag.read() == 0.0
+    flag.store(torch.tensor(2.0))
+    assert flag.read() == 2.0 and flag.event is None
+    flag.store(0.0)
+    assert flag.read() == 0.0
+    saved = list(preemption._received)
+    try:
+        preemption.reset()
+        two_ranks = SimpleNamespace(_umst_agreed_stop=flag, data_parallel_world_size=2)
+        one = SimpleNamespace(_umst_agreed_stop=flag, data_parallel_world_size=1)
+        assert not preemption.agreed_request(two_ranks) and not preemption.agreed_request(one)
+        flag.store(torch.tensor(1.0))  # another rank's signal
+        assert preemption.agreed_request(two_ranks) and not preemption.agreed_request(one)
+        flag.store(0.0)
+        preemption._received.append(("SIGUSR1", time.time(), 3))  # this process's own signal
+        assert preemption.agreed_request(one) and not preemption.agreed_request(two_ranks)
+        assert preemption.local_request()[0] == "SIGUSR1"
+        assert not preemption.agreed_request(SimpleNamespace(data_parallel_world_size=1))  # --stop-on-signals none
+    finally:
+        preemption._received[:] = saved
+
 def test_a_process_that_stopped_on_a_signal_ignores_repeats_on_its_way_out():
     """After training stopped on a signal and its Trainer is gone, the same signals again (train-job.sh re-sends
     the warning every 5 s until training has stopped; Slurm's SIGTERM may follow) no longer end the process with the
