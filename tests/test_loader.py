@@ -137,3 +137,38 @@ def test_the_checkpoints_precision_rules_apply(toy_raw, recorded_databin, checkp
     assert decoding_dtype(load(checkpoints["prime_simple"], recorded_databin, amp=True), cased) == torch.float16
     with pytest.raises(ValueError, match="amp_dtype 'float8': expected one of float16, bfloat16"):
         load(save, recorded_databin, amp=True, amp_dtype="float8")
+
+
+@pytest.mark.slow
+def test_raw_input_under_fairseqs_translation_task_notes_the_record_once(toy_raw, recorded_databin, checkpoints,
+                                                                          tmp_path, caplog):
+    """Under fairseq's plain ``--task translation`` the hub reads the record itself: the first raw sentence logs
+    what raw input gets, once (not per sentence); ``text_preprocessing='arguments'`` logs nothing of the record; a
+    data-bin without a record warns once that raw input gets the arguments' preparation only. ``translate`` logs no
+    sentence unless ``verbose=True``."""
+    _, cased = first_test_sentence(toy_raw)
+    save = checkpoints["transformer"]
+    codes = os.path.join(recorded_databin, "bpe.codes")
+
+    def notes_of(hub):
+        caplog.clear()
+        with caplog.at_level("INFO"):
+            hub.encode(cased)
+            hub.encode(cased)
+            hub.translate(cased, beam=2, max_len_b=3)
+        # translate's default is fairseq's: not verbose (no source and hypothesis lines logged)
+        assert not [r for r in caplog.records if r.getMessage().startswith(("S\t", "H\t"))], caplog.text[-2000:]
+        return ([r for r in caplog.records if f"raw {SRC} input gets" in r.getMessage()],
+                [r for r in caplog.records if "has no preprocessing.json" in r.getMessage()])
+
+    noted, missing = notes_of(load(save, recorded_databin))
+    assert len(noted) == 1 and not missing, caplog.text[-2000:]
+    assert noted[0].getMessage().startswith(os.path.join(recorded_databin, "preprocessing.json"))
+    noted, missing = notes_of(load(save, recorded_databin, text_preprocessing="arguments", tokenizer="moses",
+                                   bpe="subword_nmt", bpe_codes=codes))
+    assert not noted and not missing, caplog.text[-2000:]
+    bare = tmp_path / "data-bin"
+    shutil.copytree(recorded_databin, bare)
+    os.remove(bare / "preprocessing.json")
+    noted, missing = notes_of(load(save, str(bare), tokenizer="moses", bpe="subword_nmt", bpe_codes=codes))
+    assert not noted and len(missing) == 1, caplog.text[-2000:]

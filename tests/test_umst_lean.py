@@ -336,3 +336,41 @@ def test_the_encoder_makes_the_relative_buckets_once_for_every_layer(monkeypatch
         per_layer = model.encoder(src, src.ne(PAD).sum(1), src_word_ids=wid, src_word_heads=heads)["encoder_out"][0]
     assert len(calls) == 1 + 3
     assert torch.equal(once, per_layer)
+
+
+def test_attention_reads_only_the_dense_operators_built_for_it():
+    """RectifiedSelfAttention's dense path reads the batch's operators only where they were built for its own
+    up-sampling normalisation (``graphs.proj_norm``); graphs built for the other one, or without dense operators,
+    run the reference form. Operators in another dtype than the activations (float32 graphs, a float64 module, no
+    autocast) are cast to it: the output of float32 operators cast to float64 by hand, to the bit. A module built
+    with its defaults is the paper's: the word stream's W_q, W_k of its own, nothing recomputed."""
+    from umst_plugin.modules.umst.rectified_attention import RectifiedSelfAttention
+
+    sents = random_sentences(5, seed=3)
+    assert any(len(set(s[1])) < len(s[1]) for s in sents)  # words of several pieces: "row" != "literal"
+    src, wid, heads = collate(sents, extra_pad=2)
+    torch.manual_seed(0)
+    default = RectifiedSelfAttention(16, 2)
+    assert default.word_in_proj is not None and not default.share_qk and not default.recompute_word_branch
+    x = torch.randn(src.size(0), src.size(1), 16, dtype=torch.float64)
+    x_word = torch.randn(src.size(0), heads.size(1), 16, dtype=torch.float64)
+    for norm, other in (("literal", "row"), ("row", "literal")):
+        attn = RectifiedSelfAttention(16, 2, upsample_norm=norm).double().eval()
+
+        def out(graphs, reference=False):
+            with torch.no_grad():
+                return use_reference_path(attn, reference)(x, x_word, graphs)
+
+        own = build_graphs(src, wid, heads, PAD, dtype=torch.float64, upsample_norm=norm)
+        expected = out(own, reference=True)
+        torch.testing.assert_close(out(own), expected, atol=1e-12, rtol=1e-10)
+        theirs = build_graphs(src, wid, heads, PAD, dtype=torch.float64, upsample_norm=other)
+        assert not torch.allclose(theirs.proj, own.proj)
+        torch.testing.assert_close(out(theirs), expected, atol=0, rtol=0)  # the reference form itself
+        bare = build_graphs(src, wid, heads, PAD, dtype=torch.float64, upsample_norm=norm, dense=False)
+        torch.testing.assert_close(out(bare), expected, atol=0, rtol=0)
+        single = build_graphs(src, wid, heads, PAD, upsample_norm=norm)  # float32 operators
+        assert single.up.dtype == torch.float32
+        by_hand = single._replace(**{name: getattr(single, name).double() for name in ("up", "proj", "token_attn_mask",
+                                                                                       "word_attn_mask")})
+        torch.testing.assert_close(out(single), out(by_hand), atol=0, rtol=0)

@@ -75,6 +75,7 @@ from umst_plugin.modules.common.attention import attention
 from umst_plugin.modules.common.segment_ops import upcast_half
 from umst_plugin.modules.common.tracing import compiling
 from umst_plugin.modules.umst.graphs import UMSTGraphs, project_to_words, upsample_attention_map, upsample_tokens
+from umst_plugin.modules.umst.lean_gcn import _operator
 
 UPSAMPLE_NORMS = ("row", "literal")
 
@@ -98,13 +99,6 @@ def relative_value_term(probs, rel_values, buckets):
     bins = bins.scatter_add(-1, buckets.expand(*probs.shape[:2], *buckets.shape), probs)
     return torch.matmul(bins.to(rel_values.dtype), rel_values)
 ATTENTION_DROPOUT_MODES = ("per-map", "fused")
-
-
-def _operator(t, like):
-    """A dense graph operator in ``like``'s dtype: as is under autocast (the products cast it), else cast."""
-    if t.dtype == like.dtype or torch.is_autocast_enabled(like.device.type):
-        return t
-    return t.to(like.dtype)
 
 
 class _HalfSum(torch.autograd.Function):
