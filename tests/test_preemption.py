@@ -53,6 +53,24 @@ def test_signals_act_as_before_outside_training():
 
 
 
+
+def test_a_new_training_forgets_the_request_that_stopped_the_last_one():
+    """A process that trains again after a stop (a notebook, several runs in one process) starts its next training
+    without the old request, which would stop it at its first update; a Trainer built while another is alive (the
+    same training's) keeps it."""
+    proc = run_with_handlers(["class Trainer:",
+                              "    def get_num_updates(self):",
+                              "        return 5",
+                              "preemption._received.append(('SIGUSR1', time.time(), 3))  # the last training's stop",
+                              "first = Trainer()",
+                              "preemption._register(first)",
+                              "print('first', preemption.local_request(), flush=True)",
+                              "preemption._received.append(('SIGTERM', time.time(), 4))",
+                              "second = Trainer()",
+                              "preemption._register(second)",
+                              "print('second', preemption.local_request()[0], flush=True)"])
+    assert (proc.returncode, proc.stdout.split()) == (0, ["first", "None", "second", "SIGTERM"]), proc.stderr[-2000:]
+
 @pytest.mark.parametrize("end_of_epoch, epoch, save_interval, updates, every, validate_after, saves", [
     (True, 2, 1, 7, 0, 0, True),       # an epoch's end at the save interval
     (True, 3, 2, 7, 0, 0, False),      # an epoch's end between save intervals
