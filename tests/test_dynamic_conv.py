@@ -242,3 +242,25 @@ def test_compiled_backward_takes_short_batches_of_any_size():
         for got, want in zip(*grads):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=lambda m: f"T {T}, B {B}: {m}")
     assert compiled_layers.cache_entries(conv) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backward_keeps_the_softmax_outputs_or_the_half_precision_logits(dtype):
+    """What backward keeps of each cell's kernels: the fp32 softmax outputs where the logits are fp32 (as many bytes
+    as the logits), the logits themselves where they are half precision (half the bytes of fp32 softmax outputs;
+    backward recomputes the softmax from them)."""
+    torch.manual_seed(2)
+    x = torch.randn(10, 2, 8, dtype=dtype, requires_grad=True)
+    logits = [torch.randn(10, 2, 2, k, dtype=dtype, requires_grad=True) for k in (3, 15)]
+    gates = torch.softmax(torch.randn(2), 0)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        multi_dynamic_convolution(x, logits, [1, 7], gates)
+    kernels = sorted((t for t in saved if t.dim() == 4 and t.shape[:3] == (10, 2, 2) and t.size(-1) in (3, 15)),
+                     key=lambda t: t.size(-1))
+    assert [t.size(-1) for t in kernels] == [3, 15], [(t.shape, t.dtype) for t in saved]
+    for kept, lg in zip(kernels, logits):
+        if dtype == torch.float32:
+            assert torch.equal(kept, torch.softmax(lg, -1))
+        else:
+            assert kept.dtype == torch.bfloat16 and torch.equal(kept, lg)

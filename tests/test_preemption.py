@@ -54,6 +54,23 @@ def test_signals_act_as_before_outside_training():
 
 
 
+
+def test_the_first_signal_during_training_is_the_request():
+    """While a Trainer is alive a stop signal only sets the request: the process goes on, the request names the first
+    signal and the update it came in; a second signal (Slurm's SIGTERM after the warning, srun forwarding it) is not
+    a new request."""
+    proc = run_with_handlers(["class Trainer:",
+                              "    def get_num_updates(self):",
+                              "        return 7",
+                              "trainer = Trainer()",
+                              "preemption._register(trainer)",
+                              "preemption._install_handlers([signal.SIGUSR1, signal.SIGTERM])",
+                              "os.kill(os.getpid(), signal.SIGUSR1)",
+                              "os.kill(os.getpid(), signal.SIGTERM)",
+                              "name, _, update = preemption.local_request()",
+                              "print(name, update, len(preemption._received), flush=True)"])
+    assert (proc.returncode, proc.stdout.split()) == (0, ["SIGUSR1", "7", "1"]), (proc.returncode, proc.stderr[-2000:])
+
 def test_a_new_training_forgets_the_request_that_stopped_the_last_one():
     """A process that trains again after a stop (a notebook, several runs in one process) starts its next training
     without the old request, which would stop it at its first update; a Trainer built while another is alive (the
