@@ -42,8 +42,23 @@ def test_state_dicts_are_interchangeable():
     torch.testing.assert_close(other(x), theirs(x, unfold=False))
 
 
-def test_incremental_decoding_equals_the_causal_convolution():
-    ours, _ = pair(16, 4, 2, 3)
+def test_biases_equal_fairseqs():
+    """The kernel predictor's bias and the convolution's output bias (``bias``, ``conv_bias``), both set to values
+    that are not zero, as fairseq adds them."""
+    torch.manual_seed(0)
+    ours = DynamicConv1d(16, 5, 2, 4, bias=True, conv_bias=True).double()
+    theirs = DynamicConv1dTBC(16, 5, 2, 4, weight_softmax=True, bias=True, conv_bias=True).double()
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.copy_(torch.randn_like(p))
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(6, 2, 16, dtype=torch.float64)
+    torch.testing.assert_close(ours(x), theirs(x, unfold=False), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kernel", [4, 1])
+def test_incremental_decoding_equals_the_causal_convolution(kernel):
+    ours, _ = pair(16, kernel, 2, kernel - 1)
     ours.eval()
     x = torch.randn(7, 2, 16, dtype=torch.float64)
     full = ours(x)
