@@ -263,3 +263,35 @@ def test_word_ids_from_token_tensor_match_text_rule(scheme, left_pad):
         want = want + [want[-1] + 1]
         row = got[b]
         assert row[row.ne(0)].tolist() == want
+
+
+@pytest.mark.parametrize("symbols,scheme", [
+    # the minority's marker first: the dictionary's first entry, the first line of the BPE text below
+    ([f"{SP}x", "the", "new@@", "est", "car", "a@@", "b"], SUBWORD_NMT),  # a stray ▁ in subword-nmt
+    (["ab@@", f"{SP}the", f"{SP}new", "est", f"{SP}car", "x"], SENTENCEPIECE),  # a piece ending in @@ in sentencepiece
+    (["the", "car", "@@", "x"], SUBWORD_NMT),  # no marker (a bare @@ is not counted): every piece a word
+], ids=["subword-nmt", "sentencepiece", "no-marker"])
+def test_the_task_the_char_table_and_preprocessing_read_one_scheme_by_the_markers_count(symbols, scheme, tmp_path):
+    """The task's word boundaries, TranSFormer's character table and umst-preprocess's ``--bpe auto`` take the
+    scheme that most marked pieces show, not the first ``▁`` or the first line, and give the same word ids."""
+    from fairseq.data import Dictionary, data_utils
+
+    from umst_plugin.modules.transformer_sf.char_table import CharTable
+    from umst_plugin.preprocess.cli import sniff_scheme
+
+    d = Dictionary()
+    for sym in symbols:
+        d.add_symbol(sym)
+    found, continues, begins = boundary_table(d)
+    assert found == scheme
+    table = CharTable.from_dictionary(d)
+    assert table.style == scheme
+    sentences = [list(range(len(symbols))), list(reversed(range(len(symbols)))), [len(symbols) - 1, 0]]
+    rows = [torch.tensor([d.index(symbols[i]) for i in s] + [d.eos()]) for s in sentences]
+    batch = data_utils.collate_tokens(rows, d.pad(), left_pad=True)
+    task_ids = word_ids_from_tokens(batch, d.pad(), d.eos(), continues, begins, scheme)
+    assert torch.equal(table(batch).token_word_ids, task_ids)
+    # a BPE text whose first line holds only the minority's marker: the first 1,000 lines decide
+    text = tmp_path / "train.en"
+    text.write_text("\n".join([f"{symbols[0]} y"] + [" ".join(symbols)] * 3) + "\n", encoding="utf-8")
+    assert sniff_scheme(str(text)) == scheme

@@ -100,14 +100,14 @@ def test_char_table_sentencepiece_round_trip_non_ascii():
 
 
 def test_char_table_plain_words_and_marker_like_symbols():
-    """A vocabulary without markers is read as plain words, one word per token; a long number is characters, not
-    one of fairseq's ``madeupwordNNNN`` fillers; a bare ``@@`` joins the next token as the task's word boundaries
-    read it, so the table's word ids are the task's."""
+    """A vocabulary without markers is read as plain words, one word per token (as the task reads it: subword-nmt,
+    where nothing continues); a long number is characters, not one of fairseq's ``madeupwordNNNN`` fillers; a bare
+    ``@@`` joins the next token as the task's word boundaries read it, so the table's word ids are the task's."""
     from umst_plugin.data.word_boundaries import SUBWORD_NMT, word_ids_from_pieces
 
     d = make_dict(["the", "car", "12345678901", "madeupword0007"])
     table = CharTable.from_dictionary(d)
-    assert table.style == "word"
+    assert table.style == "subword-nmt"
     cb = table(batch_of(d, ["the 12345678901 car the"]))
     assert table.decode_words(cb.chars[0].tolist()) == ["the", "12345678901", "car", "the", "</s>"]
     assert cb.token_word_ids[0].tolist() == [1, 2, 3, 4, 5]

@@ -18,12 +18,22 @@ SCHEMES = (SUBWORD_NMT, SENTENCEPIECE)
 SP_MARK = "\u2581"
 
 
+def marker_counts(symbols):
+    """(pieces that continue into the next, ``x@@``; pieces that start a word, ``▁x``) among ``symbols``. A bare
+    ``@@`` is not counted: it joins the next piece, but it is also a plain symbol of a sentencepiece vocabulary."""
+    continues = sum(1 for sym in symbols if len(sym) > 2 and sym.endswith("@@"))
+    begins = sum(1 for sym in symbols if sym.startswith(SP_MARK))
+    return continues, begins
+
+
 def detect_scheme(symbols):
-    """Guess the marker scheme from a vocabulary (any ``▁`` piece means sentencepiece)."""
-    for sym in symbols:
-        if sym.startswith(SP_MARK):
-            return SENTENCEPIECE
-    return SUBWORD_NMT
+    """Guess the marker scheme from a vocabulary or from pieces of text: sentencepiece where more pieces start
+    with ``▁`` than end with ``@@``, else subword-nmt (also where neither marker occurs, which reads every piece as
+    a word). A count rather than the first ``▁``: subword-nmt text can hold a stray ``▁`` (a sentence that went
+    through sentencepiece elsewhere), and reading it as sentencepiece would join all of its words into one.
+    TranSFormer's character table (``CharTable``, style ``auto``) detects its style by this rule too."""
+    continues, begins = marker_counts(symbols)
+    return SENTENCEPIECE if begins > continues else SUBWORD_NMT
 
 
 def starts_word(piece, previous, scheme):

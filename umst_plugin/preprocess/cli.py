@@ -15,6 +15,7 @@ split and ``--merge-shards N`` joins the parts (see docs/preprocessing.md).
 """
 import argparse
 import collections
+import itertools
 import logging
 import os
 import sys
@@ -69,7 +70,8 @@ def get_parser():
                    "{pref}.{src} (default: .conllu)")
     p.add_argument("--bpe", default="auto", choices=("auto",) + SCHEMES,
                    help="subword marker scheme: subword-nmt '@@ ' continuation or sentencepiece '▁' word "
-                   "start (default: auto, from the text)")
+                   "start (default: auto, from the first 1,000 lines: sentencepiece where more pieces start with '▁' "
+                   "than end with '@@')")
     p.add_argument("--no-check-forms", action="store_true", help="with --parser conllu, only check word counts, "
                    "not that the CoNLL-U forms equal the words rebuilt from the BPE text")
     p.add_argument("--no-check-binarized", action="store_true", help="do not require fairseq-preprocess output "
@@ -144,10 +146,14 @@ def splits_from_args(args):
     return splits
 
 
-def sniff_scheme(path):
-    for _, pieces in read_bpe_lines(path):
-        return detect_scheme(pieces)
-    return detect_scheme([])
+SNIFF_LINES = 1000
+
+
+def sniff_scheme(path, lines=SNIFF_LINES):
+    """The marker scheme of a BPE text (``--bpe auto``), by ``detect_scheme``'s count over its first ``lines``
+    lines: one line can hold no marker, or a stray ``▁``."""
+    pieces = [piece for _, line in itertools.islice(read_bpe_lines(path), lines) for piece in line]
+    return detect_scheme(pieces)
 
 
 def resolve_parser(args, splits):

@@ -45,7 +45,8 @@ class MultiscaleTranslationConfig(TranslationConfig):
     subword_scheme: ChoiceEnum(["auto", "subword-nmt", "sentencepiece"]) = field(
         default="auto", metadata={"help": "subword marker convention of the source dictionary, used to rebuild "
                                   "words from tokens when no side file exists (fairseq-interactive); auto = "
-                                  "sentencepiece if any entry starts with U+2581, else subword-nmt"})
+                                  "sentencepiece if more entries start with U+2581 than end with @@, else "
+                                  "subword-nmt"})
     source_parser: str = field(
         default="none", metadata={"help": "dependency parser for source sentences that come without side files "
                                   "(fairseq-interactive): a umst-preprocess --parser backend name, or none for "

@@ -33,12 +33,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from umst_plugin.data.word_boundaries import SENTENCEPIECE, SUBWORD_NMT, word_ids_from_tokens
+from umst_plugin.data.word_boundaries import SENTENCEPIECE, SUBWORD_NMT, detect_scheme, \
+    word_ids_from_tokens
+from umst_plugin.data.word_boundaries import SP_MARK as SPM_MARK
 
 CHAR_PAD = 0
 CHAR_SEP = 1
 STYLES = ("auto", "subword-nmt", "sentencepiece", "word")
-SPM_MARK = "\u2581"  # ▁
 BPE_MARK = "@@"
 
 
@@ -64,14 +65,6 @@ class CharBatch:
     @property
     def char_padding_mask(self):
         return self.chars.eq(CHAR_PAD)
-
-
-def detect_style(symbols: Sequence[str]) -> str:
-    n_bpe = sum(1 for s in symbols if len(s) > 2 and s.endswith(BPE_MARK))
-    n_spm = sum(1 for s in symbols if s.startswith(SPM_MARK))
-    if n_bpe == 0 and n_spm == 0:
-        return "word"
-    return "subword-nmt" if n_bpe >= n_spm else "sentencepiece"
 
 
 def _is_special(index, symbol, num_special):
@@ -106,8 +99,8 @@ class CharTable(nn.Module):
         if style not in STYLES:
             raise ValueError(f"unknown subword style {style!r}; expected one of {STYLES}")
         symbols = list(symbols)
-        if style == "auto":
-            style = detect_style(symbols[num_special:])
+        if style == "auto":  # the task's rule, so that the table's word ids are the task's src_word_ids
+            style = detect_scheme(symbols[num_special:])
         self.style = style
         self.pad_index, self.eos_index = pad_index, eos_index
 
