@@ -124,7 +124,9 @@ def commands(py, work, out):
                    # stock fairseq's --amp fp16 resume cells: CUDA autocast and grad scaler, nothing on a CPU
                    "tests/test_resume_matrix.py",
                    # --compile-cudagraphs: the compiled losses replayed as CUDA graphs, no graph skipped, capped
-                   "tests/test_compile_cudagraphs.py"]],
+                   "tests/test_compile_cudagraphs.py",
+                   # the stop flag's copy to pinned host memory, without a sync
+                   "tests/test_preemption.py"]],
         # a step of its own: the model checks' results stand if compiling runs out of time, and a failing model
         # check does not stop the compiled layers' test (a step's commands stop at the first that fails)
         # one worker per arch compiled (tests/test_compile.py, CUDA_ARCHS): they compile at the same time

@@ -142,6 +142,27 @@ def test_the_agreed_flag_is_the_ranks_sum_and_one_process_reads_its_own():
     finally:
         preemption._received[:] = saved
 
+@pytest.mark.cuda
+def test_on_a_gpu_the_agreed_flag_is_copied_to_pinned_memory_without_a_sync():
+    """On a GPU the all-reduced sum stays on the device: ``store`` copies it to one pinned host buffer, kept from
+    update to update, with no host-device sync (the hot path's rule), and ``read`` waits for that copy's event."""
+    from umst_plugin.training import preemption
+
+    flag = preemption._AgreedFlag()
+    summed = torch.tensor(2.0, device="cuda")  # (made before the check: a copy from pageable memory syncs)
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")  # a blocking copy to the host raises
+    try:
+        flag.store(summed)
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    buffer = flag.value
+    assert isinstance(buffer, torch.Tensor) and buffer.device.type == "cpu" and buffer.is_pinned()
+    assert flag.event is not None and flag.read() == 2.0
+    flag.store(torch.tensor(0.0, device="cuda"))
+    assert flag.value is buffer and flag.read() == 0.0
+
+
 def test_a_process_that_stopped_on_a_signal_ignores_repeats_on_its_way_out():
     """After training stopped on a signal and its Trainer is gone, the same signals again (train-job.sh re-sends
     the warning every 5 s until training has stopped; Slurm's SIGTERM may follow) no longer end the process with the
