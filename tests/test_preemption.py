@@ -112,6 +112,46 @@ def test_a_stop_lets_fairseq_save_where_it_saves_anyway(end_of_epoch, epoch, sav
     assert _fairseq_saves(cfg, SimpleNamespace(epoch=epoch), updates, end_of_epoch) is saves
 
 
+@pytest.mark.parametrize("end_of_epoch, epoch, save_interval, updates, every, saves", [
+    (True, 2, 1, 7, 0, True),     # an epoch's end at the save interval: fairseq validates and saves
+    (True, 3, 2, 7, 0, False),    # an epoch's end between save intervals: fairseq validates, saves nothing
+    (False, 1, 1, 20, 10, True),  # at --save-interval-updates: fairseq validates and saves
+    (False, 1, 1, 25, 10, False),  # between them: fairseq does nothing
+])
+def test_a_stop_runs_fairseqs_validate_and_save_where_it_acts_and_saves_nothing_after_it(
+        end_of_epoch, epoch, save_interval, updates, every, saves, tmp_path):
+    """The stop itself (``_stop``) around fairseq's ``validate_and_save``, the function it is given: called at an
+    epoch's end or where fairseq saves anyway (its validation losses returned), not elsewhere; where it saved, the
+    stop writes no second checkpoint (a save here would need a real Trainer: this one has none of its parts) and
+    rank 0 writes the marker. Where fairseq saves nothing the stop saves checkpoint_last.pt itself: the training
+    runs above check that, so these cases run with --no-save."""
+    from types import SimpleNamespace
+
+    from umst_plugin.training import preemption
+
+    calls = []
+
+    def validate_and_save(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch):
+        calls.append(end_of_epoch)
+        return [0.5], False  # fairseq's (valid losses, should_stop): not at --max-update
+
+    cfg = SimpleNamespace(checkpoint=SimpleNamespace(save_interval=save_interval, save_interval_updates=every,
+                                                     no_save=not saves, save_dir=str(tmp_path)),
+                          dataset=SimpleNamespace(validate_after_updates=0))
+    trainer = SimpleNamespace(get_num_updates=lambda: updates, data_parallel_rank=0)
+    epoch_itr = SimpleNamespace(epoch=epoch, iterations_in_epoch=3)
+    saved = list(preemption._received)
+    try:
+        preemption._received[:] = [("SIGUSR1", time.time(), updates - 1)]
+        out = preemption._stop(validate_and_save, cfg, trainer, None, epoch_itr, ["valid"], end_of_epoch)
+    finally:
+        preemption._received[:] = saved
+    acts = end_of_epoch or saves
+    assert calls == ([end_of_epoch] if acts else [])
+    assert out == ([0.5] if acts else [None], True)
+    assert (tmp_path / preemption.MARKER).exists() is saves  # (--no-save: no marker)
+
+
 def test_the_agreed_flag_is_the_ranks_sum_and_one_process_reads_its_own():
     """With more than one rank the stop is the all-reduced sum of the ranks' flags (> 0 on every rank alike, also
     where this rank got no signal); one process reads its own request; a Trainer without the flag (--stop-on-signals
