@@ -12,7 +12,7 @@ from fairseq.tasks.translation import TranslationTask
 from umst_plugin.modules.transformer_sf.char_table import CHAR_PAD, CHAR_SEP, CharTable
 from umst_plugin.modules.transformer_sf.fast_attention import BoundaryRelativeSelfAttention, boundary_band
 from umst_plugin.models.transformer_sf.config import SlowFastConfig, parse_interaction_layers
-from umst_plugin.modules.transformer_sf.layer import SlowFastEncoderStack
+from umst_plugin.modules.transformer_sf.layer import SlowFastEncoderStack, _num_groups
 from umst_plugin.modules.transformer_sf.fusion import chars_to_tokens, tokens_to_chars
 
 TINY = {
@@ -212,6 +212,27 @@ def test_boundary_band_masks_cross_word_and_far_pairs():
     assert boundary_band(groups, 3, use_boundary=False)[1][0, 5].sum() == 5  # columns 2..6 (7, 8 are out of range)
 
 
+@pytest.mark.parametrize("use_boundary", [True, False])
+def test_boundary_band_gives_no_pair_with_padding(use_boundary):
+    """Group 0 is padding: neither a padded query nor a padded key gets a relative term, whatever the words."""
+    groups = torch.tensor([[0, 0, 2, 2, 3], [2, 2, 3, 0, 0]])
+    cols, valid = boundary_band(groups, 2, use_boundary)
+    key_groups = torch.gather(groups, 1, cols.reshape(2, -1)).view_as(cols)
+    assert not valid[groups.eq(0)].any()  # padded queries
+    assert not valid[key_groups.eq(0)].any()  # padded keys
+    assert valid[0, 2].tolist() == [False, False, True, True, use_boundary is False]  # real pairs in range stay
+
+
+def test_the_group_count_is_the_encoders_bound_without_reading_the_ids():
+    """``_num_groups``: the static bound the encoder passes, without reading the ids (on a GPU that read is a
+    host-device sync in every layer: meta tensors here, which cannot be read); a direct caller's ids give max + 1."""
+    meta_ids = torch.empty(2, 5, dtype=torch.long, device="meta")
+    assert _num_groups({"ids": meta_ids, "bound": 7}, "ids", "bound") == 7
+    assert _num_groups({"ids": torch.tensor([[0, 3, 1]])}, "ids", "bound") == 4
+    assert _num_groups({"ids": torch.tensor([[0, 3, 1]]), "bound": None}, "ids", "bound") == 4
+    assert _num_groups({"ids": torch.zeros(0, 3, dtype=torch.long)}, "ids", "bound") == 1
+
+
 def test_resampling_between_granularities():
     x = torch.arange(12.0).view(6, 1, 2)  # 6 characters
     index = torch.tensor([[1, 1, 2, 2, 2, 0]])
@@ -253,7 +274,9 @@ def _fig3_block(layer, x_s, x_f, side):
         x_b = x_b + FFN(LN(x_b)) for each branch, FFN(h) = W_2 ReLU(W_1 h + b_1) + b_2
 
     (the cross-granularity modules take the two states and norm them themselves: ``self_layer_norm``,
-    ``other_layer_norm``)."""
+    ``other_layer_norm``). With ``--sf-slow-gcn every-layer`` each block first runs x_s = GCN_s(x_s; A_s)."""
+    if layer.slow_gcn is not None:
+        x_s = layer.slow_gcn(x_s, side["slow_groups"], time_first=True)
     x_f = layer.fast_gcn(x_f, side["fast_gcn_groups"], time_first=True)
     x_f = x_f + layer.fast_attn(layer.fast_attn_norm(x_f), side["fast_padding_mask"], side["fast_pe_groups"],
                                 use_boundary=side["fast_pe_boundary"])
@@ -272,24 +295,40 @@ def _fig3_block(layer, x_s, x_f, side):
     return ffn(layer.slow_ffn, x_s), (ffn(layer.fast_ffn, x_f) if layer.fast_ffn is not None else x_f)
 
 
+@pytest.mark.parametrize("slow_gcn", ["input", "every-layer", "none"])
 @pytest.mark.parametrize("lean", [True, False], ids=["lean", "reference"])
-def test_every_block_computes_fig_3s_equations(lean):
+def test_every_block_computes_fig_3s_equations(lean, slow_gcn):
     """Each block of the encoder (float64, evaluation), on the states and side inputs the stack gives it, against
     the paper's equations written out above (the last block's fast branch stops after its SAN: nothing reads its
     fusion or FFN). Both implementations, so a change made to both alike (which their equivalence tests cannot see)
-    is caught here."""
-    model, d = build(overrides={"encoder_layers": 3})
+    is caught here. ``--sf-slow-gcn``: the subword GCN over A_s runs once on the embedded input (the default), in
+    every block, or nowhere; the first block's input is checked against the stack's ``prepare`` input."""
+    model, d = build(overrides={"encoder_layers": 3, "sf_slow_gcn": slow_gcn})
     model.double().eval()
-    model.encoder.stack.cfg.lean = lean
-    for layer in model.encoder.stack.layers:
+    stack = model.encoder.stack
+    stack.cfg.lean = lean
+    for layer in stack.layers:
         layer.lean = lean
+    assert (stack.slow_input_gcn is not None) == (slow_gcn == "input")
+    assert all((layer.slow_gcn is not None) == (slow_gcn == "every-layer") for layer in stack.layers)
+    prepared = []
+
+    def prepare(x_slow, x_fast, side, _prepare=stack.prepare):
+        prepared.append(x_slow)
+        return _prepare(x_slow, x_fast, side)
+    stack.prepare = prepare  # the encoder calls its stack's prepare (SlowFastInput)
     seen = []
     hooks = [layer.register_forward_hook(lambda m, args, out: seen.append((m, args, out)))
-             for layer in model.encoder.stack.layers]
+             for layer in stack.layers]
     tokens = batch_of(d, SENTENCES)
     with torch.no_grad():
         model.encoder(tokens, src_lengths=tokens.ne(d.pad()).sum(1))
-        assert [m for m, _, _ in seen] == list(model.encoder.stack.layers)
+        assert [m for m, _, _ in seen] == list(stack.layers) and len(prepared) == 1
+        first_x_s, side = seen[0][1][0], seen[0][1][2]
+        want = (stack.slow_input_gcn(prepared[0], side["slow_groups"], time_first=True) if slow_gcn == "input"
+                else prepared[0])
+        torch.testing.assert_close(first_x_s, want, atol=1e-13, rtol=0)  # measured at most 4.4e-16 apart
+        assert not torch.equal(first_x_s, prepared[0]) or slow_gcn != "input"
         for i, (layer, (x_s, x_f, side), (out_s, out_f)) in enumerate(seen):
             want_s, want_f = _fig3_block(layer, x_s, x_f, side)
             # the same float64 operations in another grouping: measured at most 1.8e-15 apart (states up to 6.3)

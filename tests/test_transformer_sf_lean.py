@@ -254,6 +254,11 @@ def test_band_terms_added_by_index_equal_the_scatter(use_boundary):
     torch.testing.assert_close(results[0][2] * valid.unsqueeze(1), results[1][2] * valid.unsqueeze(1),
                                rtol=0, atol=0)
     assert not torch.equal(results[0][0], full)  # the band did add something
+    # each form ran as asked: the eager one adds into ``full`` in place, the compiled one reads it
+    for gather in (False, True):
+        target = full.clone()
+        add_band(target, band, band_cols, gather=gather)
+        assert torch.equal(target, full) == gather, gather
 
 
 def test_boundary_relative_attention_gradcheck():
