@@ -13,7 +13,7 @@ from fairseq.tasks.translation import TranslationTask
 from umst_plugin.models.prime.config import layer_kernels
 from umst_plugin.models.prime.model import PrimeModel
 from umst_plugin.modules.prime import layer as prime_layer
-from umst_plugin.modules.prime.multi_kernel_conv import MultiKernelConv
+from umst_plugin.modules.prime.multi_kernel_conv import MultiKernelConv, StandardConv1dTBC
 from umst_plugin.modules.prime.layer import PrimeLayer
 
 TINY = {
@@ -148,6 +148,96 @@ def test_eq6_window_is_centred_as_written():
     for k, left in ((3, 1), (4, 2), (15, 7)):
         conv = MultiKernelConv(4, (k,), num_heads=1, causal=False)
         assert conv.cells[0].padding_l == left == math.ceil((k + 1) / 2) - 1
+
+
+def _eq7_step_kernel(conv, x):
+    """Eq. 7's kernel for one causal decoding step written out (B x H x K): each cell's softmax(x W_i) over its own
+    k_i taps, DropConnect on it in training (drawn cell by cell), weighted by softmax(alpha)_i, in the last k_i taps
+    of the causal window (every cell ends at the current step)."""
+    B, H, K = x.size(0), conv.cells[0].num_heads, conv.window
+    gates = torch.softmax(conv.gate_logits, 0) if conv.gate_logits is not None else None
+    out = x.new_zeros(B, H, K)
+    for i, cell in enumerate(conv.cells):
+        k = cell.kernel_size
+        w = torch.softmax((x @ cell.weight_linear.weight.t()).view(B, H, k), dim=-1)
+        w = F.dropout(w, p=cell.weight_dropout, training=conv.training)
+        out[..., K - k:] += w if gates is None else w * gates[i]
+    return out
+
+
+@pytest.mark.parametrize("kernels", [(3, 15), (4,), (2, 5, 6)])
+def test_a_decoding_steps_kernel_is_eq7s_on_both_paths(kernels):
+    """``MultiKernelConv._step_kernel`` (float64) against Eq. 7 written out. With no gradient and no DropConnect to
+    draw it takes the inference path (every cell's logits in one product, the joint predictor cached); with a
+    gradient it goes cell by cell, and the gradients reach every cell's kernel predictor and the gates; in training
+    with DropConnect it draws each cell's mask as the reference does, with or without a gradient."""
+    torch.manual_seed(0)
+    C, H, B = 8, 2, 3
+    conv = MultiKernelConv(C, kernels, num_heads=H, causal=True, weight_dropout=0.3).double()
+    with torch.no_grad():
+        if conv.gate_logits is not None:
+            conv.gate_logits.copy_(torch.randn(len(kernels)))
+    x = torch.randn(B, C, dtype=torch.double)
+    conv.eval()
+    with torch.no_grad():
+        want = _eq7_step_kernel(conv, x)
+        got = conv._step_kernel(x)
+    assert conv._joint is not None  # the inference path ran
+    # measured bit for bit equal on every path here; the margin is for another CPU's order of summation
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-15)
+    conv._joint = None
+    got = conv._step_kernel(x)  # evaluation with a gradient: cell by cell
+    assert conv._joint is None and got.requires_grad
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-15)
+    (got * torch.randn_like(got)).sum().backward()
+    params = [cell.weight_linear.weight for cell in conv.cells] + [p for p in (conv.gate_logits,) if p is not None]
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in params)
+    conv.train()
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            torch.manual_seed(5)
+            got = conv._step_kernel(x)
+            torch.manual_seed(5)
+            dropped = _eq7_step_kernel(conv, x)
+        torch.testing.assert_close(got, dropped, rtol=0, atol=1e-15)
+        assert not torch.equal(dropped, want)  # DropConnect dropped something
+    assert conv._joint is None
+    for cell in conv.cells:
+        cell.weight_dropout = 0.0
+    with torch.no_grad():
+        got = conv._step_kernel(x)  # training, nothing to draw, no gradient: the inference path
+    assert conv._joint is not None
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("kernel_size", [1, 3])
+def test_standard_cells_check_their_padding_and_decode_with_the_last_k_minus_1_inputs(kernel_size):
+    """The standard convolution of the ablation (table 6): ``padding_l`` outside [0, k) refused by name; decoding
+    step by step equals the causal convolution of the whole sequence and keeps only the last k - 1 inputs (none for
+    k = 1)."""
+    with pytest.raises(ValueError, match=rf"padding_l must be in \[0, {kernel_size}\), got {kernel_size}"):
+        StandardConv1dTBC(4, kernel_size, kernel_size)
+    with pytest.raises(ValueError, match="padding_l must be in"):
+        StandardConv1dTBC(4, kernel_size, -1)
+    torch.manual_seed(0)
+    conv = StandardConv1dTBC(4, kernel_size, kernel_size - 1).double()
+    x = torch.randn(5, 2, 4, dtype=torch.double)
+    state, steps = {}, []
+    for t in range(5):
+        steps.append(conv(x[t:t + 1], incremental_state=state))
+        buffer = conv.get_incremental_state(state, "conv_state")
+        assert (0 if buffer is None else buffer["input_buffer"].size(0)) == min(t + 1, kernel_size - 1)
+    # measured at most 2.2e-16 apart (outputs up to 1.5): one product over the window against torch's convolution
+    torch.testing.assert_close(torch.cat(steps), conv(x), rtol=0, atol=1e-14)
+
+
+def test_only_dynamic_cells_need_channels_divisible_by_the_heads():
+    """The heads split the channels of a dynamic convolution only: standard cells of 6 channels build with 4
+    heads; dynamic ones are refused by name."""
+    conv = MultiKernelConv(6, (3, 5), num_heads=4, causal=False, conv_type="standard")
+    assert conv(torch.randn(4, 2, 6)).shape == (4, 2, 6)
+    with pytest.raises(ValueError, match=r"channels \(6\) must be divisible by the convolution heads \(4\)"):
+        MultiKernelConv(6, (3, 5), num_heads=4, causal=False)
 
 
 def reference_attention_branch(layer, x, d, H, pad=None):
