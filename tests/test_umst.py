@@ -391,6 +391,32 @@ def test_rpr_attention_reduces_to_plain_without_relative_embeddings_and_is_shift
                                    out2[b, token_slice(s, src.size(1), False)])
 
 
+def test_the_gat_ablation_is_a_single_head_gat_over_each_words_pieces():
+    """Table 5's "replace GCN with GAT" (``WordGAT``, float64, evaluation) against its formula written out pair by
+    pair: h = W LN(x) + b; for each piece i, e_ij = LeakyReLU_0.2(a_src . h_i + a_dst . h_j) over the pieces j of
+    its own word, alpha_i = softmax_j e_ij, out_i = x_i + ReLU(sum_j alpha_ij h_j); a padding row keeps x."""
+    from umst_plugin.modules.umst.layer import WordGAT
+
+    torch.manual_seed(0)
+    gat = WordGAT(8).double().eval()
+    groups = torch.tensor([[1, 1, 2, 3, 3, 3, 0, 0], [1, 2, 2, 2, 3, 4, 4, 0]])
+    x = torch.randn(2, 8, 8, dtype=torch.float64)
+    with torch.no_grad():
+        got = gat(x, groups)
+        h = gat.linear(gat.layer_norm(x))
+        want = x.clone()
+        for b in range(2):
+            for i in range(8):
+                if groups[b, i] == 0:
+                    continue
+                same = [j for j in range(8) if groups[b, j] == groups[b, i]]
+                e = torch.stack([F.leaky_relu(h[b, i] @ gat.att_src + h[b, j] @ gat.att_dst, 0.2) for j in same])
+                alpha = torch.softmax(e, dim=0)
+                want[b, i] += torch.relu(sum(a * h[b, j] for a, j in zip(alpha, same)))
+    # measured at most 2.2e-16 apart (outputs up to 3.1): the same sums in another order
+    torch.testing.assert_close(got, want, atol=1e-13, rtol=0)
+
+
 def test_project_to_words_literal_and_row():
     sents = random_sentences(3, seed=1)
     src, wid, heads = collate(sents)

@@ -374,3 +374,54 @@ def test_attention_reads_only_the_dense_operators_built_for_it():
         by_hand = single._replace(**{name: getattr(single, name).double() for name in ("up", "proj", "token_attn_mask",
                                                                                        "word_attn_mask")})
         torch.testing.assert_close(out(single), out(by_hand), atol=0, rtol=0)
+
+
+def test_the_layer_reads_only_the_pooling_operator_built_for_it_and_its_reference_form_runs_nothing_lean(
+        monkeypatch):
+    """UMSTEncoderLayer (float64, evaluation): the dense per-word pooling is read only where the batch's operators
+    were built for the layer's own down-sampling (``graphs.down_mode``); graphs built for the other one pool as the
+    layer says (``downsample_words``). The reference form and ``gcn_activations='store'`` run the GCN modules'
+    own forward, never the lean functions that the default form runs once each per layer call. A layer built with
+    its defaults is the paper's: a word GCN and a phrase GCN with projections of their own, the word stream's
+    W_q, W_k of its own; ``share_within_layer`` refuses a cross-layer projection, either one."""
+    from umst_plugin.modules.umst import layer as umst_layer
+    from umst_plugin.modules.umst.layer import UMSTEncoderLayer
+
+    default = UMSTEncoderLayer(16, 32, 2)
+    assert default.phrase_gcn is not None and isinstance(default.word_gcn, umst_layer.GroupGCN)
+    assert default.word_gcn.linear is not default.phrase_gcn.linear and not default.self_attn.share_qk
+    for given in ({"word_proj": torch.nn.Linear(16, 16)}, {"phrase_proj": torch.nn.Linear(16, 16)}):
+        with pytest.raises(ValueError, match="share_within_layer and cross-layer projections"):
+            UMSTEncoderLayer(16, 32, 2, share_within_layer=True, **given)
+
+    calls = []
+    for name in ("lean_word_gcn", "lean_phrase_gcn"):
+        real = getattr(umst_layer, name)
+        monkeypatch.setattr(umst_layer, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    sents = random_sentences(5, seed=3)
+    assert any(len(set(s[1])) < len(s[1]) for s in sents)  # words of several pieces: "mean" != "scaled-sum"
+    src, wid, heads = collate(sents, extra_pad=2)
+    x = torch.randn(src.size(0), src.size(1), 16, dtype=torch.float64)
+    for mode, other in (("mean", "scaled-sum"), ("scaled-sum", "mean")):
+        torch.manual_seed(0)
+        layer = UMSTEncoderLayer(16, 32, 2, downsample=mode).double().eval()
+
+        def out(graphs, reference=False):
+            with torch.no_grad():
+                return use_reference_path(layer, reference)(x, graphs)
+
+        own = build_graphs(src, wid, heads, PAD, dtype=torch.float64, downsample=mode)
+        theirs = build_graphs(src, wid, heads, PAD, dtype=torch.float64, downsample=other)
+        calls.clear()
+        expected = out(own, reference=True)
+        assert calls == []
+        layer.gcn_activations = "store"
+        stored = out(own)
+        assert calls == []
+        layer.gcn_activations = "lean"
+        # the same float64 operations in another grouping: measured at most 8.9e-16 apart (outputs up to 3.6)
+        torch.testing.assert_close(stored, expected, atol=1e-13, rtol=0)
+        torch.testing.assert_close(out(own), expected, atol=1e-13, rtol=0)
+        assert calls == ["lean_word_gcn", "lean_phrase_gcn"]
+        assert not torch.allclose(theirs.down, own.down)
+        torch.testing.assert_close(out(theirs), expected, atol=1e-13, rtol=0)

@@ -29,6 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 from umst_plugin.modules.common import lean_ops
 from umst_plugin.modules.common.group_gcn import GroupGCN, group_mean
+from umst_plugin.modules.common.segment_ops import upcast_half
 from umst_plugin.modules.umst.graphs import UMSTGraphs, downsample_words
 from umst_plugin.modules.umst.lean_gcn import _operator, lean_phrase_gcn, lean_word_gcn
 from umst_plugin.modules.umst.rectified_attention import RectifiedSelfAttention
@@ -112,7 +113,8 @@ class WordGAT(nn.Module):
         scores = (h @ self.att_src).unsqueeze(2) + (h @ self.att_dst).unsqueeze(1)  # B x T x T, one head
         same = (groups.unsqueeze(2) == groups.unsqueeze(1)) & groups.gt(0).unsqueeze(1)
         same = same | torch.eye(groups.size(1), dtype=torch.bool, device=groups.device)  # padding rows: self only
-        scores = F.leaky_relu(scores.float(), 0.2).masked_fill(~same, float("-inf"))
+        # the softmax in fp32 for fp16/bf16 scores, as every attention here; float64 stays float64
+        scores = F.leaky_relu(upcast_half(scores), 0.2).masked_fill(~same, float("-inf"))
         alpha = F.dropout(torch.softmax(scores, dim=-1), p=self.activation_dropout, training=self.training)
         out = F.relu(torch.bmm(alpha.to(h.dtype), h)).masked_fill(groups.eq(0).unsqueeze(-1), 0.0)
         return x + F.dropout(out, p=self.dropout, training=self.training)
