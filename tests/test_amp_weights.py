@@ -120,6 +120,55 @@ def test_what_is_left_to_autocast():
     assert x.grad.shape == x.shape
 
 
+def test_only_a_whole_fp32_parameter_cast_to_the_autocast_dtype_is_taken_and_a_shared_one_is_viewed_under_each_name():
+    """What counts as autocast's cast of a parameter: a read of every element once, in the parameter's layout (the
+    parameter, transposed, viewed with dimensions of size 1), by a cast of a float32 parameter to the autocast dtype.
+    Not: the same elements in another layout, a slice, a same-sized window of another parameter's storage, a cast
+    to float64, a sum in bf16, a float64 parameter cast. A parameter shared under two names (autocast casts it once
+    for both uses) is cast once and viewed under each name. A LayerDrop list of p = 0 drops nothing."""
+    from fairseq.modules.layer_drop import LayerDropModuleList
+
+    w = torch.randn(4, 5)
+    assert amp_weights._every_element_once(w, w) and amp_weights._every_element_once(w.t(), w)
+    assert amp_weights._every_element_once(w.unsqueeze(0), w)
+    assert not amp_weights._every_element_once(w.view(5, 4), w)
+    assert not amp_weights._every_element_once(w[:2], w)
+    flat = torch.randn(10)
+    assert not amp_weights._every_element_once(flat[5:], flat[:5])
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first = torch.nn.Linear(8, 8)
+            self.second = torch.nn.Linear(8, 8, bias=False)
+            self.second.weight = self.first.weight  # shared
+            self.widened = torch.nn.Parameter(torch.randn(8, 8))
+            self.summed = torch.nn.Parameter(torch.randn(8))
+            self.wide_dtype = torch.nn.Parameter(torch.randn(8, 8, dtype=torch.float64))
+
+        def forward(self, x):
+            x = self.second(self.first(x))
+            x = x + (x.double() @ self.widened.double()).float()
+            x = x + self.summed.sum(dtype=torch.bfloat16)
+            return x + F.linear(x.to(torch.bfloat16), self.wide_dtype.to(torch.bfloat16))
+
+    model = Model()
+    cache = amp_weights.WeightCache(model)
+    with cache.record(torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(torch.randn(3, 8))
+    out.float().sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+    cache.settle()
+    assert sorted(cache.names) == ["first.bias", "first.weight", "second.weight"]
+    assert [id(p) for p in cache.parameters()] == [id(model.first.weight), id(model.first.bias)]
+    views = cache.cast(torch.bfloat16)
+    assert views["first.weight"] is views["second.weight"] and views["first.weight"].dtype == torch.bfloat16
+    assert torch.equal(views["first.weight"], model.first.weight.to(torch.bfloat16))
+    assert not amp_weights.layerdrop(torch.nn.Sequential(LayerDropModuleList(0.0, [torch.nn.Linear(2, 2)])))
+    assert amp_weights.layerdrop(torch.nn.Sequential(LayerDropModuleList(0.1, [torch.nn.Linear(2, 2)])))
+
+
 def test_fairseq_trainer_updates_are_the_same_with_and_without():
     """Four bf16 --amp updates in fairseq's Trainer (the plugin's amp_train_step): the weights with the cache equal
     those with autocast's own casts (--no-amp-weight-cache), bit for bit, and the second update launches fewer
