@@ -318,6 +318,14 @@ def test_stacked_states_reorder_and_edited_lists():
     assert stacked_states(edited) is None
     re = model.encoder.reorder_encoder_out(edited, order)
     assert not re["msc_block_out"][0].any()
+    # an entry replaced by a view at the same address, of other sizes (its first two time steps): the lists hold
+    # the truth
+    first_steps = enc["msc_context"][0][:2]
+    assert first_steps.data_ptr() == enc["msc_context"][0].data_ptr()
+    narrowed = dict(enc, msc_context=[first_steps] + enc["msc_context"][1:])
+    assert stacked_states(narrowed) is None
+    re = model.encoder.reorder_encoder_out(narrowed, order)
+    assert torch.equal(re["msc_context"][0], first_steps[:, order])
 
 
 # ---- syncs and launches --------------------------------------------------------------------------------------
