@@ -417,6 +417,19 @@ def test_the_gat_ablation_is_a_single_head_gat_over_each_words_pieces():
     torch.testing.assert_close(got, want, atol=1e-13, rtol=0)
 
 
+def test_the_encoder_keeps_no_layer_states_where_fairseqs_generator_calls_it():
+    """fairseq's generator runs the encoder through ``forward_torchscript`` without ``return_all_hiddens``: no
+    layer's states are kept (beam search would reorder every one of them at each step), as fairseq's transformer
+    encoder; asked for them, one per layer."""
+    model = build("umst_base", TINY).eval()
+    src, wid, heads = collate(random_sentences(3, seed=4))
+    net_input = dict(src_tokens=src, src_lengths=src.ne(PAD).sum(1), src_word_ids=wid, src_word_heads=heads)
+    with torch.no_grad():
+        assert model.encoder.forward_torchscript(net_input)["encoder_states"] == []
+        states = model.encoder(**net_input, return_all_hiddens=True)["encoder_states"]
+    assert len(states) == len(model.encoder.layers) + 1  # the embeddings' output, then each layer's
+
+
 def test_project_to_words_literal_and_row():
     sents = random_sentences(3, seed=1)
     src, wid, heads = collate(sents)
