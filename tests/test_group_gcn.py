@@ -104,5 +104,27 @@ def test_dropout_only_in_training():
 def test_bad_group_ids_raise():
     with pytest.raises(ValueError, match="group_ids must be B x L"):
         group_mean(torch.randn(2, 4, 3), torch.ones(2, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="group_ids must be B x L"):  # right B and L, one dimension too many
+        group_mean(torch.randn(2, 4, 3), torch.ones(2, 4, 1, dtype=torch.long))
     with pytest.raises(TypeError, match="integer"):
         group_mean(torch.randn(2, 4, 3), torch.ones(2, 4))
+
+
+@pytest.mark.parametrize("batch, length", [(0, 4), (2, 0)])
+def test_an_empty_batch_passes_through(batch, length):
+    """No sentences, or sentences of no positions: an empty result of x's shape (there is no max id to read)."""
+    ids = torch.zeros(batch, length, dtype=torch.long)
+    assert group_mean(torch.randn(batch, length, 3), ids).shape == (batch, length, 3)
+    assert group_mean(torch.randn(length, batch, 3), ids, time_first=True).shape == (length, batch, 3)
+    x = torch.randn(batch, length, 3)
+    assert torch.equal(GroupGCN(3)(x, ids), x)
+
+
+def test_the_block_reads_no_ids_when_given_their_bound():
+    """``num_groups`` given (the encoders pass a static bound): the block never reads the ids, which on a GPU is a
+    host-device sync per call; meta tensors, which cannot be read, prove it. Without the bound it reads them."""
+    block = GroupGCN(3).to("meta")
+    x, ids = torch.empty(2, 5, 3, device="meta"), torch.empty(2, 5, dtype=torch.long, device="meta")
+    assert block(x, ids, num_groups=6).shape == (2, 5, 3)
+    with pytest.raises(RuntimeError, match="meta"):
+        block(x, ids)
