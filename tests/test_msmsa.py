@@ -326,6 +326,69 @@ def test_decoder_heads_are_causal_multiscale():
     torch.testing.assert_close(full[:, :-1], other[:, :-1])
 
 
+def test_the_attention_follows_fairseqs_call_signature():
+    """Weights only when asked (the layers never ask), averaged over heads unless each head's are asked for; the
+    arguments fairseq's MultiheadAttention takes and multi-scale self-attention cannot honour are refused."""
+    model, _ = dev.build_model("msmsa_base", TINY_WINDOWS)
+    model.double().eval()  # float64: the weighted path computes the outputs by another kernel
+    attn = model.encoder.layers[0].self_attn
+    x, other = torch.randn(7, 2, 16, dtype=torch.float64), torch.randn(7, 2, 16, dtype=torch.float64)
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[1, :3] = True
+    with torch.no_grad():
+        out, weights = attn(x, key_padding_mask=pad)
+        assert weights is None
+        out_averaged, averaged = attn(x, key_padding_mask=pad, need_weights=True)
+        out_each, each = attn(x, key_padding_mask=pad, need_head_weights=True)
+    assert averaged.shape == (2, 7, 7) and each.shape == (2, 4, 7, 7)
+    torch.testing.assert_close(averaged, each.mean(dim=1), rtol=0, atol=0)
+    # measured: 2.2e-16 (one float64 rounding) between the two kernels
+    torch.testing.assert_close(out_averaged, out, rtol=0, atol=1e-14)
+    torch.testing.assert_close(out_each, out, rtol=0, atol=1e-14)
+    for bad in (dict(key=other), dict(value=other), dict(key=x, value=x, static_kv=True)):
+        with pytest.raises(ValueError, match="self-attention only"):
+            attn(x, **bad)
+    with pytest.raises(ValueError, match="pre-softmax"):
+        attn(x, before_softmax=True)
+    with pytest.raises(ValueError, match="attn_mask"):
+        attn(x, attn_mask=torch.zeros(7, 7, dtype=torch.float64))
+
+
+def test_the_encoder_heads_look_both_ways():
+    """The encoder's multi-scale heads are centred windows (the paper's encoder), not the decoder's causal ones: a
+    later token changes an earlier position's output."""
+    model, task = dev.build_model("msmsa_base", TINY_WINDOWS)
+    model.eval()
+    assert not any(layer.self_attn.causal for layer in model.encoder.layers)
+    src = dev.random_sample(task, 2, 6, 5)["net_input"]["src_tokens"]
+    lengths = torch.full((2,), src.size(1))
+    changed = src.clone()
+    changed[:, 1] = 5 if int(src[0, 1]) != 5 else 6
+    with torch.no_grad():
+        before = model.encoder(src, lengths)["encoder_out"][0]
+        after = model.encoder(changed, lengths)["encoder_out"][0]
+    assert (before[0] - after[0]).abs().max() > 1e-3
+
+
+def test_layers_built_directly_take_the_papers_defaults():
+    """Built without the options: the encoder layer keeps its FFN (Eq. 10's layer is the ``--msmsa-no-ffn``
+    ablation), the decoder layer its encoder attention; the decoder's self-attention is causal, and refuses
+    fairseq's bias_kv and zero_attn each alone."""
+    from umst_plugin.models.msmsa.encoder import transformer_config
+    from umst_plugin.modules.msmsa.layer import MSMSADecoderLayer, MSMSAEncoderLayer
+    model, _ = dev.build_model("msmsa_base", dict(TINY_WINDOWS, msmsa_decoder=True))
+    scales = model.encoder.layers[0].head_scales
+    encoder_layer = MSMSAEncoderLayer(model.encoder.layers[0].cfg, scales)
+    assert encoder_layer.fc1 is not None and not encoder_layer.no_ffn and not encoder_layer.self_attn.causal
+    decoder_cfg = transformer_config(model.decoder.args)
+    decoder_layer = MSMSADecoderLayer(decoder_cfg, scales)
+    assert decoder_layer.encoder_attn is not None and decoder_layer.self_attn.causal
+    assert decoder_layer.build_self_attention(16, decoder_cfg).causal
+    for option in ("add_bias_kv", "add_zero_attn"):
+        with pytest.raises(ValueError, match="bias_kv, zero_attn"):
+            decoder_layer.build_self_attention(16, decoder_cfg, **{option: True})
+
+
 def test_bf16_padded_rows_finite():
     checks.check_low_precision("msmsa_base", dict(TINY_WINDOWS, msmsa_decoder=True), torch.bfloat16, "cpu")
 
