@@ -142,8 +142,11 @@ def test_graphs_match_dense_reference(left_pad, tree):
 def test_side_input_errors_are_clear():
     sents = random_sentences(2, seed=0)
     src, wid, heads = collate(sents)
-    with pytest.raises(ValueError, match="multiscale_translation"):
-        build_graphs(src, None, None, PAD)
+    for word_ids, word_heads in ((None, None), (wid, None), (None, heads)):  # either missing alone too
+        with pytest.raises(ValueError, match="multiscale_translation"):
+            build_graphs(src, word_ids, word_heads, PAD)
+    with pytest.raises(ValueError, match="B x W"):  # the right batch size, one dimension too many
+        build_graphs(src, wid, heads.unsqueeze(-1), PAD)
     bad = wid.clone()
     bad[0, -1] = 0  # a real token marked as padding
     with pytest.raises(ValueError, match="inconsistent"):
