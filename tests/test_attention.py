@@ -2,6 +2,7 @@
 (dropout off), and a recomputed core equals the kept one with dropout on (same mask).
 
 * ``modules/common/attention.py``: fused (SDPA) == explicit, boolean and additive masks; the CPU bf16 dropout path;
+  the default scale; an additive mask cast to the inputs' dtype; which inputs take the explicit core or recompute;
 * UMST: the banded relative-position terms == Shaw et al.'s L x L x d_k formulation (the previous code),
   and the recomputed subword core == the kept one;
 * TranSFormer: the fused cross-granularity attention == its explicit (recording) path, both contractions;
@@ -61,6 +62,61 @@ def test_cpu_bf16_dropout_runs_the_explicit_path_in_bf16():
         out.float().sum().backward()
     assert counter.total > 0 and counter.fp32_only == 0
     assert out.dtype == torch.bfloat16
+
+
+def test_the_default_scale_is_one_over_the_root_of_the_head_dim():
+    """scale=None: 1 / sqrt(d), d the last dimension (2 heads of 8 here, so another axis would give 1 / sqrt(2)),
+    on both paths, against the formula written out."""
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(3, 2, 7, 8, **F64) for _ in range(3))
+    pad = padding_mask(3, 7)
+    formula = torch.softmax((q @ k.transpose(-1, -2) / math.sqrt(8)).masked_fill(pad[:, None, None, :],
+                                                                                  float("-inf")), -1) @ v
+    keep = (~pad)[:, None, None, :]
+    close(attention(q, k, v, keep), formula)
+    close(explicit_attention(q, k, v, keep)[0], formula)
+
+
+def test_an_additive_mask_of_another_dtype_is_cast_to_the_inputs():
+    """torch's fused attention refuses an additive float64 mask on float32 inputs; the helper casts it (0 and -inf
+    are exact in every float dtype), giving the boolean mask's result."""
+    torch.manual_seed(4)
+    q, k, v = (torch.randn(3, 2, 7, 8) for _ in range(3))
+    pad = padding_mask(3, 7)
+    blocked = pad[:, None, None, :]
+    torch.testing.assert_close(attention(q, k, v, additive_mask(blocked, torch.float64)),
+                               attention(q, k, v, ~blocked), rtol=0, atol=0)
+
+
+def test_cpu_bf16_without_dropout_stays_fused(monkeypatch):
+    """Only dropout sends CPU bf16 to the explicit core: without it torch's CPU flash kernel runs in bf16."""
+    from umst_plugin.modules.common import attention as module
+
+    calls = []
+    explicit = module.explicit_attention
+    monkeypatch.setattr(module, "explicit_attention", lambda *a, **kw: calls.append(1) or explicit(*a, **kw))
+    q, k, v = (torch.randn(2, 2, 5, 8, dtype=torch.bfloat16) for _ in range(3))
+    assert attention(q, k, v, None, 0.0).dtype == torch.bfloat16 and calls == []
+    attention(q, k, v, None, 0.1)
+    assert calls == [1]
+
+
+def test_only_dropout_in_training_recomputes_the_core(monkeypatch):
+    """The core is recomputed in backward only where a CPU would otherwise keep the probabilities: dropout on,
+    gradients wanted, ``recompute`` left on. Without dropout the fused kernel keeps nothing to recompute."""
+    from umst_plugin.modules.common import attention as module
+
+    calls = []
+    checkpoint = module.checkpoint
+    monkeypatch.setattr(module, "checkpoint", lambda *a, **kw: calls.append(1) or checkpoint(*a, **kw))
+    q, k, v = (torch.randn(2, 2, 5, 8, requires_grad=True) for _ in range(3))
+    attention(q, k, v, None, 0.0)
+    attention(q, k, v, None, 0.1, recompute=False)
+    with torch.no_grad():
+        attention(q, k, v, None, 0.1)
+    assert calls == []
+    attention(q, k, v, None, 0.1)
+    assert calls == [1]
 
 
 # ---- UMST -------------------------------------------------------------------------------------------------
