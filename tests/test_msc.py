@@ -346,6 +346,46 @@ def test_grad_norm_logger_writes_per_layer_norms(tmp_path):
         assert norms[i] == pytest.approx(float(expected), rel=1e-4)
 
 
+def test_grad_norm_logger_numbers_its_updates_keeps_its_interval_and_records_only_when_told(tmp_path):
+    """The logger alone, on two linear layers: nothing recorded before it is told to record (the model tells it at
+    each forward, training or not); each record numbers the update its gradient is for; ``interval`` keeps every
+    n-th; a loss weight of 0 (no target token) leaves the norms unscaled, not infinite."""
+    from umst_plugin.modules.msc.grad_norms import EncoderGradNormLogger
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 2)
+
+    def backward(layers, logger, weight):
+        layers.zero_grad()
+        layers[1](layers[0](x)).sum().backward()
+        logger.add_loss_weight(torch.tensor(weight))
+        return [float(torch.sqrt(sum(p.grad.pow(2).sum() for p in layer.parameters()))) for layer in layers]
+
+    layers = torch.nn.ModuleList([torch.nn.Linear(2, 2) for _ in range(2)])
+    idle = EncoderGradNormLogger(layers, str(tmp_path / "idle.jsonl"))  # every update written
+    backward(layers, idle, 4.0)  # not told to record yet
+    idle.set_update(0)
+    idle.recording = False  # e.g. a validation step's model
+    backward(layers, idle, 4.0)
+    idle.set_update(1)
+    assert not (tmp_path / "idle.jsonl").exists()
+
+    layers = torch.nn.ModuleList([torch.nn.Linear(2, 2) for _ in range(2)])
+    path = tmp_path / "norms.jsonl"
+    logger = EncoderGradNormLogger(layers, str(path), interval=2)
+    logger.recording = True
+    for update in range(4):
+        logger.set_update(update)
+        raw = backward(layers, logger, 0.0 if update == 3 else 4.0)  # the gradient of update number update + 1
+        if update == 1:
+            expected_2 = [n / 4.0 for n in raw]
+    logger.set_update(4)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["update"] for r in records] == [2, 4]
+    assert records[0]["grad_norms"] == pytest.approx(expected_2, rel=1e-6)
+    assert records[1]["loss_weight"] == 0.0 and records[1]["grad_norms"] == pytest.approx(raw, rel=1e-6)
+
+
 # ---------------------------------------------------------------------------
 # End to end: fairseq-preprocess -> fairseq-train -> generate -> interactive
 # ---------------------------------------------------------------------------
