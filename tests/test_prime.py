@@ -674,6 +674,45 @@ def test_architecture_defaults():
     assert build("prime_base", {"input_dropout": 0.2}, meta=True)[0].encoder.layers[0].input_dropout == 0.2
 
 
+def test_fairseqs_layer_options_reach_prime_layers():
+    """--prime-conv-heads (default: the attention heads), the FFN's activation and its dropout, under the name
+    fairseq uses now and the one older checkpoints carry (``relu_dropout``), reach every layer."""
+    import copy
+
+    from fairseq import utils
+
+    from umst_plugin.models.prime.config import prime_layer_kwargs
+
+    model, _ = build("prime_base", {"prime_conv_heads": 2, "activation_fn": "gelu", "activation_dropout": 0.1},
+                     meta=True)
+    for layer in list(model.encoder.layers) + list(model.decoder.layers):
+        assert {cell.num_heads for cell in layer.conv.cells} == {2}
+        assert layer.activation_fn is utils.get_activation_fn("gelu") and layer.activation_dropout == 0.1
+    model, _ = build("prime_base", meta=True)
+    layer = model.encoder.layers[0]
+    assert {cell.num_heads for cell in layer.conv.cells} == {4}
+    assert layer.activation_fn is utils.get_activation_fn("relu") and layer.activation_dropout == 0.0
+    old = copy.copy(model.args)
+    old.activation_dropout, old.relu_dropout = 0.0, 0.2
+    assert prime_layer_kwargs(old, 0, decoder=False)["activation_dropout"] == 0.2
+
+
+def test_prime_defaults_fill_args_that_name_no_prime_option():
+    """Args from outside fairseq's parser (older checkpoints, Python callers) get every Prime default: the paper's
+    convolution, the fused projections, no ablation."""
+    import argparse
+
+    from umst_plugin.models.prime.config import prime_defaults
+
+    args = argparse.Namespace()
+    prime_defaults(args)
+    assert (args.prime_conv_type, args.prime_kernels, args.prime_layer_kernels, args.prime_conv_heads) == (
+        "dynamic", "3,15", None, None)
+    assert (args.separate_projection, args.no_ffn, args.ffn_shares_conv_projection, args.prime_unfused_projections,
+            args.prime_ablation_scope, args.prime_init, args.input_dropout) == (False, False, False, False, "both",
+                                                                                "pytorch", 0.0)
+
+
 def test_growing_kernels_per_layer():
     model, _ = build("prime_base", {"prime_layer_kernels": "3,7,15,31"}, meta=True)
     sizes = [layer.conv.kernel_sizes for layer in model.encoder.layers]
@@ -720,12 +759,37 @@ def test_invalid_flags_give_clear_errors():
         build("prime_base", {**TINY, "prime_kernels": "0"})
     with pytest.raises(ValueError, match="ffn-shares-conv-projection"):
         build("prime_simple_base", {**TINY, "ffn_shares_conv_projection": True})
-    with pytest.raises(ValueError, match="convolution heads"):
-        build("prime_base", {**TINY, "prime_conv_heads": 3})
+    with pytest.raises(ValueError, match="encoder embed dim 16 is not divisible by 3 convolution heads"):
+        build("prime_base", {**TINY, "prime_conv_heads": 3})  # refused by the options, before any layer is built
+    build("prime_simple_base", {**TINY, "prime_conv_heads": 3}, meta=True)  # no convolution: the heads are unused
     with pytest.raises(ValueError, match="kernel size 1"):
         build("prime_base", {**TINY, "prime_kernels": "1,3"})
     with pytest.raises(ValueError, match="prime-layer-kernels"):
         build("prime_base", {**TINY, "prime_layer_kernels": "3,5,7"})
+    with pytest.raises(ValueError, match="cross-self-attention"):
+        build("prime_base", {**TINY, "cross_self_attention": True})
+    for flag in ("checkpoint_activations", "offload_activations"):  # fairseq's parser sets neither from the other
+        with pytest.raises(ValueError, match="checkpoint-activations"):
+            build("prime_base", {**TINY, flag: True})
+
+
+def test_a_decoder_input_dim_of_its_own_is_refused_where_the_sides_differ():
+    """``decoder_input_dim`` (no command-line flag: set by fairseq's base architecture, or by older args) other
+    than the decoder's width is refused where the encoder's and decoder's widths differ."""
+    import copy
+
+    from umst_plugin.models.prime.config import validate_prime_args
+
+    model, _ = build("prime_base", TINY, meta=True)
+    for encoder_dim, decoder_dim, input_dim, refused in ((16, 24, 8, True), (16, 24, 24, False),
+                                                         (16, 24, None, False), (16, 16, 8, False)):
+        args = copy.copy(model.args)
+        args.encoder_embed_dim, args.decoder_embed_dim, args.decoder_input_dim = encoder_dim, decoder_dim, input_dim
+        if refused:
+            with pytest.raises(ValueError, match="decoder-input-dim"):
+                validate_prime_args(args)
+        else:
+            validate_prime_args(args)
 
 
 # Vocabularies of the paper's experiments (section 3.1; the authors' README and training logs in lancopku/Prime):
