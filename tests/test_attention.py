@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 
+from umst_plugin.modules.common import attention as attention_module
 from umst_plugin.modules.common.attention import additive_mask, attention, explicit_attention
 
 F64 = dict(dtype=torch.float64)
@@ -90,11 +91,9 @@ def test_an_additive_mask_of_another_dtype_is_cast_to_the_inputs():
 
 def test_cpu_bf16_without_dropout_stays_fused(monkeypatch):
     """Only dropout sends CPU bf16 to the explicit core: without it torch's CPU flash kernel runs in bf16."""
-    from umst_plugin.modules.common import attention as module
-
     calls = []
-    explicit = module.explicit_attention
-    monkeypatch.setattr(module, "explicit_attention", lambda *a, **kw: calls.append(1) or explicit(*a, **kw))
+    explicit = attention_module.explicit_attention
+    monkeypatch.setattr(attention_module, "explicit_attention", lambda *a, **kw: calls.append(1) or explicit(*a, **kw))
     q, k, v = (torch.randn(2, 2, 5, 8, dtype=torch.bfloat16) for _ in range(3))
     assert attention(q, k, v, None, 0.0).dtype == torch.bfloat16 and calls == []
     attention(q, k, v, None, 0.1)
@@ -104,11 +103,9 @@ def test_cpu_bf16_without_dropout_stays_fused(monkeypatch):
 def test_only_dropout_in_training_recomputes_the_core(monkeypatch):
     """The core is recomputed in backward only where a CPU would otherwise keep the probabilities: dropout on,
     gradients wanted, ``recompute`` left on. Without dropout the fused kernel keeps nothing to recompute."""
-    from umst_plugin.modules.common import attention as module
-
     calls = []
-    checkpoint = module.checkpoint
-    monkeypatch.setattr(module, "checkpoint", lambda *a, **kw: calls.append(1) or checkpoint(*a, **kw))
+    checkpoint = attention_module.checkpoint
+    monkeypatch.setattr(attention_module, "checkpoint", lambda *a, **kw: calls.append(1) or checkpoint(*a, **kw))
     q, k, v = (torch.randn(2, 2, 5, 8, requires_grad=True) for _ in range(3))
     attention(q, k, v, None, 0.0)
     attention(q, k, v, None, 0.1, recompute=False)

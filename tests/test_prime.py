@@ -1,5 +1,7 @@
 """Tests of the Unified Transformer / Prime (umst_plugin/models/prime/, umst_plugin/modules/prime/layer.py,
 umst_plugin/modules/prime/multi_kernel_conv.py)."""
+import argparse
+import copy
 import math
 
 import pytest
@@ -7,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 import umst_plugin  # noqa: F401  (registers the prime model)
-from fairseq import options
+from fairseq import options, utils
 from fairseq.data import Dictionary
 from fairseq.tasks.translation import TranslationTask
-from umst_plugin.models.prime.config import layer_kernels
+from umst_plugin.models.prime.config import layer_kernels, prime_defaults, prime_layer_kwargs, validate_prime_args
 from umst_plugin.models.prime.model import PrimeModel
 from umst_plugin.modules.prime import layer as prime_layer
 from umst_plugin.modules.prime.multi_kernel_conv import MultiKernelConv, StandardConv1dTBC
@@ -677,12 +679,6 @@ def test_architecture_defaults():
 def test_fairseqs_layer_options_reach_prime_layers():
     """--prime-conv-heads (default: the attention heads), the FFN's activation and its dropout, under the name
     fairseq uses now and the one older checkpoints carry (``relu_dropout``), reach every layer."""
-    import copy
-
-    from fairseq import utils
-
-    from umst_plugin.models.prime.config import prime_layer_kwargs
-
     model, _ = build("prime_base", {"prime_conv_heads": 2, "activation_fn": "gelu", "activation_dropout": 0.1},
                      meta=True)
     for layer in list(model.encoder.layers) + list(model.decoder.layers):
@@ -700,10 +696,6 @@ def test_fairseqs_layer_options_reach_prime_layers():
 def test_prime_defaults_fill_args_that_name_no_prime_option():
     """Args from outside fairseq's parser (older checkpoints, Python callers) get every Prime default: the paper's
     convolution, the fused projections, no ablation."""
-    import argparse
-
-    from umst_plugin.models.prime.config import prime_defaults
-
     args = argparse.Namespace()
     prime_defaults(args)
     assert (args.prime_conv_type, args.prime_kernels, args.prime_layer_kernels, args.prime_conv_heads) == (
@@ -776,10 +768,6 @@ def test_invalid_flags_give_clear_errors():
 def test_a_decoder_input_dim_of_its_own_is_refused_where_the_sides_differ():
     """``decoder_input_dim`` (no command-line flag: set by fairseq's base architecture, or by older args) other
     than the decoder's width is refused where the encoder's and decoder's widths differ."""
-    import copy
-
-    from umst_plugin.models.prime.config import validate_prime_args
-
     model, _ = build("prime_base", TINY, meta=True)
     for encoder_dim, decoder_dim, input_dim, refused in ((16, 24, 8, True), (16, 24, 24, False),
                                                          (16, 24, None, False), (16, 16, 8, False)):
