@@ -765,6 +765,19 @@ def test_invalid_flags_give_clear_errors():
             build("prime_base", {**TINY, flag: True})
 
 
+def test_the_options_ask_heads_that_divide_the_width_only_of_a_dynamic_convolution():
+    """``--prime-conv-heads`` must divide a side's width only where that side's layers have the dynamic
+    convolution: a standard one (table 6) has no heads, and --prime-ablation-scope keeps the other side dynamic."""
+    model, _ = tiny("prime_base", prime_conv_type="standard", prime_conv_heads=3)
+    assert {layer.conv.conv_type for layer in model.encoder.layers + model.decoder.layers} == {"standard"}
+    src = torch.tensor([[5, 6, 7, 8, 2]])
+    assert torch.isfinite(model(src, torch.tensor([5]), torch.tensor([[2, 5, 6]]))[0]).all()
+    for scope, dynamic_side in (("encoder", "decoder"), ("decoder", "encoder")):
+        with pytest.raises(ValueError, match=f"{dynamic_side} embed dim 16 is not divisible by 3 convolution heads"):
+            build("prime_base", {**TINY, "prime_conv_type": "standard", "prime_conv_heads": 3,
+                                 "prime_ablation_scope": scope}, meta=True)
+
+
 def test_a_decoder_input_dim_of_its_own_is_refused_where_the_sides_differ():
     """``decoder_input_dim`` (no command-line flag: set by fairseq's base architecture, or by older args) other
     than the decoder's width is refused where the encoder's and decoder's widths differ."""

@@ -19,7 +19,7 @@ def add_args(parser):
                              "are split into that many equal groups); overrides --prime-kernels")
     parser.add_argument("--prime-conv-heads", type=int, metavar="N",
                         help="dynamic convolution heads (one predicted kernel per head); default: the "
-                             "number of attention heads")
+                             "number of attention heads; must divide the width where the convolution is dynamic")
     parser.add_argument("--prime-conv-weight-dropout", type=float, metavar="D",
                         help="DropConnect probability on the predicted convolution kernels (default 0.1)")
     parser.add_argument("--input-dropout", type=float, metavar="D",
@@ -76,14 +76,22 @@ def layer_kernels(args, layer_index: int, num_layers: int) -> List[int]:
     return parse_kernel_list(args.prime_kernels, "--prime-kernels")
 
 
+def _side_conv_type(args, side: str):
+    """The convolution of ``side``'s layers: None (Prime-simple), "dynamic", or "standard" where
+    --prime-ablation-scope names that side (the ablation acts there only; elsewhere the layer is Prime's own)."""
+    if args.prime_conv_type == "none":
+        return None
+    if args.prime_conv_type == "standard" and args.prime_ablation_scope not in ("both", side):
+        return "dynamic"
+    return args.prime_conv_type
+
+
 def prime_layer_kwargs(args, layer_index: int, decoder: bool) -> dict:
     side = "decoder" if decoder else "encoder"
     num_layers = getattr(args, f"{side}_layers")
     # the ablation flags act on the sides named by --prime-ablation-scope; elsewhere the layer is standard Prime
     ablate = args.prime_ablation_scope in ("both", side)
-    conv_type = None if args.prime_conv_type == "none" else args.prime_conv_type
-    if conv_type == "standard" and not ablate:
-        conv_type = "dynamic"
+    conv_type = _side_conv_type(args, side)
     heads = getattr(args, f"{side}_attention_heads")
     return dict(
         embed_dim=getattr(args, f"{side}_embed_dim"),
@@ -129,6 +137,8 @@ def validate_prime_args(args):
     if args.prime_conv_type != "none":
         parse_kernel_list(args.prime_kernels, "--prime-kernels")
         for side in ("encoder", "decoder"):
+            if _side_conv_type(args, side) != "dynamic":
+                continue  # a standard convolution has one full kernel, no heads: any width takes it
             heads = args.prime_conv_heads or getattr(args, f"{side}_attention_heads")
             dim = getattr(args, f"{side}_embed_dim")
             if dim % heads != 0:
