@@ -1,5 +1,6 @@
 """Tests of the MSC model (umst_plugin/models/msc/, umst_plugin/modules/msc/layer.py)."""
 
+import copy
 import json
 import os
 import sys
@@ -390,6 +391,77 @@ def test_grad_norm_logger_numbers_its_updates_keeps_its_interval_and_records_onl
 # ---------------------------------------------------------------------------
 # End to end: fairseq-preprocess -> fairseq-train -> generate -> interactive
 # ---------------------------------------------------------------------------
+
+
+def _loss_term_hooked(lprobs):
+    """Whether ``get_normalized_probs`` put PerTokenLossTerm (the L2 penalty and the gradient-norm logger's hook)
+    on these log-probabilities."""
+    return type(lprobs.grad_fn).__name__ == "PerTokenLossTermBackward"
+
+
+def test_the_loss_is_hooked_only_in_training_with_a_penalty_or_a_logger(tmp_path):
+    """The decoder's log-probabilities are its own (so fairseq-train --compile compiles the loss:
+    ``plain_normalized_probs``) except in training, with grad, under --encoder-l2 or --log-encoder-grad-norms; there
+    PerTokenLossTerm carries the penalty and the hook, on log-probabilities only, and a net output without its extra
+    dict (as fairseq's sequence generator hands one) takes a zero penalty."""
+    src, lengths, prev, _ = random_batch()
+    quiet = ["--dropout", "0", "--attention-dropout", "0"]
+    for flags, hooks in (([], False), (["--encoder-l2", "1e-3"], True),
+                         (["--log-encoder-grad-norms", "--encoder-grad-norms-file", str(tmp_path / "n.jsonl")], True)):
+        model, _, _ = build("msc_iwslt_de_en", TINY + quiet + flags)
+        for training in (True, False):
+            model.train(training)
+            net_output = model(src, lengths, prev)
+            hooked = hooks and training
+            assert model.plain_normalized_probs() is not hooked, (flags, training)
+            assert _loss_term_hooked(model.get_normalized_probs(net_output, log_probs=True)) is hooked, (flags, training)
+            assert not _loss_term_hooked(model.get_normalized_probs(net_output, log_probs=False)), (flags, training)
+        model.train()
+        no_extra = model.get_normalized_probs((net_output[0], None), log_probs=True)
+        assert _loss_term_hooked(no_extra) is hooks
+        torch.testing.assert_close(no_extra, model.get_normalized_probs((net_output[0], {}), log_probs=False).log(),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_the_grad_norms_file_defaults_to_the_save_dir(tmp_path):
+    """``--log-encoder-grad-norms`` without ``--encoder-grad-norms-file`` writes SAVE_DIR/encoder_grad_norms.jsonl
+    (the working directory where args carry no save dir)."""
+    model, _, _ = build("msc_iwslt_de_en", TINY + ["--log-encoder-grad-norms", "--save-dir", str(tmp_path)])
+    assert model.grad_norm_logger.path == os.path.join(str(tmp_path), "encoder_grad_norms.jsonl")
+    args = copy.copy(model.args)
+    args.save_dir = None
+    assert MSCModel(args, model.encoder, model.decoder).grad_norm_logger.path == os.path.join(
+        ".", "encoder_grad_norms.jsonl")
+
+
+def test_the_model_keeps_the_tasks_max_positions_and_asks_no_encoder_states(tmp_path):
+    """The source and target lengths are the task's (--max-source/target-positions), 1024 where args carry none;
+    and the model's forward asks the encoder for no per-layer states unless told (they would be kept in memory)."""
+    model, task, args = build("msc_iwslt_de_en", TINY + ["--max-source-positions", "40", "--max-target-positions", "30"])
+    assert model.max_positions() == (40, 30)
+    args.max_source_positions = args.max_target_positions = None
+    assert MSCModel.build_model(args, task).max_positions() == (1024, 1024)
+    seen = []
+    model.encoder.register_forward_hook(lambda module, inputs, out: seen.append(len(out["encoder_states"])))
+    src, lengths, prev, _ = random_batch()
+    model(src, lengths, prev)
+    model(src, lengths, prev, return_all_hiddens=True)
+    assert seen == [0, 6]
+
+
+def test_shared_embeddings_take_one_pretrained_file(tmp_path):
+    """``--share-all-embeddings`` with ``--encoder-embed-path``: the decoder shares the loaded table, with no
+    decoder path or the same one; another decoder path is refused."""
+    vectors, other = tmp_path / "vectors.txt", tmp_path / "other.txt"
+    vectors.write_text("1 16\nw0 " + " ".join(["0.5"] * 16) + "\n")
+    other.write_text(vectors.read_text())
+    for decoder_path in ([], ["--decoder-embed-path", str(vectors)]):
+        model, task, _ = build("msc_iwslt_de_en", TINY + ["--encoder-embed-path", str(vectors)] + decoder_path)
+        assert model.decoder.embed_tokens is model.encoder.embed_tokens
+        row = model.encoder.embed_tokens.weight[task.source_dictionary.index("w0")]
+        assert torch.equal(row, torch.full((16,), 0.5))
+    with pytest.raises(ValueError, match="--share-all-embeddings not compatible with --decoder-embed-path"):
+        build("msc_iwslt_de_en", TINY + ["--encoder-embed-path", str(vectors), "--decoder-embed-path", str(other)])
 
 
 def _grad_norm_records(save_dir):
