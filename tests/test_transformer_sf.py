@@ -1,5 +1,7 @@
 """TranSFormer (transformer_sf): character table, branch modules, model invariances, ablation flags."""
 
+import argparse
+
 import pytest
 import torch
 
@@ -11,7 +13,8 @@ from fairseq.tasks.translation import TranslationTask
 
 from umst_plugin.modules.transformer_sf.char_table import CHAR_PAD, CHAR_SEP, CharTable
 from umst_plugin.modules.transformer_sf.fast_attention import BoundaryRelativeSelfAttention, boundary_band
-from umst_plugin.models.transformer_sf.config import SlowFastConfig, parse_interaction_layers
+from umst_plugin.models.transformer_sf.config import (SlowFastConfig, parse_interaction_layers, slowfast_config_from_args,
+                                                      slowfast_defaults)
 from umst_plugin.modules.transformer_sf.layer import SlowFastEncoderStack, _num_groups
 from umst_plugin.modules.transformer_sf.fusion import chars_to_tokens, tokens_to_chars
 
@@ -250,10 +253,27 @@ def test_interaction_layer_specs():
     assert parse_interaction_layers("every2", 6) == {1, 3, 5}
     assert parse_interaction_layers("2,4", 6) == {2, 4}
     assert parse_interaction_layers("none", 6) == frozenset()
-    with pytest.raises(ValueError, match="1..6"):
-        parse_interaction_layers("0,7", 6)
+    assert parse_interaction_layers("1,6", 6) == {1, 6}  # both ends of 1..N
+    assert parse_interaction_layers("2, 3,", 6) == {2, 3}
+    assert parse_interaction_layers("bottom3", 2) == parse_interaction_layers("top3", 2) == {1, 2}
+    for spec in ("0,7", "0", "7", ","):
+        with pytest.raises(ValueError, match="1..6"):
+            parse_interaction_layers(spec, 6)
     with pytest.raises(ValueError, match="comma list"):
         parse_interaction_layers("middle", 6)
+
+
+def test_the_stack_config_defaults_are_the_base_archs():
+    """``SlowFastConfig()`` (what a stack built directly gets) is transformer_sf_base's configuration, both from
+    fairseq's parser and from bare args that name no TranSFormer option (older checkpoints, tools); those archs'
+    decoders are pre-norm, as their encoders."""
+    parsed = options.parse_args_and_arch(options.get_training_parser(), [
+        "/nonexistent", "--task", "translation", "--arch", "transformer_sf_base", "-s", "src", "-t", "tgt"])
+    bare = argparse.Namespace()
+    slowfast_defaults(bare)
+    for args in (parsed, bare):
+        assert slowfast_config_from_args(args) == SlowFastConfig()
+        assert args.encoder_normalize_before and args.decoder_normalize_before
 
 
 def test_unread_fast_sublayers_are_not_built():

@@ -44,13 +44,13 @@ def parse_interaction_layers(spec, num_layers):
 
 
 @dataclass
-class SlowFastConfig:
+class SlowFastConfig:  # its defaults are transformer_sf_base's configuration (tests/test_transformer_sf.py)
     slow_dim: int = 512
     slow_ffn_dim: int = 2048
     slow_heads: int = 8
     fast_dim: int = 32
     fast_ffn_dim: int = 128
-    fast_heads: int = 4
+    fast_heads: int = 2  # H_f / 16 (head dim 16), as the archs default it (slowfast_defaults)
     layers: int = 6
     dropout: float = 0.1
     attention_dropout: float = 0.1
