@@ -1,6 +1,7 @@
 """TranSFormer (transformer_sf): character table, branch modules, model invariances, ablation flags."""
 
 import argparse
+import math
 
 import pytest
 import torch
@@ -382,6 +383,81 @@ def encoder_states(model, tokens):
 
 def real_rows(out, mask, row):
     return out[:, row][~mask[row]]
+
+
+def test_random_boundaries_hash_each_characters_place_in_its_sentence():
+    """--random-char-boundary (table 5 #4): a character starts a pseudo-word where the fixed table says so at
+    (31 x its place in the sentence + its id) mod the table's size, and the first character of a sentence always
+    does; group ids count the starts from 1, padding 0 (left and right padding alike)."""
+    model, _ = build(overrides={"random_char_boundary": True})
+    table = model.encoder.random_boundary_table
+    rows = [[(7 * j + 3 * i) % 50 + 5 for j in range(40 - 9 * i)] for i in range(3)]
+
+    def expected(row):
+        starts = [j == 0 or bool(table[(31 * j + c) % len(table)]) for j, c in enumerate(row)]
+        return torch.tensor(starts).long().cumsum(0)
+
+    for left_pad in (True, False):
+        chars = torch.full((3, 40), CHAR_PAD)
+        for i, row in enumerate(rows):
+            start = 40 - len(row) if left_pad else 0
+            chars[i, start:start + len(row)] = torch.tensor(row)
+        groups = model.encoder._random_groups(chars, chars.eq(CHAR_PAD))
+        for i, row in enumerate(rows):
+            real = chars[i].ne(CHAR_PAD)
+            assert torch.equal(groups[i][real], expected(row)) and not groups[i][~real].any()
+    assert expected(rows[0])[-1] > 3  # the table starts words inside the sentence too
+
+
+def test_the_character_branch_reads_scaled_embeddings_plus_sinusoidal_positions():
+    """What the character branch starts from (eval): sqrt(H_f) x its embedding + fairseq's sinusoidal positions,
+    zero on padding, time first; without positions with --no-token-positional-embeddings."""
+    for overrides in ({}, {"no_token_positional_embeddings": True}):
+        model, d = build(overrides=overrides)
+        encoder = model.encoder.eval()
+        seen = []
+        prepare = encoder.stack.prepare
+        encoder.stack.prepare = lambda x_slow, x_fast, side: seen.append(x_fast) or prepare(x_slow, x_fast, side)
+        tokens = batch_of(d, SENTENCES)
+        encoder(tokens, src_lengths=tokens.ne(1).sum(1))
+        chars = encoder.char_table(tokens).chars
+        expected = math.sqrt(8) * encoder.embed_fast(chars)
+        if not overrides:
+            expected = expected + encoder.embed_fast_positions(chars)
+        expected = expected.masked_fill(chars.eq(CHAR_PAD).unsqueeze(-1), 0.0).transpose(0, 1)
+        torch.testing.assert_close(seen[0], expected, rtol=0, atol=0)
+
+
+def test_the_encoder_out_carries_the_source_lengths_and_its_max_positions():
+    """fairseq's encoder-out dict holds the source lengths it was given (none where none were); the longest
+    source is --max-source-positions, with or without positional embeddings."""
+    for overrides in ({}, {"no_token_positional_embeddings": True}, {"encoder_learned_pos": True}):
+        model, d = build(overrides={**overrides, "max_source_positions": 300})
+        assert model.encoder.max_positions() == 300
+    tokens = batch_of(d, SENTENCES)
+    lengths = tokens.ne(1).sum(1)
+    assert model.encoder(tokens, src_lengths=lengths)["src_lengths"] == [lengths]
+    assert model.encoder(tokens)["src_lengths"] == []
+
+
+def test_the_host_reads_the_character_length_only_for_compiled_inputs_not_told_it(monkeypatch):
+    """The longest character sequence is a size a compiled program cannot read off the device: the encoder reads it
+    on the host before compiled inputs only where the task's collater did not give it (``src_char_len``); eager
+    inputs leave it to CharTable.forward, and subword fast input needs none."""
+    for fast_input in ("char", "subword"):
+        model, d = build(overrides={"fast_input": fast_input})
+        encoder = model.encoder.eval()
+        calls = []
+        real = encoder.char_table.max_char_length
+        monkeypatch.setattr(encoder.char_table, "max_char_length", lambda t: calls.append(1) or real(t))
+        tokens = batch_of(d, SENTENCES)
+        char_len = real(tokens)
+        eager = encoder(tokens)["encoder_out"][0]
+        monkeypatch.setitem(encoder.inputs.__dict__, "_umst_compiled", "marked compiled")  # (its forward unchanged)
+        marked = [encoder(tokens)["encoder_out"][0], encoder(tokens, src_char_len=char_len)["encoder_out"][0]]
+        assert calls == ([1] if fast_input == "char" else []), fast_input
+        for out in marked:
+            torch.testing.assert_close(out, eager, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("overrides", ABLATIONS)
