@@ -147,7 +147,7 @@ def _take_plain_inputs(model):
 
 
 def test_plain_copies_a_view_once_while_that_tensor_is_unchanged():
-    """``dispatch._plain``: a plain tensor as it is; a view or a strided tensor as a contiguous copy of its own,
+    """``dispatch._plain``: a plain tensor as it is; a view (contiguous or not) or a strided tensor as a contiguous copy of its own,
     equal to it; the copy reused for the same tensor while its version is unchanged, never for another tensor (of
     the same version) or after an in-place change; a tensor that needs a gradient copied every time."""
     plain = torch.ones(3, 4)
@@ -165,6 +165,9 @@ def test_plain_copies_a_view_once_while_that_tensor_is_unchanged():
     base.mul_(2)  # in place: the view's version moves with its base's
     changed = dispatch._plain(view)
     assert changed is not again and torch.equal(changed, view)
+    for unplain in (torch.arange(12.0)[2:], torch.empty_strided((3, 4), (1, 3))):  # a contiguous view; strided
+        copied = dispatch._plain(unplain)
+        assert copied is not unplain and copied._base is None and copied.is_contiguous()
     grad = torch.randn(4, 3, requires_grad=True).t()
     assert dispatch._plain(grad) is not dispatch._plain(grad) and torch.equal(dispatch._plain(grad), grad)
 
@@ -704,3 +707,140 @@ def test_layers_compile_under_bf16_autocast_on_a_cpu(arch, overrides, fresh_fall
     assert logits.dtype == torch.bfloat16 and torch.isfinite(loss)
     _assert_no_fallback(model)
     assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+class _StandInLayer(torch.nn.Module):
+    """A layer for ``_dispatch`` alone: its "compiled" forward is a stand-in that records its calls (nothing is
+    compiled), so which forward the dispatch chooses, and what it logs, is seen directly."""
+
+    def forward(self, x, encoder_out=None, incremental_state=None):
+        return x + 1
+
+
+def _stand_in_layer(monkeypatch, new_graphs_per_call):
+    """A ``_StandInLayer`` set up as ``compile_layers`` sets up a layer; its calls ("compiled", "eager"), and the
+    compile logs of ``_dispatch`` (the stand-in "compiles" ``new_graphs_per_call[0]`` graphs a call)."""
+    calls, logged, graphs = [], [], [0]
+
+    def compiled(self, *args, **kwargs):
+        calls.append("compiled")
+        graphs[0] += new_graphs_per_call[0]
+        return _StandInLayer.forward(self, *args, **kwargs)
+
+    def eager(self, *args, **kwargs):
+        calls.append("eager")
+        return _StandInLayer.forward(self, *args, **kwargs)
+
+    layer = _StandInLayer()
+    layer._umst_compiled = (compiled, eager, dispatch._incremental_index(_StandInLayer.forward))
+    layer.forward = types.MethodType(dispatch._dispatch, layer)
+    monkeypatch.setattr(dispatch.telemetry, "compiled_graphs", lambda: graphs[0])
+    monkeypatch.setattr(dispatch.telemetry, "log_compiled",
+                        lambda layer, forward, seconds, new: logged.append(new))
+    return layer, calls, logged
+
+
+def test_dispatch_runs_eager_inside_layers_eager_and_for_incremental_steps(monkeypatch, fresh_fallbacks):
+    """A compiled layer's forward runs its eager forward inside ``layers_eager()`` (restored on leaving, nested
+    too) and for incremental decoding steps, the state passed by keyword or in its place among the positional
+    arguments (``_incremental_index``: after ``self``, as fairseq's decoder layers take it); else its compiled
+    forward."""
+    from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+
+    assert dispatch._incremental_index(_StandInLayer.forward) == 2
+    assert dispatch._incremental_index(TransformerDecoderLayerBase.forward) == 3
+    assert dispatch._incremental_index(TransformerEncoderLayerBase.forward) is None
+    layer, calls, _ = _stand_in_layer(monkeypatch, [0])
+    x = torch.zeros(2)
+    with torch.no_grad():
+        layer(x)
+        with dispatch.layers_eager():
+            layer(x)
+            with dispatch.layers_eager():
+                layer(x)
+            layer(x)
+        layer(x)
+        layer(x, None, {})
+        layer(x, incremental_state={})
+        layer(x, None, None)
+    assert calls == ["compiled", "eager", "eager", "eager", "compiled", "eager", "eager", "compiled"]
+
+
+def test_dispatch_logs_the_compile_time_of_calls_that_compiled_only(monkeypatch, fresh_fallbacks):
+    """The compile log (``telemetry.log_compiled``) comes for a call that compiled new graphs, with their number,
+    and not for a call that reused what was compiled."""
+    new_graphs = [2]
+    layer, calls, logged = _stand_in_layer(monkeypatch, new_graphs)
+    with torch.no_grad():
+        layer(torch.zeros(2))
+        new_graphs[0] = 0
+        layer(torch.zeros(3))
+    assert calls == ["compiled", "compiled"] and logged == [2]
+
+
+def test_configure_dynamo_sets_what_the_compiled_layers_rely_on(monkeypatch):
+    """``--compile``'s dynamo settings: a recompile limit of at least ``fallback.RECOMPILE_LIMIT`` (a higher one
+    kept), Python floats constant, no duck sizing, an error at the limit, AOTAutograd's cache open to custom autograd
+    Functions; and both compiler patches installed with
+    inductor loaded for them (a fresh fairseq-train process has not loaded it yet: without ``load`` they would be
+    left out)."""
+    import torch._dynamo.config as config
+    import torch._functorch.config as functorch_config
+    import torch.fx.experimental._config as fx_config
+
+    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    # set and restored by hand: torch's config modules answer some names (recompile_limit) by alias, which
+    # monkeypatch's undo breaks
+    settings = [(config, limit, 8), (config, "specialize_float", False), (fx_config, "use_duck_shape", True),
+                (config, "fail_on_recompile_limit_hit", False),
+                (functorch_config, "autograd_cache_allow_custom_autograd_functions", False)]
+    before = [(module, name, getattr(module, name)) for module, name, _ in settings]
+    loads = []
+    monkeypatch.setattr(dispatch.inductor_scan, "install", lambda load=False: loads.append(("scan", load)))
+    monkeypatch.setattr(dispatch.saved_activation_strides, "install",
+                        lambda load=False: loads.append(("strides", load)))
+    try:
+        for module, name, value in settings:
+            setattr(module, name, value)
+        dispatch.configure_dynamo()
+        assert getattr(config, limit) == fallback.RECOMPILE_LIMIT
+        assert config.specialize_float and not fx_config.use_duck_shape and config.fail_on_recompile_limit_hit
+        assert functorch_config.autograd_cache_allow_custom_autograd_functions  # layers with custom Functions cached
+        assert loads == [("scan", True), ("strides", True)]
+        setattr(config, limit, 4 * fallback.RECOMPILE_LIMIT)
+        dispatch.configure_dynamo()
+        assert getattr(config, limit) == 4 * fallback.RECOMPILE_LIMIT
+    finally:
+        for module, name, value in before:
+            setattr(module, name, value)
+
+
+def test_compile_layers_compiles_whole_dynamic_graphs_by_default(monkeypatch):
+    """``compile_layers``' defaults are what the layers are tested with: inductor, dynamic sizes, ``fullgraph``
+    (a graph break inside a layer is an error, not a silent split), no mode, torch.compile checked first on the
+    device of the model's parameters; one torch.compile per layer class."""
+    seen = []
+    monkeypatch.setattr(STATE, "compiled_functions", {})
+    monkeypatch.setattr(dispatch.torch, "compile", lambda fn, **options: seen.append((fn, options)) or fn)
+    checked = []
+    monkeypatch.setattr(dispatch.probe, "check_available", lambda device, backend: checked.append((device, backend)))
+    model, _ = dev.build_model("transformer", TINY)
+    compilation.compile_layers(copy.deepcopy(model), check=False)
+    assert checked == []
+    compilation.compile_layers(model.to("meta"))  # checked where its parameters are
+    assert checked == [(torch.device("meta"), "inductor")]
+    assert {fn.__qualname__ for fn, _ in seen} == {"TransformerEncoderLayerBase.forward",
+                                                  "TransformerDecoderLayerBase.forward"}
+    assert all(options == dict(backend="inductor", mode=None, dynamic=True, fullgraph=True) for _, options in seen)
+
+
+def test_cudagraph_shape_cap_raises_inductors_shape_warning_limit_to_it():
+    """With ``--compile-cudagraph-shapes N`` inductor's own warning about many recorded sizes comes at N, not at
+    its lower default (the cap's warning says when a shape goes beyond); a higher limit, or none, is kept."""
+    import torch._inductor.config as inductor_config
+
+    for before, cap, after in ((8, 20, 20), (50, 20, 50), (20, 20, 20), (None, 20, None)):
+        # (the config's own patch, which restores it: monkeypatch's undo breaks torch's config modules)
+        with inductor_config.patch({"triton.cudagraph_dynamic_shape_warn_limit": before}):
+            dispatch._quiet_shape_warning(cap)
+            assert inductor_config.triton.cudagraph_dynamic_shape_warn_limit == after, (before, cap)
