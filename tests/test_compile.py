@@ -789,19 +789,15 @@ def test_configure_dynamo_sets_what_the_compiled_layers_rely_on(monkeypatch):
     import torch.fx.experimental._config as fx_config
 
     limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    # set and restored by hand: torch's config modules answer some names (recompile_limit) by alias, which
-    # monkeypatch's undo breaks
-    settings = [(config, limit, 8), (config, "specialize_float", False), (fx_config, "use_duck_shape", True),
-                (config, "fail_on_recompile_limit_hit", False),
-                (functorch_config, "autograd_cache_allow_custom_autograd_functions", False)]
-    before = [(module, name, getattr(module, name)) for module, name, _ in settings]
     loads = []
     monkeypatch.setattr(dispatch.inductor_scan, "install", lambda load=False: loads.append(("scan", load)))
     monkeypatch.setattr(dispatch.saved_activation_strides, "install",
                         lambda load=False: loads.append(("strides", load)))
-    try:
-        for module, name, value in settings:
-            setattr(module, name, value)
+    # the config modules' own patch, which restores them (monkeypatch's undo breaks names torch answers by alias,
+    # such as recompile_limit)
+    with config.patch({limit: 8, "specialize_float": False, "fail_on_recompile_limit_hit": False}), \
+            fx_config.patch(use_duck_shape=True), \
+            functorch_config.patch(autograd_cache_allow_custom_autograd_functions=False):
         dispatch.configure_dynamo()
         assert getattr(config, limit) == fallback.RECOMPILE_LIMIT
         assert config.specialize_float and not fx_config.use_duck_shape and config.fail_on_recompile_limit_hit
@@ -810,9 +806,6 @@ def test_configure_dynamo_sets_what_the_compiled_layers_rely_on(monkeypatch):
         setattr(config, limit, 4 * fallback.RECOMPILE_LIMIT)
         dispatch.configure_dynamo()
         assert getattr(config, limit) == 4 * fallback.RECOMPILE_LIMIT
-    finally:
-        for module, name, value in before:
-            setattr(module, name, value)
 
 
 def test_compile_layers_compiles_whole_dynamic_graphs_by_default(monkeypatch):
@@ -840,7 +833,7 @@ def test_cudagraph_shape_cap_raises_inductors_shape_warning_limit_to_it():
     import torch._inductor.config as inductor_config
 
     for before, cap, after in ((8, 20, 20), (50, 20, 50), (20, 20, 20), (None, 20, None)):
-        # (the config's own patch, which restores it: monkeypatch's undo breaks torch's config modules)
+        # (the config's own patch, which restores it, as in the test above)
         with inductor_config.patch({"triton.cudagraph_dynamic_shape_warn_limit": before}):
             dispatch._quiet_shape_warning(cap)
             assert inductor_config.triton.cudagraph_dynamic_shape_warn_limit == after, (before, cap)

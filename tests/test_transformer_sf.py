@@ -421,7 +421,7 @@ def test_the_character_branch_reads_scaled_embeddings_plus_sinusoidal_positions(
         tokens = batch_of(d, SENTENCES)
         encoder(tokens, src_lengths=tokens.ne(1).sum(1))
         chars = encoder.char_table(tokens).chars
-        expected = math.sqrt(8) * encoder.embed_fast(chars)
+        expected = math.sqrt(TINY["fast_embed_dim"]) * encoder.embed_fast(chars)
         if not overrides:
             expected = expected + encoder.embed_fast_positions(chars)
         expected = expected.masked_fill(chars.eq(CHAR_PAD).unsqueeze(-1), 0.0).transpose(0, 1)
