@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import e2e
-from umst_plugin.preprocess import cli, text
-from umst_plugin.preprocess.chunks import ChunkedParse, batches, shard_range
+from umst_plugin.preprocess import cli, parsers, text
+from umst_plugin.preprocess.chunks import ChunkedParse, batches, parse_sentences, shard_range
 from umst_plugin.preprocess.sidefiles import int_lines, write_mmap_index
 from umst_plugin.preprocess.text import read_bpe_lines, scan_bpe, word_ids_from_pieces
 
@@ -125,6 +125,37 @@ def test_parser_batches_hold_at_most_batch_size_sentences_and_batch_tokens_words
     assert lengths(batches(sentences, 100, 0)) == [[8, 3, 4, 2, 5, 1]]
 
 
+class _BatchRecordingParser(parsers.NoParser):
+    """The ``none`` parser, keeping the size of each batch it was given."""
+
+    def __init__(self, args=None):
+        super().__init__(args)
+        self.batches = []
+
+    def parse(self, sentences):
+        self.batches.append(len(sentences))
+        return super().parse(sentences)
+
+
+def test_a_chunk_reaches_the_parser_in_batches_of_batch_size_and_batch_tokens():
+    """A chunk's sentences reach the parser ``--batch-size`` at a time (256 where it is unset or 0) and within
+    ``--batch-tokens``; ``--max-words`` gives longer sentences the fallback graph."""
+    sentences = [["w"] * n for n in (1, 2, 3, 4, 5)] * 120  # 600 sentences, 1,800 words
+
+    def batch_sizes(**options):
+        parser = _BatchRecordingParser()
+        parses = parse_sentences(parser, sentences, argparse.Namespace(**options))
+        assert len(parses) == len(sentences)
+        return parser.batches, parses
+
+    assert batch_sizes(batch_size=2)[0] == [2] * 300
+    assert batch_sizes()[0] == batch_sizes(batch_size=None)[0] == batch_sizes(batch_size=0)[0] == [256, 256, 88]
+    assert batch_sizes(batch_size=100, batch_tokens=9)[0] == [3, 2] * 120  # 1+2+3, then 4+5: a next word would pass 9
+    recorded, parses = batch_sizes(batch_size=10, max_words=3)
+    assert [p.fallback for p in parses[:5]] == [None, None, None, "too long", "too long"]
+    assert recorded == [6] * 60  # of each 10 sentences, the parser sees the 6 within --max-words
+
+
 def test_a_shard_removes_only_its_own_chunks_half_written_files(tmp_path):
     """Shards may share a work dir given by hand, and run at once: a shard starting up removes what a kill left of
     its own chunks (a ``.tmp-PID`` file is never whole), never a file another shard is writing now."""
@@ -188,6 +219,12 @@ def test_worker_pool_queues_a_bounded_window_and_stops_after_chunks(tmp_path, mo
     whole = parse("pool", workers=2)
     assert drawn_after == [0, 0, 0, 0, 1, 2, 3, 4, 5]  # four chunks ahead of the oldest result, never more
     assert bars[-1].updates == [7] * 8 + [4]
+
+    with pytest.raises(KeyboardInterrupt, match="after 2 chunks"):
+        parse("stopped-serial", workers=1, stop_after=2)
+    assert bars[-1].updates == [7, 7]  # one process stops after exactly K chunks too
+    assert sorted(os.listdir(tmp_path / "stopped-serial")) == ["chunk-000000.tsv", "chunk-000001.tsv",
+                                                                 "manifest.json"]
 
     with pytest.raises(KeyboardInterrupt, match="after 2 chunks"):
         parse("stopped", workers=2, stop_after=2)

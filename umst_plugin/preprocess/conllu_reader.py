@@ -94,7 +94,7 @@ def _collapse(tokenlist, path, start):
     heads, labels = [], []
     for w in head_word:
         h = w["head"]
-        if h is None or not isinstance(h, int):
+        if h is None:  # conllu reads the column as an int or "_" (None); anything else is its ParseException
             raise SideDataError(path, start, f"word {w['id']} has head {h!r}; "
                                 "expected an integer (basic dependency tree)")
         if h == 0:
