@@ -131,7 +131,14 @@ class Flaky(parsers.ParserBackend):
             if "boom" in words:
                 raise RuntimeError("parser crashed")
             n = len(words) - 1 if "short" in words else len(words)
-            out.append(SurfaceParse(words, [0] + list(range(1, n)), ["x"] * n))
+            heads, labels = [0] + list(range(1, n)), ["x"] * n
+            if "unlabelled" in words:  # the heads line up, the labels do not
+                heads, labels = [0] + list(range(1, len(words))), labels[:-1]
+            if "loop" in words:  # the last word its own head
+                heads[-1] = n
+            if "beyond" in words:  # the last word's head past the sentence's end
+                heads[-1] = n + 1
+            out.append(SurfaceParse(words, heads, labels))
         return out
 
 
@@ -145,6 +152,17 @@ def test_safe_parse_isolates_failures():
     assert out[4].fallback == "too long" and out[4].heads == [0] * 5 and out[4].labels == ["_"] * 5
     assert out[5].fallback == "empty"
     assert out[6].heads == [0] and out[6].fallback is None
+
+
+def test_safe_parse_refuses_misaligned_labels_self_loops_and_heads_past_the_sentence():
+    """What a parser returns is checked before it is used: as many labels as words, every head 0..n and no word
+    its own head; anything else gets the fallback graph. A sentence of exactly --max-words words is parsed."""
+    sentences = [["unlabelled", "a", "b"], ["loop", "a", "b"], ["beyond", "a", "b"], ["a", "b", "c", "d"]]
+    out = parsers.safe_parse(Flaky(), sentences, max_words=4)
+    assert out[0].fallback == "misaligned (3 heads and 2 labels for 3 words)" and out[0].labels == ["_"] * 3
+    assert out[1].fallback == out[2].fallback == "head out of range"
+    assert out[1].heads == out[2].heads == [0, 0, 0]
+    assert out[3].fallback is None and out[3].heads == [0, 1, 2, 3]
 
 
 def test_fallbacks_counted_in_side_files_and_summary(tmp_path, caplog, capsys):

@@ -45,7 +45,7 @@ def _check_parse(parse, words):
     """Why ``parse`` cannot be used for ``words`` (None if it can)."""
     n = len(words)
     if len(parse.heads) != n or len(parse.labels) != n:
-        return f"misaligned ({len(parse.heads)} heads for {n} words)"
+        return f"misaligned ({len(parse.heads)} heads and {len(parse.labels)} labels for {n} words)"
     if any(not (0 <= h <= n) or h == k + 1 for k, h in enumerate(parse.heads)):
         return "head out of range"
     return None

@@ -77,7 +77,7 @@ class ParseArrays:
 
 
 def fallback_kind(reason):
-    """'misaligned (3 heads for 4 words)' -> 'misaligned': what the end-of-run summary counts."""
+    """'misaligned (3 heads and 3 labels for 4 words)' -> 'misaligned': what the end-of-run summary counts."""
     return reason.split(" (")[0]
 
 
