@@ -92,12 +92,6 @@ def get(name):
     return families[name]
 
 
-def family_of(model):
-    """The family whose model class ``model`` (a model instance or class) is, or None (fairseq's transformer)."""
-    cls = model if isinstance(model, type) else type(model)
-    return next((f for f in all_families() if issubclass(cls, f.model)), None)
-
-
 def archs():
     """Every arch the families register, sorted."""
     return tuple(sorted(a for f in all_families() for a in f.archs))

@@ -57,12 +57,11 @@ def pick_head(maps, head, n_heads):
     """maps: H x R x C -> (R x C, description) for --head (1-based) or the mean over heads."""
     if head is None:
         return maps.mean(0), f"mean of {n_heads} heads"
-    if not 1 <= head <= n_heads:
-        raise InspectError(f"--head {head} is out of range: this attention has {n_heads} heads (1..{n_heads})")
-    return maps[head - 1], f"head {head}/{n_heads}"
+    return maps[resolve_head(head, n_heads)], f"head {head}/{n_heads}"
 
 
 def resolve_head(head, n_heads):
+    """1-based ``--head`` -> 0-based index, with a clear error."""
     if not 1 <= head <= n_heads:
         raise InspectError(f"--head {head} is out of range: this attention has {n_heads} heads (1..{n_heads})")
     return head - 1
