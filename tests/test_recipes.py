@@ -1644,6 +1644,52 @@ def test_average_checkpoints_averages_and_picks_the_newest(tmp_path):
     assert state["averaged_from"] == ["checkpoint1.pt", "checkpoint3.pt", "checkpoint2.pt"]
 
 
+def _checkpoint(path, weight, num_updates=None):
+    history = [] if num_updates is None else [{"num_updates": num_updates}]
+    torch.save({"model": {"w": torch.full((2,), float(weight))}, "cfg": {"weight": weight}, "extra_state": {},
+                "optimizer_history": history, "last_optimizer_state": None}, path)
+
+
+def test_average_checkpoints_bounds_counts_and_options(tmp_path, capsys):
+    """--checkpoint-upper-bound keeps the checkpoint at the bound; exactly N checkpoints found are enough; a
+    checkpoint that records its updates is newer than one that records none; the count must be at least 1; errors
+    name the flag given; --inputs and --output are required."""
+    for epoch in (1, 2, 3, 4):
+        _checkpoint(tmp_path / f"checkpoint{epoch}.pt", epoch)
+    for update in (100, 200):
+        _checkpoint(tmp_path / f"checkpoint_1_{update}.pt", update)
+    names = lambda paths: [os.path.basename(p) for p in paths]  # noqa: E731
+    assert names(average_checkpoints.last_n_checkpoints(str(tmp_path), 2, upper_bound=3)) == [
+        "checkpoint3.pt", "checkpoint2.pt"]
+    assert names(average_checkpoints.last_n_checkpoints(str(tmp_path), 2, update_based=True)) == [
+        "checkpoint_1_200.pt", "checkpoint_1_100.pt"]
+    with pytest.raises(ValueError, match="found 1 update checkpoints .* at or below 150, need 2"):
+        average_checkpoints.last_n_checkpoints(str(tmp_path), 2, update_based=True, upper_bound=150)
+
+    recorded, unrecorded = tmp_path / "recorded.pt", tmp_path / "unrecorded.pt"
+    _checkpoint(recorded, 10, num_updates=0)
+    _checkpoint(unrecorded, 20)
+    out = tmp_path / "avg.pt"
+    assert average_checkpoints.main(["--inputs", str(recorded), str(unrecorded), "--output", str(out)]) == 0
+    assert torch.load(out, map_location="cpu")["cfg"] == {"weight": 10}
+
+    assert average_checkpoints.main(["--inputs", str(tmp_path), "--num-epoch-checkpoints", "1",
+                                     "--output", str(out)]) == 0  # one checkpoint: its weights, no optimizer
+    assert torch.equal(torch.load(out, map_location="cpu")["model"]["w"], torch.full((2,), 4.0))
+    capsys.readouterr()
+    for flag in ("--num-epoch-checkpoints", "--num-update-checkpoints"):
+        assert average_checkpoints.main(["--inputs", str(tmp_path), flag, "0", "--output", str(out)]) == 2
+        assert f"error: {flag} 0: expected at least 1 checkpoint" in capsys.readouterr().err
+        assert average_checkpoints.main(["--inputs", str(tmp_path), str(tmp_path), flag, "2",
+                                         "--output", str(out)]) == 2
+        assert f"error: {flag} needs exactly one directory in --inputs" in capsys.readouterr().err
+    for missing, argv in (("--output", ["--inputs", str(recorded)]), ("--inputs", ["--output", str(out)])):
+        with pytest.raises(SystemExit) as exit_:
+            average_checkpoints.main(argv)
+        assert exit_.value.code == 2
+        assert f"the following arguments are required: {missing}" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_the_documented_rebuild_reproduces_the_converged_table(tmp_path):
     """docs/multi30k.md's converged table is what its own documented command (the fenced block after

@@ -113,9 +113,12 @@ def get_parser():
 
 def main(argv=None):
     args = get_parser().parse_args(argv)
-    n = args.num_epoch_checkpoints or args.num_update_checkpoints
+    n = args.num_epoch_checkpoints if args.num_epoch_checkpoints is not None else args.num_update_checkpoints
     if n is not None:
         flag = "--num-epoch-checkpoints" if args.num_epoch_checkpoints is not None else "--num-update-checkpoints"
+        if n < 1:
+            print(f"umst-average-checkpoints: error: {flag} {n}: expected at least 1 checkpoint", file=sys.stderr)
+            return 2
         if len(args.inputs) != 1:
             print(f"umst-average-checkpoints: error: {flag} needs exactly one directory in --inputs (the run's "
                   f"save dir), got {len(args.inputs)}: {' '.join(args.inputs)}", file=sys.stderr)
