@@ -106,6 +106,18 @@ def test_the_shape_cap_records_the_first_shapes_and_runs_the_rest_compiled_witho
         assert graph_shapes.shape_key(layer, (x,), {}) not in cap.recorded
 
 
+def test_a_shape_key_holds_tensor_sizes_plain_values_and_the_types_of_other_arguments():
+    """What a recorded graph is keyed on, per argument: a tensor's sizes (not its values), a plain value (None, a
+    number, a string) itself, a list's or dict's items each so, and any other object its type alone (another
+    object of the type meets the same graph)."""
+    layer, x = _Block().eval(), torch.zeros(5, 3, 8)
+    key = lambda *args, **kwargs: graph_shapes.shape_key(layer, args, kwargs)  # noqa: E731
+    assert key(x, object()) == key(torch.ones(5, 3, 8), object())
+    assert len({key(x, None), key(x, 3), key(x, 4), key(x, "3"), key(x, object())}) == 5
+    assert key(x, [x, None]) == key(x, [torch.ones(5, 3, 8), None]) != key(x, [x[:2], None])
+    assert key(x, mask={"a": x}) != key(x, mask={"a": x[:1]})
+
+
 def _padded_sample(task, bsz, src_len, tgt_len):
     """A batch of exactly (bsz, src_len) source and (bsz, tgt_len) target tokens, the last sentence of each one
     token shorter (so every batch has padding, and the layers get the same arguments in every call)."""

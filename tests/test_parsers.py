@@ -71,6 +71,47 @@ def test_stanza_missing_model_names_the_download_command(tmp_path):
     compile(code, "<download>", "exec")
 
 
+def test_stanza_language_and_device_follow_the_options():
+    """The language: --stanza-lang, else --parser-model, else --source-lang, else English; the device: as given,
+    or for ``auto`` (and none) the GPU where torch sees one."""
+    import torch
+
+    from umst_plugin.preprocess.stanza_backend import resolve_device
+
+    def lang(**options):
+        return StanzaBackend(Namespace(**options), pipeline=lambda sentences: None).lang
+
+    assert lang() == "en" and lang(source_lang="de") == "de"
+    assert lang(source_lang="de", parser_model="fr") == "fr"
+    assert lang(source_lang="de", parser_model="fr", stanza_lang="ro") == "ro"
+    assert resolve_device("cpu") == "cpu" and resolve_device("cuda:1") == "cuda:1"
+    assert resolve_device("auto") == resolve_device(None) == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@needs_stanza
+def test_stanza_pipeline_takes_the_words_as_given_on_the_device_and_batch_asked(tmp_path, monkeypatch):
+    """What the backend asks of stanza's real Pipeline (which then stops here: no model is downloaded): the words as
+    given (pretokenized, one sentence per line), the device and whether it is a GPU, and --batch-tokens (5,000 where
+    unset) as the POS, lemma and parser batch sizes."""
+    import stanza
+
+    asked = []
+    real_init = stanza.Pipeline.__init__
+
+    def recording_init(self, *args, **kwargs):
+        asked.append(kwargs)
+        return real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(stanza.Pipeline, "__init__", recording_init)
+    for options in (dict(device="cpu"), dict(device="cuda:0", batch_tokens=700)):
+        with pytest.raises(ParserSetupError):
+            StanzaBackend(Namespace(parser_model="en", stanza_dir=str(tmp_path), **options))
+    assert [(kw["tokenize_pretokenized"], kw["device"], kw["use_gpu"]) for kw in asked] == [
+        (True, "cpu", False), (True, "cuda:0", True)]
+    for kw, batch in zip(asked, (5000, 700)):
+        assert kw["pos_batch_size"] == kw["lemma_batch_size"] == kw["depparse_batch_size"] == batch
+
+
 @needs_stanza
 def test_stanza_missing_model_cli(tmp_path, toy_raw):
     proc = e2e.umst_preprocess("-s", e2e.SRC, "-t", e2e.TGT, "--validpref", os.path.join(toy_raw, "valid"),

@@ -35,6 +35,23 @@ def test_tensor_sizes_give_no_deprecation_warning_and_the_same_sizes():
     assert batch["net_input"]["src_lengths"].tolist() == [3, 2]
 
 
+def test_buckets_pad_each_side_and_shape_batches_by_the_longer_padded_side():
+    """With ``num_buckets`` the dataset is bucketed as fairseq's ``__init__`` (lines 265-298) does: each side padded
+    to its own buckets, and the batch shapes and the order by the longer padded side of each pair; without (the
+    default, 0) nothing is bucketed."""
+    from fairseq.data import BucketPadLengthDataset
+
+    plain = build(LanguagePairDataset.__init__, list)
+    assert plain.buckets is None and plain.get_batch_shapes() is None
+    assert not isinstance(plain.src, BucketPadLengthDataset) and not isinstance(plain.tgt, BucketPadLengthDataset)
+
+    bucketed = build(lambda self, *args: LanguagePairDataset.__init__(self, *args, num_buckets=1), torch.tensor)
+    assert bucketed.src_sizes.tolist() == [3, 3] and bucketed.tgt_sizes.tolist() == [4, 4]  # one bucket a side
+    assert bucketed.bucketed_num_tokens.tolist() == [4, 4]  # the target, longer after padding, for both
+    assert bucketed.get_batch_shapes() == [(None, 4)]
+    assert bucketed[1]["source"].tolist() == [plain.src_dict.pad(), 9, plain.src_dict.eos()]  # left-padded source
+
+
 def test_fairseq_alone_warns_here():
     """The warning the patch removes is real in this environment (numpy 2 with torch's __array__)."""
     with warnings.catch_warnings():
