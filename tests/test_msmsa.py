@@ -275,6 +275,20 @@ def test_arch_defaults_and_layer_allocation():
         [Scale("fixed", 1)] * 4, [Scale("relative", 4)] * 4]
 
 
+def test_the_block_and_dense_length_options_reach_every_multiscale_attention():
+    """--msmsa-min-block (default 16) and --msmsa-dense-max-len (default DEFAULT_DENSE_MAX_LEN; 0, always banded, kept)
+    reach the encoder's attention and, with --msmsa-decoder, the decoder's."""
+    from umst_plugin.modules.msmsa.windowed_attention import DEFAULT_DENSE_MAX_LEN
+
+    def options(overrides):
+        model, _ = dev.build_model("msmsa_base", {**TINY, "msmsa_decoder": True, **overrides})
+        layers = list(model.encoder.layers) + list(model.decoder.layers)
+        return {(layer.self_attn.min_block, layer.self_attn.dense_max_len) for layer in layers}
+
+    assert options({}) == {(16, DEFAULT_DENSE_MAX_LEN)}
+    assert options({"msmsa_min_block": 4, "msmsa_dense_max_len": 0}) == {(4, 0)}
+
+
 def test_bad_options_fail_clearly():
     with pytest.raises(ValueError, match="odd"):
         dev.build_model("msmsa_base", {**TINY, "msmsa_scales": "1,2"})
