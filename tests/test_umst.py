@@ -662,6 +662,10 @@ def test_flags_change_the_model():
     assert across.layers[0].phrase_gcn.linear is across.layers[1].phrase_gcn.linear
     assert across.layers[0].word_gcn.linear is not across.layers[0].phrase_gcn.linear
     assert layer.phrase_gcn.form == "eq3" and base.args.phrase_gcn_form == "eq3"
+    assert all(lay.normalize_before for lay in base.decoder.layers)  # pre-norm decoder too (docs/umst.md)
+    assert layer.self_attn.attention_dropout_mode == "per-map"
+    fused = build("umst_base", TINY + ["--rsan-attention-dropout", "fused"])
+    assert all(lay.self_attn.attention_dropout_mode == "fused" for lay in fused.encoder.layers)
     authors = build("umst_base", TINY + ["--phrase-gcn-form", "authors", "--activation-dropout", "0.2"])
     assert all(lay.phrase_gcn.form == "authors" for lay in authors.encoder.layers)
     assert authors.encoder.layers[0].phrase_gcn.activation_dropout == 0.2
