@@ -174,7 +174,7 @@ class Flaky(parsers.ParserBackend):
             n = len(words) - 1 if "short" in words else len(words)
             heads, labels = [0] + list(range(1, n)), ["x"] * n
             if "unlabelled" in words:  # the heads line up, the labels do not
-                heads, labels = [0] + list(range(1, len(words))), labels[:-1]
+                labels = labels[:-1]
             if "loop" in words:  # the last word its own head
                 heads[-1] = n
             if "beyond" in words:  # the last word's head past the sentence's end
