@@ -354,7 +354,42 @@ def test_hours_of_a_row_from_a_speed_table(tmp_path):
     assert batch_table.row_hours(six, record, 1) is not None and batch_table.row_hours(deep, record, 1) is None
     # nor a batch per card well under the measured one (8 cards of MSC's 65,536 tokens: 8,192 each)
     line = next(l for l in batch_table.cards_markdown(results_dir=str(tmp_path)).splitlines() if "msc-6l-base" in l)
-    assert line.endswith("| not measured at 8,192 tokens per card |"), line
+    assert line.endswith("| not measured at 8,192 tokens per card | `?` |"), line  # a record without its commit
+
+
+def test_hours_come_from_the_newest_table_that_measured_the_row(tmp_path):
+    """A speed table cut short by its deadline (no TranSFormer row) does not hide an older table's row of that arch
+    on the same card: each row's hours come from the newest table that measured it, whose commit the last column
+    names; an arch both measured takes the newer table's words/s; another card's table is not used."""
+    from umst_tools import batch_table
+
+    def row(arch, words_per_s):
+        return dict(arch=arch, stock=False, precision="bf16", compiled=True, max_tokens=38400,
+                    words_per_s=words_per_s, target_tokens_per_step=30000.0)
+
+    def write(name, card, started, commit, rows):
+        (tmp_path / f"gpu-speed-{name}.json").write_text(json.dumps(
+            dict(card=card, started=started, commit=commit, max_tokens=[38400], rows=rows)))
+
+    write("h200-old", "NVIDIA H200", "2026-11-29 22:07:50 UTC", "old1234",
+          [row("umst_base", 100000.0), row("transformer_sf_base", 50000.0)])
+    write("h200-new", "NVIDIA H200", "2026-12-04 10:26:46 UTC", "new5678", [row("umst_base", 200000.0)])
+    write("a100-older", "NVIDIA A100", "2026-11-01 00:00:00 UTC", "a100aaa", [row("msmsa_base", 1.0)])
+
+    def line(config):
+        return next(l for l in batch_table.cards_markdown(results_dir=str(tmp_path)).splitlines()
+                    if f"`{config}`" in l)
+
+    def hours(config, words_per_s):
+        b = batch_table.row_batch(os.path.join(e2e.ROOT, "configs", f"{config}.yaml"))
+        return b["max_update"] * (b["tokens_per_update"] * 30000 / 38400) / words_per_s / 3600
+
+    assert line("umst-t2-umst-base").endswith(f"| {hours('umst-t2-umst-base', 200000.0):,.1f} | "
+                                              f"{hours('umst-t2-umst-base', 8 * 200000.0):,.1f} | `new5678` |")
+    sf = line("sf-t1-transformer-sf-base")
+    assert sf.endswith(f"| {hours('sf-t1-transformer-sf-base', 50000.0):,.1f} | "
+                       f"{hours('sf-t1-transformer-sf-base', 8 * 50000.0):,.1f} | `old1234` |"), sf
+    assert line("umst-t2-msmsa-base").endswith("| not measured | not measured | - |")  # only the A100 measured it
 
 
 def test_a_row_measured_at_its_recipes_shape_is_that_recipes_and_not_the_archs_defaults(tmp_path):

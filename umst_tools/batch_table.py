@@ -170,12 +170,26 @@ def markdown(config_dir=os.path.join(ROOT, "configs")):
     return "\n".join(lines)
 
 
+def measured_hours(batch, records, cards):
+    """The row's hours on ``cards`` from the newest of ``records`` (one card's speed tables, newest first) that has
+    a row of its arch and shape at its recipe batch: (hours, record), or (None, None) where none has. A table cut
+    short by its deadline (rows not reached) does not hide an older table's row of that arch."""
+    for record in records:
+        hours = row_hours(batch, record, cards)
+        if hours is not None:
+            return hours, record
+    return None, None
+
+
 def cards_markdown(config_dir=os.path.join(ROOT, "configs"), results_dir=os.path.join(ROOT, "docs", "results")):
     """Per row: the batch per card and update_freq on 1, 8 and 16 cards for the paper's tokens per update, and the
-    hours on 1 and 8 cards of the newest speed table's card (or that none has measured it)."""
+    hours on 1 and 8 cards of the newest speed table's card, from the newest of that card's tables that measured the
+    row's arch and shape (its commit in the last column), or that none has measured it."""
     records = speed_records(results_dir)
-    card, record = records[0] if records else (None, None)
-    hours_head = [f"hours on {n} x {card}" for n in (1, 8)] if card else ["hours (no speed table yet)"]
+    card = records[0][0] if records else None
+    records = [record for c, record in records if c == card]
+    hours_head = [f"hours on {n} x {card}" for n in (1, 8)] + ["speed table"] if card else \
+        ["hours (no speed table yet)"]
     head = ["row", "tokens per update", "updates"] + [f"{n} card{'s' if n > 1 else ''}: --max-tokens x update_freq"
                                                      for n in CARDS] + hours_head
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
@@ -184,18 +198,24 @@ def cards_markdown(config_dir=os.path.join(ROOT, "configs"), results_dir=os.path
         for n in CARDS:
             plan = card_plan(b["tokens_per_update"], n, CARD_TOKENS[width(b)])
             cells.append(f"{plan[0]:,} x {plan[1]}" if plan else "none exact")
-        if record is None:
+        if not records:
             cells.append("-")
-        else:
-            measured_tokens = record.get("max_tokens", [0])[0]
-            for n in (1, 8):
-                plan = card_plan(b["tokens_per_update"], n, CARD_TOKENS[width(b)])
-                h = row_hours(b, record, n)
-                if h is not None and plan and plan[0] < MEASURED_FRACTION * measured_tokens:
-                    # words/s at a smaller batch per card is lower (a GPU that waits for the host): not this table's
-                    cells.append(f"not measured at {plan[0]:,} tokens per card")
-                else:
-                    cells.append(f"{h:,.1f}" if h is not None else "not measured")
+            lines.append("| " + " | ".join(cells) + " |")
+            continue
+        source = None
+        for n in (1, 8):
+            plan = card_plan(b["tokens_per_update"], n, CARD_TOKENS[width(b)])
+            h, record = measured_hours(b, records, n)
+            if h is None:
+                cells.append("not measured")
+                continue
+            source = record
+            if plan and plan[0] < MEASURED_FRACTION * record.get("max_tokens", [0])[0]:
+                # words/s at a smaller batch per card is lower (a GPU that waits for the host): not this table's
+                cells.append(f"not measured at {plan[0]:,} tokens per card")
+            else:
+                cells.append(f"{h:,.1f}")
+        cells.append(f"`{source.get('commit', '?')}`" if source else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
