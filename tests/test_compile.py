@@ -432,6 +432,35 @@ def test_only_a_cache_dir_the_user_chose_overrides_the_save_dirs(tmp_path, monke
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] and cache.user_cache_dir(os.environ) is None
 
 
+def test_the_save_dirs_cache_is_where_inductor_looks_and_a_resumed_run_keeps_it(tmp_path, monkeypatch):
+    """``use_cache_dir(SAVE_DIR/compile_cache)``: the process's TORCHINDUCTOR_CACHE_DIR becomes that directory (and
+    is named as the plugin's, so a process it starts does not take it for the user's), whatever the variable held
+    before; a second call on the directory a first run left (a resumed or requeued run) keeps it and counts the
+    compiled graphs inductor's FX graph cache holds there. A directory the user chose wins."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    from torch._inductor.utils import clear_caches
+
+    monkeypatch.setattr(cache, "USER_CACHE_DIR", None)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "earlier"))  # another run's, inherited
+    monkeypatch.delenv("UMST_PLUGIN_INDUCTOR_CACHE_DIR", raising=False)
+    save_cache = tmp_path / "save" / cache.CACHE_DIRNAME
+    try:
+        assert cache.use_cache_dir(str(save_cache)) == (str(save_cache), 0)
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == os.environ["UMST_PLUGIN_INDUCTOR_CACHE_DIR"] == \
+            str(save_cache) == cache_dir()
+        assert cache.user_cache_dir(os.environ) is None
+        for graph in ("a/one", "a/two", "b/three"):  # what a first run's compiles left there
+            (save_cache / "fxgraph" / graph).parent.mkdir(parents=True, exist_ok=True)
+            (save_cache / "fxgraph" / graph).write_text("")
+        assert cache.use_cache_dir(str(save_cache)) == (str(save_cache), 3)
+        monkeypatch.setattr(cache, "USER_CACHE_DIR", str(tmp_path / "mine"))
+        assert cache.use_cache_dir(str(save_cache)) == (str(tmp_path / "mine"), 0)
+        assert (tmp_path / "mine").is_dir()
+    finally:
+        monkeypatch.undo()
+        clear_caches()  # (inductor's in-memory caches of the paths above)
+
+
 def test_trainer_compiles_its_model_and_inference_clis_compile_what_they_load():
     """fairseq's Trainer with --compile compiles the layers of its model (on its device) and its criterion's loss;
     inside a CLI main with --compile, every model a task builds is compiled, and every criterion's loss (what
