@@ -43,7 +43,7 @@ import e2e
 import umst_plugin  # noqa: F401  (installs the patches)
 from umst_dev import compiled_layers, dev
 from umst_plugin import compilation
-from umst_plugin.compilation import cache, dispatch, fallback, probe
+from umst_plugin.compilation import cache, dispatch, fallback, probe, retry
 from umst_plugin.compilation import loss as compiled_loss
 from umst_plugin.compilation.state import STATE
 
@@ -459,6 +459,80 @@ def test_the_save_dirs_cache_is_where_inductor_looks_and_a_resumed_run_keeps_it(
     finally:
         monkeypatch.undo()
         clear_caches()  # (inductor's in-memory caches of the paths above)
+
+
+def _raised_in(filename, error):
+    """``error`` raised by code whose frame is in ``filename`` (as torch's compiler or inductor's generated code
+    raises it), caught."""
+    try:
+        exec(compile("raise error", filename, "exec"), {"error": error})
+    except BaseException as e:
+        return e
+
+
+def test_errors_of_compiled_code_are_told_from_errors_of_eager_code():
+    """``retry.from_compiled_code``: an error is the compiler's or compiled code's where its class is dynamo's,
+    inductor's or functorch's, or where a frame it passed through is in torch's ``_functorch``, ``_inductor`` or
+    ``_dynamo`` or in inductor's generated code (``torchinductor``), each alone, or where its cause or its context
+    (an error raised while handling it) is; an error of eager code, or a cycle of such errors, is not."""
+    from torch._dynamo.exc import Unsupported
+
+    assert retry.from_compiled_code(Unsupported("a class of torch's compiler, no frames"))
+    assert not retry.from_compiled_code(ValueError("eager"))
+    assert not retry.from_compiled_code(_raised_in("/home/me/my_layer.py", ValueError("eager code")))
+    for where in ("/venv/lib/torch/_functorch/_aot_autograd/runtime_wrappers.py",
+                  "/venv/lib/torch/_inductor/output_code.py", "/tmp/torchinductor_me/ab/cabcdef.py",
+                  "/venv/lib/torch/_dynamo/eval_frame.py"):
+        assert retry.from_compiled_code(_raised_in(where, AssertionError("expected size 5==5, stride 4==5"))), where
+    compiled = _raised_in("/tmp/torchinductor_me/ab/cabcdef.py", AssertionError("compiled"))
+    caused = ValueError("eager, raised from it")
+    caused.__cause__ = compiled
+    assert retry.from_compiled_code(caused)
+    try:
+        try:
+            raise compiled
+        except AssertionError:
+            raise ValueError("eager, raised while handling it")
+    except ValueError as e:
+        assert e.__cause__ is None and e.__context__ is compiled and retry.from_compiled_code(e)
+    first, second = ValueError("one"), ValueError("two")
+    first.__context__, second.__context__ = second, first  # a cycle: the walk ends
+    assert not retry.from_compiled_code(first)
+
+
+def test_only_a_compiled_backward_s_own_failure_is_taken_for_one(monkeypatch):
+    """``retry.backward_failure`` leaves an error alone (None, no variant turned eager, the mark kept) where no
+    compiled backward was marked as running, where it is already a CompileFailure, where it is out of memory (even
+    raised in compiled code: fairseq handles it), or where eager code raised it."""
+    from umst_dev import compiled_layers
+
+    monkeypatch.setattr(STATE, "eager_variants", {})
+    compiled_error = _raised_in("/tmp/torchinductor_me/ab/cabcdef.py", AssertionError("expected size"))
+    monkeypatch.setattr(STATE, "in_backward", None)
+    assert retry.backward_failure(compiled_error) is None
+    marked = (torch.nn.Linear(2, 2), None, (), {}, None)
+    monkeypatch.setattr(STATE, "in_backward", marked)
+    for error in (retry.CompileFailure("already named"),
+                  _raised_in("/tmp/torchinductor_me/ab/cabcdef.py", torch.OutOfMemoryError("CUDA out of memory")),
+                  _raised_in("/home/me/my_layer.py", AssertionError("eager code"))):
+        assert retry.backward_failure(error) is None, error
+        assert STATE.in_backward is marked and not compiled_layers.eager_variants()
+
+
+def test_a_compiled_call_marks_its_backward_only_on_an_output_with_a_gradient(monkeypatch):
+    """``retry.mark_backward`` hooks the (first) output of a compiled call that requires a gradient, and autograd
+    runs the hook when the backward reaches it (``STATE.in_backward`` names the layer); an output without a
+    gradient, or no tensor first, gets no hook and raises nothing."""
+    layer = torch.nn.Linear(2, 2)
+    monkeypatch.setattr(STATE, "in_backward", None)
+    for out in ((torch.ones(2),), torch.ones(2), (None, torch.ones(2, requires_grad=True)), ["not a tensor"], ()):
+        retry.mark_backward(layer, None, (), {}, out)
+    x = torch.ones(1, 2, requires_grad=True)
+    out = layer(x)
+    retry.mark_backward(layer, "eager", (x,), {}, (out, None))
+    assert STATE.in_backward is None
+    out.sum().backward()
+    assert STATE.in_backward[:3] == (layer, "eager", (x,)) and STATE.in_backward[4][0] is torch.nn.Linear
 
 
 def test_trainer_compiles_its_model_and_inference_clis_compile_what_they_load():
