@@ -13,6 +13,8 @@
 fairseq's Trainer compiling the loss with the layers: tests/test_compile.py (the Trainer test); a whole
 fairseq-train ``--compile`` run, its losses against the eager run's: tests/test_compile_stream.py.
 """
+import copy
+
 import pytest
 import torch
 from fairseq.criterions.cross_entropy import CrossEntropyCriterion
@@ -165,6 +167,51 @@ def test_a_model_whose_log_probs_add_a_term_keeps_the_eager_loss():
     assert compiled_loss.plain_log_probs(msc.eval())
     adaptive, _ = dev.build_model("transformer", dict(TINY, adaptive_softmax_cutoff="20"))
     assert not compiled_loss.plain_log_probs(adaptive)
+
+
+def test_a_model_or_decoder_that_replaces_fairseqs_log_probs_keeps_the_eager_loss(transformer):
+    """A model class that overrides ``get_normalized_probs`` or its scriptable half (without saying, through
+    ``plain_normalized_probs``, that its log-probabilities are still plain), or whose decoder is not a fairseq
+    decoder, or one whose decoder overrides either, keeps the eager loss: the compiled loss would leave out what
+    they add."""
+    model, _ = transformer
+    assert compiled_loss.plain_log_probs(model)
+
+    def with_class(module, **methods):
+        changed = copy.deepcopy(module)
+        changed.__class__ = type("Changed" + type(module).__name__, (type(module),), methods)
+        return changed
+
+    def scaled(self, net_output, log_probs, sample=None):
+        return super(type(self), self).get_normalized_probs(net_output, log_probs, sample) * 2
+
+    def scaled_scriptable(self, net_output, log_probs, sample=None):
+        return super(type(self), self).get_normalized_probs_scriptable(net_output, log_probs, sample) * 2
+
+    assert not compiled_loss.plain_log_probs(with_class(model, get_normalized_probs=scaled))
+    assert not compiled_loss.plain_log_probs(with_class(model, get_normalized_probs_scriptable=scaled_scriptable))
+    for methods in (dict(get_normalized_probs=scaled), dict(get_normalized_probs_scriptable=scaled_scriptable)):
+        changed = copy.deepcopy(model)
+        changed.decoder = with_class(model.decoder, **methods)
+        assert not compiled_loss.plain_log_probs(changed), methods
+    changed = copy.deepcopy(model)
+    changed.decoder = torch.nn.Linear(2, 2)  # not a FairseqDecoder
+    assert not compiled_loss.plain_log_probs(changed)
+
+
+def test_an_unreduced_loss_is_fairseqs_own(transformer):
+    """``compute_loss(..., reduce=False)`` (per-token losses, as fairseq's sequence-level criteria ask) runs
+    fairseq's eager code: the compiled loss only sums."""
+    model, task = transformer
+    criterion = _criterion(task, 0.1)
+    assert compiled_loss.compile_criterion(criterion)
+    sample = _sample(task, 3, 7, seed=5)
+    logits = _logits(sample, len(task.target_dictionary), torch.float32, seed=5)
+    loss, nll = criterion.compute_loss(model, (logits, {}), sample, reduce=False)
+    want_loss, want_nll = LabelSmoothedCrossEntropyCriterion.compute_loss(criterion, model, (logits, {}), sample,
+                                                                          reduce=False)
+    assert loss.shape == want_loss.shape == (sample["target"].numel(), 1)  # one loss per target token
+    assert torch.equal(loss, want_loss) and torch.equal(nll, want_nll)
 
 
 def test_the_compiled_loss_state_is_per_process_not_per_criterion(transformer):
