@@ -43,7 +43,7 @@ import e2e
 import umst_plugin  # noqa: F401  (installs the patches)
 from umst_dev import compiled_layers, dev
 from umst_plugin import compilation
-from umst_plugin.compilation import cache, dispatch, fallback, probe, retry
+from umst_plugin.compilation import cache, dispatch, fallback, probe, retry, telemetry
 from umst_plugin.compilation import loss as compiled_loss
 from umst_plugin.compilation.state import STATE
 
@@ -533,6 +533,15 @@ def test_a_compiled_call_marks_its_backward_only_on_an_output_with_a_gradient(mo
     assert STATE.in_backward is None
     out.sum().backward()
     assert STATE.in_backward[:3] == (layer, "eager", (x,)) and STATE.in_backward[4][0] is torch.nn.Linear
+
+
+def test_the_per_update_compile_line_says_how_warm_the_cache_was():
+    """fairseq-train --compile's per-update line names the cache by what that update's compiles found: warm where
+    all were hits, cold where none was (a first run), partly warm otherwise (a resumed run meeting a new shape)."""
+    assert telemetry.cache_word(4, 0) == "cache warm"
+    assert telemetry.cache_word(0, 3) == "cache cold"
+    assert telemetry.cache_word(2, 1) == "cache partly warm"
+    assert telemetry.cache_word(0, 0) == "cache cold"  # (a line only comes where something compiled)
 
 
 def test_trainer_compiles_its_model_and_inference_clis_compile_what_they_load():
