@@ -18,6 +18,11 @@ def layout(tokens):
     return positions, starts
 
 
+def float_sum(tokens):
+    """A floating prefix sum: it keeps its dtype (inductor's int64 rule is for integer and boolean inputs)."""
+    return torch.cumsum(tokens * 0.5 + 0.25, dim=1)
+
+
 def compiled_code(fn, *args):
     from torch._inductor.utils import run_and_get_code
 
@@ -64,6 +69,10 @@ def test_a_prefix_sum_compiled_for_a_gpu_is_atens_scan_with_atens_values(monkeyp
         assert not asked and code.count("aten.cumsum.default(") == 2, code
         for got, want in zip(out, layout(batch)):
             assert got.dtype == want.dtype and torch.equal(got, want)
+        out, code = compiled_code(float_sum, batch.float())
+        want = float_sum(batch.float())
+        assert code.count("aten.cumsum.default(") == 1 and out.dtype == want.dtype == torch.float32, code
+        torch.testing.assert_close(out, want, rtol=0, atol=0)  # ATen's own scan on both sides
 
 
 def test_a_torch_whose_lowering_differs_is_refused_with_a_clear_error(monkeypatch):
@@ -77,3 +86,25 @@ def test_a_torch_whose_lowering_differs_is_refused_with_a_clear_error(monkeypatc
     monkeypatch.setitem(lowering.lowerings, torch.ops.aten.cumsum.default, other_lowering)
     with pytest.raises(PatchError, match=r"inductor's cumsum lowering is \(x, dim, dtype=None, reverse=False\)"):
         inductor_scan.install(load=True)
+
+
+def test_importing_the_plugin_leaves_inductor_unloaded_and_a_loaded_one_patched(monkeypatch):
+    """``import umst_plugin`` installs the patch only where inductor is loaded already (loading it costs seconds
+    a run without --compile would pay for nothing): a fresh process that imports the plugin has not loaded
+    inductor's lowerings; in a process that has, a plain ``install()`` patches them."""
+    import subprocess
+    import sys
+
+    from torch._inductor import lowering
+
+    probe = "import sys, umst_plugin; print('torch._inductor.lowering' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False", out
+    op = torch.ops.aten.cumsum.default
+    patched = lowering.lowerings[op] if getattr(lowering.lowerings[op], "_umst_patch", None) else None
+    if patched is None:
+        inductor_scan.install(load=True)
+        patched = lowering.lowerings[op]
+    monkeypatch.setitem(lowering.lowerings, op, patched.__wrapped__)  # inductor's own, as before the patch
+    inductor_scan.install()
+    assert getattr(lowering.lowerings[op], "_umst_patch", None) == "inductor_scan"

@@ -95,3 +95,40 @@ def test_every_layer_gets_a_mask_tensor_also_without_padding(model):
     assert len(seen) == 2 * len(net.decoder.layers)
     assert all(isinstance(mask, torch.Tensor) and mask.dtype == torch.bool for mask in seen)
     assert not seen[0].any() and seen[-1].any()  # the batch without padding, then the padded one
+
+
+def _same(got, want, what):
+    (x, extra), (x_want, extra_want) = got, want
+    assert torch.equal(x, x_want), what
+    assert all(torch.equal(a, b) for a, b in zip(extra["inner_states"], extra_want["inner_states"])), what
+    attn, attn_want = extra["attn"][0], extra_want["attn"][0]
+    assert (attn is None and attn_want is None) or torch.equal(attn, attn_want), what
+
+
+def test_alignment_options_and_missing_encoder_outputs_are_fairseqs(model):
+    """The rest of fairseq's decoder contract, as fairseq's own: the attention of the layer ``alignment_layer``
+    names (not the last layer's), cut to ``alignment_heads``; an encoder output without a padding mask (an empty
+    list); a decoder without cross-attention (a language model's) given no encoder output, or an empty one."""
+    from fairseq.models.transformer.transformer_decoder import TransformerDecoderBase
+
+    net, pad = model
+    for train in (False, True):
+        net.train(train)
+        encoder_out, (_, prev) = inputs(net, pad)
+        for alignment in (dict(alignment_layer=0), dict(alignment_heads=1), dict(alignment_layer=0, alignment_heads=1)):
+            torch.manual_seed(5)
+            want = FAIRSEQ(net.decoder, prev, encoder_out, **alignment)
+            torch.manual_seed(5)
+            _same(PATCHED(net.decoder, prev, encoder_out, **alignment), want, (train, alignment))
+        unmasked = dict(encoder_out, encoder_padding_mask=[])
+        torch.manual_seed(5)
+        want = FAIRSEQ(net.decoder, prev, unmasked)
+        torch.manual_seed(5)
+        _same(PATCHED(net.decoder, prev, unmasked), want, (train, "no padding mask"))
+    torch.manual_seed(0)
+    language_model = TransformerDecoderBase(net.decoder.cfg, net.decoder.dictionary, net.decoder.embed_tokens,
+                                            no_encoder_attn=True).eval()
+    _same(PATCHED(language_model, prev, None), FAIRSEQ(language_model, prev, None), "no encoder")
+    empty = {"encoder_out": [], "encoder_padding_mask": []}
+    _same(PATCHED(language_model, prev, empty), FAIRSEQ(language_model, prev, empty), "empty encoder output")
+    net.train()

@@ -77,3 +77,34 @@ def test_every_layer_gets_a_mask_tensor_also_without_padding(encoder):
     assert len(seen) == 2 * len(module.layers)
     assert all(isinstance(mask, torch.Tensor) and mask.dtype == torch.bool for mask in seen)
     assert not seen[0].any() and seen[-1].any()  # the batch without padding, then the padded one
+
+
+def _same(got, want, what):
+    for key in ("encoder_out", "encoder_padding_mask", "encoder_embedding", "encoder_states", "fc_results",
+                "src_lengths"):
+        assert len(got[key]) == len(want[key]), (key, what)
+        for a, b in zip(got[key], want[key]):
+            assert (a is None and b is None) or torch.equal(a, b), (key, what)
+
+
+def test_outputs_equal_fairseqs_by_default_for_layers_that_return_their_fc_output_and_for_two_tokens(encoder):
+    """The rest of fairseq's encoder contract, as fairseq's own: without ``return_all_hiddens`` (its default) no
+    hidden states are kept; layers built with ``return_fc`` (a layer returning ``(x, fc_result)``) give their FFN
+    outputs in ``fc_results``; and a source of two tokens, whose states are a tensor of length 2, is not taken for
+    such a pair."""
+    import copy
+
+    module, pad = encoder
+    module.eval()
+    returning_fc = copy.deepcopy(module)
+    for layer in returning_fc.layers:
+        layer.return_fc = True
+    for enc, src in ((module, batches(pad)[1]), (module, batches(pad)[1][:, -2:]),
+                     (returning_fc, batches(pad)[1])):
+        for kwargs in ({}, {"return_all_hiddens": True}):
+            got, want = PATCHED(enc, src, **kwargs), FAIRSEQ(enc, src, **kwargs)
+            _same(got, want, (tuple(src.shape), kwargs, enc is returning_fc))
+            assert len(got["encoder_states"]) == (len(enc.layers) + 1 if kwargs else 0)
+            if enc is returning_fc and kwargs:
+                assert all(fc is not None and fc.shape[-1] == 16 for fc in got["fc_results"])
+    module.train()

@@ -78,3 +78,19 @@ def test_iterators_built_anew_every_epoch_and_epoch_1_are_fairseqs(toy_databin):
         patched = _iterator(task, epoch, **kwargs).frozen_batches
         fairseqs = _iterator(task, epoch, original, **{**kwargs, "disable_iterator_cache": True}).frozen_batches
         assert [b.tolist() for b in patched] == [b.tolist() for b in fairseqs], (epoch, kwargs)
+
+
+def test_the_uninterrupted_run_s_later_epochs_reuse_its_iterator(toy_databin, uninterrupted):
+    """fairseq's training loop asks for the training iterator again after every epoch
+    (``trainer.get_train_iterator(epoch_itr.next_epoch_idx)``); where fairseq caches it (built in epoch 1 and
+    reused), the patch hands back that same iterator untouched, as fairseq does, and the next epochs' batches are
+    the uninterrupted run's: not the iterator moved to the epoch asked for, which, its epoch already over, would
+    start the one after it."""
+    task = _task(toy_databin)
+    iterator = _iterator(task, 1)
+    epochs = [_epoch(iterator)]
+    for _ in range(2):
+        again = _iterator(task, iterator.next_epoch_idx)
+        assert again is iterator
+        epochs.append(_epoch(again))
+    assert epochs == uninterrupted

@@ -73,6 +73,9 @@ def test_compile_installs_the_patch_once():
     saved_activation_strides.install(load=True)  # idempotent: not replaced twice
     assert graph_compile._aot_stage2b_bw_compile is backward_compile
     assert saved_activation_strides.LINE in inspect.getsource(backward_compile.__wrapped__)  # torch's own
+    # a traceback through the patched function names torch's file at torch's lines
+    assert (backward_compile.__code__.co_filename, backward_compile.__code__.co_firstlineno) == \
+        (backward_compile.__wrapped__.__code__.co_filename, backward_compile.__wrapped__.__code__.co_firstlineno)
 
 
 def test_torch_own_code_freezes_a_saved_stride_at_the_first_batch_and_fails_the_next():
@@ -126,6 +129,50 @@ def test_a_torch_whose_backward_compile_differs_is_refused_with_a_clear_error(mo
     monkeypatch.setattr(graph_compile, "_aot_stage2b_bw_compile", _aot_stage2b_bw_compile)
     with pytest.raises(PatchError, match=r"_aot_stage2b_bw_compile is not the function the patch was written for"):
         saved_activation_strides.install(load=True)
+
+
+def test_a_torch_that_compares_strides_symbolically_is_left_as_it_is(monkeypatch):
+    """A torch whose backward compile no longer has the line the patch replaces (the bug fixed upstream) gets no
+    patch and no error: ``install`` leaves its function and torch's stride function as they are."""
+    from torch._functorch._aot_autograd import graph_compile
+    from torch._inductor import output_code, utils
+
+    def _aot_stage2b_bw_compile(bw_module):
+        return bw_module  # (no frozen comparison in it)
+
+    def set_tracing_context_output_strides(example_inputs, compiled_graph):
+        return None
+
+    monkeypatch.setattr(graph_compile, "_aot_stage2b_bw_compile", _aot_stage2b_bw_compile)
+    monkeypatch.setattr(utils, "set_tracing_context_output_strides", set_tracing_context_output_strides)
+    monkeypatch.setattr(output_code, "set_tracing_context_output_strides", set_tracing_context_output_strides)
+    assert not saved_activation_strides.applies()
+    saved_activation_strides.install(load=True)
+    assert graph_compile._aot_stage2b_bw_compile is _aot_stage2b_bw_compile
+    assert utils.set_tracing_context_output_strides is output_code.set_tracing_context_output_strides is \
+        set_tracing_context_output_strides
+
+
+def test_importing_the_plugin_leaves_inductor_unloaded_and_a_loaded_one_patched(monkeypatch):
+    """``import umst_plugin`` installs the patch only where inductor is loaded already (a run without --compile
+    does not pay seconds to load it): a fresh process that imports the plugin has not loaded inductor's
+    ``output_code``; in a process that has, a plain ``install()`` patches torch's functions."""
+    import subprocess
+    import sys
+
+    from torch._functorch._aot_autograd import graph_compile
+    from torch._inductor import output_code, utils
+
+    probe = "import sys, umst_plugin; print('torch._inductor.output_code' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False", out
+    saved_activation_strides.install(load=True)
+    for owner, name in ((graph_compile, "_aot_stage2b_bw_compile"), (utils, "set_tracing_context_output_strides"),
+                        (output_code, "set_tracing_context_output_strides")):
+        monkeypatch.setattr(owner, name, getattr(owner, name).__wrapped__)  # torch's own, as before the patch
+    saved_activation_strides.install()
+    assert getattr(graph_compile._aot_stage2b_bw_compile, "_umst_patch", None) == "saved_activation_strides"
+    assert output_code.set_tracing_context_output_strides is saved_activation_strides.set_tracing_context_output_strides
 
 
 def test_prime_s_convolution_with_its_old_backward_windows_runs_compiled_at_every_size(monkeypatch):
