@@ -48,3 +48,29 @@ def test_min_loss_scale_stops_training():
             assert not torch.isfinite(optimizer.clip_grad_norm(0.0))
             optimizer.step()
             assert optimizer.scaler.get_scale() == 64.0
+
+
+def test_the_amp_optimizer_takes_its_dtype_device_and_weight_cache_from_the_flags(monkeypatch, caplog):
+    """What the patched AMPOptimizer reads from the command line: ``--amp-dtype`` (fp16 without it, fairseq's
+    --amp), a fixed loss scale of 1 for bf16 (said in its log line), ``--no-amp-weight-cache``; and its grad
+    scaler's device: the CPU under ``--cpu`` or where no CUDA device is visible, else CUDA."""
+    import logging
+    from types import SimpleNamespace
+
+    from umst_plugin.patches import amp_optimizer
+
+    with caplog.at_level(logging.INFO, logger="umst_plugin"):
+        fp16 = bench_launches.build_trainer("transformer", bench_launches.PRENORM, "fp16", plugin=False,
+                                            quick=True)[0].optimizer  # --amp without --amp-dtype
+        bf16 = bench_launches.build_trainer("transformer", dict(bench_launches.PRENORM, no_amp_weight_cache=True),
+                                            "bf16", plugin=True, quick=True)[0].optimizer
+    assert (fp16.amp_dtype, fp16.amp_weight_cache) == ("float16", True)
+    assert (bf16.amp_dtype, bf16.amp_weight_cache) == ("bfloat16", False)
+    assert "mixed precision: bfloat16 autocast on cpu, loss scale fixed at 1 (non-finite steps skipped)" in caplog.text
+    assert "mixed precision: float16 autocast on cpu, grad scaler from" in caplog.text
+
+    def device(cpu, cuda):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+        return amp_optimizer.amp_device_type(SimpleNamespace(common=SimpleNamespace(cpu=cpu)))
+    assert [device(cpu, cuda) for cpu, cuda in ((True, True), (False, True), (True, False), (False, False))] == \
+        ["cpu", "cuda", "cpu", "cpu"]

@@ -336,6 +336,25 @@ def test_the_decoder_layers_of_a_stack_share_one_compiled_program(monkeypatch):
     assert graphs_compiled() == 4
 
 
+def test_the_incremental_state_lookup_finds_what_was_stored_as_fairseqs_does():
+    """The patched lookup (``None`` tested first) is fairseq's otherwise: a module's stored state is found under its
+    own key, a module that stored nothing gets None, as does a call without an incremental state."""
+    from fairseq.incremental_decoding_utils import FairseqIncrementalState, with_incremental_state
+
+    @with_incremental_state
+    class Stateful(torch.nn.Module):
+        pass
+
+    first, second = Stateful(), Stateful()
+    state, saved = {}, {"prev_key": torch.ones(1)}
+    first.set_incremental_state(state, "attn_state", saved)
+    for lookup in (FairseqIncrementalState.get_incremental_state,
+                   FairseqIncrementalState.get_incremental_state.__wrapped__):  # the patch's and fairseq's
+        assert lookup(first, state, "attn_state") is saved
+        assert lookup(second, state, "attn_state") is None and lookup(first, state, "other") is None
+        assert lookup(first, None, "attn_state") is None
+
+
 @pytest.mark.slow
 def test_incremental_decoding_runs_eager_and_matches():
     """A compiled decoder layer called with an incremental state runs its eager forward (nothing compiled for it),
@@ -798,8 +817,39 @@ def test_the_partition_patch_is_for_torch_before_2_13_only():
 
     assert partition_symbols.applies("2.11.0+cu130") and partition_symbols.applies("2.12.1")
     assert not partition_symbols.applies("2.13.0+cpu") and not partition_symbols.applies("2.14.0")
+    assert not partition_symbols.applies("2.13.0") and not partition_symbols.applies("2.13")
     patched = patches.installed(partitioners._extract_fwd_bwd_modules, partition_symbols.__name__)
     assert patched == partition_symbols.applies(), torch.__version__
+
+
+def test_the_partition_patch_refuses_a_torch_whose_split_takes_other_arguments(monkeypatch):
+    """Where it applies (torch < 2.13), the patch calls torch's split with the first three arguments by position
+    and ``num_fwd_outputs`` by name: a split that takes other ones is refused with a clear error naming them; one
+    that takes these is wrapped."""
+    from torch._functorch import partitioners
+
+    from umst_plugin import patches
+    from umst_plugin.patches import PatchError, partition_symbols
+
+    monkeypatch.setattr(partition_symbols, "applies", lambda version=None: True)
+
+    def renamed(joint_module, saved_values, saved_symbols, *, num_fwd_outputs):
+        raise AssertionError("never called")
+
+    def without_outputs(joint_module, saved_values, saved_sym_nodes):
+        raise AssertionError("never called")
+
+    for split in (renamed, without_outputs):
+        monkeypatch.setattr(partitioners, "_extract_fwd_bwd_modules", split)
+        with pytest.raises(PatchError, match=r"partition_symbols: .*_extract_fwd_bwd_modules.* takes \['joint_module'"):
+            partition_symbols.install()
+
+    def as_torch_2_11(joint_module, saved_values, saved_sym_nodes, *, num_fwd_outputs, static_lifetime_input_nodes=None):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(partitioners, "_extract_fwd_bwd_modules", as_torch_2_11)
+    partition_symbols.install()
+    assert patches.installed(partitioners._extract_fwd_bwd_modules, partition_symbols.__name__)
 
 
 @pytest.mark.slow

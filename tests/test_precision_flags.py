@@ -127,6 +127,63 @@ def test_the_inference_dtype_is_the_callers_then_the_command_lines_then_the_chec
     assert mixed_precision.inference_amp_dtype(task) == "float16"  # from_pretrained(..., amp_dtype=...)
 
 
+def test_a_loaded_checkpoint_tells_its_task_its_dtype_and_loads_strictly_by_default(tmp_path):
+    """``checkpoint_utils.load_model_ensemble_and_task`` as patched (patches/checkpoint_precision.py): the task
+    it hands back knows the dtype the checkpoint was trained in (bfloat16 here, None without ``--amp-dtype``),
+    and a state dict with a key the model does not have is refused, as fairseq's own loader does by default."""
+    from fairseq import checkpoint_utils, tasks
+
+    from umst_dev import dev
+
+    tiny = dict(encoder_layers=1, decoder_layers=1, encoder_embed_dim=8, decoder_embed_dim=8,
+                encoder_ffn_embed_dim=16, decoder_ffn_embed_dim=16, encoder_attention_heads=2,
+                decoder_attention_heads=2)
+    path = str(tmp_path / "checkpoint.pt")
+    open(path, "w").close()  # (the loader asks that the file exists; the state is handed to it)
+    d = dev.make_dictionary()
+    for amp, want in ((dict(amp=True, amp_dtype="bfloat16"), "bfloat16"), ({}, None)):
+        cfg = dev.config_of(dev.parse_args("transformer", dict(tiny, **amp)))
+        task = tasks.TASK_REGISTRY["multiscale_translation"](cfg.task, d, d)
+        model = task.build_model(cfg.model)
+        _, _, loaded = checkpoint_utils.load_model_ensemble_and_task([path], task=task,
+                                                                     state={"cfg": cfg, "model": model.state_dict()})
+        assert loaded is task and task.checkpoint_amp_dtype == want
+    stray = dict(model.state_dict(), **{"stray.weight": torch.ones(1)})
+    with pytest.raises(RuntimeError, match="Unexpected key.*stray.weight"):
+        checkpoint_utils.load_model_ensemble_and_task([path], task=task, state={"cfg": cfg, "model": stray})
+
+
+def test_a_train_step_called_without_ignore_grad_trains_as_fairseqs_does():
+    """The patched ``FairseqTask.train_step`` keeps fairseq's default ``ignore_grad=False``: a caller that leaves it
+    out (fairseq's Trainer passes it; other callers need not) gets the gradients of the loss, not of zero."""
+    from fairseq.criterions.cross_entropy import CrossEntropyCriterion
+    from fairseq.tasks.fairseq_task import FairseqTask
+
+    from umst_dev import dev
+
+    model, task = dev.build_model("transformer", dict(encoder_layers=1, decoder_layers=1, encoder_embed_dim=8,
+                                                      decoder_embed_dim=8, encoder_ffn_embed_dim=16,
+                                                      decoder_ffn_embed_dim=16, encoder_attention_heads=2,
+                                                      decoder_attention_heads=2, dropout=0), task="translation")
+    criterion = CrossEntropyCriterion(task, sentence_avg=False)
+    sample = dev.random_sample(task, 3, 5, 4, seed=0)
+    sample["net_input"] = {k: sample["net_input"][k] for k in ("src_tokens", "src_lengths", "prev_output_tokens")}
+
+    class Backward:  # what train_step asks of fairseq's optimizer
+        def backward(self, loss):
+            loss.backward()
+
+    def gradients(**kwargs):
+        model.zero_grad()
+        FairseqTask.train_step(task, sample, model, criterion, Backward(), 0, **kwargs)
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    default, explicit = gradients(), gradients(ignore_grad=False)
+    assert default and any(g.abs().sum() > 0 for g in default)
+    assert all(torch.equal(a, b) for a, b in zip(default, explicit))
+    assert all(g.abs().sum() == 0 for g in gradients(ignore_grad=True))
+
+
 # ---- bf16 matmuls in a transformer under --task translation (in-process) --------------------------------
 
 def test_translation_task_trains_validates_and_decodes_with_bf16_matmuls(toy_databin, clean_process_record):
