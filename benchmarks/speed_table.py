@@ -164,14 +164,17 @@ def plan(data, max_tokens_list, updates, log_interval, archs, compile_archs, tin
             plugin += cudagraph_plan(row, archs, cudagraph_buckets)
             continue
         stock += [row("transformer", "fp16", is_stock=True), row("transformer", "fp16-amp", is_stock=True)]
+        bases = {shape_of[n] for n in archs if n in shape_of}
         for name in archs:
+            if name in bases:  # named in --archs beside an arch it is the shape of: its baseline rows below, once
+                continue
             plugin.append(dict(row(name, "bf16"), shape_baseline=shape_of.get(name)))
             if name in compile_archs:
                 plugin.append(dict(row(name, "bf16", compiled=True), shape_baseline=shape_of.get(name)))
             if name == "transformer":
                 plugin.append(row(name, "tf32"))
         if max_tokens == max_tokens_list[0]:  # a transformer of an arch's own shape: is its cost per FLOP the shape's?
-            for base in dict.fromkeys(shape_of[n] for n in archs if n in shape_of):
+            for base in dict.fromkeys(shape_of[n] for n in archs if n in shape_of):  # = bases, in the archs' order
                 plugin.append(dict(row(base, "bf16"), baseline_row=True))
                 if any(shape_of.get(n) == base for n in archs if n in compile_archs):
                     plugin.append(dict(row(base, "bf16", compiled=True), baseline_row=True))
@@ -902,6 +905,8 @@ def warm_up(rows, work, env, timeout, card_gib=None, order=None):
         key = f"{row['name']} {row['max_tokens']}"
         out = os.path.join(work, f"warm-up-{slug(key)}.json")
         spec = os.path.join(work, f"warm-up-{slug(key)}-row.json")
+        if os.path.exists(out):  # an earlier call's result: a warm-up stopped at the cap must not report it
+            os.remove(out)
         with open(spec, "w") as f:
             json.dump(row, f)
         log = open(os.path.join(work, f"warm-up-{slug(key)}-log.txt"), "w")
@@ -1110,6 +1115,18 @@ def warm_ups_kept(warm_ups, cache_dir):
     return {key: w for key, w in warm_ups.items() if w.get("losses_dropout_shifted") and not w.get("error")}
 
 
+def merge_warm_ups(earlier, fresh):
+    """The record's warm-ups after a call: every warm-up an earlier call finished stays (on another machine, whose
+    inductor cache is gone, its cold compile seconds and its losses with other dropout masks still stand: the same
+    commit, card and plan), and this call's replace them only where they finished too; a warm-up of this call that
+    did not finish (stopped at its cap, failed) is kept only where no earlier one finished."""
+    merged = {k: w for k, w in earlier.items() if w.get("losses_dropout_shifted") and not w.get("error")}
+    for key, w in fresh.items():
+        if key not in merged or (w.get("losses_dropout_shifted") and not w.get("error")):
+            merged[key] = w
+    return merged
+
+
 def rows_done(earlier, plan_rows):
     """Rows of the same plan that an earlier run of the same command finished (no error), from its record
     (:func:`read_record`; empty where there was none)."""
@@ -1249,12 +1266,10 @@ def main(argv=None):
     write_record(record_path, finish(record))
     compiled = [r for r in plugin if r["compiled"] and r["max_tokens"] == max_tokens[0]]
     kept = warm_ups_kept(earlier.get("warm_up", {}), env["TORCHINDUCTOR_CACHE_DIR"])
-    measured = {f"{r['name']} {r['max_tokens']}" for r in record["rows"] if r["compiled"]}
-    record["warm_up"] = {k: w for k, w in earlier.get("warm_up", {}).items() if k in kept or k in measured}
     compiled = [r for r in compiled if f"{r['name']} {r['max_tokens']}" not in kept]
     warm_timeout = min(args.warm_up_timeout, (deadline - time.time()) * 0.4) if deadline else args.warm_up_timeout
-    record["warm_up"] = dict(kept, **warm_up(compiled, work, env, warm_timeout, info.get("memory_gib"),
-                                             compile_seconds_known(args.out, RESULTS)))
+    fresh = warm_up(compiled, work, env, warm_timeout, info.get("memory_gib"), compile_seconds_known(args.out, RESULTS))
+    record["warm_up"] = merge_warm_ups(earlier.get("warm_up", {}), fresh)
     record["warm_up_s"] = round(time.time() - start, 1)
     write_record(record_path, finish(record))
     measured_from = args.log_interval

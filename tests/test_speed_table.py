@@ -130,6 +130,51 @@ def test_a_call_cut_short_resumes_without_compiling_again(tiny_run):
     assert again["warm_up"]["transformer 1024"] == record["warm_up"]["transformer 1024"]
 
 
+def test_a_call_on_another_machine_keeps_the_first_calls_warm_ups(tiny_run):
+    """A second call on a fresh machine (the lent GPU's inductor cache gone) whose own warm-up stops at its cap:
+    the first call's finished warm-ups stay in the record, so the rows measured in either call keep their loss
+    check and cold compile seconds (the H200 record of c706df0 lost them: every compiled row "not compared")."""
+    cmd, env, path, record, _ = tiny_run
+    key = ("transformer", "bf16", True, 1024)
+    cut = json.loads(path.read_text())
+    cut["rows"] = [r for r in cut["rows"] if speed_table.row_key(r) != key]
+    path.write_text(json.dumps(cut))
+    shutil.rmtree(os.path.join(cmd[cmd.index("--work") + 1], "inductor-cache"))
+    proc = subprocess.run(cmd + ["--warm-up-timeout", "3"], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "compile warm-up transformer 1024: stopped at the warm-up cap" in proc.stdout, proc.stdout[:3000]
+    again = json.loads(path.read_text())
+    assert again["warm_up"]["transformer 1024"] == record["warm_up"]["transformer 1024"]
+    rows = {speed_table.row_key(r): r for r in again["rows"]}
+    assert rows[key]["words_per_s"] > 0 and rows[key]["loss_check"]["ok"] is True, rows[key]["loss_check"]
+    assert rows[key]["compile_s"] == record["warm_up"]["transformer 1024"]["seconds"]
+    assert again["targets"]["compiled_losses_equal_eager"]["met"] is True
+
+
+def test_merged_warm_ups_keep_what_finished():
+    done = dict(seconds=40.0, losses_dropout_shifted=[[4, 9.5]])
+    capped = dict(seconds=None, error="stopped at the warm-up cap (48 s)")
+    again = dict(seconds=38.0, losses_dropout_shifted=[[4, 9.4]])
+    merged = speed_table.merge_warm_ups({"a 1": done, "b 1": done, "c 1": capped, "d 1": done},
+                                        {"a 1": capped, "b 1": again, "c 1": capped, "e 1": capped})
+    assert merged == {"a 1": done, "b 1": again, "c 1": capped, "d 1": done, "e 1": capped}
+
+
+def test_a_shape_baseline_named_in_archs_is_planned_once():
+    """--archs prime_simple,transformer_prime_shape planned the transformer of Prime's shape twice (as an arch and
+    as Prime's baseline): one row of each key, the baseline's, at the first batch only."""
+    _, plugin = speed_table.plan("data-bin", [1024, 256], 8, 2, ["transformer", "prime_simple", "transformer_prime_shape"],
+                                 ["transformer", "prime_simple", "transformer_prime_shape"], tiny=True)
+    keys = [speed_table.row_key(r) for r in plugin]
+    assert len(keys) == len(set(keys))
+    shape = [r for r in plugin if r["name"] == "transformer_prime_shape"]
+    assert [(r["compiled"], r["max_tokens"]) for r in shape] == [(False, 1024), (True, 1024)]
+    assert all(r.get("baseline_row") for r in shape)
+    # alone, it is an arch of its own
+    _, alone = speed_table.plan("data-bin", [1024], 8, 2, ["transformer_prime_shape"], [], tiny=True)
+    assert [(r["name"], r.get("baseline_row")) for r in alone] == [("transformer_prime_shape", None)]
+
+
 def _losses(values, start=4, step=4):
     return [[start + step * i, v] for i, v in enumerate(values)]
 
