@@ -5,6 +5,7 @@ Every architecture's end-to-end test reuses these helpers.
 """
 import os
 import re
+import subprocess
 import sys
 
 import forked_cli
@@ -35,6 +36,15 @@ def cli_env():
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env["OMP_NUM_THREADS"] = "1"
     return env
+
+
+def fresh_python(code):
+    """What ``code`` prints in a fresh interpreter that imports this checkout's plugin (run from the repository root
+    with cli_env(), whatever directory pytest runs from): its stdout, stripped."""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=cli_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip()
 
 
 def recipe_env(**extra):

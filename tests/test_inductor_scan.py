@@ -92,14 +92,13 @@ def test_importing_the_plugin_leaves_inductor_unloaded_and_a_loaded_one_patched(
     """``import umst_plugin`` installs the patch only where inductor is loaded already (loading it costs seconds
     a run without --compile would pay for nothing): a fresh process that imports the plugin has not loaded
     inductor's lowerings; in a process that has, a plain ``install()`` patches them."""
-    import subprocess
-    import sys
+    import e2e
 
     from torch._inductor import lowering
 
     probe = "import sys, umst_plugin; print('torch._inductor.lowering' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "False", out
+    out = e2e.fresh_python(probe)
+    assert out == "False", out
     op = torch.ops.aten.cumsum.default
     patched = lowering.lowerings[op] if getattr(lowering.lowerings[op], "_umst_patch", None) else None
     if patched is None:

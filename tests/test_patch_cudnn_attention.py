@@ -2,11 +2,9 @@
 its backward failed, or gave wrong gradients, for bf16 attention with padding masks on an H100), unless
 ``UMST_CUDNN_ATTENTION=1`` keeps it on; a torch without the switch is left alone. The flag itself exists on a CPU
 build of torch, so the switch is checked here; what the backend does on a GPU: ``python -m umst_dev.find_nonfinite``."""
-import subprocess
-import sys
-
 import torch
 
+import e2e
 import umst_plugin  # noqa: F401  (installs the patches)
 from umst_plugin.patches import cudnn_attention
 
@@ -15,13 +13,10 @@ PROBE = "import torch, umst_plugin; print(torch.backends.cuda.cudnn_sdp_enabled(
 
 def test_importing_the_plugin_switches_cudnn_attention_off_unless_asked_to_keep_it(monkeypatch):
     monkeypatch.delenv("UMST_CUDNN_ATTENTION", raising=False)
-    assert subprocess.run([sys.executable, "-c", "import torch; print(torch.backends.cuda.cudnn_sdp_enabled())"],
-                          capture_output=True, text=True, check=True).stdout.strip() == "True"  # torch's default
-    assert subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                          check=True).stdout.strip() == "False"
-    monkeypatch.setenv("UMST_CUDNN_ATTENTION", "1")
-    assert subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                          check=True).stdout.strip() == "True"
+    assert e2e.fresh_python("import torch; print(torch.backends.cuda.cudnn_sdp_enabled())") == "True"  # torch's
+    assert e2e.fresh_python(PROBE) == "False"
+    monkeypatch.setenv("UMST_CUDNN_ATTENTION", "1")  # cli_env() passes the environment on
+    assert e2e.fresh_python(PROBE) == "True"
 
 
 def test_the_switch_is_asked_only_where_torch_has_it_and_the_variable_does_not_keep_it(monkeypatch):

@@ -37,6 +37,14 @@ def test_the_patch_is_installed_on_fairseqs_encoder():
     assert installed(PATCHED, "umst_plugin.patches.encoder_padding_mask")
 
 
+def _same(got, want, what):
+    for key in ("encoder_out", "encoder_padding_mask", "encoder_embedding", "encoder_states", "fc_results",
+                "src_lengths"):
+        assert len(got[key]) == len(want[key]), (key, what)
+        for a, b in zip(got[key], want[key]):
+            assert (a is None and b is None) or torch.equal(a, b), (key, what)
+
+
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train with dropout"])
 def test_outputs_equal_fairseqs_with_and_without_padding(encoder, train):
     """Bit for bit, float64 and float32, every hidden state, the same dropout masks at the same seed."""
@@ -49,10 +57,7 @@ def test_outputs_equal_fairseqs_with_and_without_padding(encoder, train):
             want = FAIRSEQ(module, src, return_all_hiddens=True)
             torch.manual_seed(5)
             got = PATCHED(module, src, return_all_hiddens=True)
-            for key in ("encoder_out", "encoder_padding_mask", "encoder_embedding", "encoder_states", "src_lengths"):
-                assert len(got[key]) == len(want[key]), key
-                for a, b in zip(got[key], want[key]):
-                    assert torch.equal(a, b), (key, dtype, bool(src.eq(pad).any()))
+            _same(got, want, (dtype, bool(src.eq(pad).any())))
     module.float().train()
 
 
@@ -77,14 +82,6 @@ def test_every_layer_gets_a_mask_tensor_also_without_padding(encoder):
     assert len(seen) == 2 * len(module.layers)
     assert all(isinstance(mask, torch.Tensor) and mask.dtype == torch.bool for mask in seen)
     assert not seen[0].any() and seen[-1].any()  # the batch without padding, then the padded one
-
-
-def _same(got, want, what):
-    for key in ("encoder_out", "encoder_padding_mask", "encoder_embedding", "encoder_states", "fc_results",
-                "src_lengths"):
-        assert len(got[key]) == len(want[key]), (key, what)
-        for a, b in zip(got[key], want[key]):
-            assert (a is None and b is None) or torch.equal(a, b), (key, what)
 
 
 def test_outputs_equal_fairseqs_by_default_for_layers_that_return_their_fc_output_and_for_two_tokens(encoder):

@@ -22,6 +22,9 @@ import umst_plugin  # noqa: F401  (installs the patches)
 from umst_plugin import mixed_precision
 
 BF16 = ("--amp", "--amp-dtype", "bfloat16")
+TINY_TRANSFORMER = dict(encoder_layers=1, decoder_layers=1, encoder_embed_dim=8, decoder_embed_dim=8,
+                        encoder_ffn_embed_dim=16, decoder_ffn_embed_dim=16, encoder_attention_heads=2,
+                        decoder_attention_heads=2)  # a one-layer transformer of width 8, built in milliseconds
 CLI_PARSERS = ("get_training_parser", "get_validation_parser", "get_generation_parser",
                "get_interactive_generation_parser")
 
@@ -135,14 +138,11 @@ def test_a_loaded_checkpoint_tells_its_task_its_dtype_and_loads_strictly_by_defa
 
     from umst_dev import dev
 
-    tiny = dict(encoder_layers=1, decoder_layers=1, encoder_embed_dim=8, decoder_embed_dim=8,
-                encoder_ffn_embed_dim=16, decoder_ffn_embed_dim=16, encoder_attention_heads=2,
-                decoder_attention_heads=2)
     path = str(tmp_path / "checkpoint.pt")
     open(path, "w").close()  # (the loader asks that the file exists; the state is handed to it)
     d = dev.make_dictionary()
     for amp, want in ((dict(amp=True, amp_dtype="bfloat16"), "bfloat16"), ({}, None)):
-        cfg = dev.config_of(dev.parse_args("transformer", dict(tiny, **amp)))
+        cfg = dev.config_of(dev.parse_args("transformer", dict(TINY_TRANSFORMER, **amp)))
         task = tasks.TASK_REGISTRY["multiscale_translation"](cfg.task, d, d)
         model = task.build_model(cfg.model)
         _, _, loaded = checkpoint_utils.load_model_ensemble_and_task([path], task=task,
@@ -161,10 +161,7 @@ def test_a_train_step_called_without_ignore_grad_trains_as_fairseqs_does():
 
     from umst_dev import dev
 
-    model, task = dev.build_model("transformer", dict(encoder_layers=1, decoder_layers=1, encoder_embed_dim=8,
-                                                      decoder_embed_dim=8, encoder_ffn_embed_dim=16,
-                                                      decoder_ffn_embed_dim=16, encoder_attention_heads=2,
-                                                      decoder_attention_heads=2, dropout=0), task="translation")
+    model, task = dev.build_model("transformer", dict(TINY_TRANSFORMER, dropout=0), task="translation")
     criterion = CrossEntropyCriterion(task, sentence_avg=False)
     sample = dev.random_sample(task, 3, 5, 4, seed=0)
     sample["net_input"] = {k: sample["net_input"][k] for k in ("src_tokens", "src_lengths", "prev_output_tokens")}

@@ -157,15 +157,14 @@ def test_importing_the_plugin_leaves_inductor_unloaded_and_a_loaded_one_patched(
     """``import umst_plugin`` installs the patch only where inductor is loaded already (a run without --compile
     does not pay seconds to load it): a fresh process that imports the plugin has not loaded inductor's
     ``output_code``; in a process that has, a plain ``install()`` patches torch's functions."""
-    import subprocess
-    import sys
+    import e2e
 
     from torch._functorch._aot_autograd import graph_compile
     from torch._inductor import output_code, utils
 
     probe = "import sys, umst_plugin; print('torch._inductor.output_code' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "False", out
+    out = e2e.fresh_python(probe)
+    assert out == "False", out
     saved_activation_strides.install(load=True)
     for owner, name in ((graph_compile, "_aot_stage2b_bw_compile"), (utils, "set_tracing_context_output_strides"),
                         (output_code, "set_tracing_context_output_strides")):

@@ -194,28 +194,23 @@ def cards_markdown(config_dir=os.path.join(ROOT, "configs"), results_dir=os.path
                                                      for n in CARDS] + hours_head
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for b in rows(config_dir):
+        plans = {n: card_plan(b["tokens_per_update"], n, CARD_TOKENS[width(b)]) for n in CARDS}
         cells = [f"`{b['row']}`", f"{b['tokens_per_update']:,}", f"{b['max_update']:,}" if b["max_update"] else "-"]
-        for n in CARDS:
-            plan = card_plan(b["tokens_per_update"], n, CARD_TOKENS[width(b)])
-            cells.append(f"{plan[0]:,} x {plan[1]}" if plan else "none exact")
+        cells += [f"{plans[n][0]:,} x {plans[n][1]}" if plans[n] else "none exact" for n in CARDS]
+        # hours only divide by the cards: the table that measured the row on one card measured it on eight
+        _, record = measured_hours(b, records, 1) if records else (None, None)
         if not records:
             cells.append("-")
-            lines.append("| " + " | ".join(cells) + " |")
-            continue
-        source = None
-        for n in (1, 8):
-            plan = card_plan(b["tokens_per_update"], n, CARD_TOKENS[width(b)])
-            h, record = measured_hours(b, records, n)
-            if h is None:
-                cells.append("not measured")
-                continue
-            source = record
-            if plan and plan[0] < MEASURED_FRACTION * record.get("max_tokens", [0])[0]:
-                # words/s at a smaller batch per card is lower (a GPU that waits for the host): not this table's
-                cells.append(f"not measured at {plan[0]:,} tokens per card")
-            else:
-                cells.append(f"{h:,.1f}")
-        cells.append(f"`{source.get('commit', '?')}`" if source else "-")
+        elif record is None:
+            cells += ["not measured", "not measured", "-"]
+        else:
+            for n in (1, 8):
+                if plans[n] and plans[n][0] < MEASURED_FRACTION * record.get("max_tokens", [0])[0]:
+                    # words/s at a smaller batch per card is lower (a GPU that waits for the host): not this table's
+                    cells.append(f"not measured at {plans[n][0]:,} tokens per card")
+                else:
+                    cells.append(f"{row_hours(b, record, n):,.1f}")
+            cells.append(f"`{record.get('commit', '?')}`")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
