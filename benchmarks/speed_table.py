@@ -164,7 +164,7 @@ def plan(data, max_tokens_list, updates, log_interval, archs, compile_archs, tin
             plugin += cudagraph_plan(row, archs, cudagraph_buckets)
             continue
         stock += [row("transformer", "fp16", is_stock=True), row("transformer", "fp16-amp", is_stock=True)]
-        bases = {shape_of[n] for n in archs if n in shape_of}
+        bases = dict.fromkeys(shape_of[n] for n in archs if n in shape_of)  # in the archs' order
         for name in archs:
             if name in bases:  # named in --archs beside an arch it is the shape of: its baseline rows below, once
                 continue
@@ -174,7 +174,7 @@ def plan(data, max_tokens_list, updates, log_interval, archs, compile_archs, tin
             if name == "transformer":
                 plugin.append(row(name, "tf32"))
         if max_tokens == max_tokens_list[0]:  # a transformer of an arch's own shape: is its cost per FLOP the shape's?
-            for base in dict.fromkeys(shape_of[n] for n in archs if n in shape_of):  # = bases, in the archs' order
+            for base in bases:
                 plugin.append(dict(row(base, "bf16"), baseline_row=True))
                 if any(shape_of.get(n) == base for n in archs if n in compile_archs):
                     plugin.append(dict(row(base, "bf16", compiled=True), baseline_row=True))
@@ -1107,12 +1107,17 @@ def read_record(path):
         return {}
 
 
+def warm_up_finished(w):
+    """A warm-up that compiled and trained its updates (its losses with other dropout masks are there)."""
+    return bool(w.get("losses_dropout_shifted")) and not w.get("error")
+
+
 def warm_ups_kept(warm_ups, cache_dir):
     """An earlier call's warm-ups that finished, kept where its inductor cache is still here (the same machine):
     their rows load the compiled code from it, and the warm-up's cold compile seconds and losses stand."""
     if not os.path.isdir(cache_dir) or not os.listdir(cache_dir):
         return {}
-    return {key: w for key, w in warm_ups.items() if w.get("losses_dropout_shifted") and not w.get("error")}
+    return {key: w for key, w in warm_ups.items() if warm_up_finished(w)}
 
 
 def merge_warm_ups(earlier, fresh):
@@ -1120,9 +1125,9 @@ def merge_warm_ups(earlier, fresh):
     inductor cache is gone, its cold compile seconds and its losses with other dropout masks still stand: the same
     commit, card and plan), and this call's replace them only where they finished too; a warm-up of this call that
     did not finish (stopped at its cap, failed) is kept only where no earlier one finished."""
-    merged = {k: w for k, w in earlier.items() if w.get("losses_dropout_shifted") and not w.get("error")}
+    merged = {k: w for k, w in earlier.items() if warm_up_finished(w)}
     for key, w in fresh.items():
-        if key not in merged or (w.get("losses_dropout_shifted") and not w.get("error")):
+        if key not in merged or warm_up_finished(w):
             merged[key] = w
     return merged
 

@@ -131,3 +131,13 @@ def float64_softmax(monkeypatch):
         return F.softmax(x, dim=dim, dtype=torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else None)
 
     monkeypatch.setattr(multihead_attention.utils, "softmax", softmax)
+
+
+@pytest.fixture
+def clean_process_record():
+    """Tests that go through a CLI entry in-process leave this process's --amp record as they found it."""
+    from umst_plugin import mixed_precision
+
+    saved = mixed_precision._process_amp, mixed_precision._process_amp_dtype
+    yield
+    mixed_precision._process_amp, mixed_precision._process_amp_dtype = saved

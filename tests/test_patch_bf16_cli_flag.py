@@ -20,13 +20,6 @@ def config(common, distributed=True):
     return OmegaConf.create(groups)
 
 
-@pytest.fixture
-def clean_process_record():
-    saved = mixed_precision._process_amp, mixed_precision._process_amp_dtype
-    yield
-    mixed_precision._process_amp, mixed_precision._process_amp_dtype = saved
-
-
 @pytest.mark.parametrize("argv, asked", [
     (["--tpu"], True), (["common.tpu=true"], True), (["++common.tpu=true"], True), (["+common.tpu=true"], True),
     (["--bf16", "--tpus"], False), (["--bf16"], False), ([], False), (["common.tpu_x=1"], False)])

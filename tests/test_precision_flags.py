@@ -29,14 +29,6 @@ CLI_PARSERS = ("get_training_parser", "get_validation_parser", "get_generation_p
                "get_interactive_generation_parser")
 
 
-@pytest.fixture
-def clean_process_record():
-    """Tests that go through a CLI entry in-process leave this process's --amp record as they found it."""
-    saved = mixed_precision._process_amp, mixed_precision._process_amp_dtype
-    yield
-    mixed_precision._process_amp, mixed_precision._process_amp_dtype = saved
-
-
 # ---- the flag ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("task", ["translation", "multiscale_translation"])

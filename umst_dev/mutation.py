@@ -1883,7 +1883,7 @@ MUTANTS = (
            ("tests/test_speed_table.py::test_a_call_on_another_machine_keeps_the_first_calls_warm_ups",),
            "a warm-up stopped at its cap reports the result an earlier call's warm-up left in the scratch folder"),
     Mutant("speed-table-failed-warm-up-replaces-a-finished-one", "speed_table",
-           'if key not in merged or (w.get("losses_dropout_shifted") and not w.get("error")):', "if True:",
+           "if key not in merged or warm_up_finished(w):", "if True:",
            ("tests/test_speed_table.py::test_merged_warm_ups_keep_what_finished",),
            "a warm-up stopped at its cap replaces an earlier call's finished one"),
     Mutant("speed-table-shape-baseline-planned-twice", "speed_table",
