@@ -360,20 +360,25 @@ def test_hours_of_a_row_from_a_speed_table(tmp_path):
 def test_hours_come_from_the_newest_table_that_measured_the_row(tmp_path):
     """A speed table cut short by its deadline (no TranSFormer row) does not hide an older table's row of that arch
     on the same card: each row's hours come from the newest table that measured it, whose commit the last column
-    names; an arch both measured takes the newer table's words/s; another card's table is not used."""
+    names; an arch both measured takes the newer table's words/s, compiled where one of them has the compiled row
+    (a newer table that reached only the eager row does not hide an older compiled one), eager where none has;
+    another card's table is not used."""
     from umst_tools import batch_table
 
-    def row(arch, words_per_s):
-        return dict(arch=arch, stock=False, precision="bf16", compiled=True, max_tokens=38400,
+    def row(arch, words_per_s, compiled=True):
+        return dict(arch=arch, stock=False, precision="bf16", compiled=compiled, max_tokens=38400,
                     words_per_s=words_per_s, target_tokens_per_step=30000.0)
 
     def write(name, card, started, commit, rows):
         (tmp_path / f"gpu-speed-{name}.json").write_text(json.dumps(
             dict(card=card, started=started, commit=commit, max_tokens=[38400], rows=rows)))
 
+    # the newer table stopped before MSC's compiled row and measured MSMSA eager only
     write("h200-old", "NVIDIA H200", "2026-11-29 22:07:50 UTC", "old1234",
-          [row("umst_base", 100000.0), row("transformer_sf_base", 50000.0)])
-    write("h200-new", "NVIDIA H200", "2026-12-04 10:26:46 UTC", "new5678", [row("umst_base", 200000.0)])
+          [row("umst_base", 100000.0), row("transformer_sf_base", 50000.0), row("msc_base", 90000.0, False),
+           row("msc_base", 150000.0)])
+    write("h200-new", "NVIDIA H200", "2026-12-04 10:26:46 UTC", "new5678",
+          [row("umst_base", 200000.0), row("msc_base", 80000.0, False), row("msmsa_base", 70000.0, False)])
     write("a100-older", "NVIDIA A100", "2026-11-01 00:00:00 UTC", "a100aaa", [row("msmsa_base", 1.0)])
 
     def line(config):
@@ -389,7 +394,13 @@ def test_hours_come_from_the_newest_table_that_measured_the_row(tmp_path):
     sf = line("sf-t1-transformer-sf-base")
     assert sf.endswith(f"| {hours('sf-t1-transformer-sf-base', 50000.0):,.1f} | "
                        f"{hours('sf-t1-transformer-sf-base', 8 * 50000.0):,.1f} | `old1234` |"), sf
-    assert line("umst-t2-msmsa-base").endswith("| not measured | not measured | - |")  # only the A100 measured it
+    msc = line("msc-t4-msc-6l-base")  # the older table's compiled row, not the newer one's eager row
+    assert msc.endswith(f"| {hours('msc-t4-msc-6l-base', 150000.0):,.1f} | not measured at 8,192 tokens per card | "
+                        "`old1234` |"), msc
+    msmsa = line("umst-t2-msmsa-base")  # no table has it compiled on the H200: the eager row
+    assert msmsa.endswith(f"| {hours('umst-t2-msmsa-base', 70000.0):,.1f} | "
+                          f"{hours('umst-t2-msmsa-base', 8 * 70000.0):,.1f} | `new5678` |"), msmsa
+    assert line("umst-t2-msmsa-big").endswith("| not measured | not measured | - |")  # the big width: none measured it
 
 
 def test_a_row_measured_at_its_recipes_shape_is_that_recipes_and_not_the_archs_defaults(tmp_path):

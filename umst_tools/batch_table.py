@@ -123,22 +123,28 @@ def _same_shape(shape, row):
     return all(built.get(key) == configured.get(key) for key in SHAPE_KEYS)
 
 
+def measured_rows(batch, record):
+    """The record's bf16 plugin rows of the batch's arch and shape (:data:`SHAPE_KEYS`: MSC's 36 and 48 layers are
+    not its measured 6) at its recipe batch, with their words/s."""
+    tokens = record.get("max_tokens", [None])[0]
+    arch = SAME_ARCH.get(batch["arch"], batch["arch"])
+    return [r for r in record["rows"] if not r.get("stock") and not r.get("baseline_row") and r.get("arch") == arch
+            and r.get("precision") == "bf16" and r.get("max_tokens") == tokens and r.get("words_per_s") and
+            r.get("target_tokens_per_step") and _same_shape(batch.get("shape", {}), r)]
+
+
 def row_hours(batch, record, cards):
     """Hours of the row's ``max_update`` updates on ``cards`` of the record's card, from its words/s at the recipe
     batch (the compiled row where measured, else eager; bf16): updates x target tokens per update / (cards x
     words/s), the target tokens per update being the row's tokens per update x the measured target tokens per step
     over --max-tokens (fairseq's ``wpb``: padding and the source side are in the budget, not in words/s). Data
     parallel scaling is taken as linear (no all-reduce time): a lower bound on 8 cards. None where the record has no
-    row of this arch and shape (:data:`SHAPE_KEYS`: MSC's 36 and 48 layers are not its measured 6) at its recipe
-    batch."""
-    tokens = record.get("max_tokens", [None])[0]
-    arch = SAME_ARCH.get(batch["arch"], batch["arch"])
-    rows = [r for r in record["rows"] if not r.get("stock") and not r.get("baseline_row") and r.get("arch") == arch and
-            r.get("precision") == "bf16" and r.get("max_tokens") == tokens and r.get("words_per_s") and
-            r.get("target_tokens_per_step") and _same_shape(batch.get("shape", {}), r)]
+    row of this arch and shape at its recipe batch (:func:`measured_rows`)."""
+    rows = measured_rows(batch, record)
     if not rows or not batch.get("max_update"):
         return None
     best = max(rows, key=lambda r: (r.get("compiled", False), r["words_per_s"]))
+    tokens = record["max_tokens"][0]
     target_per_update = batch["tokens_per_update"] * best["target_tokens_per_step"] / tokens
     return batch["max_update"] * target_per_update / (cards * best["words_per_s"]) / 3600
 
@@ -170,15 +176,16 @@ def markdown(config_dir=os.path.join(ROOT, "configs")):
     return "\n".join(lines)
 
 
-def measured_hours(batch, records, cards):
-    """The row's hours on ``cards`` from the newest of ``records`` (one card's speed tables, newest first) that has
-    a row of its arch and shape at its recipe batch: (hours, record), or (None, None) where none has. A table cut
-    short by its deadline (rows not reached) does not hide an older table's row of that arch."""
-    for record in records:
-        hours = row_hours(batch, record, cards)
-        if hours is not None:
-            return hours, record
-    return None, None
+def measuring_record(batch, records):
+    """The record whose words/s give the row's hours, of ``records`` (one card's speed tables, newest first): the
+    newest that measured the row's arch and shape compiled (what a recipe trains with, ``--compile``) at its recipe
+    batch, else the newest that measured it eager; None where none has. A table cut short by its deadline (rows not
+    reached, or only the eager row of an arch) does not hide an older table's row of that arch."""
+    measured = [(record, measured_rows(batch, record)) for record in records]
+    for record, rows in measured:
+        if any(r.get("compiled") for r in rows):
+            return record
+    return next((record for record, rows in measured if rows), None)
 
 
 def cards_markdown(config_dir=os.path.join(ROOT, "configs"), results_dir=os.path.join(ROOT, "docs", "results")):
@@ -198,7 +205,7 @@ def cards_markdown(config_dir=os.path.join(ROOT, "configs"), results_dir=os.path
         cells = [f"`{b['row']}`", f"{b['tokens_per_update']:,}", f"{b['max_update']:,}" if b["max_update"] else "-"]
         cells += [f"{plans[n][0]:,} x {plans[n][1]}" if plans[n] else "none exact" for n in CARDS]
         # hours only divide by the cards: the table that measured the row on one card measured it on eight
-        _, record = measured_hours(b, records, 1) if records else (None, None)
+        record = measuring_record(b, records) if b.get("max_update") else None
         if not records:
             cells.append("-")
         elif record is None:
