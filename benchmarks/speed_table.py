@@ -923,7 +923,8 @@ def warm_up(rows, work, env, timeout, card_gib=None, order=None):
             with open(out) as f:
                 results[key] = dict(json.load(f), concurrent=concurrent)
         except (OSError, ValueError):
-            results[key] = dict(seconds=None, error=f"no result (rc {proc.returncode}; see {log.name})")
+            results[key] = dict(seconds=None, error=f"no result (rc {proc.returncode}; see {log.name})",
+                                compile_log=compile_log(log.name))
             if capped:  # still running (compiling, mostly): where it was, from the stack it wrote at the cap
                 stack = stack_at_cap(log.name)
                 results[key].update(error=f"stopped at the warm-up cap ({timeout:.0f} s), still running"
@@ -1019,6 +1020,23 @@ def _ask_stack(proc):
 COMPILE_PHASES = (("torch/fx/experimental/symbolic_shapes.py", "symbolic shapes"), ("sympy/", "symbolic shapes"),
                   ("torch/_inductor/", "inductor"), ("torch/_functorch/", "AOTAutograd"), ("torch/_dynamo/", "dynamo"),
                   ("triton/", "Triton"))
+# frames in a compiler's files that every phase passes through, so they name none: dynamo's disable wrapper (around
+# every decomposition and fake-tensor call, AOTAutograd's included) and the FX interpreter's node runner (the H200's
+# warm-up of the transformer of Prime's shape was reported "in dynamo" while AOTAutograd traced its joint graph)
+PASS_THROUGH_FRAMES = (("torch/_dynamo/eval_frame.py", "_fn"), ("torch/fx/experimental/symbolic_shapes.py", "run_node"))
+COMPILE_LOG_LINES = 20  # the plugin's last "--compile:" lines a warm-up that did not finish keeps in the record
+
+
+def compile_log(log_path, limit=COMPILE_LOG_LINES):
+    """The plugin's ``--compile:`` lines in a warm-up's log (each layer compiled, its seconds and graphs), from
+    ``--compile:`` on, the last ``limit``: how far a warm-up that did not finish had got, in the record that a GPU
+    call brings back (its log stays on the machine)."""
+    try:
+        with open(log_path, errors="replace") as f:
+            lines = [line.rstrip("\n") for line in f if "--compile:" in line]
+    except OSError:
+        return []
+    return [line[line.index("--compile:"):] for line in lines][-limit:]
 
 
 def stack_at_cap(log_path):
@@ -1026,8 +1044,8 @@ def stack_at_cap(log_path):
     it at the cap (the last dump), or None when the log holds none: ``thread``, its id; ``frames``, innermost
     first, ``path:line in function`` (paths from ``site-packages/`` or the checkout); ``layer``, the innermost
     frame of the plugin's own code outside ``compilation/`` (whose layers were compiling); ``phase``, the compiler
-    part of the innermost frame that names one (:data:`COMPILE_PHASES`); ``where``, the innermost frame, the phase
-    and the layer."""
+    part of the innermost frame that names one (:data:`COMPILE_PHASES`; not the :data:`PASS_THROUGH_FRAMES`);
+    ``where``, the innermost frame, the phase and the layer."""
     try:
         with open(log_path, errors="replace") as f:
             text = f.read()
@@ -1050,7 +1068,8 @@ def stack_at_cap(log_path):
         frames.append(f"{path}:{m.group(2)} in {m.group(3)}")
     layer = next((f for f in frames if f.startswith("umst_plugin/") and not f.startswith("umst_plugin/compilation/")),
                  None)
-    phase = next((name for f in frames for prefix, name in COMPILE_PHASES if f.startswith(prefix)), None)
+    phase = next((name for f in frames for prefix, name in COMPILE_PHASES if f.startswith(prefix) and not any(
+        f.startswith(path + ":") and f.endswith(" in " + function) for path, function in PASS_THROUGH_FRAMES)), None)
     where = ", ".join(frames[:1] + ([phase] if phase else []) + ([f"under {layer}"] if layer else [])) or None
     return dict(thread=ident[-1], frames=frames, layer=layer, phase=phase, where=where)
 

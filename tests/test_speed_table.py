@@ -351,7 +351,8 @@ def test_a_warm_up_stopped_at_the_cap_says_where_it_was_compiling(tiny_run, tmp_
     assert stack["frames"], result
     assert stack["where"].startswith(stack["frames"][0]) and f"in {stack['where']}" in result["error"]
     assert "stopped at the warm-up cap" in capsys.readouterr().out
-    print(result["error"])
+    assert result["compile_log"] == speed_table.compile_log(str(tmp_path / "warm-up-transformer-1024-log.txt"))
+    print(result["error"], result["compile_log"])
 
 
 def test_the_stack_at_the_cap_names_the_layer_and_the_compiler_part_it_was_in(tmp_path):
@@ -390,6 +391,51 @@ def test_the_stack_at_the_cap_names_the_layer_and_the_compiler_part_it_was_in(tm
     assert stack["frames"] == ["/usr/lib/python3.11/copy.py:161 in deepcopy", "omegaconf/nodes.py:103 in _deepcopy_impl"]
     log.write_text("INFO: training\n")
     assert speed_table.stack_at_cap(str(log)) is None
+
+
+def test_frames_every_compiler_phase_passes_through_name_none(tmp_path):
+    """The H200's warm-up of the transformer of Prime's shape (bcc7a7e's record), stopped at its cap while
+    AOTAutograd traced a layer's joint graph: dynamo's disable wrapper (``eval_frame.py ... in _fn``, around every
+    decomposition) and the FX interpreter's ``run_node`` sit inside AOTAutograd's frames, and named the phase
+    "dynamo". The innermost frames of that stack, in its order."""
+    site = "/venv/lib/python3.12/site-packages"
+    frames = [("torch/_prims_common/__init__.py", 1552, "number_type"),
+              ("torch/_dynamo/eval_frame.py", 1263, "_fn"),
+              ("torch/_compile.py", 54, "inner"),
+              ("torch/_subclasses/fake_tensor.py", 2788, "_dispatch_impl"),
+              ("torch/_decomp/decompositions.py", 1192, "native_dropout"),
+              ("torch/fx/interpreter.py", 380, "call_function"),
+              ("torch/fx/experimental/symbolic_shapes.py", 8187, "run_node"),
+              ("torch/_functorch/_aot_autograd/graph_capture_wrappers.py", 1500, "functional_call"),
+              ("torch/_inductor/compile_fx.py", 2850, "_compile_fx_main"),
+              ("torch/_dynamo/convert_frame.py", 1827, "_compile")]
+    log = tmp_path / "warm-up-log.txt"
+    log.write_text(f"{speed_table.MAIN_THREAD_LINE} 0x00007f3a11663140\n"
+                   "Current thread 0x00007f3a11663140 (most recent call first):\n"
+                   + "".join(f'  File "{site}/{path}", line {line} in {function}\n' for path, line, function in frames))
+    stack = speed_table.stack_at_cap(str(log))
+    assert len(stack["frames"]) == len(frames)
+    assert stack["phase"] == "AOTAutograd", stack["where"]
+    assert stack["where"] == "torch/_prims_common/__init__.py:1552 in number_type, AOTAutograd"
+    # a symbolic-shapes frame that is not the interpreter's node runner still names its phase
+    log.write_text(log.read_text().replace("8187 in run_node", "8187 in evaluate_expr"))
+    assert speed_table.stack_at_cap(str(log))["phase"] == "symbolic shapes"
+
+
+def test_a_warm_up_that_did_not_finish_keeps_its_compile_lines(tmp_path):
+    """A warm-up's log stays on the GPU machine; the record keeps the plugin's last ``--compile:`` lines (what had
+    compiled, in how long), from ``--compile:`` on whatever the logging format put before it."""
+    log = tmp_path / "warm-up-log.txt"
+    lines = [f"2026-12-04 18:46:{i:02d} | INFO | umst_plugin.compilation | --compile: Layer{i}.forward compiled in "
+             f"{i}.0 s (training, autograd; 1 new graph(s))" for i in range(25)]
+    log.write_text("INFO: training\n" + "\n".join(lines) + "\nINFO:umst_plugin.compilation.flags:--compile: update "
+                   "1: compile: 9.0 s\n{'loss': 9.1}\n")
+    got = speed_table.compile_log(str(log))
+    assert len(got) == speed_table.COMPILE_LOG_LINES
+    assert got[-1] == "--compile: update 1: compile: 9.0 s"
+    assert got[0] == "--compile: Layer6.forward compiled in 6.0 s (training, autograd; 1 new graph(s))"
+    assert speed_table.compile_log(str(log), limit=2) == got[-2:]
+    assert speed_table.compile_log(str(tmp_path / "missing.txt")) == []
 
 
 def test_the_cap_waits_for_the_stacks_as_long_as_they_take_to_be_written(tmp_path):
