@@ -19,6 +19,7 @@ COMMANDS = {
     "matmul": ("benchmarks.bench_matmul", "fp32 vs bf16 matmul GFLOP/s: what this machine's bf16 times mean"),
     "precision": ("benchmarks.bench_precision", "fp32 vs bf16/fp16 autocast: loss, time and memory"),
     "preprocess": ("benchmarks.bench_preprocess", "parsing and side-file writing throughput"),
+    "loader": ("benchmarks.bench_loader", "batches/s fairseq's data loader gives per arch, nothing trained"),
     "train": ("benchmarks.bench_train", "fairseq-train words/s, stock and plugin, eager and --compile"),
     "speed-table": ("benchmarks.speed_table", "the GPU speed table (scripts/gpu-speed.sh)"),
     "compare-runs": ("benchmarks.compare_runs", "before/after tables from two benchmark JSON files"),

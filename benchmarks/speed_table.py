@@ -39,6 +39,9 @@ dense bf16 peak (:data:`DENSE_BF16_PEAK`); ``peak_mib``: ``torch.cuda.max_memory
 (:class:`PeakMemory`: fairseq resets it at every logged update); ``gpu_busy``: nvidia-smi's ``utilization.gpu``
 (the share of time a kernel ran) sampled every 50 ms (no profiler), averaged over each measured log interval
 (``gpu_busy_intervals``), and the median of those, as words/s is the median of the same intervals' words/s;
+``between_updates_ms`` and ``train_step_ms``: the host's time between one measured update's ``train_step`` and the
+next one's (fairseq's loop waiting for the data loader's next batch, and logging) and inside ``train_step``, the
+medians (:class:`StepProbe`; no device sync): where an idle GPU's time goes;
 ``kernels``: update :data:`PROFILE_UPDATE` (in the dropped first interval) run once under torch.profiler on a
 GPU: its kernels, their summed time, the share of that time by what each kernel's name says it does
 (``benchmarks.common.kernel_breakdown``: matmul, attention, softmax and loss, layer norm, copies and casts, ...), the
@@ -274,6 +277,9 @@ class StepProbe:
         self.flops = self.flops_tokens = None
         self.retries = 0  # fairseq's AMP retries of a batch (counted, not measured again)
         self._depth = 0
+        # host seconds between one measured update's train_step and the next one's: fairseq's loop waiting for the
+        # data loader's next batch (and its logging); and inside train_step (the host's part of an update)
+        self.gaps, self.inside = [], []
 
     def step(self, train_step, samples, *args, **kwargs):
         if self._depth:  # fairseq's Trainer.train_step calling itself: --amp retrying the batch after an overflow
@@ -281,8 +287,11 @@ class StepProbe:
             return train_step(samples, *args, **kwargs)
         index = self.calls
         self.calls += 1
+        started = time.monotonic()
         if index == self.measured_from:
-            self.t0 = time.monotonic()
+            self.t0 = started
+        if index > self.measured_from:
+            self.gaps.append(started - self.t1)
         if index >= self.measured_from:
             self.tokens.append(self._tokens(samples))
         retries = self.retries
@@ -304,6 +313,8 @@ class StepProbe:
         finally:
             self._depth -= 1
         self.t1 = time.monotonic()
+        if index >= self.measured_from:
+            self.inside.append(self.t1 - started)
         return out
 
     def _profiled(self, train_step, samples, *args, **kwargs):
@@ -468,6 +479,9 @@ def run_row(row, measured_from, busy):
         out["sentences_per_step"] = statistics.median(t[3] for t in probe.tokens)
     if probe.flops is not None and probe.flops_tokens:
         out["flops_per_token"] = probe.flops / probe.flops_tokens
+    if probe.gaps:  # where a GPU row's idle time goes: waiting for batches, or the host's part of the update
+        out["between_updates_ms"] = round(1000 * statistics.median(probe.gaps), 2)
+        out["train_step_ms"] = round(1000 * statistics.median(probe.inside), 2)
     out["peak_mib"] = peak.mib
     if busy.available and len(records) > 1:  # per measured log interval, as words/s: the median of the same spans
         out["gpu_busy_intervals"], out["gpu_busy"] = busy.of_intervals([r["logged_at"] for r in records])

@@ -295,3 +295,94 @@ def test_the_task_the_char_table_and_preprocessing_read_one_scheme_by_the_marker
     text = tmp_path / "train.en"
     text.write_text("\n".join([f"{symbols[0]} y"] + [" ".join(symbols)] * 3) + "\n", encoding="utf-8")
     assert sniff_scheme(str(text)) == scheme
+
+
+# ---- the numpy item and collate against the torch ones they replaced (bcc7a7e's, kept here as the reference) ----
+
+def _reference_item(side, index):
+    """SideDataLanguagePairDataset.__getitem__ as it was in torch, one tensor op per step."""
+    item = side.dataset[index]
+    source = item["source"]
+    padding = side._bucket_padding(source)
+    if padding:
+        source = source[padding:] if side.dataset.left_pad_source else source[:len(source) - padding]
+    has_eos = bool(len(source)) and int(source[-1]) == side.eos
+    n_tok = len(source) - int(has_eos)
+    if side.word_ids is not None:
+        word_ids = side.word_ids[index][:n_tok].long()
+    else:
+        scheme, continues, begins = side.boundaries
+        word_ids = word_ids_from_tokens(source[None, :n_tok], side.pad, side.eos, continues, begins, scheme)[0]
+    n_words = int(word_ids[-1]) if n_tok else 0
+    if side.heads is None:
+        heads = torch.zeros(n_words, dtype=torch.long)
+    else:
+        heads = side.heads[index][:n_words].long()
+        heads = heads.masked_fill(heads > n_words, 0)
+    if has_eos:
+        word_ids = torch.cat([word_ids, word_ids.new_tensor([n_words + 1])])
+        heads = torch.cat([heads, heads.new_zeros(1)])
+    if padding:
+        pad = word_ids.new_zeros(padding)
+        word_ids = torch.cat([pad, word_ids] if side.dataset.left_pad_source else [word_ids, pad])
+    return word_ids, heads
+
+
+def _same_tensor(got, want):
+    return got.dtype == want.dtype == torch.int64 and got.shape == want.shape and got.equal(want)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"left_pad_source": False}, {"truncate_source": True,
+                                                                        "max_source_positions": 6},
+                                       {"num_batch_buckets": 3}, {"num_batch_buckets": 3, "left_pad_source": False}],
+                         ids=["left-pad", "right-pad", "truncated", "buckets", "buckets-right-pad"])
+def test_numpy_items_and_batches_equal_the_torch_reference(toy_databin, overrides):
+    """Every item's word ids and heads, and every batch's, equal what the torch implementation built (a data loader
+    worker builds ~800 items per batch at the recipe's batch: the numpy path is the fast one, this its check), for
+    stored side files under left and right padding, truncation and bucketing, and for word ids derived from the
+    tokens with the fallback graph (raw-text inference)."""
+    from fairseq.data import data_utils
+
+    from umst_plugin.data.side_data_dataset import SideDataLanguagePairDataset
+
+    task = task_on(toy_databin, **overrides)
+    task.load_dataset("train")
+    stored = task.dataset("train")
+    derived = SideDataLanguagePairDataset(stored.dataset, word_ids=None, heads=None, boundaries=task.boundaries)
+    for side in (stored, derived):
+        for index in range(len(side)):
+            item = side[index]
+            want_ids, want_heads = _reference_item(side, index)
+            assert _same_tensor(item["src_word_ids"], want_ids), (index, item["src_word_ids"], want_ids)
+            assert _same_tensor(item["src_word_heads"], want_heads), (index, item["src_word_heads"], want_heads)
+        itr = task.get_batch_iterator(side, max_tokens=200, seed=1).next_epoch_itr(shuffle=True)
+        for batch in itr:
+            net = batch["net_input"]
+            ordered = [side[int(i)] for i in batch["id"]]
+            want_ids = data_utils.collate_tokens([s["src_word_ids"] for s in ordered], pad_idx=0,
+                                                 left_pad=side.dataset.left_pad_source,
+                                                 pad_to_length=net["src_tokens"].size(1))
+            want_heads = data_utils.collate_tokens([s["src_word_heads"] for s in ordered], pad_idx=-1,
+                                                   left_pad=False)
+            assert _same_tensor(net["src_word_ids"], want_ids) and _same_tensor(net["src_word_heads"], want_heads)
+
+
+@pytest.mark.parametrize("left_pad", [True, False])
+def test_collate_rows_equals_fairseqs_collate_tokens(left_pad):
+    """One numpy scatter for the batch instead of a copy per row: fairseq's collate_tokens' result, empty rows, a
+    minimum width under and over the longest row, and a batch of empty rows included."""
+    from fairseq.data import data_utils
+
+    from umst_plugin.data.side_data_dataset import collate_rows
+
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        lengths = torch.randint(0, 12, (int(torch.randint(1, 9, (1,), generator=generator)),), generator=generator)
+        rows = [torch.randint(-1, 50, (int(n),), generator=generator) for n in lengths]
+        for min_length in (None, 3, 20):
+            want = data_utils.collate_tokens(rows, pad_idx=-1, left_pad=left_pad, pad_to_length=min_length)
+            got = collate_rows(rows, pad=-1, left_pad=left_pad, min_length=min_length or 0)
+            assert _same_tensor(got, want), (trial, lengths, min_length, got, want)
+    empty = [torch.zeros(0, dtype=torch.long)] * 3
+    assert _same_tensor(collate_rows(empty, pad=0, left_pad=left_pad, min_length=2),
+                        data_utils.collate_tokens(empty, pad_idx=0, left_pad=left_pad, pad_to_length=2))

@@ -77,6 +77,7 @@ def test_tiny_run_has_every_planned_row_with_its_fields(tiny_run):
         assert 0.9 * n / (n + 7) <= r["batch_fill"] <= 1.0, (key, r["batch_fill"], n)
         assert r["flops_per_token"] > 0
         assert r["mfu"] is None and r["gpu_busy"] is None and r["peak_mib"] is None  # no card: no peak, no nvidia-smi
+        assert r["between_updates_ms"] >= 0 and r["train_step_ms"] > 0, (key, r)
     transformer = rows[("transformer", "bf16", False, 1024)]
     compiled = rows[("transformer", "bf16", True, 1024)]
     assert compiled["flops_per_token"] == transformer["flops_per_token"]  # the eager row's count (same batches)
@@ -257,6 +258,26 @@ def test_step_probe_counts_real_and_padded_tokens_and_the_flops_of_one_update():
     assert probe.tokens == [(12, 14, 8, 2)] * 2  # updates 1, 2 (0-based): 7 + 5 real of 8 + 6; 2 x 4 budgeted; 2 sentences
     assert probe.flops == 48 and probe.flops_tokens == 5  # the second update (speed_table.FLOPS_UPDATE)
     assert probe.t0 is not None and probe.t1 >= probe.t0
+
+
+def test_step_probe_times_the_host_between_measured_updates_and_inside_them():
+    """The host's time between one measured update's train_step and the next one's (fairseq's loop waiting for the
+    data loader's next batch) and inside train_step, per measured update: 30 ms of waiting, 10 ms of stepping here,
+    each measured within the sleep's own resolution (the timer plus a loaded runner's scheduling, 15 ms allowed)."""
+    import time
+
+    sample = dict(net_input=dict(src_tokens=torch.tensor([[5, 6, 2]])), target=torch.tensor([[5, 2]]), ntokens=2)
+    probe = speed_table.StepProbe(measured_from=1, count_flops=False, pad_index=1)
+
+    def train_step(samples, raise_oom=False):
+        time.sleep(0.010)
+
+    for update in range(4):
+        probe.step(train_step, [sample], False)
+        time.sleep(0.030 if update else 0.2)  # the wait before the first measured update is not counted
+    assert len(probe.gaps) == 2 and len(probe.inside) == 3  # gaps between updates 1-2 and 2-3 (0-based)
+    assert all(0.030 <= g < 0.045 for g in probe.gaps), probe.gaps
+    assert all(0.010 <= t < 0.025 for t in probe.inside), probe.inside
 
 
 def test_an_update_that_amp_retried_is_not_the_one_whose_flops_are_counted():

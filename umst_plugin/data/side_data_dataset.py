@@ -20,11 +20,31 @@ Bucketed sources (fairseq's ``--num-batch-buckets``: every source padded to its 
 on the side batches pad) keep that padding: the word ids are those of the sentence, padded with 0 where its
 tokens are (``src_word_ids`` stays laid out like ``src_tokens``).
 """
+import numpy as np
 import torch
-from fairseq.data import BaseWrapperDataset, data_utils
+from fairseq.data import BaseWrapperDataset
 
 from umst_plugin.data.side_inputs import check_side_inputs
 from umst_plugin.data.word_boundaries import word_ids_from_tokens
+
+
+def collate_rows(rows, pad, left_pad, min_length=0):
+    """fairseq's ``data_utils.collate_tokens(rows, pad, left_pad=left_pad, pad_to_length=min_length)`` (B x T,
+    T = the longest row or ``min_length``, each row at the right or left end), in one numpy scatter instead of a
+    tensor copy per row: a fifth of its time at 800 rows (tests/test_side_data.py compares the two)."""
+    rows = [np.asarray(r) for r in rows]
+    lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    width = max(int(lengths.max(initial=0)), min_length)
+    out = np.full((len(rows), width), pad, dtype=np.int64)
+    total = int(lengths.sum())
+    if total:
+        row_of = np.repeat(np.arange(len(rows)), lengths)
+        first = np.cumsum(lengths) - lengths  # each row's offset in the concatenation
+        column = np.arange(total) - np.repeat(first, lengths)
+        if left_pad:
+            column += np.repeat(width - lengths, lengths)
+        out[row_of, column] = np.concatenate(rows)
+    return torch.from_numpy(out)
 
 
 class SideDataLanguagePairDataset(BaseWrapperDataset):
@@ -57,9 +77,9 @@ class SideDataLanguagePairDataset(BaseWrapperDataset):
 
     def _word_ids(self, index, source, n_tok):
         if self.word_ids is not None:
-            return self.word_ids[index][:n_tok].long()
+            return np.asarray(self.word_ids[index])[:n_tok]
         scheme, continues, begins = self.boundaries
-        return word_ids_from_tokens(source[None, :n_tok], self.pad, self.eos, continues, begins, scheme)[0]
+        return word_ids_from_tokens(source[None, :n_tok], self.pad, self.eos, continues, begins, scheme)[0].numpy()
 
     def _bucket_padding(self, source):
         """How many pad tokens fairseq's bucketing (``--num-batch-buckets``) put into this source item, on the side
@@ -72,28 +92,34 @@ class SideDataLanguagePairDataset(BaseWrapperDataset):
         return int(is_pad.cumprod(0).sum())  # the pad tokens at the padded end, up to the first real one
 
     def __getitem__(self, index):
+        # numpy, not torch, per item: a data loader worker builds ~800 of these per batch at the recipe's 38,400
+        # tokens, and torch's per-call overhead (the same steps as tensor ops) made the plugin's loader half as
+        # fast as stock fairseq's, near a compiled step's time on an H200 (docs/performance.md, the data pipeline)
         item = self.dataset[index]
         source = item["source"]
         padding = self._bucket_padding(source)
         if padding:
             source = source[padding:] if self.dataset.left_pad_source else source[:len(source) - padding]
-        has_eos = bool(len(source)) and int(source[-1]) == self.eos
-        n_tok = len(source) - int(has_eos)
+        tokens = source.numpy()
+        has_eos = bool(len(tokens)) and int(tokens[-1]) == self.eos
+        n_tok = len(tokens) - int(has_eos)
         word_ids = self._word_ids(index, source, n_tok)
         n_words = int(word_ids[-1]) if n_tok else 0
         if self.heads is None:
-            heads = torch.zeros(n_words, dtype=torch.long)
+            heads = np.zeros(n_words, dtype=np.int64)
         else:
-            heads = self.heads[index][:n_words].long()
-            heads = heads.masked_fill(heads > n_words, 0)  # head cut off by truncation
+            heads = np.asarray(self.heads[index])[:n_words]
+            heads = np.where(heads > n_words, 0, heads).astype(np.int64, copy=False)  # head cut off by truncation
+        # fresh int64 arrays (word ids read from the data-bin are a view of its read-only memory map)
+        out_ids = np.zeros(padding + len(word_ids) + int(has_eos), dtype=np.int64)
+        start = padding if self.dataset.left_pad_source else 0  # laid out like the (bucket-padded) source
+        out_ids[start:start + len(word_ids)] = word_ids
+        out_heads = np.zeros(len(heads) + int(has_eos), dtype=np.int64)  # the </s> word's head: 0
+        out_heads[:len(heads)] = heads
         if has_eos:
-            word_ids = torch.cat([word_ids, word_ids.new_tensor([n_words + 1])])
-            heads = torch.cat([heads, heads.new_zeros(1)])
-        if padding:  # laid out like the padded source
-            pad = word_ids.new_zeros(padding)
-            word_ids = torch.cat([pad, word_ids] if self.dataset.left_pad_source else [word_ids, pad])
-        item["src_word_ids"] = word_ids
-        item["src_word_heads"] = heads
+            out_ids[start + len(word_ids)] = n_words + 1
+        item["src_word_ids"] = torch.from_numpy(out_ids)
+        item["src_word_heads"] = torch.from_numpy(out_heads)
         return item
 
     def collater(self, samples, pad_to_length=None):
@@ -104,11 +130,11 @@ class SideDataLanguagePairDataset(BaseWrapperDataset):
         by_id = {s["id"]: s for s in samples}
         ordered = [by_id[int(i)] for i in batch["id"]]
         src_tokens = batch["net_input"]["src_tokens"]
-        batch["net_input"]["src_word_ids"] = data_utils.collate_tokens(
-            [s["src_word_ids"] for s in ordered], pad_idx=0, left_pad=self.dataset.left_pad_source,
-            pad_to_length=src_tokens.size(1))
-        batch["net_input"]["src_word_heads"] = data_utils.collate_tokens(
-            [s["src_word_heads"] for s in ordered], pad_idx=-1, left_pad=False)
+        batch["net_input"]["src_word_ids"] = collate_rows(
+            [s["src_word_ids"] for s in ordered], pad=0, left_pad=self.dataset.left_pad_source,
+            min_length=src_tokens.size(1))
+        batch["net_input"]["src_word_heads"] = collate_rows([s["src_word_heads"] for s in ordered], pad=-1,
+                                                            left_pad=False)
         # the contract, checked while the batch is on the host (free); the model does not re-check
         check_side_inputs(src_tokens, batch["net_input"]["src_word_ids"], batch["net_input"]["src_word_heads"],
                           self.pad, ids=batch["id"])
