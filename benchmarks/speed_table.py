@@ -716,8 +716,8 @@ def _fmt(value, spec):
 
 
 SPEED_HEAD = ["row", "precision", "compiled", "words/s", "vs stock --fp16", "tokens/step real / padded",
-              "MFLOP/token", "MFU", "words/s per FLOP vs transformer", "vs own shape", "GPU busy", "peak MiB",
-              "compile s", "losses"]
+              "MFLOP/token", "MFU", "words/s per FLOP vs transformer", "vs own shape", "GPU busy",
+              "host ms between / in updates", "peak MiB", "compile s", "losses"]
 
 
 def table_markdown(record, which):
@@ -750,7 +750,9 @@ def table_markdown(record, which):
             f"{_fmt(r['flops_per_token'] / 1e6 if r.get('flops_per_token') else None, '.4g')} | "
             f"{_fmt(r.get('mfu'), '.3f')} | {_fmt(r.get('words_per_flop_vs_transformer'), '.2f')} | "
             f"{_fmt(r.get('words_per_flop_vs_own_shape'), '.2f')} | "
-            f"{_fmt(r.get('gpu_busy'), '.2f')} | {_fmt(r.get('peak_mib'), ',')} | "
+            f"{_fmt(r.get('gpu_busy'), '.2f')} | "
+            f"{_fmt(r.get('between_updates_ms'), '.1f')} / {_fmt(r.get('train_step_ms'), '.1f')} | "
+            f"{_fmt(r.get('peak_mib'), ',')} | "
             f"{_fmt(r.get('compile_s'), '.0f')} | {losses} |")
     return lines
 
