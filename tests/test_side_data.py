@@ -386,3 +386,27 @@ def test_collate_rows_equals_fairseqs_collate_tokens(left_pad):
     empty = [torch.zeros(0, dtype=torch.long)] * 3
     assert _same_tensor(collate_rows(empty, pad=0, left_pad=left_pad, min_length=2),
                         data_utils.collate_tokens(empty, pad_idx=0, left_pad=left_pad, pad_to_length=2))
+
+
+def test_item_arrays_read_the_side_files_items_as_fairseq_does(toy_databin):
+    """side_files.ItemArrays: each item of an mmap side file as a view of its flat array equals fairseq's own
+    MMapIndexedDataset item; a pickled copy (a spawned loader worker's) builds its views again; any other
+    indexable is read through its __getitem__."""
+    import pickle
+
+    import numpy as np
+
+    from umst_plugin.data.side_files import HEADS, WORD_IDS, ItemArrays, load_side
+
+    for kind in (WORD_IDS, HEADS):
+        dataset = load_side(os.path.join(toy_databin, f"train.{e2e.SRC}-{e2e.TGT}.{e2e.SRC}"), kind)
+        rows = ItemArrays(dataset)
+        copy = pickle.loads(pickle.dumps(rows))
+        assert len(rows) == len(dataset) > 1
+        for i in range(len(dataset)):
+            want = dataset[i].numpy()
+            assert np.array_equal(rows[i], want) and np.array_equal(copy[i], want), (kind, i)
+        assert rows._flat is not None and copy._flat is not None  # built once, in each process
+        assert pickle.loads(pickle.dumps(rows))._flat is None  # not sent along: rebuilt where read
+    listed = ItemArrays([torch.tensor([3, 1]), torch.tensor([0])])
+    assert listed[0].tolist() == [3, 1] and listed[1].tolist() == [0] and len(listed) == 2

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from fairseq.data import BaseWrapperDataset
 
+from umst_plugin.data.side_files import ItemArrays
 from umst_plugin.data.side_inputs import check_side_inputs
 from umst_plugin.data.word_boundaries import word_ids_from_tokens
 
@@ -64,6 +65,9 @@ class SideDataLanguagePairDataset(BaseWrapperDataset):
             raise ValueError("need stored word ids or a boundary table to derive them")
         self.word_ids = word_ids
         self.heads = heads
+        # numpy views of the side files' items, read per sentence by __getitem__ (side_files.ItemArrays)
+        self._word_id_rows = None if word_ids is None else ItemArrays(word_ids)
+        self._head_rows = None if heads is None else ItemArrays(heads)
         self.boundaries = boundaries
         self.pad = dataset.src_dict.pad()
         self.eos = dataset.eos
@@ -77,7 +81,7 @@ class SideDataLanguagePairDataset(BaseWrapperDataset):
 
     def _word_ids(self, index, source, n_tok):
         if self.word_ids is not None:
-            return np.asarray(self.word_ids[index])[:n_tok]
+            return self._word_id_rows[index][:n_tok]
         scheme, continues, begins = self.boundaries
         return word_ids_from_tokens(source[None, :n_tok], self.pad, self.eos, continues, begins, scheme)[0].numpy()
 
@@ -108,7 +112,7 @@ class SideDataLanguagePairDataset(BaseWrapperDataset):
         if self.heads is None:
             heads = np.zeros(n_words, dtype=np.int64)
         else:
-            heads = np.asarray(self.heads[index])[:n_words]
+            heads = self._head_rows[index][:n_words]
             heads = np.where(heads > n_words, 0, heads).astype(np.int64, copy=False)  # head cut off by truncation
         # fresh int64 arrays (word ids read from the data-bin are a view of its read-only memory map)
         out_ids = np.zeros(padding + len(word_ids) + int(has_eos), dtype=np.int64)
@@ -128,7 +132,7 @@ class SideDataLanguagePairDataset(BaseWrapperDataset):
             return batch
         # LanguagePairDataset re-sorts by source length; follow its order via the ids.
         by_id = {s["id"]: s for s in samples}
-        ordered = [by_id[int(i)] for i in batch["id"]]
+        ordered = [by_id[i] for i in batch["id"].tolist()]
         src_tokens = batch["net_input"]["src_tokens"]
         batch["net_input"]["src_word_ids"] = collate_rows(
             [s["src_word_ids"] for s in ordered], pad=0, left_pad=self.dataset.left_pad_source,

@@ -57,6 +57,39 @@ def last_items(dataset):
     return flat[ends] if len(flat) else np.zeros(0, dtype=np.int64)
 
 
+class ItemArrays:
+    """The items of a side file as numpy arrays: ``ItemArrays(dataset)[i]`` is item ``i``. For fairseq's
+    ``MMapIndexedDataset`` a read-only view of the file's one flat array, at a slice's cost instead of its
+    ``__getitem__``'s (an lru_cache, a new array, an int64 copy and a tensor): a data loader worker reads two side
+    files for each of the ~800 sentences of a batch at the recipe's 38,400 tokens (docs/performance.md, the data
+    loader's ceiling). Any other indexable (a ConcatDataset of shards, the parses of raw text) through its own
+    ``__getitem__``. Picklable: the views are built again, lazily, in the process that reads them."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+        self._flat = None
+        self._mmap = isinstance(dataset, indexed_dataset.MMapIndexedDataset)
+
+    def _views(self):
+        index = self.dataset._index
+        self._flat = np.frombuffer(self.dataset._bin_buffer, dtype=index.dtype)
+        self._starts = np.asarray(index._pointers, dtype=np.int64) // self._flat.itemsize
+        self._ends = self._starts + np.asarray(index._sizes, dtype=np.int64)
+
+    def __getitem__(self, i):
+        if not self._mmap:
+            return np.asarray(self.dataset[i])
+        if self._flat is None:
+            self._views()
+        return self._flat[self._starts[i]:self._ends[i]]
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getstate__(self):
+        return dict(self.__dict__, _flat=None, _starts=None, _ends=None)
+
+
 def check_side_alignment(prefix, src_sizes, word_ids, heads):
     """Word ids per sentence = source tokens - 1 (</s>); heads per sentence = words."""
     wid_path, head_path = f"{prefix}.{WORD_IDS}.bin", f"{prefix}.{HEADS}.bin"
