@@ -98,7 +98,8 @@ class SideDataLanguagePairDataset(BaseWrapperDataset):
     def __getitem__(self, index):
         # numpy, not torch, per item: a data loader worker builds ~800 of these per batch at the recipe's 38,400
         # tokens, and torch's per-call overhead (the same steps as tensor ops) made the plugin's loader half as
-        # fast as stock fairseq's, near a compiled step's time on an H200 (docs/performance.md, the data pipeline)
+        # fast as stock fairseq's, near a compiled step's time on an H200 (docs/performance.md, the data loader's
+        # ceiling)
         item = self.dataset[index]
         source = item["source"]
         padding = self._bucket_padding(source)
