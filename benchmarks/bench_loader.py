@@ -23,9 +23,6 @@ import time
 
 from benchmarks import common
 
-DEFAULT_ARCHS = "transformer,umst,transformer_sf"
-
-
 def _args(data, arch, max_tokens, stock):
     from fairseq import options
 
@@ -74,8 +71,8 @@ def main(argv=None):
                         help="where the speed table's corpus is, or is built")
     parser.add_argument("--max-tokens", type=int, default=38400, help="the batch per card (the recipe's)")
     parser.add_argument("--num-workers", type=int, default=1, help="fairseq's --num-workers (its default: 1)")
-    parser.add_argument("--archs", default=DEFAULT_ARCHS, help="the plugin's rows: benchmark rows "
-                                                              "(python -m benchmarks.harness lists them)")
+    parser.add_argument("--archs", help="the plugin's rows, comma-separated (default: the transformer and every "
+                                        "family's arch, harness.measured_rows; python -m benchmarks.harness lists them)")
     parser.add_argument("--batches", type=int, default=40, help="batches timed per run")
     parser.add_argument("--skip", type=int, default=5, help="batches not timed first (the workers' start)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per row: the median")
@@ -92,7 +89,7 @@ def main(argv=None):
     import umst_plugin  # noqa: F401  (the plugin's archs; the stock row's task and batches are fairseq's own)
 
     rows = [("stock transformer", "transformer", True)]
-    for name in args.archs.split(","):
+    for name in (args.archs.split(",") if args.archs else harness.measured_rows()):
         arch, _ = harness.model_overrides(name)
         rows.append((name, arch, False))
     record = dict(benchmark="loader", cpu=speed_table.cpu_name(), data=os.path.relpath(data, common.ROOT),
