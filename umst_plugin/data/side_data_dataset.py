@@ -114,7 +114,7 @@ class SideDataLanguagePairDataset(BaseWrapperDataset):
             heads = np.zeros(n_words, dtype=np.int64)
         else:
             heads = self._head_rows[index][:n_words]
-            heads = np.where(heads > n_words, 0, heads).astype(np.int64, copy=False)  # head cut off by truncation
+            heads = np.where(heads > n_words, 0, heads)  # head cut off by truncation (int64 below)
         # fresh int64 arrays (word ids read from the data-bin are a view of its read-only memory map)
         out_ids = np.zeros(padding + len(word_ids) + int(has_eos), dtype=np.int64)
         start = padding if self.dataset.left_pad_source else 0  # laid out like the (bucket-padded) source
