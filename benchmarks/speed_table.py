@@ -49,7 +49,8 @@ longest kernels, and ``kernel_mfu`` (the update's FLOPs over its kernel time alo
 the host's waits apart); ``compile_s``: compiling apart -- every compiled row is first compiled by a process of
 its own, as many at once as the card's memory holds (:func:`warm_up`), into a shared inductor cache
 (``compile_s``: that cold compile, kept from the first call that made it; ``compile_s_in_row``: the measured run's,
-from the warm cache); ``losses``: (update, loss) at each logged update. A compiled row's losses must equal its
+from the warm cache; ``compile_cache_in_row`` and the warm-up's ``compile_cache``: torch's hits and misses of its
+FX graph and AOTAutograd caches, :data:`CACHE_COUNTERS`, which say whether a row compiled anew); ``losses``: (update, loss) at each logged update. A compiled row's losses must equal its
 eager row's within noise, measured in the same call (:func:`loss_check`): compiled code draws its dropout
 masks from inductor's own random stream and keeps fused intermediates in fp32, so the tolerance is twice the
 sum of the dropout noise (the compiled row against its warm-up run, which trains the same updates with other
@@ -379,7 +380,29 @@ def _compile_state():
 
     return dict(seconds=compilation.compile_seconds(), graphs=compilation.compiled_graphs(),
                 fallbacks=[f"{name}: {why}" for (name, _), why in eager_variants().items()],
-                graph_shapes=graph_shapes.counts())
+                graph_shapes=graph_shapes.counts(), cache=compile_cache_counts())
+
+
+# torch's counters of its compile caches: inductor's FX graph cache (one lookup per forward or backward graph) and
+# AOTAutograd's (one per joint graph). A compiled row runs after its warm-up filled the cache, so its graphs should
+# all be hits; a miss says the row compiled a graph the warm-up did not make (the H200's rows compiled 4-111 s more)
+CACHE_COUNTERS = (("inductor", "fxgraph_cache_hit"), ("inductor", "fxgraph_cache_miss"),
+                  ("inductor", "fxgraph_cache_bypass"), ("aot_autograd", "autograd_cache_hit"),
+                  ("aot_autograd", "autograd_cache_miss"), ("aot_autograd", "autograd_cache_bypass"))
+
+
+def compile_cache_counts():
+    """{counter: count} of :data:`CACHE_COUNTERS` in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return {name: int(counters[group][name]) for group, name in CACHE_COUNTERS}
+
+
+def cache_difference(before, after):
+    """The cache counts between two :func:`compile_cache_counts` (an older state without them: None)."""
+    if before is None or after is None:
+        return None
+    return {name: after[name] - before.get(name, 0) for name in after}
 
 
 def train(argv, probe=None, dropout_shift=0):
@@ -494,6 +517,7 @@ def run_row(row, measured_from, busy):
     if after is not None:
         out["compile_s_in_row"] = round(after["seconds"] - before["seconds"], 1)
         out["compiled_graphs_in_row"] = after["graphs"] - before["graphs"]
+        out["compile_cache_in_row"] = cache_difference(before.get("cache"), after.get("cache"))
         out["eager_fallbacks"] = after["fallbacks"][len(before["fallbacks"]):]
     if after is not None and "--compile-cudagraphs" in row["argv"]:
         # per layer class: batch shapes recorded as CUDA graphs in this process, calls beyond the cap (none on a CPU)
@@ -796,8 +820,28 @@ def markdown(record):
         if kernels:
             lines += [f"Kernel time of update {PROFILE_UPDATE + 1} (profiled, in the dropped first interval), by "
                       "what the kernels' names say:", ""] + kernels + [""]
+    in_rows = in_row_compiling(record)
+    if in_rows:
+        lines += ["Compiling inside the measured rows, after the warm-ups filled the shared cache (seconds; torch's "
+                  "FX graph and AOTAutograd cache hits / misses: a miss is a graph the warm-up did not make):", ""]
+        lines += [f"* {line}" for line in in_rows] + [""]
     lines += ["## Targets (recipe batch)", ""] + table_markdown(record, "targets")
     return "\n".join(lines)
+
+
+def in_row_compiling(record):
+    """One line per compiled row that compiled inside its measured run: its seconds and cache counts."""
+    lines = []
+    for r in record["rows"]:
+        if not r["compiled"] or r.get("compile_s_in_row") is None:
+            continue
+        line = f"{r['name']} {r['max_tokens']:,}: {r['compile_s_in_row']:.1f} s"
+        cache = r.get("compile_cache_in_row")
+        if cache:
+            line += (f"; FX graph {cache['fxgraph_cache_hit']} / {cache['fxgraph_cache_miss']}, "
+                     f"AOTAutograd {cache['autograd_cache_hit']} / {cache['autograd_cache_miss']}")
+        lines.append(line)
+    return lines
 
 
 # ---- the parent: data, compile warm-up, the two processes ---------------------------------------------------------
@@ -931,9 +975,9 @@ def warm_up(rows, work, env, timeout, card_gib=None, order=None):
             proc_env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
         running.append((key, out, log, subprocess.Popen(
             [sys.executable, "-m", "benchmarks.speed_table", "--warm-up-row", spec, "--warm-up-out", out],
-            stdout=log, stderr=subprocess.STDOUT, env=proc_env, cwd=ROOT, start_new_session=True)))
+            stdout=log, stderr=subprocess.STDOUT, env=proc_env, cwd=ROOT, start_new_session=True), time.time()))
 
-    def collect(key, out, log, proc, capped=False):
+    def collect(key, out, log, proc, started, capped=False):
         log.close()
         try:
             with open(out) as f:
@@ -942,10 +986,11 @@ def warm_up(rows, work, env, timeout, card_gib=None, order=None):
             results[key] = dict(seconds=None, error=f"no result (rc {proc.returncode}; see {log.name})",
                                 compile_log=compile_log(log.name))
             if capped:  # still running (compiling, mostly): where it was, from the stack it wrote at the cap
-                stack = stack_at_cap(log.name)
-                results[key].update(error=f"stopped at the warm-up cap ({timeout:.0f} s), still running"
-                                    + (f" in {stack['where']}" if stack else "") + f"; see {log.name}",
-                                    stack_at_cap=stack)
+                # the cap counts from the first warm-up's start: one started in a later wave had less of it
+                stack, ran = stack_at_cap(log.name), round(end - started, 1)
+                results[key].update(error=f"stopped at the warm-up cap ({timeout:.0f} s; it had run {ran:.0f} s), "
+                                    "still running" + (f" in {stack['where']}" if stack else "") + f"; see {log.name}",
+                                    stack_at_cap=stack, ran_s=ran)
         print(f"[speed] compile warm-up {key}: " + (f"{results[key]['seconds']:.0f} s of compiling"
                                                     if results[key].get("seconds") is not None
                                                     else results[key]["error"]), flush=True)
@@ -1004,7 +1049,8 @@ def warm_up_child(spec_path, out_path):
         result["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     after = _compile_state()
     result.update(seconds=round(after["seconds"] - before["seconds"], 1), wall_s=round(time.time() - start, 1),
-                  graphs=after["graphs"] - before["graphs"], eager_fallbacks=after["fallbacks"])
+                  graphs=after["graphs"] - before["graphs"], eager_fallbacks=after["fallbacks"],
+                  compile_cache=cache_difference(before["cache"], after["cache"]))
     if torch.cuda.is_available():
         result["peak_mib"] = peak.mib
     with open(out_path, "w") as f:

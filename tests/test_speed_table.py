@@ -82,6 +82,13 @@ def test_tiny_run_has_every_planned_row_with_its_fields(tiny_run):
     compiled = rows[("transformer", "bf16", True, 1024)]
     assert compiled["flops_per_token"] == transformer["flops_per_token"]  # the eager row's count (same batches)
     assert compiled["compile_s"] > 0 and compiled["eager_fallbacks"] == []
+    # the warm-up compiled every graph cold; the measured row found them in the cache it filled
+    warm_cache, row_cache = record["warm_up"]["transformer 1024"]["compile_cache"], compiled["compile_cache_in_row"]
+    assert warm_cache["fxgraph_cache_miss"] > 0 and warm_cache["fxgraph_cache_hit"] == 0, warm_cache
+    assert row_cache["fxgraph_cache_hit"] == warm_cache["fxgraph_cache_miss"], (warm_cache, row_cache)
+    assert row_cache["fxgraph_cache_miss"] == 0 and row_cache["autograd_cache_miss"] == 0, row_cache
+    assert f"transformer 1,024: {compiled['compile_s_in_row']:.1f} s; FX graph {row_cache['fxgraph_cache_hit']} / 0" \
+        in path.with_suffix(".md").read_text()
     assert record["warm_up"]["transformer 1024"]["losses_dropout_shifted"]
     assert compiled["loss_check"]["ok"] is True, compiled["loss_check"]
     # the contrast batch compiles in the measured process (no warm-up), so its losses are not checked
@@ -150,6 +157,18 @@ def test_a_call_on_another_machine_keeps_the_first_calls_warm_ups(tiny_run):
     assert rows[key]["words_per_s"] > 0 and rows[key]["loss_check"]["ok"] is True, rows[key]["loss_check"]
     assert rows[key]["compile_s"] == record["warm_up"]["transformer 1024"]["seconds"]
     assert again["targets"]["compiled_losses_equal_eager"]["met"] is True
+
+
+def test_a_rows_cache_counts_are_those_of_its_own_run():
+    """compile_cache_counts are the process's totals so far; a row's are what its run added (the plugin process
+    compiles several rows one after another), and a state from before the counts were kept gives none."""
+    before = dict.fromkeys((name for _, name in speed_table.CACHE_COUNTERS), 0)
+    before.update(fxgraph_cache_hit=7, fxgraph_cache_miss=3, autograd_cache_hit=4)
+    after = dict(before, fxgraph_cache_hit=12, fxgraph_cache_miss=5, autograd_cache_miss=1)
+    assert speed_table.cache_difference(before, after) == dict(
+        dict.fromkeys(before, 0), fxgraph_cache_hit=5, fxgraph_cache_miss=2, autograd_cache_miss=1)
+    assert speed_table.cache_difference(None, after) is None
+    assert set(speed_table.compile_cache_counts()) == set(before)
 
 
 def test_merged_warm_ups_keep_what_finished():
@@ -359,12 +378,19 @@ def test_a_warm_up_stopped_at_the_cap_says_where_it_was_compiling(tiny_run, tmp_
     _, plugin = speed_table.plan(data, [1024], 8, 2, ["transformer"], ["transformer"], tiny=True)
     [row] = [r for r in plugin if r["compiled"]]
     child_env = dict(speed_table.process_env(), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor-cache"))  # cold
-    # 8 s: the tiny row's warm-up takes 19-30 s here (a cold compile of 17 s and more), its stack handler is set
-    # within a second of its start
-    results = speed_table.warm_up([row], str(tmp_path), child_env, timeout=8)
+    # one warm-up at a time (a card of 1 GiB holds one at 1,024 tokens), a broken row first: it fails once its
+    # process has imported torch and fairseq (3-10 s), and the row starts in the second wave with the rest of the
+    # cap. 20 s: the tiny row's warm-up takes 19-30 s here (a cold compile of 17 s and more), its stack handler is
+    # set within a second of its start
+    broken = dict(row, name="broken", argv=[str(tmp_path / "no-such-data-bin")] + row["argv"][1:])
+    assert speed_table.warm_up_slots([broken, row], 1) == 1
+    results = speed_table.warm_up([broken, row], str(tmp_path), child_env, timeout=20, card_gib=1)
+    assert results["broken 1024"]["error"].startswith("FileNotFoundError"), results
     result = results["transformer 1024"]
     assert result["seconds"] is None, result
-    assert result["error"].startswith("stopped at the warm-up cap (8 s), still running"), result
+    # the cap counts from the first start: the row had what the broken one left of it
+    assert re.match(r"stopped at the warm-up cap \(20 s; it had run \d+ s\), still running", result["error"]), result
+    assert 1 <= result["ran_s"] <= 18 and f"it had run {result['ran_s']:.0f} s" in result["error"], result
     stack = result["stack_at_cap"]
     log = (tmp_path / "warm-up-transformer-1024-log.txt").read_text()
     assert stack and f"{speed_table.MAIN_THREAD_LINE} {stack['thread']}" in log, result
