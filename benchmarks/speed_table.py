@@ -50,14 +50,14 @@ the host's waits apart); ``compile_s``: compiling apart -- every compiled row is
 its own, as many at once as the card's memory holds (:func:`warm_up`), into a shared inductor cache
 (``compile_s``: that cold compile, kept from the first call that made it; ``compile_s_in_row``: the measured run's,
 from the warm cache; ``compile_cache_in_row`` and the warm-up's ``compile_cache``: torch's hits and misses of its
-FX graph and AOTAutograd caches, :data:`CACHE_COUNTERS`, which say whether a row compiled anew); ``losses``: (update, loss) at each logged update. A compiled row's losses must equal its
-eager row's within noise, measured in the same call (:func:`loss_check`): compiled code draws its dropout
-masks from inductor's own random stream and keeps fused intermediates in fp32, so the tolerance is twice the
-sum of the dropout noise (the compiled row against its warm-up run, which trains the same updates with other
-dropout masks) and the bf16 noise (the plugin transformer's bf16 against its fp32 losses,
-the same masks); a row outside it is marked (``loss_check``). A ``--compile-cudagraphs`` row's
-``cudagraph_shapes``: per layer class, the batch shapes recorded as CUDA graphs in the process and the calls beyond
-``--compile-cudagraph-shapes``' cap, which ran without graphs.
+FX graph and AOTAutograd caches, :data:`CACHE_COUNTERS`, which say whether a row compiled anew); ``losses``:
+(update, loss) at each logged update. A compiled row's losses must equal its eager row's within noise, measured
+in the same call (:func:`loss_check`): compiled code draws its dropout masks from inductor's own random stream
+and keeps fused intermediates in fp32, so the tolerance is twice the sum of the dropout noise (the compiled row
+against its warm-up run, which trains the same updates with other dropout masks) and the bf16 noise (the plugin
+transformer's bf16 against its fp32 losses, the same masks); a row outside it is marked (``loss_check``). A
+``--compile-cudagraphs`` row's ``cudagraph_shapes``: per layer class, the batch shapes recorded as CUDA graphs in
+the process and the calls beyond ``--compile-cudagraph-shapes``' cap, which ran without graphs.
 
 The record, rewritten after every row: ``OUT/gpu-speed-<card>-<commit>.json`` (on a CPU ``speed-cpu-...``)
 with the commit, the card, the corpus and a ``rows`` list, each row with ``arch``, ``stock``, ``precision``,
