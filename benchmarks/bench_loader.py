@@ -34,10 +34,10 @@ def _args(data, arch, max_tokens, stock):
     return options.parse_args_and_arch(parser, argv)
 
 
-def batches_per_second(data, arch, max_tokens, num_workers, batches, skip, stock=False):
+def batches_per_second(data, arch, max_tokens, num_workers, batches, skip, stock):
     """Seconds per batch out of the epoch iterator fairseq-train builds (``task.get_batch_iterator`` with its
-    ``--num-workers``, shuffled, seed 1), over ``batches`` batches after the first ``skip``; and the sentences of
-    a batch (the median)."""
+    ``--num-workers``, shuffled, seed 1), over ``batches`` batches after the first ``skip``; the sentences of
+    a batch (the median); and what was timed: the task's and dataset's classes and a batch's model inputs."""
     from fairseq import tasks
 
     args = _args(data, arch, max_tokens, stock)
@@ -60,7 +60,9 @@ def batches_per_second(data, arch, max_tokens, num_workers, batches, skip, stock
         if i == skip + batches - 1:
             break
     seconds = (time.perf_counter() - start) / batches
-    return seconds, statistics.median(sentences)
+    timed = dict(task=type(task).__name__, dataset=type(dataset).__name__, inputs=sorted(batch["net_input"]),
+                 timed_batches=len(sentences))
+    return seconds, statistics.median(sentences), timed
 
 
 def main(argv=None):
@@ -101,11 +103,12 @@ def main(argv=None):
     for name, arch, stock in rows:
         runs = [batches_per_second(data, arch, args.max_tokens, args.num_workers, args.batches, args.skip, stock)
                 for _ in range(args.repeats)]
-        ms = round(1000 * statistics.median(s for s, _ in runs), 3)  # the figures below from the recorded one
+        ms = round(1000 * statistics.median(s for s, _, _ in runs), 3)  # the figures below from the recorded one
         stock_ms = ms if stock else stock_ms
         row = dict(name=name, arch=arch, stock=stock, ms_per_batch=ms,
-                   ms_runs=[round(1000 * s, 2) for s, _ in runs], batches_per_s=round(1000 / ms, 2),
-                   sentences_per_batch=runs[0][1], vs_stock=round(stock_ms / ms, 3) if stock_ms else None)
+                   ms_runs=[round(1000 * s, 2) for s, _, _ in runs], batches_per_s=round(1000 / ms, 2),
+                   sentences_per_batch=runs[0][1], vs_stock=round(stock_ms / ms, 3) if stock_ms else None,
+                   **runs[0][2])
         record["rows"].append(row)
         print(f"| {name} | {'translation' if stock else 'multiscale_translation'} | {row['ms_per_batch']:.1f} | "
               f"{row['batches_per_s']:.1f} | {row['sentences_per_batch']:.0f} | "
