@@ -15,6 +15,7 @@ whatever the model). Each row: the median of ``--repeats`` runs of ``--batches``
 workers' start). A CPU figure on the machine that runs it: the loader's CPU work is the same with a GPU beside it.
 """
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -51,6 +52,9 @@ def batches_per_second(data, arch, max_tokens, num_workers, batches, skip, stock
     if len(epoch) < skip + batches:
         raise ValueError(f"{data}: {len(epoch)} batches of {max_tokens} tokens, fewer than the {skip} + {batches} "
                          "asked for (--skip, --batches)")
+    # the previous run's iterator, garbage now, shuts its worker down when collected (torch's DataLoader joins it,
+    # seconds); collected here, not by a collection that falls inside the timed batches
+    gc.collect()
     sentences, start = [], None
     for i, batch in enumerate(epoch):
         if i == skip:
