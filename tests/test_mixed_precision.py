@@ -36,6 +36,87 @@ def train_cpu(databin, save_dir, arch, *extra, max_update=30):
 
 # ---- units (fast) -----------------------------------------------------------------------------
 
+def test_autocast_covers_the_models_device_unless_disabled_and_says_once_what_runs_under_it(caplog):
+    """``mixed_precision.autocast``: torch.autocast on the model's device in the named dtype (on by default); a
+    no-op when disabled or where autocast is not the plugin's to set (a device outside AUTOCAST_DEVICE_TYPES:
+    fairseq's own path); ``what`` logged once per (what, device, dtype), nothing logged without it."""
+    model = torch.nn.Linear(2, 2)
+    with mixed_precision.autocast(model, "bfloat16"):
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    with mixed_precision.autocast(model, "bfloat16", enabled=False):
+        assert not torch.is_autocast_enabled("cpu")
+    elsewhere = torch.nn.Linear(2, 2, device="meta")
+    assert mixed_precision.model_device_type(elsewhere) not in mixed_precision.AUTOCAST_DEVICE_TYPES
+    with mixed_precision.autocast(elsewhere, "bfloat16"):
+        assert not torch.is_autocast_enabled("cpu")
+    caplog.set_level("INFO", logger="umst_plugin.mixed_precision")
+    for _ in range(2):
+        with mixed_precision.autocast(model, "bfloat16", what="a unit test's step"):
+            pass
+        with mixed_precision.autocast(model, "bfloat16"):
+            pass
+    said = [r.getMessage() for r in caplog.records if r.name == "umst_plugin.mixed_precision"]
+    assert said == ["mixed precision: a unit test's step under bfloat16 autocast on cpu"], said
+
+
+def test_the_weight_cache_is_built_once_per_model_and_not_under_layerdrop_or_where_switched_off(caplog):
+    """``weight_cache``: autocast's parameter casts in one kernel (amp_weights.WeightCache), kept on the model; on
+    by default for an optimizer that does not say (one built without the plugin's options); none with
+    ``--no-amp-weight-cache`` (the optimizer's ``amp_weight_cache`` False) or under LayerDrop (weights unused in
+    some updates), which says so."""
+    from types import SimpleNamespace
+
+    from fairseq.modules.layer_drop import LayerDropModuleList
+
+    from umst_plugin import amp_weights
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    cache = mixed_precision.weight_cache(model, SimpleNamespace(), "bfloat16")
+    assert isinstance(cache, amp_weights.WeightCache)
+    assert mixed_precision.weight_cache(model, SimpleNamespace(amp_weight_cache=True), "bfloat16") is cache
+    assert mixed_precision.weight_cache(torch.nn.Linear(2, 2), SimpleNamespace(amp_weight_cache=False),
+                                        "bfloat16") is None
+    caplog.set_level("INFO", logger="umst_plugin.mixed_precision")
+    dropping = torch.nn.Sequential(LayerDropModuleList(p=0.2, modules=[torch.nn.Linear(2, 2)]))
+    assert mixed_precision.weight_cache(dropping, SimpleNamespace(), "bfloat16") is None
+    assert mixed_precision.weight_cache(dropping, SimpleNamespace(), "bfloat16") is None  # decided once
+    said = [r.getMessage() for r in caplog.records if r.name == "umst_plugin.mixed_precision"]
+    assert said == ["autocast casts: LayerDrop leaves parameters unused in some updates; one cast each"], said
+
+
+def test_a_training_steps_dtype_is_the_optimizers_else_the_tasks_else_float16():
+    from types import SimpleNamespace
+
+    bf16_task = SimpleNamespace(cfg=SimpleNamespace(amp_dtype="bfloat16"))
+    plain_task = SimpleNamespace(cfg=SimpleNamespace(amp_dtype=None))
+    scaler_of = SimpleNamespace  # an AMPOptimizer carries the dtype its grad scaler was built for
+    assert mixed_precision.training_amp_dtype(scaler_of(amp_dtype="bfloat16"), plain_task) == "bfloat16"
+    assert mixed_precision.training_amp_dtype(scaler_of(amp_dtype="float16"), bf16_task) == "float16"
+    assert mixed_precision.training_amp_dtype(scaler_of(), bf16_task) == "bfloat16"
+    assert mixed_precision.training_amp_dtype(scaler_of(), plain_task) == "float16"
+    assert mixed_precision.training_amp_dtype(scaler_of()) == "float16"
+
+
+def test_the_command_line_sets_inference_amp_and_warns_of_an_amp_dtype_without_amp(caplog):
+    from types import SimpleNamespace
+
+    before = (mixed_precision._process_amp, mixed_precision._process_amp_dtype)
+    caplog.set_level("WARNING", logger="umst_plugin.mixed_precision")
+    try:
+        def seen(**common):
+            caplog.clear()
+            mixed_precision.record_command_line(SimpleNamespace(common=SimpleNamespace(**common), task=None))
+            return ((mixed_precision._process_amp, mixed_precision._process_amp_dtype),
+                    [r.getMessage() for r in caplog.records if r.name == "umst_plugin.mixed_precision"])
+
+        assert seen(amp=True, amp_dtype="bfloat16") == ((True, "bfloat16"), [])
+        assert seen(amp=False, amp_dtype="bfloat16") == (
+            (False, "bfloat16"), ["--amp-dtype bfloat16 has no effect without --amp"])
+        assert seen(amp=False, amp_dtype=None) == ((False, None), [])
+        assert seen(amp_dtype=None) == ((False, None), [])  # a config without the flag: no --amp
+    finally:  # what this process's command line said before, for the tests after this one
+        mixed_precision._process_amp, mixed_precision._process_amp_dtype = before
+
 def amp_optimizer(weight, dtype_name, lr=1.0):
     """fairseq's AMPOptimizer (patched by umst_plugin/patches/amp_optimizer.py) over one weight, on the CPU."""
     from fairseq import optim

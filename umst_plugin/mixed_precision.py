@@ -89,7 +89,7 @@ def is_amp_optimizer(optimizer):
     return isinstance(optimizer, AMPOptimizer)
 
 
-def amp_train_step(task, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+def amp_train_step(task, sample, model, criterion, optimizer, update_num, ignore_grad):
     """``FairseqTask.train_step`` (same steps) with ``torch.autocast(device, --amp-dtype)`` in place of fairseq's
     fp16-CUDA-only ``torch.cuda.amp.autocast``, which cannot be nested inside (it would switch a bf16 region
     back to fp16) and does nothing on a CPU."""
