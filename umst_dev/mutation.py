@@ -45,6 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The code under test, by role: every mutant names one of these keys.
 FILES = {
+    "mixed_precision": "umst_plugin/mixed_precision.py",
     "fused_adam": "umst_plugin/training/fused_adam.py",
     "resume_batch_order": "umst_plugin/patches/resume_batch_order.py",
     "broadcast_checkpoint_load": "umst_plugin/patches/broadcast_checkpoint_load.py",
@@ -1990,6 +1991,19 @@ MUTANTS = (
            "stack, ran = stack_at_cap(log.name), round(timeout, 1)",
            ("tests/test_speed_table.py::test_a_warm_up_stopped_at_the_cap_says_where_it_was_compiling",),
            "a warm-up started in a later wave reported as having run the whole cap"),
+    Mutant("autocast-announced-every-step", "mixed_precision",
+           "    if what and (what, device_type, dtype_name) not in _announced:",
+           "    if what:",
+           ("tests/test_mixed_precision.py::test_autocast_covers_the_models_device_unless_disabled_and_says_once_what_runs_under_it",),
+           "\"mixed precision: training under ... autocast\" logged at every update, not once"),
+    Mutant("weight-cache-under-layerdrop", "mixed_precision",
+           "        if amp_weights.layerdrop(model):", "        if False:",
+           ("tests/test_mixed_precision.py::test_the_weight_cache_is_built_once_per_model_and_not_under_layerdrop_or_where_switched_off",),
+           "autocast's casts cached under LayerDrop, whose dropped layers leave cached weights unused"),
+    Mutant("amp-dtype-warning-with-amp", "mixed_precision",
+           "if dtype_name is not None and not amp and", "if dtype_name is not None and",
+           ("tests/test_mixed_precision.py::test_the_command_line_sets_inference_amp_and_warns_of_an_amp_dtype_without_amp",),
+           "\"--amp-dtype has no effect without --amp\" warned with --amp given"),
     Mutant("hub-record-noted-per-sentence", "hub",
            "        self._noted_raw_input = True\n",
            "        self._noted_raw_input = False\n",
