@@ -38,7 +38,8 @@ def _args(data, arch, max_tokens, stock):
 def batches_per_second(data, arch, max_tokens, num_workers, batches, skip, stock):
     """Seconds per batch out of the epoch iterator fairseq-train builds (``task.get_batch_iterator`` with its
     ``--num-workers``, shuffled, seed 1), over ``batches`` batches after the first ``skip``; the sentences of
-    a batch (the median); and what was timed: the task's and dataset's classes and a batch's model inputs."""
+    a batch (the median); and what was timed: the task's and dataset's classes, a batch's model inputs and the
+    number of batches timed."""
     from fairseq import tasks
 
     args = _args(data, arch, max_tokens, stock)
