@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -64,8 +65,6 @@ def test_the_weight_cache_is_built_once_per_model_and_not_under_layerdrop_or_whe
     by default for an optimizer that does not say (one built without the plugin's options); none with
     ``--no-amp-weight-cache`` (the optimizer's ``amp_weight_cache`` False) or under LayerDrop (weights unused in
     some updates), which says so."""
-    from types import SimpleNamespace
-
     from fairseq.modules.layer_drop import LayerDropModuleList
 
     from umst_plugin import amp_weights
@@ -85,8 +84,6 @@ def test_the_weight_cache_is_built_once_per_model_and_not_under_layerdrop_or_whe
 
 
 def test_a_training_steps_dtype_is_the_optimizers_else_the_tasks_else_float16():
-    from types import SimpleNamespace
-
     bf16_task = SimpleNamespace(cfg=SimpleNamespace(amp_dtype="bfloat16"))
     plain_task = SimpleNamespace(cfg=SimpleNamespace(amp_dtype=None))
     scaler_of = SimpleNamespace  # an AMPOptimizer carries the dtype its grad scaler was built for
@@ -98,8 +95,6 @@ def test_a_training_steps_dtype_is_the_optimizers_else_the_tasks_else_float16():
 
 
 def test_the_command_line_sets_inference_amp_and_warns_of_an_amp_dtype_without_amp(caplog):
-    from types import SimpleNamespace
-
     before = (mixed_precision._process_amp, mixed_precision._process_amp_dtype)
     caplog.set_level("WARNING", logger="umst_plugin.mixed_precision")
     try:
