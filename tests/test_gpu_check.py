@@ -101,6 +101,56 @@ def test_a_wheelhouse_without_fairseq_is_a_clear_error(tmp_path):
         fairseq_source.find_sdist(str(tmp_path))
 
 
+def _archive(path, members):
+    """A .tar.gz at ``path`` of (name, text) files; a name ending "->TARGET" is a symbolic link to TARGET."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in members:
+            if "->" in name:
+                name, target = name.split("->")
+                info = tarfile.TarInfo(name)
+                info.type, info.linkname = tarfile.SYMTYPE, target
+                tar.addfile(info)
+                continue
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return str(path)
+
+
+@pytest.mark.parametrize("data_filter", [True, False], ids=["tarfile-data-filter", "python-without-it"])
+def test_the_source_archive_unpacks_only_inside_its_destination(tmp_path, monkeypatch, data_filter):
+    """unpack keeps an archive's members inside the destination: with tarfile's ``data`` filter where Python has
+    it, else (Debian 12's Python 3.11.2, where ``extractall`` has no ``filter``) by refusing any member that is not
+    a plain file or folder at a relative path inside, before anything is written."""
+    import tarfile
+
+    if not data_filter:
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    elif not hasattr(tarfile, "data_filter"):
+        pytest.skip("this Python's tarfile has no data filter")
+    good = _archive(tmp_path / "fairseq_fixed-0.12.3.1.tar.gz",
+                    [("fairseq_fixed-0.12.3.1/fairseq/version.txt", "0.12.3.1\n"),
+                     ("fairseq_fixed-0.12.3.1/fairseq_cli/train.py", "")])
+    tree = fairseq_source.unpack(good, str(tmp_path / "src"))
+    assert tree == str(tmp_path / "src" / "fairseq_fixed-0.12.3.1")
+    assert (tmp_path / "src" / "fairseq_fixed-0.12.3.1" / "fairseq" / "version.py").read_text() == \
+        '__version__ = "0.12.3.1"\n'
+    for bad in ("fairseq_fixed-0.12.3.1/../../outside.txt", "/tmp/absolute-outside.txt",
+                "fairseq_fixed-0.12.3.1/fairseq/escape->../../../outside.txt"):
+        sdist = _archive(tmp_path / "bad.tar.gz", [("fairseq_fixed-0.12.3.1/fairseq/version.txt", "0.12.3.1\n"),
+                                                   (bad, "x")])
+        dest = tmp_path / "bad-src"
+        with pytest.raises((fairseq_source.BuildError, tarfile.TarError)):
+            fairseq_source.unpack(sdist, str(dest))
+        assert not (tmp_path / "outside.txt").exists() and not os.path.exists("/tmp/absolute-outside.txt")
+        if not data_filter:  # refused before anything was written
+            assert not any(dest.rglob("*")), list(dest.rglob("*"))
+
+
 @pytest.mark.slow
 def test_dry_run_installs_from_the_wheelhouse_alone_and_every_command_parses(tmp_path):
     """What CI runs: bash scripts/gpu-check.sh --dry-run (builds a wheelhouse for this Python from PyPI)."""

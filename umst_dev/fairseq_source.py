@@ -46,12 +46,31 @@ def find_sdist(wheelhouse):
     return found[-1]
 
 
+def safe_extraction(tar, sdist):
+    """``extractall``'s keyword arguments that keep the archive's members inside the destination: tarfile's
+    ``data`` filter where this Python has it (3.11.4 and later; Debian 12's 3.11.2 has not), else a check of every
+    member here first: plain files and folders only, at relative paths that do not climb out (what a source archive
+    holds; the filter would also allow links that stay inside)."""
+    if hasattr(tarfile, "data_filter"):
+        return dict(filter="data")
+    for member in tar.getmembers():
+        parts = member.name.replace("\\", "/").split("/")
+        if not (member.isfile() or member.isdir()) or os.path.isabs(member.name) or ".." in parts:
+            raise BuildError(f"{sdist}: member {member.name!r} is not a plain file or folder inside the archive; "
+                             "not unpacked")
+    return {}
+
+
 def unpack(sdist, dest):
     """Unpack the archive into ``dest``; return the source tree (the folder holding ``fairseq/``)."""
     os.makedirs(dest, exist_ok=True)
     with tarfile.open(sdist) as tar:
-        top = os.path.commonpath(tar.getnames())
-        tar.extractall(dest, filter="data")
+        extraction = safe_extraction(tar, sdist)
+        try:
+            top = os.path.commonpath(tar.getnames())
+        except ValueError:  # absolute and relative names mixed
+            raise BuildError(f"{sdist}: its members are not all under one top folder; not a source archive") from None
+        tar.extractall(dest, **extraction)
     tree = os.path.join(dest, top)
     if not os.path.isdir(os.path.join(tree, "fairseq")) or not os.path.isdir(os.path.join(tree, "fairseq_cli")):
         raise BuildError(f"{sdist}: no fairseq/ and fairseq_cli/ inside; not a fairseq source archive")
