@@ -8,13 +8,15 @@ fairseq-train reads its batches through a DataLoader with ``--num-workers`` work
 index the dataset and collate each batch, ahead of the training step. One worker builds one batch at a time, so
 at most 1 / (its seconds per batch) steps run per second, however fast the GPU is: on the H200 a compiled
 transformer step at 38,400 tokens takes about 78 ms (docs/results/gpu-speed-nvidia-h200-bcc7a7e.json). Rows:
-stock fairseq's ``translation`` task (a process that never imported the plugin would build the same batches) and
+stock fairseq's ``translation`` task, padded by fairseq's own ``collate_tokens`` (the batches of a process that never
+imported the plugin, which puts its own in fairseq's place: umst_plugin/patches/collate_tokens.py), and
 the plugin's ``multiscale_translation`` task for each arch, with its model built so that the batch hints it asks
 for are computed as in training (word ids and dependency heads for every arch: the task reads the side files
 whatever the model). Each row: the median of ``--repeats`` runs of ``--batches`` batches after ``--skip`` (the
 workers' start). A CPU figure on the machine that runs it: the loader's CPU work is the same with a GPU beside it.
 """
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -35,11 +37,28 @@ def _args(data, arch, max_tokens, stock):
     return options.parse_args_and_arch(parser, argv)
 
 
+@contextlib.contextmanager
+def fairseqs_collate_tokens():
+    """fairseq's own ``data_utils.collate_tokens`` in place while the block runs (its data loader workers, forked in
+    it, keep it): what a stock fairseq process pads its batches with. The plugin's patch is put back after."""
+    from fairseq.data import data_utils
+
+    from umst_plugin.patches import installed, original
+
+    patched = data_utils.collate_tokens
+    if installed(patched, "collate_tokens"):
+        data_utils.collate_tokens = original(patched)
+    try:
+        yield
+    finally:
+        data_utils.collate_tokens = patched
+
+
 def batches_per_second(data, arch, max_tokens, num_workers, batches, skip, stock):
     """Seconds per batch out of the epoch iterator fairseq-train builds (``task.get_batch_iterator`` with its
     ``--num-workers``, shuffled, seed 1), over ``batches`` batches after the first ``skip``; the sentences of
-    a batch (the median); and what was timed: the task's and dataset's classes, a batch's model inputs and the
-    number of batches timed."""
+    a batch (the median); and what was timed: the task's and dataset's classes, a batch's model inputs, the number of
+    batches timed and the ``collate_tokens`` that padded them (fairseq's own for the stock row)."""
     from fairseq import tasks
 
     args = _args(data, arch, max_tokens, stock)
@@ -48,6 +67,17 @@ def batches_per_second(data, arch, max_tokens, num_workers, batches, skip, stock
     if not stock:
         task.build_model(args)  # its batch hints, as in training
     dataset = task.dataset("train")
+    with fairseqs_collate_tokens() if stock else contextlib.nullcontext():
+        from fairseq.data import data_utils
+
+        collate = data_utils.collate_tokens.__module__  # fairseq.data.data_utils, or the plugin's patch
+        seconds, sentences, batch = _timed_epoch(task, dataset, data, max_tokens, num_workers, batches, skip)
+    timed = dict(task=type(task).__name__, dataset=type(dataset).__name__, inputs=sorted(batch["net_input"]),
+                 timed_batches=len(sentences), collate_tokens=collate)
+    return seconds, statistics.median(sentences), timed
+
+
+def _timed_epoch(task, dataset, data, max_tokens, num_workers, batches, skip):
     iterator = task.get_batch_iterator(dataset, max_tokens=max_tokens, seed=1, num_workers=num_workers)
     epoch = iterator.next_epoch_itr(shuffle=True)
     if len(epoch) < skip + batches:
@@ -64,10 +94,7 @@ def batches_per_second(data, arch, max_tokens, num_workers, batches, skip, stock
             sentences.append(int(batch["nsentences"]))
         if i == skip + batches - 1:
             break
-    seconds = (time.perf_counter() - start) / batches
-    timed = dict(task=type(task).__name__, dataset=type(dataset).__name__, inputs=sorted(batch["net_input"]),
-                 timed_batches=len(sentences))
-    return seconds, statistics.median(sentences), timed
+    return (time.perf_counter() - start) / batches, sentences, batch
 
 
 def main(argv=None):

@@ -21,6 +21,10 @@ def test_the_loader_bench_times_fairseqs_iterator_for_stock_and_each_arch(toy_da
     stock, transformer, umst, transformer_sf = record["rows"]
     assert (stock["task"], stock["dataset"]) == ("TranslationTask", "LanguagePairDataset")
     assert "src_word_ids" not in stock["inputs"]
+    # stock fairseq pads with its own collate_tokens, as a process without the plugin does; the plugin's rows with
+    # the plugin's (umst_plugin/patches/collate_tokens.py)
+    assert stock["collate_tokens"] == "fairseq.data.data_utils"
+    assert {r["collate_tokens"] for r in (transformer, umst, transformer_sf)} == {"umst_plugin.patches.collate_tokens"}
     for r in (transformer, umst, transformer_sf):
         assert (r["task"], r["dataset"]) == ("MultiscaleTranslationTask", "SideDataLanguagePairDataset"), r
         assert {"src_tokens", "src_word_ids", "src_word_heads"} <= set(r["inputs"]), r

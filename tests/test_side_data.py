@@ -344,48 +344,41 @@ def test_numpy_items_and_batches_equal_the_torch_reference(toy_databin, override
     from fairseq.data import data_utils
 
     from umst_plugin.data.side_data_dataset import SideDataLanguagePairDataset
+    from umst_plugin.patches import original
 
+    fairseqs_collate_tokens = original(data_utils.collate_tokens)  # fairseq's own, row by row
     task = task_on(toy_databin, **overrides)
     task.load_dataset("train")
     stored = task.dataset("train")
     derived = SideDataLanguagePairDataset(stored.dataset, word_ids=None, heads=None, boundaries=task.boundaries)
-    for side in (stored, derived):
+    headless = SideDataLanguagePairDataset(stored.dataset, word_ids=stored.word_ids, heads=None)
+    generator = torch.Generator().manual_seed(0)
+    for side in (stored, derived, headless):
         for index in range(len(side)):
             item = side[index]
             want_ids, want_heads = _reference_item(side, index)
             assert _same_tensor(item["src_word_ids"], want_ids), (index, item["src_word_ids"], want_ids)
             assert _same_tensor(item["src_word_heads"], want_heads), (index, item["src_word_heads"], want_heads)
+        # a batch's items at once (what the data loader asks for): the same items as one by one, in any order,
+        # an index twice, one sentence alone
+        shuffled = torch.randperm(len(side), generator=generator).tolist()
+        for indices in (shuffled, shuffled[:7] + shuffled[:2], shuffled[:1], list(range(len(side)))):
+            many = side.__getitems__(indices)
+            assert len(many) == len(indices)
+            for index, item in zip(indices, many):
+                one = side[index]
+                assert sorted(item) == sorted(one) and item["id"] == index
+                for key in ("source", "target", "src_word_ids", "src_word_heads"):
+                    assert item[key].dtype == one[key].dtype and item[key].equal(one[key]), (index, key)
         itr = task.get_batch_iterator(side, max_tokens=200, seed=1).next_epoch_itr(shuffle=True)
         for batch in itr:
             net = batch["net_input"]
             ordered = [side[int(i)] for i in batch["id"]]
-            want_ids = data_utils.collate_tokens([s["src_word_ids"] for s in ordered], pad_idx=0,
-                                                 left_pad=side.dataset.left_pad_source,
-                                                 pad_to_length=net["src_tokens"].size(1))
-            want_heads = data_utils.collate_tokens([s["src_word_heads"] for s in ordered], pad_idx=-1,
-                                                   left_pad=False)
+            want_ids = fairseqs_collate_tokens([s["src_word_ids"] for s in ordered], pad_idx=0,
+                                               left_pad=side.dataset.left_pad_source,
+                                               pad_to_length=net["src_tokens"].size(1))
+            want_heads = fairseqs_collate_tokens([s["src_word_heads"] for s in ordered], pad_idx=-1, left_pad=False)
             assert _same_tensor(net["src_word_ids"], want_ids) and _same_tensor(net["src_word_heads"], want_heads)
-
-
-@pytest.mark.parametrize("left_pad", [True, False])
-def test_collate_rows_equals_fairseqs_collate_tokens(left_pad):
-    """One numpy scatter for the batch instead of a copy per row: fairseq's collate_tokens' result, empty rows, a
-    minimum width under and over the longest row, and a batch of empty rows included."""
-    from fairseq.data import data_utils
-
-    from umst_plugin.data.side_data_dataset import collate_rows
-
-    generator = torch.Generator().manual_seed(0)
-    for trial in range(20):
-        lengths = torch.randint(0, 12, (int(torch.randint(1, 9, (1,), generator=generator)),), generator=generator)
-        rows = [torch.randint(-1, 50, (int(n),), generator=generator) for n in lengths]
-        for min_length in (None, 3, 20):
-            want = data_utils.collate_tokens(rows, pad_idx=-1, left_pad=left_pad, pad_to_length=min_length)
-            got = collate_rows(rows, pad=-1, left_pad=left_pad, min_length=min_length or 0)
-            assert _same_tensor(got, want), (trial, lengths, min_length, got, want)
-    empty = [torch.zeros(0, dtype=torch.long)] * 3
-    assert _same_tensor(collate_rows(empty, pad=0, left_pad=left_pad, min_length=2),
-                        data_utils.collate_tokens(empty, pad_idx=0, left_pad=left_pad, pad_to_length=2))
 
 
 def test_item_arrays_read_the_side_files_items_as_fairseq_does(toy_databin):
@@ -410,3 +403,33 @@ def test_item_arrays_read_the_side_files_items_as_fairseq_does(toy_databin):
         assert pickle.loads(pickle.dumps(rows))._flat is None  # not sent along: rebuilt where read
     listed = ItemArrays([torch.tensor([3, 1]), torch.tensor([0])])
     assert listed[0].tolist() == [3, 1] and listed[1].tolist() == [0] and len(listed) == 2
+    # a batch's prefixes in one gather: the same values as a slice per item, for mmap files and other indexables
+    generator = np.random.default_rng(0)
+    for rows in (ItemArrays(dataset), ItemArrays([dataset[i] for i in range(len(dataset))])):
+        indices = generator.permutation(len(dataset))[:40].tolist() + [0, 0]
+        limits = generator.integers(0, 12, len(indices))
+        flat, counts = rows.prefixes(indices, limits)
+        want = [dataset[i].numpy()[:n] for i, n in zip(indices, limits)]
+        assert flat.dtype == np.int64 and counts.tolist() == [len(w) for w in want]
+        assert np.array_equal(flat, np.concatenate(want)) and 0 < counts.sum() < sum(len(dataset[i]) for i in indices)
+    assert listed.prefixes([], [])[0].shape == (0,) and ItemArrays(dataset).prefixes([], [])[0].shape == (0,)
+
+
+def test_the_data_loader_builds_each_batchs_items_at_once(toy_databin, monkeypatch):
+    """fairseq's epoch iterator (torch's DataLoader) asks the side data for a batch's items in one call
+    (``__getitems__``), and its batches carry each sentence's own side data."""
+    from umst_plugin.data.side_data_dataset import SideDataLanguagePairDataset
+
+    calls = []
+    batch_items = SideDataLanguagePairDataset.__getitems__
+
+    def counted(self, indices):
+        calls.append(len(indices))
+        return batch_items(self, indices)
+
+    monkeypatch.setattr(SideDataLanguagePairDataset, "__getitems__", counted)
+    task = task_on(toy_databin)
+    task.load_dataset("train")
+    batches = list(task.get_batch_iterator(task.dataset("train"), max_tokens=200, seed=1).next_epoch_itr(shuffle=True))
+    assert calls == [len(b["id"]) for b in batches] and len(batches) > 3
+    check_batches(task, "train", *expected_rows(toy_databin, "train"), left_pad=True)

@@ -24,27 +24,22 @@ import numpy as np
 import torch
 from fairseq.data import BaseWrapperDataset
 
+from umst_plugin.data.collate import collate_tokens
 from umst_plugin.data.side_files import ItemArrays
 from umst_plugin.data.side_inputs import check_side_inputs
 from umst_plugin.data.word_boundaries import word_ids_from_tokens
 
 
-def collate_rows(rows, pad, left_pad, min_length=0):
-    """fairseq's ``data_utils.collate_tokens(rows, pad, left_pad=left_pad, pad_to_length=min_length)`` (B x T,
-    T = the longest row or ``min_length``, each row at the right or left end), in one numpy scatter instead of a
-    tensor copy per row: a fifth of its time at 800 rows (tests/test_side_data.py compares the two)."""
-    rows = [np.asarray(r) for r in rows]
-    lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
-    width = max(int(lengths.max(initial=0)), min_length)
-    out = np.full((len(rows), width), pad, dtype=np.int64)
-    total = int(lengths.sum())
-    if total:
-        row_of = np.repeat(np.arange(len(rows)), lengths)
-        first = np.cumsum(lengths) - lengths  # each row's offset in the concatenation
-        column = np.arange(total) - np.repeat(first, lengths)
-        if left_pad:
-            column += np.repeat(width - lengths, lengths)
-        out[row_of, column] = np.concatenate(rows)
+def _rows_with_eos(values, counts, has_eos, eos_values):
+    """Rows (``values`` cut into ``counts``), each followed by its ``eos_values`` entry where ``has_eos``, as one
+    int64 tensor: the rows side by side, for ``split``."""
+    sizes = counts + has_eos
+    offsets = np.cumsum(sizes) - sizes
+    out = np.empty(int(sizes.sum()), dtype=np.int64)
+    first = np.cumsum(counts) - counts
+    out[np.repeat(offsets - first, counts) + np.arange(len(values))] = values
+    ends = (offsets + counts)[has_eos > 0]
+    out[ends] = np.broadcast_to(eos_values, counts.shape)[has_eos > 0]
     return torch.from_numpy(out)
 
 
@@ -127,6 +122,39 @@ class SideDataLanguagePairDataset(BaseWrapperDataset):
         item["src_word_heads"] = torch.from_numpy(out_heads)
         return item
 
+    def __getitems__(self, indices):
+        """``[self[i] for i in indices]``: a batch's items, as torch's DataLoader asks for them (its fetcher calls
+        ``__getitems__`` where a dataset has one). With stored side files and no bucketing the side data of the
+        whole batch is computed at once, in numpy, and each item's two tensors are views of two arrays shared by
+        the batch: per item, only fairseq's own item is built. The per-item path cost about 20 µs a sentence in a
+        data loader worker, 16 ms of a batch of ~800 (docs/performance.md, the data loader's ceiling)."""
+        if self.word_ids is None or self.dataset.buckets:  # derived word ids (raw text), bucket padding: per item
+            return [self[i] for i in indices]
+        items = [self.dataset[int(i)] for i in indices]
+        if not items:
+            return items
+        sources = [item["source"] for item in items]
+        lengths = np.fromiter(map(len, sources), dtype=np.int64, count=len(sources))
+        has_eos = np.zeros(len(items), dtype=np.int64)
+        if lengths.sum():
+            last = torch.cat(sources).numpy()[np.maximum(np.cumsum(lengths) - 1, 0)]
+            has_eos = ((lengths > 0) & (last == self.eos)).astype(np.int64)
+        n_tok = lengths - has_eos
+        word_ids, id_counts = self._word_id_rows.prefixes(indices, n_tok)
+        n_words = np.where(id_counts > 0, word_ids[np.maximum(np.cumsum(id_counts) - 1, 0)] if len(word_ids) else 0,
+                           0)
+        if self.heads is None:
+            heads, head_counts = np.zeros(int(n_words.sum()), dtype=np.int64), n_words
+        else:
+            heads, head_counts = self._head_rows.prefixes(indices, n_words)
+            heads = np.where(heads > np.repeat(n_words, head_counts), 0, heads)  # cut off by truncation
+        ids = _rows_with_eos(word_ids, id_counts, has_eos, n_words + 1)  # the </s> word: n_words + 1
+        heads = _rows_with_eos(heads, head_counts, has_eos, 0)  # its head: 0
+        sizes = (id_counts + has_eos).tolist()
+        for item, word_row, head_row in zip(items, ids.split(sizes), heads.split((head_counts + has_eos).tolist())):
+            item["src_word_ids"], item["src_word_heads"] = word_row, head_row
+        return items
+
     def collater(self, samples, pad_to_length=None):
         batch = self.dataset.collater(samples, pad_to_length=pad_to_length)
         if not batch:
@@ -135,11 +163,10 @@ class SideDataLanguagePairDataset(BaseWrapperDataset):
         by_id = {s["id"]: s for s in samples}
         ordered = [by_id[i] for i in batch["id"].tolist()]
         src_tokens = batch["net_input"]["src_tokens"]
-        batch["net_input"]["src_word_ids"] = collate_rows(
-            [s["src_word_ids"] for s in ordered], pad=0, left_pad=self.dataset.left_pad_source,
-            min_length=src_tokens.size(1))
-        batch["net_input"]["src_word_heads"] = collate_rows([s["src_word_heads"] for s in ordered], pad=-1,
-                                                            left_pad=False)
+        batch["net_input"]["src_word_ids"] = collate_tokens(
+            [s["src_word_ids"] for s in ordered], 0, left_pad=self.dataset.left_pad_source,
+            pad_to_length=src_tokens.size(1))
+        batch["net_input"]["src_word_heads"] = collate_tokens([s["src_word_heads"] for s in ordered], -1)
         # the contract, checked while the batch is on the host (free); the model does not re-check
         check_side_inputs(src_tokens, batch["net_input"]["src_word_ids"], batch["net_input"]["src_word_heads"],
                           self.pad, ids=batch["id"])

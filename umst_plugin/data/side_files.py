@@ -83,6 +83,25 @@ class ItemArrays:
             self._views()
         return self._flat[self._starts[i]:self._ends[i]]
 
+    def prefixes(self, indices, limits):
+        """The first ``limits[k]`` values of item ``indices[k]`` (the whole item where it is shorter) for every k,
+        concatenated as one int64 array, and how many values each item gave (an int64 array): a batch's rows read
+        by one gather instead of a slice each."""
+        indices = np.asarray(indices, dtype=np.int64)
+        limits = np.asarray(limits, dtype=np.int64)
+        if not self._mmap:
+            rows = [np.asarray(self.dataset[int(i)])[:int(n)] for i, n in zip(indices, limits)]
+            counts = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+            flat = np.concatenate(rows) if rows else np.zeros(0)
+            return flat.astype(np.int64), counts
+        if self._flat is None:
+            self._views()
+        starts = self._starts[indices]
+        counts = np.minimum(self._ends[indices] - starts, limits)
+        offsets = np.cumsum(counts) - counts  # each item's place in the result
+        take = np.repeat(starts - offsets, counts) + np.arange(int(counts.sum()))
+        return self._flat[take].astype(np.int64), counts
+
     def __len__(self):
         return len(self.dataset)
 

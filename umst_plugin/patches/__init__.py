@@ -47,6 +47,7 @@ PATCHES = (
     "task_autocast",
     "cudnn_attention",
     "pair_dataset_sizes",
+    "collate_tokens",
     "resume_batch_order",
     "incremental_state_lookup",
     "broadcast_checkpoint_load",
@@ -80,6 +81,7 @@ STOCK_NUMBERS = {
                        "backward gave wrong gradients or failed; no on a CPU and for fp32",
     "pair_dataset_sizes": "no: the same sizes, without numpy's warning; runs with --num-batch-buckets, which "
                           "stopped at start-up under numpy 2, get fairseq's buckets",
+    "collate_tokens": "no: the same padded tensors (tests/test_collate_tokens.py compares them with fairseq's own)",
     "resume_batch_order": "yes for a run resumed in epoch 2 or later, because fairseq cut its batches from another "
                           "example order than the run it resumes (some sentences twice in the epoch, others not "
                           "at all); no for uninterrupted runs and resumes in epoch 1",
