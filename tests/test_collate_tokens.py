@@ -46,6 +46,14 @@ def test_every_argument_gives_fairseqs_tensor(dtype):
     assert checked == 2 * 3 * 3 * 2 * 3 * 3
 
 
+def test_its_defaults_are_fairseqs():
+    """Called with the rows and the pad alone (as the side data's heads are): right-padded, nothing moved, the
+    longest row's width, the rows' count."""
+    rows = [torch.tensor([5, 6, 2]), torch.tensor([7, 2])]
+    assert _same(collate_tokens(rows, 1), FAIRSEQS(rows, 1))
+    assert collate_tokens(rows, 1).tolist() == [[5, 6, 2], [7, 2, 1]]
+
+
 def test_a_batch_of_empty_rows_is_all_padding():
     empty = [torch.zeros(0, dtype=torch.long)] * 3
     for left_pad in (False, True):
@@ -64,9 +72,9 @@ def test_rows_it_does_not_take_go_to_fairseqs_own():
     assert data_utils.collate_tokens(big, 0).tolist() == [[2 ** 40 + 1], [1]]
     with pytest.raises(AssertionError):  # fairseq's copy_tensor: a 2-d row's numel is not its slice's
         data_utils.collate_tokens([torch.ones(2, 3)], 0)
-    with pytest.raises(IndexError):  # fairseq's dst[0] on an empty row
-        data_utils.collate_tokens([torch.tensor([4, 2]), torch.zeros(0, dtype=torch.long)], 1, eos_idx=2,
-                                  move_eos_to_beginning=True)
+    with pytest.raises(IndexError):  # fairseq's dst[0] on an empty row (between two others: nothing else fails)
+        data_utils.collate_tokens([torch.tensor([4, 2]), torch.zeros(0, dtype=torch.long), torch.tensor([5, 2])], 1,
+                                  eos_idx=2, move_eos_to_beginning=True)
     with pytest.raises(ValueError, match="1-d tensors of one dtype"):
         collate_tokens(mixed, 0)
 

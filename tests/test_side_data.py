@@ -303,7 +303,10 @@ def _reference_item(side, index):
     """SideDataLanguagePairDataset.__getitem__ as it was in torch, one tensor op per step."""
     item = side.dataset[index]
     source = item["source"]
-    padding = side._bucket_padding(source)
+    padding = 0
+    if side.dataset.buckets:  # the pad tokens fairseq's bucketing put at the end its batches pad
+        tokens = source.tolist() if side.dataset.left_pad_source else source.tolist()[::-1]
+        padding = next((k for k, token in enumerate(tokens) if token != side.pad), len(tokens))
     if padding:
         source = source[padding:] if side.dataset.left_pad_source else source[:len(source) - padding]
     has_eos = bool(len(source)) and int(source[-1]) == side.eos
@@ -433,3 +436,60 @@ def test_the_data_loader_builds_each_batchs_items_at_once(toy_databin, monkeypat
     batches = list(task.get_batch_iterator(task.dataset("train"), max_tokens=200, seed=1).next_epoch_itr(shuffle=True))
     assert calls == [len(b["id"]) for b in batches] and len(batches) > 3
     check_batches(task, "train", *expected_rows(toy_databin, "train"), left_pad=True)
+
+
+class _EveryOtherSourceWithoutEos:
+    """A source dataset whose odd items lack their end-of-sentence (as raw text or a source fairseq stripped gives)."""
+
+    def __init__(self, dataset, eos):
+        self.dataset, self.eos, self.sizes = dataset, eos, dataset.sizes
+
+    def __getitem__(self, index):
+        item = self.dataset[index]
+        if index == 1:
+            return item[:0]  # no token at all
+        return item[:-1] if index % 2 and int(item[-1]) == self.eos else item
+
+    def __len__(self):
+        return len(self.dataset)
+
+
+def test_batch_items_of_sources_with_and_without_eos(toy_databin):
+    """A batch mixing sources with and without the end-of-sentence, and an empty one: built at once and one by one,
+    each item's word ids and heads are the reference's (the </s> word only where there is an </s>)."""
+    from fairseq.data import LanguagePairDataset
+
+    from umst_plugin.data.side_data_dataset import SideDataLanguagePairDataset
+
+    task = task_on(toy_databin)
+    task.load_dataset("train")
+    stored = task.dataset("train")
+    pairs = stored.dataset
+    mixed = LanguagePairDataset(_EveryOtherSourceWithoutEos(pairs.src, pairs.eos), pairs.src_sizes, pairs.src_dict,
+                                pairs.tgt, pairs.tgt_sizes, pairs.tgt_dict)
+    side = SideDataLanguagePairDataset(mixed, word_ids=stored.word_ids, heads=stored.heads)
+    indices = list(range(len(side)))[::-1]
+    many = side.__getitems__(indices)
+    assert sum(len(item["source"]) > 0 and int(item["source"][-1]) != side.eos for item in many) > 10
+    assert len(many[-2]["source"]) == 0 and len(many[-2]["src_word_ids"]) == 0  # index 1
+    for index, item in zip(indices, many):
+        want_ids, want_heads = _reference_item(side, index)
+        for got in (item, side[index]):
+            assert _same_tensor(got["src_word_ids"], want_ids), (index, got["src_word_ids"], want_ids)
+            assert _same_tensor(got["src_word_heads"], want_heads), (index, got["src_word_heads"], want_heads)
+
+
+def test_the_wrapper_reads_as_the_pair_dataset_it_wraps(toy_databin):
+    """fairseq's CLIs read LanguagePairDataset attributes off task.dataset(split): the wrapper hands them on, and
+    pickles (a spawned data loader worker gets a copy) without recursing for its own missing attributes."""
+    import pickle
+
+    task = task_on(toy_databin)
+    task.load_dataset("train")
+    side = task.dataset("train")
+    assert side.src_dict is side.dataset.src_dict and side.left_pad_source == side.dataset.left_pad_source
+    assert side.src_sizes is side.dataset.src_sizes and side.tgt is side.dataset.tgt
+    copy = pickle.loads(pickle.dumps(side))
+    assert copy[3]["src_word_ids"].equal(side[3]["src_word_ids"]) and len(copy) == len(side)
+    with pytest.raises(AttributeError):
+        side.no_such_attribute
