@@ -199,10 +199,14 @@ def test_the_resumed_run_equals_the_uninterrupted_one(rehearsal):
     assert updates == resume["updates"]["reference"] > 300, resume["updates"]
     assert resume["logged_updates"] == {"preempted": updates, "reference": updates}
     assert not resume["logged_losses_differing"], resume["logged_losses_differing"]
+    # one logged unit apart (a float bit across a rounding boundary, rehearsal.losses_apart): rare, never more
+    assert len(resume["logged_losses_one_unit_apart"]) <= updates // 100, resume["logged_losses_one_unit_apart"]
     after = resume["logged_losses_after_resume"]
-    assert len(after) == updates - resume["stopped_at_update"] and all(a == b for a, b in after.values())
+    assert len(after) == updates - resume["stopped_at_update"]
+    assert all(abs(a - b) <= 1.000001e-3 for a, b in after.values())
     assert resume["max_abs_weight_diff"] <= 1e-4
-    print(f"\nstopped at updates {[s['update'] for s in resume['stop_list']]} of {updates}: every loss equal; "
+    print(f"\nstopped at updates {[s['update'] for s in resume['stop_list']]} of {updates}: every loss equal "
+          f"(one logged unit apart at {resume['logged_losses_one_unit_apart']}); "
           f"final weights at most {resume['max_abs_weight_diff']:.3g} apart")
 
 
@@ -251,3 +255,14 @@ def test_a_raw_sentence_translates_with_the_recorded_parser(rehearsal):
     translation = summary["translation"]
     assert translation["translation"].strip(), translation
     assert translation["source_parser"] == "spacy", translation  # from preprocessing.json, no argument given
+
+
+def test_logged_losses_one_unit_apart_are_told_from_losses_that_differ():
+    """fairseq's 3-decimal logs: equal, one unit apart (a float bit across a rounding boundary) and more, or an
+    update the preempted run did not log."""
+    from umst_tools.rehearsal import losses_apart
+
+    reference = {1: 6.581, 2: 7.0, 3: 6.5, 4: 6.1, 5: 5.0}
+    preempted = {1: 6.582, 2: 7.0, 3: 6.502, 4: 6.099}
+    assert losses_apart(preempted, reference) == ([3, 5], [1, 4])
+    assert losses_apart(reference, reference) == ([], [])

@@ -126,9 +126,28 @@ def last_update(save_dir):
     return _checkpoint_state(os.path.join(save_dir, "checkpoint_last.pt"))["num_updates"]
 
 
+LOGGED_UNIT = 1e-3  # fairseq logs a loss to 3 decimals
+
+
+def losses_apart(preempted, reference):
+    """(updates whose logged losses differ by more than one logged unit, or that the preempted run did not log;
+    updates one unit apart). One unit is what two equal runs can show: the 2-node run's loss of an update is
+    summed over its ranks, the 1-process reference's over its update_freq batches, so the two sums may differ in
+    their last float bit, and a value on a rounding boundary then logs one unit apart (measured: update 1120 of
+    the WMT rehearsal, loss 6.581 against 6.582, every other figure of the update and every final weight equal)."""
+    differing, one_unit = [], []
+    for n in sorted(reference):
+        apart = abs(preempted[n] - reference[n]) if n in preempted else float("inf")
+        if apart > LOGGED_UNIT * (1 + 1e-6):
+            differing.append(n)
+        elif apart > 0:
+            one_unit.append(n)
+    return differing, one_unit
+
+
 def compare(preempted_dir, preempted_log, reference_dir, reference_log):
     """The preempted-and-resumed run against the uninterrupted one: where it stopped and resumed (the log says),
-    every logged loss of both (fairseq logs 3 decimals), and the largest difference between the final
+    every logged loss of both (fairseq logs 3 decimals; :func:`losses_apart`), and the largest difference between the final
     checkpoints' weights (exact)."""
     with open(preempted_log, encoding="utf-8", errors="replace") as f:
         text = f.read()
@@ -143,6 +162,7 @@ def compare(preempted_dir, preempted_log, reference_dir, reference_log):
     worst = max((mine["model"][k].double() - ref["model"][k].double()).abs().max().item() for k in ref["model"])
     first = stopped[0]["update"] if stopped else None
     after = sorted(n for n in preempted if first is not None and n > first)
+    differing, one_unit = losses_apart(preempted, reference)
     return {
         "stopped_at_update": first, "stops": len(stopped), "stop_list": stopped,
         # every rank logs a stop: one stop is one update, however many ranks
@@ -150,7 +170,8 @@ def compare(preempted_dir, preempted_log, reference_dir, reference_log):
         "resumed_from": [{"epoch": int(e), "num_updates": int(u)} for e, u in resumed],
         "updates": {"preempted": mine["num_updates"], "reference": ref["num_updates"]},
         "logged_updates": {"preempted": len(preempted), "reference": len(reference)},
-        "logged_losses_differing": sorted(n for n in reference if preempted.get(n) != reference[n]),
+        "logged_losses_differing": differing,
+        "logged_losses_one_unit_apart": one_unit,
         "logged_losses_after_resume": {n: [preempted[n], reference.get(n)] for n in after},
         "last_logged_loss": {"preempted": preempted.get(mine["num_updates"]),
                              "reference": reference.get(ref["num_updates"])},
@@ -197,7 +218,8 @@ def main(argv=None):
     c.add_argument("--reference-log", required=True)
     c.add_argument("--json")
     c.add_argument("--tolerance", type=float, default=None,
-                   help="exit 1 unless the run stopped and resumed, every logged loss is equal, both runs made the "
+                   help="exit 1 unless the run stopped and resumed, every logged loss is equal (or one logged unit "
+                        "apart: losses_apart), both runs made the "
                         "same number of updates, and every final weight agrees within this")
     args = p.parse_args(argv)
     if args.command == "standin":
