@@ -25,22 +25,29 @@ import torch
 from fairseq.data import BaseWrapperDataset
 
 from umst_plugin.data.collate import collate_tokens
-from umst_plugin.data.side_files import ItemArrays
+from umst_plugin.data.side_files import ItemArrays, segment_positions
 from umst_plugin.data.side_inputs import check_side_inputs
 from umst_plugin.data.word_boundaries import word_ids_from_tokens
 
 
 def _rows_with_eos(values, counts, has_eos, eos_values):
-    """Rows (``values`` cut into ``counts``), each followed by its ``eos_values`` entry where ``has_eos``, as one
-    int64 tensor: the rows side by side, for ``split``."""
+    """Rows (``values`` cut into ``counts``), each followed by its ``eos_values`` entry where ``has_eos``: one
+    int64 tensor per row, views of one array."""
     sizes = counts + has_eos
-    offsets = np.cumsum(sizes) - sizes
     out = np.empty(int(sizes.sum()), dtype=np.int64)
-    first = np.cumsum(counts) - counts
-    out[np.repeat(offsets - first, counts) + np.arange(len(values))] = values
+    offsets = np.cumsum(sizes) - sizes
+    out[segment_positions(offsets, counts)] = values
     ends = (offsets + counts)[has_eos > 0]
     out[ends] = np.broadcast_to(eos_values, counts.shape)[has_eos > 0]
-    return torch.from_numpy(out)
+    return torch.from_numpy(out).split(sizes.tolist())
+
+
+def _last_of_rows(values, counts):
+    """Each row's last value (``values`` cut into ``counts``), 0 for an empty row."""
+    last = np.zeros(len(counts), dtype=np.int64)
+    filled = counts > 0
+    last[filled] = values[np.cumsum(counts)[filled] - 1]
+    return last
 
 
 class SideDataLanguagePairDataset(BaseWrapperDataset):
@@ -136,24 +143,20 @@ class SideDataLanguagePairDataset(BaseWrapperDataset):
             return items
         sources = [item["source"] for item in items]
         lengths = np.fromiter(map(len, sources), dtype=np.int64, count=len(sources))
-        has_eos = np.zeros(len(items), dtype=np.int64)
-        if lengths.sum():
-            last = torch.cat(sources).numpy()[np.maximum(np.cumsum(lengths) - 1, 0)]
-            has_eos = ((lengths > 0) & (last == self.eos)).astype(np.int64)
+        last_tokens = _last_of_rows(torch.cat(sources).numpy(), lengths)
+        has_eos = ((lengths > 0) & (last_tokens == self.eos)).astype(np.int64)
         n_tok = lengths - has_eos
         word_ids, id_counts = self._word_id_rows.prefixes(indices, n_tok)
-        n_words = np.where(id_counts > 0, word_ids[np.maximum(np.cumsum(id_counts) - 1, 0)] if len(word_ids) else 0,
-                           0)
+        n_words = _last_of_rows(word_ids, id_counts)  # word ids count from 1: the last one is the number of words
         if self.heads is None:
             heads, head_counts = np.zeros(int(n_words.sum()), dtype=np.int64), n_words
         else:
             heads, head_counts = self._head_rows.prefixes(indices, n_words)
             heads = np.where(heads > np.repeat(n_words, head_counts), 0, heads)  # cut off by truncation
-        ids = _rows_with_eos(word_ids, id_counts, has_eos, n_words + 1)  # the </s> word: n_words + 1
-        heads = _rows_with_eos(heads, head_counts, has_eos, 0)  # its head: 0
-        sizes = (id_counts + has_eos).tolist()
-        for item, word_row, head_row in zip(items, ids.split(sizes), heads.split((head_counts + has_eos).tolist())):
-            item["src_word_ids"], item["src_word_heads"] = word_row, head_row
+        id_rows = _rows_with_eos(word_ids, id_counts, has_eos, n_words + 1)  # the </s> word: n_words + 1
+        head_rows = _rows_with_eos(heads, head_counts, has_eos, 0)  # its head: 0
+        for item, id_row, head_row in zip(items, id_rows, head_rows):
+            item["src_word_ids"], item["src_word_heads"] = id_row, head_row
         return items
 
     def collater(self, samples, pad_to_length=None):

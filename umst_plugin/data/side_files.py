@@ -57,6 +57,14 @@ def last_items(dataset):
     return flat[ends] if len(flat) else np.zeros(0, dtype=np.int64)
 
 
+def segment_positions(starts, counts):
+    """Where the values of consecutive segments go: segment k's ``counts[k]`` values to ``starts[k]``,
+    ``starts[k] + 1``, ... (one int64 array, the segments in order): a batch's rows gathered from, or scattered
+    into, one flat array by one indexing."""
+    offsets = np.cumsum(counts) - counts  # each segment's place among the values
+    return np.repeat(starts - offsets, counts) + np.arange(int(counts.sum()))
+
+
 class ItemArrays:
     """The items of a side file as numpy arrays: ``ItemArrays(dataset)[i]`` is item ``i``. For fairseq's
     ``MMapIndexedDataset`` a read-only view of the file's one flat array, at a slice's cost instead of its
@@ -98,9 +106,7 @@ class ItemArrays:
             self._views()
         starts = self._starts[indices]
         counts = np.minimum(self._ends[indices] - starts, limits)
-        offsets = np.cumsum(counts) - counts  # each item's place in the result
-        take = np.repeat(starts - offsets, counts) + np.arange(int(counts.sum()))
-        return self._flat[take].astype(np.int64), counts
+        return self._flat[segment_positions(starts, counts)].astype(np.int64), counts
 
     def __len__(self):
         return len(self.dataset)
