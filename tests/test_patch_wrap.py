@@ -75,3 +75,31 @@ def test_every_patch_installs_once():
     assert before, "no patch of fairseq's Trainer or FairseqTask found"
     patches.install_all()
     assert replaced() == before
+
+
+def test_wrap_of_an_inherited_method_replaces_it_on_the_subclass_only():
+    """A method the class inherits is found through its base (not in the class's own __dict__) and the replacement
+    is set on the class named, so the base keeps its own."""
+    _, base = _target()
+
+    class Sub(base):
+        pass
+
+    replacement = patches.wrap(Sub, "method", lambda original: lambda self, x: 100 * original(self, x), "p",
+                               "(self, x)")
+    assert Sub().method(1) == 200 and base().method(1) == 2
+    assert patches.original(replacement) is base.__dict__["method"] and "method" in Sub.__dict__
+
+
+def test_install_all_warns_on_another_fairseq_only(monkeypatch, caplog):
+    """Every patch is installed already (import), so install_all only checks the version and changes nothing."""
+    import fairseq
+
+    with caplog.at_level("WARNING", logger="umst_plugin.patches"):
+        patches.install_all()
+    assert not [r for r in caplog.records if "written for fairseq-fixed" in r.getMessage()]
+    monkeypatch.setattr(fairseq, "__version__", "0.13.0")
+    with caplog.at_level("WARNING", logger="umst_plugin.patches"):
+        patches.install_all()
+    warned = [r.getMessage() for r in caplog.records if "written for fairseq-fixed" in r.getMessage()]
+    assert len(warned) == 1 and "0.12.3.1" in warned[0] and "fairseq 0.13.0" in warned[0]
