@@ -1016,6 +1016,20 @@ def test_paired_bootstrap_against_the_baseline(tmp_path):
     # identical outputs: sacreBLEU gives p = 1 / (samples + 1); no difference is never bold
     assert multi30k_table.significance_cell("m30k-umst", [1], {("m30k-umst", 1): (0.0, 0.001)}) == "s1 +0.00 (p=0.001)"
     assert multi30k_table.significance_cell("m30k-umst", [1], {("m30k-umst", 1): (-0.0, 0.4)}) == "s1 +0.00 (p=0.400)"
+    # significant means p < 0.05: p = 0.05 itself is not bold
+    assert multi30k_table.significance_cell("m30k-umst", [1], {("m30k-umst", 1): (0.8, 0.05)}) == "s1 +0.80 (p=0.050)"
+
+
+def test_paired_bootstrap_scores_tokenized_text_without_the_detokenize_warning(tmp_path, caplog):
+    """The table's BLEU is tokenized on purpose: sacreBLEU's "forgot to detokenize" warning (100 hypotheses ending
+    in " .") would be wrong under it."""
+    refs = [f"ein hund läuft {i} mal durch den schnee ." for i in range(120)]
+    ref = tmp_path / "ref.tok.de"
+    ref.write_text("\n".join(refs) + "\n")
+    system = _write_generate(tmp_path / "system.txt", refs)
+    with caplog.at_level("WARNING"):
+        assert multi30k_table.paired_bootstrap(system, system, str(ref), 20)[0] == 0
+    assert not [r for r in caplog.records if "detokenize" in r.getMessage()]
 
 
 def test_table_compares_the_ablation_pairs_directly(tmp_path):
