@@ -141,6 +141,24 @@ def test_with_checkpoint(family, toy, checkpoints, tmp_path):
             torch.testing.assert_close(sums, torch.ones(len(panel.rows)), atol=1e-4, rtol=0, msg=panel.title)
 
 
+def test_parse_args_names_the_plugin_unless_told_otherwise():
+    """umst-inspect records the plugin as its --user-dir (run() imports it, as fairseq's CLIs import theirs) and
+    defaults to the plugin's task; what the command line names wins."""
+    args = umst_inspect.parse_args(["DATA", "--path", "m.pt"])
+    assert args.user_dir == umst_inspect.PLUGIN_DIR and args.task == "multiscale_translation"
+    args = umst_inspect.parse_args(["DATA", f"--user-dir={umst_inspect.PLUGIN_DIR}/", "--task=translation"])
+    assert args.user_dir == umst_inspect.PLUGIN_DIR + "/" and args.task == "translation"
+
+
+def test_word_strings_join_pieces_and_undo_moses_escapes():
+    """The picture's word labels: a word's pieces joined (subword-nmt's @@, sentencepiece's \u2581), the Moses
+    escapes of the tokenized text undone, the end-of-sentence kept as it is."""
+    pieces = ["R&amp;@@", "D", "is", "&quot;big&quot;", "</s>"]
+    assert umst_inspect._word_strings(pieces, [0, 0, 1, 2, 3], 4, "subword-nmt") == ["R&D", "is", '"big"', "</s>"]
+    pieces = ["\u2581R&amp;", "D", "\u2581is", "</s>"]
+    assert umst_inspect._word_strings(pieces, [0, 0, 1, 2], 3, "sentencepiece") == ["R&D", "is", "</s>"]
+
+
 def test_heading_names_the_model_how_it_trained_and_where(toy, checkpoints, tmp_path):
     """The picture travels without its command line: its heading names the command and sentence, the
     checkpoint, how it was trained as the checkpoint records it (updates done, tokens per update, lr,
@@ -179,6 +197,13 @@ def test_heading_names_the_model_how_it_trained_and_where(toy, checkpoints, tmp_
                                                    "average of 5 checkpoints (checkpoint36.pt, ..., checkpoint40.pt)")
     cfg.common.memory_efficient_bf16 = True
     assert ", seed 2, bf16, average of 5" in umst_inspect.training_of(five, cfg)
+    cfg.common.fp16 = True  # either fp16 flag alone says fp16
+    assert ", seed 2, fp16, average of 5" in umst_inspect.training_of(five, cfg)
+    # a heading line of 160 characters is kept whole; a longer one is cut to 159 and an ellipsis
+    for hardware, line in (("x" * 150, "hardware: " + "x" * 150), ("y" * 151, "hardware: " + "y" * 149 + "\u2026")):
+        cut = run([databin, "--index", "0", "--path", checkpoints["transformer"], "--output", str(tmp_path / "c.png"),
+                   "--hardware", hardware])
+        assert cut.figure.get_suptitle().split("\n")[-1] == line
     scales = run([databin, "--index", "0", "--output", str(tmp_path / "s.png")])  # no model: no model lines
     assert [line.split(":")[0] for line in scales.figure.get_suptitle().split("\n")[1:]] == ["source", "target"]
 
@@ -299,3 +324,87 @@ def test_python_dash_m(toy, tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_info:
         runpy.run_module("umst_plugin.inspect", run_name="__main__")
     assert exit_info.value.code == 2 and "subset 'test' of" in capsys.readouterr().err
+
+
+def test_layer_and_head_numbers_run_from_one_to_the_count():
+    from umst_plugin.inspect.capture import resolve_head, resolve_layer
+
+    assert [resolve_layer(n, 3) for n in (1, 2, 3, None)] == [0, 1, 2, 2]
+    assert [resolve_head(n, 4) for n in (1, 4)] == [0, 3]
+    for bad in (0, 4):
+        with pytest.raises(InspectError, match=rf"--layer {bad} is out of range: the model has 3 encoder layers \(1\.\.3\)"):
+            resolve_layer(bad, 3)
+    for bad in (0, 5):
+        with pytest.raises(InspectError, match=rf"--head {bad} is out of range: this attention has 4 heads \(1\.\.4\)"):
+            resolve_head(bad, 4)
+
+
+def test_heatmap_cells_carry_their_values_only_where_asked_and_readable():
+    """A panel writes its values in its cells only with annotate (Prime's kernel-size panel) and up to 400 cells;
+    each finite value to two decimals, white on a dark cell, black on a light one; a NaN cell stays empty."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    from umst_plugin.inspect.capture import Panel
+    from umst_plugin.inspect.draw import draw_heatmap
+
+    matrix = np.array([[0.0, 0.25], [1.0, np.nan]])
+
+    def cell_texts(panel):
+        fig = Figure()
+        ax = fig.add_subplot()
+        draw_heatmap(fig, ax, panel)
+        return [(t.get_text(), t.get_color()) for t in ax.texts]
+
+    assert cell_texts(Panel("t", matrix, ["a", "b"], ["c", "d"])) == []  # not annotated by default
+    # viridis: dark at 0, light at 1
+    assert cell_texts(Panel("t", matrix, ["a", "b"], ["c", "d"], annotate=True)) == [
+        ("0.00", "white"), ("0.25", "white"), ("1.00", "black")]
+    big = np.full((20, 21), 0.5)
+    assert cell_texts(Panel("t", big, list("abcdefghijklmnopqrst"), [str(i) for i in range(21)], annotate=True)) == []
+    square = np.full((20, 20), 0.5)
+    assert len(cell_texts(Panel("t", square, list("abcdefghijklmnopqrst"), [str(i) for i in range(20)],
+                                annotate=True))) == 400
+
+
+def test_fairseqs_transformer_is_drawn_per_head(toy, checkpoints, tmp_path):
+    """fairseq's attention is asked for its weights per head: --head picks one (no "--head ignored" note), and
+    the default is their mean. A module that averaged the heads itself gives one map, marked not per head."""
+    from umst_plugin.inspect.capture import fairseq_mha_per_head, known_families
+
+    _, databin = toy
+    head2 = run([databin, "--index", "0", "--path", checkpoints["transformer"], "--head", "2",
+                 "--output", str(tmp_path / "t.png")])
+    assert head2.panels[2].title.endswith("layer 2/2, head 2/2") and not head2.notes
+    mean = run([databin, "--index", "0", "--path", checkpoints["transformer"], "--output", str(tmp_path / "m.png")])
+    assert mean.panels[2].title.endswith("layer 2/2, mean of 2 heads")
+    per_head = torch.arange(2 * 3 * 4 * 5, dtype=torch.float).view(2, 3, 4, 5)  # H x B x T x S
+    maps, is_per_head = fairseq_mha_per_head(per_head, 2)
+    assert is_per_head and torch.equal(maps, per_head[:, 0])
+    maps, is_per_head = fairseq_mha_per_head(per_head[0], 2)  # B x T x S: averaged already
+    assert not is_per_head and torch.equal(maps, per_head[0, :1])
+    assert sorted(known_families()) == sorted(FAMILIES) and known_families()[-1] == "transformer"
+
+
+def test_asking_fairseqs_attention_for_its_weights_changes_no_output():
+    """While asked, fairseq's MultiheadAttention runs its own path instead of torch's fast one: the same output
+    (to float32 rounding), weights per head whose mean is what the fast path returns, the switch put back after."""
+    from fairseq.modules import MultiheadAttention
+
+    from umst_plugin.inspect.capture import ask_for_weights
+
+    torch.manual_seed(0)
+    attn = MultiheadAttention(16, 4, self_attention=True).eval()
+    x, mask = torch.randn(7, 2, 16), torch.zeros(2, 7, dtype=torch.bool)
+    mask[1, 5:] = True
+    fast, fast_weights = attn(query=x, key=x, value=x, key_padding_mask=mask, need_weights=True)
+    store = []
+    handles = ask_for_weights(attn, store)
+    asked, _ = attn(query=x, key=x, value=x, key_padding_mask=mask, need_weights=False)
+    for h in handles:
+        h.remove()
+    assert attn.skip_embed_dim_check is False and store[0].shape == (4, 2, 7, 7)
+    # both equal to the bit on an Intel Xeon (torch 2.13, CPU); 1e-6: a few float32 ulps of values near 1, for
+    # a machine whose kernels sum in another order
+    torch.testing.assert_close(asked, fast, rtol=0, atol=1e-6)
+    torch.testing.assert_close(store[0].mean(0), fast_weights, rtol=0, atol=1e-6)

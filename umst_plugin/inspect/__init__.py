@@ -78,9 +78,7 @@ def parse_args(argv=None):
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if not any(a == "--user-dir" or a.startswith("--user-dir=") for a in argv):
-        argv = ["--user-dir", PLUGIN_DIR] + argv
-    if not any(a == "--task" or a.startswith("--task=") for a in argv):
-        argv = ["--task", "multiscale_translation"] + argv
+        argv = ["--user-dir", PLUGIN_DIR] + argv  # recorded in the config, as fairseq's CLIs record theirs
     parser = options.get_interactive_generation_parser(default_task="multiscale_translation")
     add_inspect_args(parser)
     parser.description = __doc__.split("\n\n")[0]

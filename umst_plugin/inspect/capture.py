@@ -113,15 +113,26 @@ def run_encoder(model, sample):
 
 def ask_for_weights(module, store):
     """Make a fairseq-style attention module (called with keyword arguments) return its weights,
-    per head where it can, and keep them in ``store``; returns the hook handles."""
+    per head where it can, and keep them in ``store``; returns the hook handles.
+
+    fairseq's ``MultiheadAttention`` answers ``need_head_weights`` on its own path only: its fast path (torch's
+    ``F.multi_head_attention_forward``, taken outside incremental decoding) returns the mean over heads whatever
+    it is asked. While asked, the module runs its own path, through the switch fairseq has for leaving the fast
+    one (``skip_embed_dim_check``): the same function, its weights per head."""
+    fast_path = {}
 
     def pre(mod, args, kwargs):
         kwargs = dict(kwargs)
         kwargs["need_weights"] = True
         kwargs["need_head_weights"] = True
+        if hasattr(mod, "skip_embed_dim_check"):
+            fast_path[mod] = mod.skip_embed_dim_check
+            mod.skip_embed_dim_check = True
         return args, kwargs
 
     def post(mod, args, kwargs, output):
+        if mod in fast_path:
+            mod.skip_embed_dim_check = fast_path.pop(mod)
         store.append(output[1].detach())
 
     return [module.register_forward_pre_hook(pre, with_kwargs=True),
