@@ -408,3 +408,20 @@ def test_asking_fairseqs_attention_for_its_weights_changes_no_output():
     # a machine whose kernels sum in another order
     torch.testing.assert_close(asked, fast, rtol=0, atol=1e-6)
     torch.testing.assert_close(store[0].mean(0), fast_weights, rtol=0, atol=1e-6)
+
+
+def test_transformer_sf_linear_attention_fusion_is_drawn_per_head(toy, tmp_path):
+    """--sf-fusion linear-attention (fairseq's attention between the branches) draws both directions, a head where
+    --head names one; each row a distribution over the other branch."""
+    _, databin = toy
+    arch, overrides, _ = FAMILIES["transformer_sf"]
+    path = save_tiny_checkpoint(databin, arch, {**overrides, "sf_fusion": "linear-attention"}, str(tmp_path / "l.pt"))
+    # layer 1: both directions (in the last layer only the subwords read the characters)
+    result = run([databin, "--index", "0", "--path", path, "--layer", "1", "--head", "2",
+                  "--output", str(tmp_path / "l.png")])
+    model_panels = result.panels[2:]
+    assert [p.title.split(": ")[1].split("\n")[0] for p in model_panels] == ["subword -> character",
+                                                                           "character -> subword"]
+    for panel in model_panels:
+        assert panel.title.endswith(", head 2/2"), panel.title
+        torch.testing.assert_close(torch.tensor(panel.matrix).sum(-1), torch.ones(len(panel.rows)), atol=1e-4, rtol=0)
