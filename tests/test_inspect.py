@@ -425,3 +425,47 @@ def test_transformer_sf_linear_attention_fusion_is_drawn_per_head(toy, tmp_path)
     for panel in model_panels:
         assert panel.title.endswith(", head 2/2"), panel.title
         torch.testing.assert_close(torch.tensor(panel.matrix).sum(-1), torch.ones(len(panel.rows)), atol=1e-4, rtol=0)
+
+
+def _scales_axes(pieces, words, token_word, heads):
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    from umst_plugin.inspect.draw import draw_scales
+
+    source = umst_inspect.Source(pieces, words, token_word, heads, np.eye(len(words)),
+                                 np.eye(len(pieces), len(words)), "test")
+    ax = Figure().add_subplot()
+    draw_scales(ax, source)
+    return ax
+
+
+def test_scales_diagram_places_words_over_their_pieces_and_draws_the_parse():
+    """Each word sits over the mean of its pieces; one arc per dependent from its head's word, one "root" arrow;
+    the </s> word (head 0 by construction, not a parse) gets neither; labels longer than their box are cut."""
+    pieces = ["the", "gre@@", "at", "supercalifragilistic", "cat", "</s>"]
+    words = ["the", "great", "supercalifragilistic", "cat", "</s>"]
+    ax = _scales_axes(pieces, words, [0, 1, 1, 2, 3, 4], [4, 4, 4, 0, 0])
+    boxes = {t.get_text(): t.get_position() for t in ax.texts if t.get_bbox_patch() is not None}
+    assert boxes["great"] == (1.5, 1.3) and boxes["cat"] == (4.0, 1.3) and boxes["gre@@"] == (1.0, 0.0)
+    assert boxes["supercalifr\u2026"] == (3.0, 0.0)  # a piece: 12 characters at most
+    assert boxes["supercalifragil\u2026"] == (3.0, 1.3)  # a word: 16
+    assert [t.get_text() for t in ax.texts if t.get_text() == "root"] == ["root"]
+    (root,) = [t for t in ax.texts if t.get_text() == "root"]
+    assert root.xy[0] == 4.0
+    arcs = [line.get_xdata() for line in ax.lines if len(line.get_xdata()) == 40]
+    assert sorted((x[0], x[-1]) for x in arcs) == [(4.0, 0.0), (4.0, 1.5), (4.0, 3.0)]  # head -> dependent
+
+
+def test_scales_diagram_turns_piece_labels_past_24_pieces():
+    for n, rotation in ((24, 0.0), (25, 90.0)):
+        pieces = [f"p{i}" for i in range(n - 1)] + ["</s>"]
+        ax = _scales_axes(pieces, pieces, list(range(n)), [0] * n)
+        assert [t.get_rotation() for t in ax.texts if t.get_text() == "p0" and t.get_position()[1] == 0.0] == [rotation]
+
+
+def test_short_labels_keep_their_width_whole():
+    from umst_plugin.inspect.draw import _short
+
+    assert _short("x" * 12) == "x" * 12 and _short("x" * 13) == "x" * 11 + "\u2026"
+    assert _short("y" * 16, 16) == "y" * 16 and _short("y" * 17, 16) == "y" * 15 + "\u2026"
