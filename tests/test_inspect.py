@@ -350,11 +350,21 @@ def test_heatmap_cells_carry_their_values_only_where_asked_and_readable():
 
     matrix = np.array([[0.0, 0.25], [1.0, np.nan]])
 
-    def cell_texts(panel):
+    def drawn(panel):
         fig = Figure()
         ax = fig.add_subplot()
         draw_heatmap(fig, ax, panel)
-        return [(t.get_text(), t.get_color()) for t in ax.texts]
+        return ax
+
+    def cell_texts(panel):
+        return [(t.get_text(), t.get_color()) for t in drawn(panel).texts]
+
+    def colour_range(panel):
+        return drawn(panel).get_images()[0].get_clim()
+
+    # the colours span 0 to the panel's vmax where it names one (Prime's kernel sizes: 1), else to the largest value
+    assert colour_range(Panel("t", matrix * 0.5, ["a", "b"], ["c", "d"], vmax=1.0)) == (0.0, 1.0)
+    assert colour_range(Panel("t", matrix * 0.5, ["a", "b"], ["c", "d"])) == (0.0, 0.5)
 
     assert cell_texts(Panel("t", matrix, ["a", "b"], ["c", "d"])) == []  # not annotated by default
     # viridis: dark at 0, light at 1
@@ -462,6 +472,7 @@ def test_scales_diagram_turns_piece_labels_past_24_pieces():
         pieces = [f"p{i}" for i in range(n - 1)] + ["</s>"]
         ax = _scales_axes(pieces, pieces, list(range(n)), [0] * n)
         assert [t.get_rotation() for t in ax.texts if t.get_text() == "p0" and t.get_position()[1] == 0.0] == [rotation]
+        assert ax.get_ylim()[0] == (-0.5 if rotation == 0 else -0.9)  # room below for the turned labels
 
 
 def test_short_labels_keep_their_width_whole():
