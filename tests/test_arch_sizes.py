@@ -45,3 +45,33 @@ def test_sizes_are_the_papers_and_a_users_flag_wins(arch):
     assert (args.encoder_layers, args.decoder_layers, args.dropout) == (enc_layers, dec_layers, dropout)
     mine = _defaults(arch, encoder_embed_dim=64, decoder_attention_heads=2, decoder_ffn_embed_dim=96)
     assert (mine.encoder_embed_dim, mine.decoder_attention_heads, mine.decoder_ffn_embed_dim) == (64, 2, 96)
+
+
+@pytest.mark.parametrize("arch", ["umst_base_rpr", "umst_big_rpr"])
+def test_rpr_archs_clip_relative_positions_at_16_unless_told(arch):
+    """UMST + RPR: Shaw et al.'s clipping distance 16 (UMST's appendix); a user's --max-relative-positions wins."""
+    assert _defaults(arch).max_relative_positions == 16
+    assert _defaults(arch, max_relative_positions=4).max_relative_positions == 4
+    assert not _defaults(arch.replace("_rpr", "")).max_relative_positions
+
+
+def test_every_model_s_forward_keeps_fairseq_s_defaults():
+    """A plugin model called as fairseq calls a TransformerModel (``model(**net_input, prev_output_tokens)``, no other
+    argument) gives what fairseq's does: the output logits (``features_only`` False) and every encoder state
+    (``return_all_hiddens`` True); every argument both name defaults alike, but for MSC's encoder states, which it
+    keeps only where asked (its deep encoder's 6-36 states would stay in memory for nothing; test_msc.py)."""
+    deliberate = {("msc", "return_all_hiddens"): False}
+    import inspect
+
+    from fairseq.models import MODEL_REGISTRY
+    from fairseq.models.transformer import TransformerModel
+
+    fairseqs = inspect.signature(TransformerModel.forward).parameters
+    models = {name: cls for name, cls in MODEL_REGISTRY.items() if cls.__module__.startswith("umst_plugin")}
+    assert sorted(models) == ["msc", "msmsa", "prime", "transformer_sf", "umst"]
+    for name, cls in models.items():
+        own = inspect.signature(cls.forward).parameters
+        shared = [p for p in own if p in fairseqs and fairseqs[p].default is not inspect.Parameter.empty]
+        assert {"features_only", "return_all_hiddens"} <= set(shared), (name, shared)
+        for p in shared:
+            assert own[p].default == deliberate.get((name, p), fairseqs[p].default), (name, p, own[p].default)

@@ -935,3 +935,37 @@ def test_initialisation_of_each_branch(init):
             assert 0.8 * xavier < weight.abs().max() <= xavier
         else:  # nn.Linear's own default
             assert weight.abs().max() <= in_features ** -0.5
+
+
+def test_shared_embeddings_one_table_one_file_and_the_refusals(tmp_path):
+    """``--share-all-embeddings`` (Prime builds its embeddings as fairseq's TransformerModel does): one table for
+    encoder, decoder and output, loaded from ``--encoder-embed-path`` (a decoder path equal to it or none); refused,
+    as fairseq refuses them, with another decoder path, two dictionaries, or two embedding widths."""
+    vectors, other = tmp_path / "vectors.txt", tmp_path / "other.txt"
+    vectors.write_text("1 16\nw3 " + " ".join(["0.5"] * 16) + "\n")
+    other.write_text(vectors.read_text())
+    shared = dict(TINY, share_all_embeddings=True, encoder_embed_path=str(vectors))
+    for decoder_path in (None, str(vectors)):
+        model, task = build(overrides=dict(shared, decoder_embed_path=decoder_path))
+        assert model.decoder.embed_tokens is model.encoder.embed_tokens
+        assert model.decoder.output_projection.weight is model.encoder.embed_tokens.weight
+        row = model.encoder.embed_tokens.weight[task.source_dictionary.index("w3")]
+        assert torch.equal(row, torch.full((16,), 0.5))
+    with pytest.raises(ValueError, match="--share-all-embeddings not compatible with --decoder-embed-path"):
+        build(overrides=dict(shared, decoder_embed_path=str(other)))
+    with pytest.raises(ValueError, match="--share-all-embeddings requires a joined dictionary"):
+        build(overrides=dict(TINY, share_all_embeddings=True), tgt_vocab=30)
+    with pytest.raises(ValueError, match="--encoder-embed-dim to match --decoder-embed-dim"):
+        build(overrides=dict(TINY, share_all_embeddings=True, decoder_embed_dim=24))
+    model, _ = build(overrides=TINY, tgt_vocab=30)  # without sharing: two tables, one per dictionary
+    assert model.encoder.embed_tokens.weight.shape[0] == 40 and model.decoder.embed_tokens.weight.shape[0] == 30
+
+
+def test_the_maximum_positions_asked_reach_the_encoder_and_decoder():
+    """``--max-source-positions`` / ``--max-target-positions`` size the learned-or-sinusoidal positions of each side
+    (fairseq's default, 1024, only where none is given)."""
+    model, _ = build(overrides=dict(TINY, max_source_positions=300, max_target_positions=200))
+    assert model.max_positions() == (300, 200)
+    assert (model.encoder.max_positions(), model.decoder.max_positions()) == (300, 200)
+    model, _ = build(overrides=TINY)
+    assert model.max_positions() == (1024, 1024)

@@ -672,6 +672,13 @@ def test_flags_change_the_model():
     assert n_params(authors) == n_params(base)  # same parameters, another arithmetic
     rpr = build("umst_base_rpr", TINY)
     assert rpr.encoder.layers[0].self_attn.max_relative_positions == 16
+    mine = build("umst_base_rpr", TINY + ["--max-relative-positions", "4"])  # a user's clipping distance wins
+    assert mine.encoder.layers[0].self_attn.max_relative_positions == 4
+    big_rpr = build("umst_big_rpr", ["--encoder-layers", "1", "--decoder-layers", "1"], vocab=8)
+    assert big_rpr.encoder.layers[0].self_attn.max_relative_positions == 16
+    big_mine = build("umst_big_rpr", ["--encoder-layers", "1", "--decoder-layers", "1", "--max-relative-positions",
+                                      "8"], vocab=8)
+    assert big_mine.encoder.layers[0].self_attn.max_relative_positions == 8
     big = build("umst_big", ["--encoder-layers", "1", "--decoder-layers", "1"], vocab=8)
     assert big.encoder.layers[0].self_attn.num_heads == 16 and big.cfg.dropout == 0.3
     deep = build("umst_base", TINY[:-2] + ["--decoder-layers", "1", "--encoder-layers", "3"])

@@ -48,6 +48,9 @@ class PrimeModel(RawTextFromPretrained, TransformerModel):
                 raise ValueError("--share-all-embeddings requires a joined dictionary")
             if args.encoder_embed_dim != args.decoder_embed_dim:
                 raise ValueError("--share-all-embeddings requires --encoder-embed-dim to match --decoder-embed-dim")
+            if args.decoder_embed_path and args.decoder_embed_path != args.encoder_embed_path:
+                # (fairseq's TransformerModel refuses it too: one shared table cannot load two files)
+                raise ValueError("--share-all-embeddings not compatible with --decoder-embed-path")
             encoder_embed = cls.build_embedding(args, src_dict, args.encoder_embed_dim, args.encoder_embed_path)
             decoder_embed = encoder_embed
             args.share_decoder_input_output_embed = True
