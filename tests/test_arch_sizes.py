@@ -60,11 +60,12 @@ def test_every_model_s_forward_keeps_fairseq_s_defaults():
     argument) gives what fairseq's does: the output logits (``features_only`` False) and every encoder state
     (``return_all_hiddens`` True); every argument both name defaults alike, but for MSC's encoder states, which it
     keeps only where asked (its deep encoder's 6-36 states would stay in memory for nothing; test_msc.py)."""
-    deliberate = {("msc", "return_all_hiddens"): False}
     import inspect
 
     from fairseq.models import MODEL_REGISTRY
     from fairseq.models.transformer import TransformerModel
+
+    deliberate = {("msc", "return_all_hiddens"): False}
 
     fairseqs = inspect.signature(TransformerModel.forward).parameters
     models = {name: cls for name, cls in MODEL_REGISTRY.items() if cls.__module__.startswith("umst_plugin")}

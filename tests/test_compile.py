@@ -568,7 +568,6 @@ def test_trainer_compiles_its_model_and_inference_clis_compile_what_they_load():
     inside a CLI main with --compile, every model a task builds is compiled, and every criterion's loss (what
     fairseq-validate builds); outside, nothing is."""
     from fairseq import tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
 
     import fairseq_cli.generate
@@ -580,28 +579,22 @@ def test_trainer_compiles_its_model_and_inference_clis_compile_what_they_load():
     assert fairseq_cli.interactive.main is compile_flags.interactive_main
     assert fairseq_cli.generate._main is compile_flags.generate_main
 
-    def cfg_of(*flags):
-        # --no-save: a Trainer with --compile and a save_dir keeps inductor's caches in SAVE_DIR/compile_cache and
-        # points this process's TORCHINDUCTOR_CACHE_DIR there; fairseq's default save_dir is ./checkpoints, in the
-        # checkout, where every later compile of this worker would go
-        args = dev.parse_args("transformer", dict(TINY, cpu=True, optimizer="adam", lr="1e-3", max_tokens=100,
-                                                  no_save=True, criterion="label_smoothed_cross_entropy",
-                                                  label_smoothing=0.1, **{f: True for f in flags}))
-        return convert_namespace_to_omegaconf(args)
-
-    d = dev.make_dictionary()
-    for flags, compiled in (((), False), (("compile",), True)):
-        cfg = cfg_of(*flags)
-        task = tasks.TASK_REGISTRY["multiscale_translation"](cfg.task, d, d)
-        model = task.build_model(cfg.model)
+    # --no-save: a Trainer with --compile and a save_dir keeps inductor's caches in SAVE_DIR/compile_cache and points
+    # this process's TORCHINDUCTOR_CACHE_DIR there; fairseq's default save_dir is ./checkpoints, in the checkout,
+    # where every later compile of this worker would go
+    options = dict(TINY, cpu=True, optimizer="adam", lr="1e-3", max_tokens=100, no_save=True,
+                   criterion="label_smoothed_cross_entropy", label_smoothing=0.1)
+    for compiled in (False, True):
+        cfg, task, model, criterion = dev.training_parts("transformer", dict(options, compile=compiled))
         assert not any(compilation.is_compiled(m) for _, m in compilation.find_layers(model))  # not by building
-        trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+        trainer = Trainer(cfg, task, model, criterion)
         layers = [m for _, m in compilation.find_layers(trainer.model)]
-        assert layers and all(compilation.is_compiled(m) == compiled for m in layers), flags
+        assert layers and all(compilation.is_compiled(m) == compiled for m in layers), compiled
         loss = trainer.criterion._modules.get(compiled_loss.LOSS_MODULE)  # the loss too (compilation/loss.py)
-        assert (loss is not None and compilation.is_compiled(loss)) == compiled, flags
+        assert (loss is not None and compilation.is_compiled(loss)) == compiled, compiled
 
-    cfg = cfg_of("compile")
+    cfg = dev.config_of(dev.parse_args("transformer", dict(options, compile=True)))
+    d = dev.make_dictionary()
     task = tasks.TASK_REGISTRY["multiscale_translation"](cfg.task, d, d)
     with compile_flags._CommandLine(cfg):
         model = task.build_model(cfg.model)

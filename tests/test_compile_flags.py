@@ -10,7 +10,6 @@ import types
 
 import pytest
 import torch
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from omegaconf import OmegaConf, open_dict
 
 import umst_plugin  # noqa: F401  (installs the patches)
@@ -22,30 +21,27 @@ TINY = dict(encoder_embed_dim=16, encoder_ffn_embed_dim=32, encoder_attention_he
             decoder_embed_dim=16, decoder_ffn_embed_dim=32, decoder_attention_heads=2, decoder_layers=1)
 
 
+def _options(**options):
+    return dict(TINY, cpu=True, optimizer="adam", lr="1e-3", max_tokens=100, **options)
+
+
 def _cfg(**options):
-    args = dev.parse_args("transformer", dict(TINY, cpu=True, optimizer="adam", lr="1e-3", max_tokens=100,
-                                              **options))
-    return convert_namespace_to_omegaconf(args)
+    return dev.config_of(dev.parse_args("transformer", _options(**options)))
 
 
-def _trainer(cfg):
+def _trainer(**options):
     """fairseq's Trainer on the tiny transformer, built as fairseq-train builds it (flags' set-up runs in its
     ``__init__``)."""
-    from fairseq import tasks
-    from fairseq.trainer import Trainer
-
-    d = dev.make_dictionary()
-    task = tasks.TASK_REGISTRY["multiscale_translation"](cfg.task, d, d)
-    return Trainer(cfg, task, task.build_model(cfg.model), task.build_criterion(cfg.criterion))
+    return dev.build_trainer("transformer", _options(**options))
 
 
 def test_the_trainer_asks_for_tf32_on_its_device_only_with_tf32(caplog):
     """On this CPU, ``--tf32`` reaches ``set_tf32(True, cpu)``, which warns that the run computes on the CPU; without
     the flag nothing is said (and nothing set)."""
     with caplog.at_level(logging.WARNING, logger="umst_plugin.compilation"):
-        _trainer(_cfg(no_save=True))
+        _trainer(no_save=True)
         assert "--tf32" not in caplog.text
-        _trainer(_cfg(no_save=True, tf32=True))
+        _trainer(no_save=True, tf32=True)
     assert "--tf32: TF32 needs an NVIDIA GPU" in caplog.text and "this run computes on the cpu" in caplog.text
 
 
@@ -77,10 +73,10 @@ def test_the_trainer_keeps_compiled_code_in_its_save_dir_unless_no_save(tmp_path
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "before"))
     monkeypatch.delenv("UMST_PLUGIN_INDUCTOR_CACHE_DIR", raising=False)
     try:
-        _trainer(_cfg(compile=True, no_save=True, save_dir=str(tmp_path / "unsaved")))
+        _trainer(compile=True, no_save=True, save_dir=str(tmp_path / "unsaved"))
         assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "before")
         assert not (tmp_path / "unsaved").exists()
-        _trainer(_cfg(compile=True, save_dir=str(tmp_path / "saved")))
+        _trainer(compile=True, save_dir=str(tmp_path / "saved"))
         assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "saved" / cache.CACHE_DIRNAME)
         assert (tmp_path / "saved" / cache.CACHE_DIRNAME).is_dir()
     finally:
@@ -117,7 +113,7 @@ def test_the_compile_log_says_a_line_only_after_an_update_that_compiled(caplog):
 def test_a_trainer_without_compile_updates_as_fairseqs_does(caplog):
     """Without --compile, the replaced train_step and valid_step are fairseq's own: an update and a validation step
     run, nothing is logged of compiling (fairseq-train --compile's updates and their log: test_compile_stream.py)."""
-    trainer = _trainer(_cfg(no_save=True))
+    trainer = _trainer(no_save=True)
     with caplog.at_level(logging.INFO):
         trainer.train_step([dev.random_sample(trainer.task, 2, 5, 7, seed=1)])
         trainer.valid_step(dev.random_sample(trainer.task, 2, 5, 7, seed=2))

@@ -361,8 +361,6 @@ def test_the_trainer_retries_an_update_whose_compiled_backward_failed_and_goes_o
     and no optimizer step behind: one Adam step moves a weight by about 1e-3 (the lr); measured apart by 7.5e-8 at
     most, float32 rounding of the compiled kernels; bound 1e-6). Not the key projections' biases: their gradient
     is 0 up to rounding, which Adam scales to whole steps (4.4e-5 apart)."""
-    from fairseq import tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
     from fairseq.trainer import Trainer
 
@@ -383,22 +381,15 @@ def test_the_trainer_retries_an_update_whose_compiled_backward_failed_and_goes_o
             kernels = [self.short(x).view(T, B, 2, 3), self.wide(x).view(T, B, 2, 15)]
             return x + multi_dynamic_convolution(x, kernels, [1, 7], self.gates)
 
-    d = dev.make_dictionary()
-
     def run(*flags):
         # --no-save: no compile cache in ./checkpoints, the checkout (test_compile.py's Trainer test says why)
-        args = dev.parse_args("transformer", dict(encoder_layers=1, decoder_layers=1, encoder_embed_dim=16,
-                                                  decoder_embed_dim=16, encoder_ffn_embed_dim=32,
-                                                  decoder_ffn_embed_dim=32, encoder_attention_heads=2,
-                                                  decoder_attention_heads=2, dropout=0, cpu=True, optimizer="adam",
-                                                  lr="1e-3", max_tokens=1000, seed=3, no_save=True,
-                                                  **{f: True for f in flags}))
-        cfg = convert_namespace_to_omegaconf(args)
-        task = tasks.TASK_REGISTRY["multiscale_translation"](cfg.task, d, d)
-        torch.manual_seed(3)
-        model = task.build_model(cfg.model)
+        cfg, task, model, criterion = dev.training_parts(
+            "transformer", dict(encoder_layers=1, decoder_layers=1, encoder_embed_dim=16, decoder_embed_dim=16,
+                                encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32, encoder_attention_heads=2,
+                                decoder_attention_heads=2, dropout=0, cpu=True, optimizer="adam", lr="1e-3",
+                                max_tokens=1000, seed=3, no_save=True, **{f: True for f in flags}), seed=3)
         model.encoder.layers = torch.nn.ModuleList([ConvLayer(16)])
-        trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+        trainer = Trainer(cfg, task, model, criterion)
         compiled_layers.uncompile_layers(model.decoder)  # (only the convolution compiles: seconds, not minutes)
         for update, (bsz, src_len) in enumerate(((5, 10), (4, 5), (3, 12)), 1):
             trainer.train_step([dev.random_sample(task, bsz, src_len, 7, seed=update)])

@@ -67,6 +67,26 @@ def build_model(arch, overrides=None, task="multiscale_translation", vocab=60, s
     return model, task_obj
 
 
+def training_parts(arch, overrides=None, task="multiscale_translation", vocab=60, seed=0):
+    """(cfg, task, model, criterion) as fairseq-train builds them for its ``Trainer`` (one parsed config; the model
+    not yet compiled, moved or wrapped: the Trainer does that), on a synthetic vocabulary. Pass
+    ``no_save=True`` in ``overrides`` unless a test wants a save_dir: a Trainer with ``--compile`` keeps inductor's
+    caches in SAVE_DIR/compile_cache, and fairseq's default is ./checkpoints, in the checkout."""
+    cfg = config_of(parse_args(arch, overrides, task))
+    d = make_dictionary(vocab)
+    task_obj = tasks.TASK_REGISTRY[task](cfg.task, d, d)
+    torch.manual_seed(seed)
+    model = task_obj.build_model(cfg.model)
+    return cfg, task_obj, model, task_obj.build_criterion(cfg.criterion)
+
+
+def build_trainer(arch, overrides=None, **kwargs):
+    """fairseq's ``Trainer`` on :func:`training_parts` (its ``__init__`` runs the plugin's flags' set-up)."""
+    from fairseq.trainer import Trainer
+
+    return Trainer(*training_parts(arch, overrides, **kwargs))
+
+
 def _random_sentence(rng, dictionary, length):
     symbols = list(range(dictionary.nspecial, len(dictionary)))
     pieces = [rng.choice(symbols) for _ in range(length)]

@@ -45,6 +45,7 @@ from fairseq.models import FairseqEncoderDecoderModel, register_model, register_
 from fairseq.models.transformer import Embedding, TransformerModel
 
 from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
+from umst_plugin.models._embeddings import build_embeddings
 from umst_plugin.models._sizes import BASE, IWSLT, transformer_big_sizes, transformer_sizes
 from umst_plugin.models.msc.config import DEFAULT_MAX_POSITIONS, GRAD_NORMS_FILENAME, add_args, msc_defaults
 from umst_plugin.models.msc.decoder import MSCDecoder
@@ -102,17 +103,7 @@ class MSCModel(RawTextFromPretrained, FairseqEncoderDecoderModel):
                 utils.load_embedding(utils.parse_embedding(path), dictionary, emb)
             return emb
 
-        if args.share_all_embeddings:
-            if src_dict != tgt_dict:
-                raise ValueError("--share-all-embeddings requires a joined dictionary")
-            if args.decoder_embed_path and args.decoder_embed_path != args.encoder_embed_path:
-                raise ValueError("--share-all-embeddings not compatible with --decoder-embed-path")
-            encoder_embed = build_embedding(src_dict, args.encoder_embed_dim, args.encoder_embed_path)
-            decoder_embed = encoder_embed
-            args.share_decoder_input_output_embed = True
-        else:
-            encoder_embed = build_embedding(src_dict, args.encoder_embed_dim, args.encoder_embed_path)
-            decoder_embed = build_embedding(tgt_dict, args.decoder_embed_dim, args.decoder_embed_path)
+        encoder_embed, decoder_embed = build_embeddings(args, src_dict, tgt_dict, build_embedding)
         encoder = MSCEncoder(args, src_dict, encoder_embed)
         decoder = MSCDecoder(args, tgt_dict, decoder_embed)
         return cls(args, encoder, decoder)

@@ -15,6 +15,7 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import DEFAULT_MAX_SOURCE_POSITIONS, DEFAULT_MAX_TARGET_POSITIONS, TransformerModel
 
 from umst_plugin.hub import RawTextFromPretrained  # from_pretrained applies the data-bin's text record
+from umst_plugin.models._embeddings import build_embeddings
 from umst_plugin.models.prime.config import add_args, prime_defaults, prime_sizes, validate_prime_args
 from umst_plugin.models.prime.decoder import PrimeDecoder
 from umst_plugin.models.prime.encoder import PrimeEncoder
@@ -43,20 +44,8 @@ class PrimeModel(RawTextFromPretrained, TransformerModel):
             args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
 
         src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
-        if args.share_all_embeddings:
-            if src_dict != tgt_dict:
-                raise ValueError("--share-all-embeddings requires a joined dictionary")
-            if args.encoder_embed_dim != args.decoder_embed_dim:
-                raise ValueError("--share-all-embeddings requires --encoder-embed-dim to match --decoder-embed-dim")
-            if args.decoder_embed_path and args.decoder_embed_path != args.encoder_embed_path:
-                # (fairseq's TransformerModel refuses it too: one shared table cannot load two files)
-                raise ValueError("--share-all-embeddings not compatible with --decoder-embed-path")
-            encoder_embed = cls.build_embedding(args, src_dict, args.encoder_embed_dim, args.encoder_embed_path)
-            decoder_embed = encoder_embed
-            args.share_decoder_input_output_embed = True
-        else:
-            encoder_embed = cls.build_embedding(args, src_dict, args.encoder_embed_dim, args.encoder_embed_path)
-            decoder_embed = cls.build_embedding(args, tgt_dict, args.decoder_embed_dim, args.decoder_embed_path)
+        encoder_embed, decoder_embed = build_embeddings(
+            args, src_dict, tgt_dict, lambda dictionary, dim, path: cls.build_embedding(args, dictionary, dim, path))
         encoder = cls.build_encoder(args, src_dict, encoder_embed)
         decoder = cls.build_decoder(args, tgt_dict, decoder_embed)
         return cls(args, encoder, decoder)
