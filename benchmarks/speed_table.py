@@ -489,6 +489,13 @@ def run_row(row, measured_from, busy):
     with PeakMemory(cuda) as peak:
         records, seconds = train(row["argv"], probe)
     after = _compile_state() if row["compiled"] else None
+    return row_result(row, records, seconds, probe, peak.mib, busy, before, after)
+
+
+def row_result(row, records, seconds, probe, peak_mib, busy, before=None, after=None):
+    """A row's record (the fields of the module docstring) from what its run measured: fairseq's train_inner
+    ``records`` (each stamped ``logged_at``) and wall ``seconds``, the :class:`StepProbe` on its trainer, its peak
+    memory in MiB, the :class:`GpuBusy` sampler and, for a compiled row, :func:`_compile_state` before and after."""
     wps = [float(r["wps"]) for r in records]
     out = dict(row, seconds=round(seconds, 1), updates=int(float(records[-1]["num_updates"])) if records else 0,
                words_per_s=round(statistics.median(wps[1:]), 1) if len(wps) > 1 else None,
@@ -505,7 +512,7 @@ def run_row(row, measured_from, busy):
     if probe.gaps:  # where a GPU row's idle time goes: waiting for batches, or the host's part of the update
         out["between_updates_ms"] = round(1000 * statistics.median(probe.gaps), 2)
         out["train_step_ms"] = round(1000 * statistics.median(probe.inside), 2)
-    out["peak_mib"] = peak.mib
+    out["peak_mib"] = peak_mib
     if busy.available and len(records) > 1:  # per measured log interval, as words/s: the median of the same spans
         out["gpu_busy_intervals"], out["gpu_busy"] = busy.of_intervals([r["logged_at"] for r in records])
     else:
@@ -706,8 +713,8 @@ def targets(record, by):
     tf_eager = by.get(("transformer", "bf16", False, tokens), {})
     tf32 = by.get(("transformer", "tf32", False, tokens), {}).get("words_per_s")
 
-    def target(name, value, bound, at_least=True):
-        met = None if value is None else (value >= bound if at_least else value <= bound)
+    def target(name, value, bound):  # every target is a least value
+        met = None if value is None else value >= bound
         out[name] = dict(value=None if value is None else round(value, 3), target=bound, met=met)
     target("transformer_vs_stock_fp16", tf.get("words_per_s") / stock if stock and tf.get("words_per_s") else None,
            TARGETS["transformer_vs_stock_fp16"])

@@ -480,3 +480,178 @@ def test_short_labels_keep_their_width_whole():
 
     assert _short("x" * 12) == "x" * 12 and _short("x" * 13) == "x" * 11 + "\u2026"
     assert _short("y" * 16, 16) == "y" * 16 and _short("y" * 17, 16) == "y" * 15 + "\u2026"
+
+
+def _loaded(family, toy, checkpoints):
+    """(model in eval mode, the test set's first sample, its Source) as umst-inspect loads them."""
+    from fairseq import checkpoint_utils
+
+    _, databin = toy
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([checkpoints[family]],
+                                                                     arg_overrides={"data": databin})
+    task.load_dataset("test")
+    sample = task.dataset("test").collater([task.dataset("test")[0]])
+    return models[0].eval(), sample, umst_inspect.source_from_sample(task, sample, "test[0]")
+
+
+def test_prime_panels_are_each_layers_kernel_shares_and_the_chosen_layers_kernels(toy, checkpoints):
+    """Prime (found by a flip sweep of models/prime/capture.py): the first panel is softmax(alpha) of every layer,
+    annotated (Eq. 7; alpha set apart from its uniform start here); each kernel size's panel is the per-position
+    kernel laid on the positions it weighs, each full row summing to 1 (softmax over the taps, Eq. 6); the last
+    is their mixture by the shares."""
+    import numpy as np
+
+    from umst_plugin.models.prime.capture import _band, capture_prime
+
+    model, sample, source = _loaded("prime", toy, checkpoints)
+    torch.manual_seed(0)
+    for layer in model.encoder.layers:
+        layer.conv.gate_logits.data.normal_()
+    capture = capture_prime(model, sample, source, layer=1, head=2)
+    shares = capture.panels[0]
+    want = np.stack([layer.conv.gate_weights().detach().numpy() for layer in model.encoder.layers])
+    np.testing.assert_allclose(shares.matrix, want, rtol=1e-6)
+    assert shares.annotate and shares.cols == ["k=3", "k=7"] and shares.vmax == 1.0
+    k3, k7, mixed = capture.panels[1:]
+    n = len(source.pieces)
+    for panel, k in ((k3, 3), (k7, 7)):
+        assert panel.matrix.shape == (n, n) and "head 2/2" in panel.title and f"k={k}" in panel.title
+        full = [i for i in range(n) if i - k // 2 >= 0 and i + k // 2 < n]  # every tap on a position
+        np.testing.assert_allclose(panel.matrix[full].sum(1), 1.0, rtol=1e-5)
+    gate = model.encoder.layers[0].conv.gate_weights().detach().numpy()
+    np.testing.assert_allclose(mixed.matrix, gate[0] * k3.matrix + gate[1] * k7.matrix, rtol=1e-5, atol=1e-7)
+    # a tap on position 0 lands in column 0; taps before the sentence or past its end on none
+    kernel = np.arange(1, 10, dtype=np.float32).reshape(3, 3)
+    assert _band(kernel, 1, 3).tolist() == [[2, 3, 0], [4, 5, 6], [0, 7, 8]]
+
+
+def test_msc_panels_are_each_fused_layers_gates_by_position_and_the_errors_say_why_there_are_none(toy, checkpoints):
+    """MSC (found by a flip sweep of models/msc/capture.py): one row per encoder layer with a context attention,
+    named by its block and layer, the gates g of Eq. 12 its forward computed, averaged over channels, one column
+    per source piece; the decoder's Eq. 13 gates over the target's real tokens; no target, no decoder panel but a
+    note; cells annotated up to 24 pieces; the records switched off after; a model without gates refused, saying
+    why."""
+    import re
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from umst_plugin.models.msc.capture import capture_msc
+
+    model, sample, source = _loaded("msc", toy, checkpoints)
+    encoder_fusions = [layer.fusion for layer in model.encoder.layers]
+    decoder_fusions = [layer.fusion for layer in model.decoder.layers]
+    kept = {}
+    for f in encoder_fusions + decoder_fusions:
+        if f is not None:
+            f.record = kept.setdefault(id(f), [])
+    with torch.no_grad():
+        model(**dev.model_inputs(model, sample))
+    for f in encoder_fusions + decoder_fusions:
+        if f is not None:
+            f.record = None
+
+    capture = capture_msc(model, sample, source)
+    encoder_panel, decoder_panel = capture.panels
+    m = model.encoder.layers_per_block
+    fused = [i for i, f in enumerate(encoder_fusions) if f is not None]
+    assert fused and encoder_panel.rows == [f"block {i // m + 1} layer {i % m + 1}" for i in fused]
+    assert encoder_panel.cols == source.pieces
+    want = np.stack([kept[id(encoder_fusions[i])][0][:, 0].mean(-1).numpy() for i in fused])
+    assert encoder_panel.matrix.shape == (len(fused), len(source.pieces))
+    np.testing.assert_allclose(encoder_panel.matrix, want, rtol=1e-6)
+    pad = model.decoder.dictionary.pad()
+    n_tgt = int(sample["target"][0].ne(pad).sum())
+    assert decoder_panel.rows == [f"layer {n + 1} (block {n + 1})" for n in range(len(decoder_fusions))]
+    want = np.stack([kept[id(f)][0][:n_tgt, 0].mean(-1).numpy() for f in decoder_fusions])
+    np.testing.assert_allclose(decoder_panel.matrix, want, rtol=1e-6)
+    assert decoder_panel.cols == [model.decoder.dictionary[int(t)]
+                                  for t in sample["net_input"]["prev_output_tokens"][0][:n_tgt]]
+    assert all(f.record is None for f in encoder_fusions + decoder_fusions if f is not None)
+
+    no_target = dict(sample, net_input={k: v for k, v in sample["net_input"].items() if k != "prev_output_tokens"})
+    alone = capture_msc(model, no_target, source)
+    assert len(alone.panels) == 1 and alone.notes == [
+        "no target (--sentence): decoder block-collaboration gates not drawn"]
+    for n, annotated in ((24, True), (25, False)):
+        assert capture_msc(model, no_target, SimpleNamespace(pieces=["p"] * n)).panels[0].annotate is annotated
+    eos = model.decoder.dictionary.eos()
+    for n, annotated in ((24, True), (25, False)):  # the decoder's: by the target's length
+        target = torch.cat([sample["target"][0][:1].repeat(n - 1), torch.tensor([eos])]).unsqueeze(0)
+        prev = torch.cat([torch.tensor([[eos]]), target[:, :-1]], 1)
+        longer = dict(sample, target=target, net_input=dict(sample["net_input"], prev_output_tokens=prev))
+        assert capture_msc(model, longer, source).panels[1].annotate is annotated
+
+    for overrides, why in ((dict(msc_fusion="add"), "--msc-fusion add"),
+                           (dict(no_contextual_collaboration=True), "no context attention")):
+        gateless, _ = dev.build_model("msc_iwslt_de_en", dict(FAMILIES["msc"][1], **overrides))
+        with pytest.raises(InspectError, match=re.escape(f"this MSC model has no gates to draw ({why})")):
+            capture_msc(gateless.eval(), sample, source)
+
+
+def test_transformer_sf_draws_the_last_fusion_layer_by_default_its_weights_and_names_the_layers_that_have_one(
+        toy, tmp_path):
+    """TranSFormer (found by a flip sweep of models/transformer_sf/capture.py), cga fusion: without --layer the last
+    layer with a fusion (of three with one: the third; of layers 1 and 2 of three: the second); a layer without
+    one is refused naming those that have one; the map is the mean over heads of the weights the fusion's attention
+    computed; the characters' labels show a space as "␣"."""
+    from fairseq import checkpoint_utils
+
+    from umst_plugin.inspect.capture import run_encoder
+    from umst_plugin.models.transformer_sf.capture import capture_transformer_sf
+
+    _, databin = toy
+    arch, overrides, _ = FAMILIES["transformer_sf"]
+    for spec, last in (("all", 3), ("1,2", 2)):
+        path = save_tiny_checkpoint(databin, arch, {**overrides, "encoder_layers": 3, "sf_interaction_layers": spec},
+                                    str(tmp_path / "sf.pt"))
+        models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": databin})
+        model = models[0].eval()
+        task.load_dataset("test")
+        sample = task.dataset("test").collater([task.dataset("test")[0]])
+        source = umst_inspect.source_from_sample(task, sample, "test[0]")
+        capture = capture_transformer_sf(model, sample, source)
+        assert all(f"layer {last}/3, mean of 2 heads" in p.title for p in capture.panels), capture.panels[0].title
+        layer = model.encoder.stack.layers[last - 1]
+        kept = []
+        layer.slow_fusion.attn.record = kept
+        try:
+            run_encoder(model, sample)
+        finally:
+            layer.slow_fusion.attn.record = None
+        slow = next(p for p in capture.panels if p.title.split(": ")[1].startswith("subword ->"))
+        torch.testing.assert_close(torch.tensor(slow.matrix), kept[0][0].float().mean(0))
+        assert " " not in slow.cols and slow.cols.count("␣") >= len(source.words) - 2  # (words: their </s> too)
+    with pytest.raises(InspectError, match="layer 3 has no cross-granularity fusion; layers with fusion: 1, 2"):
+        capture_transformer_sf(model, sample, source, layer=3)
+
+
+def test_umst_notes_the_relative_value_term_only_with_relative_positions(toy, checkpoints, tmp_path):
+    from fairseq import checkpoint_utils
+
+    from umst_plugin.models.umst.capture import capture_umst
+
+    _, databin = toy
+    model, sample, source = _loaded("umst", toy, checkpoints)
+    assert capture_umst(model, sample, source).notes == []
+    arch, overrides, _ = FAMILIES["umst"]
+    path = save_tiny_checkpoint(databin, "umst_base_rpr", overrides, str(tmp_path / "rpr.pt"))
+    models, _, _ = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": databin})
+    notes = capture_umst(models[0].eval(), sample, source).notes
+    assert len(notes) == 1 and notes[0].startswith("relative positions: ATTN1 includes the relative key term")
+
+
+def test_msmsa_titles_each_head_with_its_scale_s_window_on_this_sentence(toy, checkpoints):
+    """MSMSA (found by a flip sweep of models/msmsa/capture.py), scales 1, 3, N/4, N/2: a fixed scale's window is
+    its width; a relative one's N/k is 2 (n // 2k) + 1 on a sentence of n pieces; the width-1 head attends each
+    piece alone."""
+    import numpy as np
+
+    from umst_plugin.models.msmsa.capture import capture_msmsa
+
+    model, sample, source = _loaded("msmsa", toy, checkpoints)
+    n = len(source.pieces)
+    capture = capture_msmsa(model, sample, source)
+    widths = [p.title.split("\n")[0].split(", ")[-1] for p in capture.panels]
+    assert widths == ["width 1", "width 3", f"width {2 * (n // 8) + 1}", f"width {2 * (n // 4) + 1}"], widths
+    np.testing.assert_allclose(capture.panels[0].matrix, np.eye(n), atol=1e-6)

@@ -9,6 +9,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -701,3 +702,344 @@ def test_the_cudagraph_plan_runs_at_tiny_sizes_on_a_cpu(tiny_run, tmp_path):
     for log in ("plugin-log.txt", "warm-up-transformer-cudagraphs-1024-log.txt"):
         assert "--compile-cudagraphs: CUDA graphs need a CUDA device" in (work / log).read_text(), log
     assert record["targets"]["compiled_losses_equal_eager"]["rows"] == 0  # variants: no target counts them
+
+
+# ---- a row's record from what its run measured, and the loop that runs the rows (found by a flip sweep) ----------
+
+def _records(updates=(2, 4, 6, 8), wps=(100.0, 200.0, 300.0, 400.0), wpb=(500.0, 600.0, 700.0, 800.0)):
+    """fairseq's train_inner records as --log-format json logs them (values as strings), each stamped when logged."""
+    return [dict(num_updates=str(u), wps=str(w), wpb=str(b), loss=str(10.0 - u / 10), logged_at=float(i))
+            for i, (u, w, b) in enumerate(zip(updates, wps, wpb))]
+
+
+class _SampledBusy(speed_table.GpuBusy):
+    """nvidia-smi's samples as the sampler keeps them, given by the test (this machine has no GPU)."""
+    available = True
+
+    def __init__(self, samples):
+        super().__init__(enabled=False)
+        self.samples = samples
+
+
+def _probe(tokens=((10, 12, 14, 2), (20, 22, 24, 4), (30, 32, 34, 6))):
+    probe = speed_table.StepProbe(measured_from=1, count_flops=True, pad_index=1)
+    probe.tokens = list(tokens)
+    probe.flops, probe.flops_tokens = 480.0, 4
+    probe.gaps, probe.inside = [0.001, 0.003, 0.002], [0.010, 0.030, 0.020]
+    return probe
+
+
+def _plan_row(compiled=False, extra=(), updates=8, max_tokens=100):
+    return dict(name="transformer", arch="transformer", stock=False, precision="bf16", compiled=compiled,
+                max_tokens=max_tokens, argv=["data-bin", "--max-update", str(updates), *extra])
+
+
+def test_a_rows_figures_are_the_medians_after_its_first_log_interval():
+    """words/s and target tokens per step: the medians over the log intervals after the first (which holds the
+    start-up); tokens per step over the probe's measured updates; FLOPs per token of the counted update; the host's
+    ms; the GPU busy fraction per interval after the first, and its median; the peak as given."""
+    busy = _SampledBusy([(0.5, 20.0), (1.5, 80.0), (2.5, 60.0)])
+    out = speed_table.row_result(_plan_row(), _records(), 12.34, _probe(), 2048, busy)
+    assert out["seconds"] == 12.3 and out["updates"] == 8 and "error" not in out
+    assert out["words_per_s"] == 300.0 and out["target_tokens_per_step"] == 700.0  # not 250 / 650 (with the first)
+    assert out["wps_records"] == [100.0, 200.0, 300.0, 400.0]
+    assert out["losses"] == [[2, 9.8], [4, 9.6], [6, 9.4], [8, 9.2]]
+    assert (out["real_tokens_per_step"], out["padded_tokens_per_step"], out["sentences_per_step"]) == (20, 22, 4)
+    assert out["batch_fill"] == 0.24  # 24 budgeted of --max-tokens 100
+    assert out["flops_per_token"] == 120.0
+    assert out["between_updates_ms"] == 2.0 and out["train_step_ms"] == 20.0
+    assert out["gpu_busy_intervals"] == [0.2, 0.8, 0.6] and out["gpu_busy"] == 0.6
+    assert out["peak_mib"] == 2048
+    assert "amp_retries" not in out and "kernels" not in out and "compile_s_in_row" not in out
+
+
+def test_a_row_with_one_record_or_without_a_gpu_or_a_count_has_none_of_those_figures():
+    one = speed_table.row_result(_plan_row(updates=2), _records()[:1], 1.0, _probe(tokens=()), None,
+                                 _SampledBusy([(0.5, 20.0)]))
+    assert one["words_per_s"] is None and one["target_tokens_per_step"] is None and one["gpu_busy"] is None
+    assert "real_tokens_per_step" not in one and "error" not in one  # --max-update 2, reached
+    probe = _probe()
+    probe.flops_tokens = 0  # a counted update of no target tokens: no figure, not a division by zero
+    no_gpu = speed_table.row_result(_plan_row(), _records(), 1.0, probe, None, speed_table.GpuBusy(enabled=False))
+    assert no_gpu["gpu_busy"] is None and "gpu_busy_intervals" not in no_gpu and "flops_per_token" not in no_gpu
+    probe.flops, probe.flops_tokens = None, 4  # a compiled row counts none (it takes its eager row's)
+    no_count = speed_table.row_result(_plan_row(), _records(), 1.0, probe, None, speed_table.GpuBusy(enabled=False))
+    assert "flops_per_token" not in no_count
+    no_wpb = [{k: v for k, v in r.items() if k != "wpb"} for r in _records()]
+    assert speed_table.row_result(_plan_row(), no_wpb, 1.0, _probe(), None,
+                                  speed_table.GpuBusy(enabled=False))["target_tokens_per_step"] is None
+
+
+def test_a_row_that_stopped_early_says_where_and_one_that_ran_through_does_not():
+    stopped = speed_table.row_result(_plan_row(updates=12), _records(), 1.0, _probe(), None,
+                                     speed_table.GpuBusy(enabled=False))
+    assert stopped["error"] == "stopped at update 8 of 12"
+    none = speed_table.row_result(_plan_row(updates=8), [], 1.0, _probe(tokens=()), None,
+                                  speed_table.GpuBusy(enabled=False))
+    assert none["updates"] == 0 and none["error"] == "stopped at update 0 of 8" and none["losses"] == []
+    assert speed_table.max_update(["data-bin", "--max-update", "24", "--seed", "1"]) == 24
+
+
+def test_a_compiled_row_keeps_what_its_own_run_compiled_and_its_cuda_graph_shapes():
+    cache = dict.fromkeys((name for _, name in speed_table.CACHE_COUNTERS), 0)
+    before = dict(seconds=10.0, graphs=3, fallbacks=["a: why"], cache=cache, graph_shapes={})
+    after = dict(seconds=25.5, graphs=7, fallbacks=["a: why", "b: why not"], cache=dict(cache, fxgraph_cache_hit=4),
+                 graph_shapes={"TransformerEncoderLayerBase": (3, 1)})
+    probe = _probe()
+    probe.retries, probe.kernels = 2, dict(kernels=10)
+    out = speed_table.row_result(_plan_row(compiled=True), _records(), 1.0, probe, None,
+                                 speed_table.GpuBusy(enabled=False), before, after)
+    assert out["compile_s_in_row"] == 15.5 and out["compiled_graphs_in_row"] == 4
+    assert out["eager_fallbacks"] == ["b: why not"] and out["compile_cache_in_row"]["fxgraph_cache_hit"] == 4
+    assert out["amp_retries"] == 2 and out["kernels"] == dict(kernels=10)
+    assert "cudagraph_shapes" not in out
+    graphs = speed_table.row_result(_plan_row(compiled=True, extra=["--compile-cudagraphs"]), _records(), 1.0,
+                                    probe, None, speed_table.GpuBusy(enabled=False), before, after)
+    assert graphs["cudagraph_shapes"] == {"TransformerEncoderLayerBase": dict(recorded=3, beyond_cap=1)}
+
+
+def test_the_row_loop_records_rows_past_the_deadline_skips_fp16_without_cuda_and_records_a_failed_row(
+        tmp_path, capsys):
+    """``child``: with no time left before the deadline (less than MIN_ROW_SECONDS) a row is recorded "not run";
+    without a deadline, stock --fp16 on a machine without CUDA is recorded skipped; a row whose fairseq-train fails
+    is recorded with the error, and the loop goes on. Nothing here trains."""
+    stock, plugin = speed_table.plan(str(tmp_path / "no-data-bin"), [1024], 4, 2, ["transformer"], [], tiny=True)
+    fp16 = stock[0]
+    assert fp16["precision"] == "fp16"
+
+    def run(rows, deadline, is_stock):
+        plan_path, record_path = tmp_path / "plan.json", tmp_path / "record.json"
+        plan_path.write_text(json.dumps(dict(stock=is_stock, rows=rows, measured_from=1)))
+        record_path.write_text(json.dumps(dict(rows=[], plan=rows, max_tokens=[1024])))
+        assert speed_table.child(str(plan_path), str(record_path), deadline) == 0
+        return {speed_table.row_key(r): r for r in json.loads(record_path.read_text())["rows"]}, capsys.readouterr().out
+
+    rows, out = run(stock, time.time() + speed_table.MIN_ROW_SECONDS - 2, True)
+    assert [r["error"] for r in rows.values()] == ["not run (deadline)"] * 2
+    assert "[speed] stock transformer fp16 1,024 tokens: not run (deadline)" in out
+    rows, out = run([fp16], 0, True)  # no deadline
+    assert rows[speed_table.row_key(fp16)]["error"] == "skipped: fairseq's --fp16 (FP16Optimizer) needs CUDA"
+    rows, out = run([plugin[0], fp16], time.time() + 3600, False)
+    failed = rows[speed_table.row_key(plugin[0])]
+    assert failed["error"].startswith("FileNotFoundError: ") and "no-data-bin" in failed["error"], failed["error"]
+    assert rows[speed_table.row_key(fp16)]["error"].startswith("skipped")
+    assert "[speed] transformer bf16 1,024 tokens: fairseq-train" in out
+
+
+def test_a_row_recorded_again_replaces_its_own_key_only(tmp_path):
+    path = tmp_path / "record.json"
+    a, b = _row("transformer", "bf16", False, [9.5]), _row("umst", "bf16", False, [9.6])
+    path.write_text(json.dumps(dict(rows=[a, b], plan=[a, b], max_tokens=[38400])))
+    speed_table.update_record(str(path), dict(a, words_per_s=123.0))
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["name"], r["words_per_s"]) for r in rows] == [("transformer", 123.0), ("umst", 1000.0)]
+    assert (tmp_path / "record.md").exists() and not (tmp_path / "record.json.tmp").exists()
+
+
+def test_the_plan_s_stock_rows_are_stock_fairseq_and_its_variants_compile():
+    """Both stock rows run fairseq's own task without the plugin; a shape baseline is compiled only where an arch
+    of that shape is (not because some other arch compiles); the CUDA graph plan's bucketed rows compile; without
+    --tiny the rows keep the arch's own depth."""
+    stock, plugin = speed_table.plan("data-bin", [1024], 8, 2, ["transformer", "prime"], ["transformer"])
+    assert [(r["name"], r["precision"], r["stock"]) for r in stock] == [
+        ("stock transformer", "fp16", True), ("stock transformer", "fp16-amp", True)]
+    for r in stock:
+        assert r["argv"][r["argv"].index("--task") + 1] == "translation" and "--user-dir" not in r["argv"]
+    for r in plugin:
+        assert not r["stock"] and r["argv"][r["argv"].index("--task") + 1] == "multiscale_translation"
+    baseline = [(r["name"], r["compiled"]) for r in plugin if r.get("baseline_row")]
+    assert baseline == [("transformer_prime_shape", False)]  # prime is not compiled: its shape's row neither
+    _, compiled = speed_table.plan("data-bin", [1024], 8, 2, ["transformer", "prime"], ["transformer", "prime"])
+    assert [(r["name"], r["compiled"]) for r in compiled if r.get("baseline_row")] == [
+        ("transformer_prime_shape", False), ("transformer_prime_shape", True)]
+    assert all("--encoder-layers" not in r["argv"] or r["argv"][r["argv"].index("--encoder-layers") + 1] != "1"
+               for r in plugin)  # (--tiny's one layer only where asked)
+    _, graphs = speed_table.plan("data-bin", [1024], 8, 2, ["transformer"], [], cudagraph_buckets=8)
+    assert [(r["name"], r["compiled"]) for r in graphs] == [
+        ("transformer", False), ("transformer buckets", True), ("transformer cudagraphs", True)]
+
+
+def test_the_probe_profiles_and_counts_only_before_the_measured_updates_and_prints_nothing(capsys):
+    """No profile unless asked; not a measured update's, where the profiled update would be measured
+    (``measured_from`` at PROFILE_UPDATE); an update retried at FLOPS_UPDATE leaves none counted where the next
+    one is measured; the FLOP counter prints no table; ``t0`` is the first measured update's start."""
+    sample = dict(net_input=dict(src_tokens=torch.tensor([[5, 6, 2]])), target=torch.tensor([[5, 2]]), ntokens=2)
+    profiled, starts = [], []
+
+    def train_step(samples, raise_oom=False):
+        import torch.autograd.profiler as autograd_profiler
+
+        profiled.append(autograd_profiler._is_profiler_enabled)
+        return torch.randn(2, 4) @ torch.randn(4, 3)
+
+    probe = speed_table.StepProbe(measured_from=4, count_flops=True, pad_index=1)  # profile: its default
+    for _ in range(5):
+        starts.append(time.monotonic())
+        probe.step(train_step, [sample], False)
+    assert not any(profiled) and probe.kernels is None
+    assert starts[4] <= probe.t0 <= probe.t1 and probe.flops == 48
+    assert capsys.readouterr().out == ""  # (FlopCounterMode's table not printed)
+    profiled.clear()
+    at = speed_table.StepProbe(measured_from=speed_table.PROFILE_UPDATE, count_flops=False, pad_index=1, profile=True)
+    for _ in range(4):
+        at.step(train_step, [sample], False)
+    assert not any(profiled) and at.kernels is None
+
+    def retried_once(samples, raise_oom=False):
+        if retry.calls == 2 and not retry.retries:  # update 1 (0-based) overflows once: fairseq recurses
+            retry.step(retried_once, samples, raise_oom)
+        return torch.randn(2, 4) @ torch.randn(4, 3)
+    retry = speed_table.StepProbe(measured_from=2, count_flops=True, pad_index=1)
+    for _ in range(4):
+        retry.step(retried_once, [sample], False)
+    assert retry.retries == 1 and retry.flops is None  # update 2 is measured: not run under the FLOP counter
+
+
+def test_gpu_busy_reads_nvidia_smi_in_a_daemon_thread_and_stops_it(tmp_path, monkeypatch):
+    """The sampler runs ``nvidia-smi`` (here a script of that name on PATH, which prints what the real one prints
+    with ``-lms``: this machine has no GPU) for the device and period asked, keeps each percentage with its time,
+    and ``close`` stops it; without nvidia-smi it is not available."""
+    args = tmp_path / "args.txt"
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$@" > {args}\necho 40\necho "[N/A]"\necho 60\nexec sleep 60\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    busy = speed_table.GpuBusy(device_index=3, period_ms=20)  # enabled by default
+    try:
+        assert busy.available and busy.thread.daemon
+        deadline = time.monotonic() + 30
+        while len(busy.samples) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [v for _, v in busy.samples] == [40.0, 60.0]
+        assert busy.between(busy.samples[0][0], busy.samples[1][0]) == 0.5  # both ends kept
+        assert args.read_text().split() == ["--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i",
+                                            "3", "-lms", "20"]
+    finally:
+        busy.close()
+    assert busy.proc.returncode is not None
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert not speed_table.GpuBusy().available
+
+
+def test_an_error_inside_the_peak_memory_window_goes_through():
+    with pytest.raises(RuntimeError, match="inside"):
+        with speed_table.PeakMemory(cuda=False):
+            raise RuntimeError("inside")
+
+
+def test_the_cpu_is_named_from_cpuinfo_or_else_by_the_platform(monkeypatch):
+    name = speed_table.cpu_name()
+    assert name.endswith(f"{os.cpu_count()} cores") and ("AVX-512" in name or "AVX2" in name)
+    import builtins
+    import platform
+
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: (_ for _ in ()).throw(OSError(path))
+                        if path == "/proc/cpuinfo" else real_open(path, *a, **k))
+    monkeypatch.setattr(platform, "processor", lambda: "")
+    assert speed_table.cpu_name() == "unknown CPU"
+    monkeypatch.setattr(platform, "processor", lambda: "x86_64")
+    assert speed_table.cpu_name() == "x86_64"
+
+
+def test_finish_fills_flops_mfu_and_ratios_only_from_rows_that_have_them():
+    """A compiled row with no eager row keeps no FLOPs (not the transformer's) and no MFU; a row with words/s but
+    no FLOPs has no MFU; the stock row, which counts no FLOPs, takes the plugin transformer's eager bf16 count (the
+    same model), also where the compiled transformer comes later in the plan; every row's ratio to stock --fp16."""
+    record = _record([9.50, 9.01, 8.50], shifted=[9.50, 9.01, 8.50])
+    stock = record["rows"][3]
+    stock["flops_per_token"] = None
+    record["plan"] = [dict(r) for r in [stock] + record["rows"][:3]]  # stock first, as the plan runs it
+    record["rows"].append(_row("umst", "bf16", True, [9.6, 9.1, 8.6], wps=380000.0))  # its eager row not run
+    rows = {speed_table.row_key(r): r for r in speed_table.finish(record)["rows"]}
+    umst = rows[("umst", "bf16", True, 38400)]
+    assert umst["flops_per_token"] is None and umst["mfu"] is None and "words_per_flop_vs_transformer" not in umst
+    stock = rows[("stock transformer", "fp16", False, 38400)]
+    assert stock["flops_per_token"] == 3e8 and stock["mfu"] == pytest.approx(round(250000 * 3e8 / 989.4e12, 4))
+    assert rows[("transformer", "bf16", True, 38400)]["vs_stock_fp16"] == 2.0
+    assert rows[("transformer", "tf32", False, 38400)]["vs_stock_fp16"] == 0.6
+    slow = _record([9.50, 9.01, 8.50], shifted=[9.50, 9.01, 8.50])
+    slow["rows"][3].update(flops_per_token=None, words_per_s=None, error="skipped")
+    slow["rows"][1]["flops_per_token"] = None  # words/s, no FLOPs: no MFU
+    rows = {speed_table.row_key(r): r for r in speed_table.finish(slow)["rows"]}
+    assert rows[("stock transformer", "fp16", False, 38400)]["flops_per_token"] is None
+    assert rows[("transformer", "tf32", False, 38400)]["mfu"] is None
+    assert "vs_stock_fp16" not in rows[("transformer", "bf16", True, 38400)]
+
+
+def test_the_loss_check_of_a_variant_row_and_its_edges():
+    """A bucketed row without a reference is not compared (its batches are its own); a CUDA-graph row is compared
+    with its compiled reference row, at no precision noise; a gap equal to the tolerance passes; a missing noise
+    is named, the other not."""
+    by = {("transformer", "bf16", False, 100): dict(losses=_losses([9.5, 9.0])),
+          ("transformer", "tf32", False, 100): dict(losses=_losses([9.5, 9.0])),
+          ("t buckets", "bf16", True, 100): dict(losses=_losses([9.5, 9.0]))}
+    bucketed = dict(name="t buckets", variant_of="t", precision="bf16", compiled=True, max_tokens=100,
+                    losses=_losses([9.5, 9.0]))
+    assert speed_table.loss_check(bucketed, by, {}) == dict(
+        ok=None, why="bucketed batches: no eager row trained the same batches")
+    graphs = dict(bucketed, name="t graphs", loss_reference="t buckets", losses=_losses([9.5, 9.0 + 2 ** -8]))
+    shifted = _losses([9.5, 9.0 + 2 ** -8 - 2 ** -9])  # its dropout noise 2^-9: tolerance 2 x 2^-9, the gap exactly
+    check = speed_table.loss_check(graphs, by, {"t graphs 100": dict(losses_dropout_shifted=shifted)})
+    assert check == dict(ok=True, max_abs_diff=round(2 ** -8, 4), tolerance=round(2 ** -8, 4),
+                         dropout_noise=round(2 ** -9, 4), precision_noise=0.0)
+    compiled = dict(name="transformer", precision="bf16", compiled=True, max_tokens=100, losses=_losses([9.5, 9.0]))
+    assert speed_table.loss_check(compiled, by, {})["why"] == "noise not measured (no warm-up losses)"
+    del by[("transformer", "tf32", False, 100)]
+    assert speed_table.loss_check(compiled, by, {"transformer 100": dict(losses_dropout_shifted=_losses([9.5]))})[
+        "why"] == "noise not measured (no transformer bf16 / tf32 rows)"
+    assert speed_table.loss_check(dict(compiled, name="umst"), by, {})["why"] == "no eager row's losses to compare with"
+
+
+def test_targets_at_their_bounds_and_over_the_recipe_batch_s_own_rows():
+    """A figure equal to its bound meets it; a ratio whose row is missing is None, not an error; the rows a target
+    takes are the plugin's own at the recipe batch: no shape baseline, no variant, no other batch; the loss check's
+    verdict is met only when every compiled row compared and passed, None while one was not compared."""
+    record = _record([9.50, 9.01, 8.50], shifted=[9.50, 9.01, 8.50])
+    record["rows"][2]["words_per_s"] = 375000.0  # 1.5 x stock's 250,000: the bound exactly
+    for r in record["rows"]:
+        r["gpu_busy"] = 0.7
+    record["rows"] += [dict(_row("transformer_prime_shape", "bf16", False, [9.5]), baseline_row=True, gpu_busy=0.1),
+                       dict(_row("transformer buckets", "bf16", True, [9.5]), variant_of="transformer",
+                            gpu_busy=0.1),
+                       dict(_row("transformer", "bf16", False, [9.5], tokens=4096), gpu_busy=0.1)]
+    targets = speed_table.finish(record)["targets"]
+    assert targets["transformer_vs_stock_fp16"] == dict(value=1.5, target=1.5, met=True)
+    assert targets["gpu_busy (least plugin row)"]["value"] == 0.7 and targets["gpu_busy (least plugin row)"]["met"]
+    assert targets["gpu_busy (least plugin row)"]["rows"] == 3  # transformer bf16 eager, compiled and tf32
+    checks = targets["compiled_losses_equal_eager"]
+    assert checks == dict(met=True, rows=1, compared=1, missing=[])
+    alone = dict(card="NVIDIA H200", max_tokens=[38400],
+                 rows=[_row("transformer", "bf16", True, [9.5]), dict(_row("umst", "bf16", True, [9.6]),
+                                                                      words_per_s=None, error="not run (deadline)")])
+    targets = speed_table.finish(alone)["targets"]
+    assert targets["transformer_vs_stock_fp16"]["value"] is None and targets["bf16_vs_tf32"]["value"] is None
+    assert targets["compiled_losses_equal_eager"] == dict(met=None, rows=1, compared=0, missing=["umst compiled"])
+
+
+def test_the_markdown_names_a_cpu_run_its_calls_and_the_rows_that_compiled_in_their_run():
+    record = speed_table.finish(_record([9.50, 9.01, 8.50], shifted=[9.50, 9.01, 8.50]))
+    record.update(card=None, cpu="Intel Xeon, AVX-512, 2 cores", calls=[dict(command="a", started="t0")])
+    text = speed_table.markdown(record)
+    assert text.startswith("# fairseq-train speed: CPU (Intel Xeon, AVX-512, 2 cores)\n") and "Measured in" not in text
+    record["calls"].append(dict(command="b", started="t1"))
+    assert "Measured in 2 calls (the same plan; each call after the first ran the rows not yet done): `a` at t0; " \
+           "`b` at t1." in speed_table.markdown(record)
+    record["rows"][0]["compile_s_in_row"] = 3.0  # an eager row: never listed
+    record["rows"][2].update(compile_s_in_row=1.5, compile_cache_in_row=None)
+    assert speed_table.in_row_compiling(record) == ["transformer 38,400: 1.5 s"]
+
+
+def test_the_commit_is_git_s_short_hash_or_unknown_outside_a_checkout():
+    git = subprocess.run(["git", "-C", speed_table.ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True)
+    assert speed_table.git_commit() == (git.stdout.strip() if git.returncode == 0 else "unknown")
+
+
+def test_a_corpus_that_fails_to_build_stops_the_call(tmp_path):
+    sizes = dict(speed_table.TINY_CORPUS, lengths="no-such-distribution")
+    with open(tmp_path / "log.txt", "w") as log, pytest.raises(subprocess.CalledProcessError):
+        speed_table.build_corpus(str(tmp_path / "corpus"), sizes, log, speed_table.process_env())
+    logged = (tmp_path / "log.txt").read_text()
+    assert f"--workers {min(8, os.cpu_count())}" in logged and not (tmp_path / "corpus" / speed_table.CORPUS_STAMP).exists()
