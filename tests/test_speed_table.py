@@ -758,6 +758,7 @@ def test_a_row_with_one_record_or_without_a_gpu_or_a_count_has_none_of_those_fig
                                  _SampledBusy([(0.5, 20.0)]))
     assert one["words_per_s"] is None and one["target_tokens_per_step"] is None and one["gpu_busy"] is None
     assert "real_tokens_per_step" not in one and "error" not in one  # --max-update 2, reached
+    assert "gpu_busy_intervals" not in one  # (no interval after the first)
     probe = _probe()
     probe.flops_tokens = 0  # a counted update of no target tokens: no figure, not a division by zero
     no_gpu = speed_table.row_result(_plan_row(), _records(), 1.0, probe, None, speed_table.GpuBusy(enabled=False))
@@ -1043,3 +1044,22 @@ def test_a_corpus_that_fails_to_build_stops_the_call(tmp_path):
         speed_table.build_corpus(str(tmp_path / "corpus"), sizes, log, speed_table.process_env())
     logged = (tmp_path / "log.txt").read_text()
     assert f"--workers {min(8, os.cpu_count())}" in logged and not (tmp_path / "corpus" / speed_table.CORPUS_STAMP).exists()
+
+
+def test_the_probed_trainer_keeps_fairseqs_defaults_and_the_compile_state_is_read_where_the_plugin_is_loaded():
+    """fairseq-train calls ``train_step(samples)``: the probed trainer's ``raise_oom`` default is fairseq's (False:
+    an out-of-memory batch is skipped, not raised); with the plugin loaded (this process) a compiled row reads
+    --compile's counters."""
+    import inspect
+
+    from fairseq.trainer import Trainer
+
+    import umst_plugin  # noqa: F401  (as the plugin rows' process imports it)
+
+    probed = speed_table._trainer_with(speed_table.StepProbe(measured_from=1, count_flops=False, pad_index=1))
+    assert issubclass(probed, Trainer)
+    assert inspect.signature(probed.train_step).parameters["raise_oom"].default is \
+        inspect.signature(Trainer.train_step).parameters["raise_oom"].default is False
+    state = speed_table._compile_state()
+    assert set(state) == {"seconds", "graphs", "fallbacks", "graph_shapes", "cache"}
+    assert set(state["cache"]) == {name for _, name in speed_table.CACHE_COUNTERS}
