@@ -482,13 +482,13 @@ def test_short_labels_keep_their_width_whole():
     assert _short("y" * 16, 16) == "y" * 16 and _short("y" * 17, 16) == "y" * 15 + "\u2026"
 
 
-def _loaded(family, toy, checkpoints):
-    """(model in eval mode, the test set's first sample, its Source) as umst-inspect loads them."""
+def _loaded(path, toy):
+    """(model in eval mode, the test set's first sample, its Source) of the checkpoint at ``path``, as umst-inspect
+    loads them."""
     from fairseq import checkpoint_utils
 
     _, databin = toy
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task([checkpoints[family]],
-                                                                     arg_overrides={"data": databin})
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": databin})
     task.load_dataset("test")
     sample = task.dataset("test").collater([task.dataset("test")[0]])
     return models[0].eval(), sample, umst_inspect.source_from_sample(task, sample, "test[0]")
@@ -503,7 +503,7 @@ def test_prime_panels_are_each_layers_kernel_shares_and_the_chosen_layers_kernel
 
     from umst_plugin.models.prime.capture import _band, capture_prime
 
-    model, sample, source = _loaded("prime", toy, checkpoints)
+    model, sample, source = _loaded(checkpoints["prime"], toy)
     torch.manual_seed(0)
     for layer in model.encoder.layers:
         layer.conv.gate_logits.data.normal_()
@@ -538,7 +538,7 @@ def test_msc_panels_are_each_fused_layers_gates_by_position_and_the_errors_say_w
 
     from umst_plugin.models.msc.capture import capture_msc
 
-    model, sample, source = _loaded("msc", toy, checkpoints)
+    model, sample, source = _loaded(checkpoints["msc"], toy)
     encoder_fusions = [layer.fusion for layer in model.encoder.layers]
     decoder_fusions = [layer.fusion for layer in model.decoder.layers]
     kept = {}
@@ -595,8 +595,6 @@ def test_transformer_sf_draws_the_last_fusion_layer_by_default_its_weights_and_n
     layer with a fusion (of three with one: the third; of layers 1 and 2 of three: the second); a layer without
     one is refused naming those that have one; the map is the mean over heads of the weights the fusion's attention
     computed; the characters' labels show a space as "␣"."""
-    from fairseq import checkpoint_utils
-
     from umst_plugin.inspect.capture import run_encoder
     from umst_plugin.models.transformer_sf.capture import capture_transformer_sf
 
@@ -605,11 +603,7 @@ def test_transformer_sf_draws_the_last_fusion_layer_by_default_its_weights_and_n
     for spec, last in (("all", 3), ("1,2", 2)):
         path = save_tiny_checkpoint(databin, arch, {**overrides, "encoder_layers": 3, "sf_interaction_layers": spec},
                                     str(tmp_path / "sf.pt"))
-        models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": databin})
-        model = models[0].eval()
-        task.load_dataset("test")
-        sample = task.dataset("test").collater([task.dataset("test")[0]])
-        source = umst_inspect.source_from_sample(task, sample, "test[0]")
+        model, sample, source = _loaded(path, toy)
         capture = capture_transformer_sf(model, sample, source)
         assert all(f"layer {last}/3, mean of 2 heads" in p.title for p in capture.panels), capture.panels[0].title
         layer = model.encoder.stack.layers[last - 1]
@@ -627,17 +621,14 @@ def test_transformer_sf_draws_the_last_fusion_layer_by_default_its_weights_and_n
 
 
 def test_umst_notes_the_relative_value_term_only_with_relative_positions(toy, checkpoints, tmp_path):
-    from fairseq import checkpoint_utils
-
     from umst_plugin.models.umst.capture import capture_umst
 
     _, databin = toy
-    model, sample, source = _loaded("umst", toy, checkpoints)
+    model, sample, source = _loaded(checkpoints["umst"], toy)
     assert capture_umst(model, sample, source).notes == []
     arch, overrides, _ = FAMILIES["umst"]
-    path = save_tiny_checkpoint(databin, "umst_base_rpr", overrides, str(tmp_path / "rpr.pt"))
-    models, _, _ = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": databin})
-    notes = capture_umst(models[0].eval(), sample, source).notes
+    rpr, _, _ = _loaded(save_tiny_checkpoint(databin, "umst_base_rpr", overrides, str(tmp_path / "rpr.pt")), toy)
+    notes = capture_umst(rpr, sample, source).notes
     assert len(notes) == 1 and notes[0].startswith("relative positions: ATTN1 includes the relative key term")
 
 
@@ -649,7 +640,7 @@ def test_msmsa_titles_each_head_with_its_scale_s_window_on_this_sentence(toy, ch
 
     from umst_plugin.models.msmsa.capture import capture_msmsa
 
-    model, sample, source = _loaded("msmsa", toy, checkpoints)
+    model, sample, source = _loaded(checkpoints["msmsa"], toy)
     n = len(source.pieces)
     capture = capture_msmsa(model, sample, source)
     widths = [p.title.split("\n")[0].split(", ")[-1] for p in capture.panels]

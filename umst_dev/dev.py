@@ -57,13 +57,18 @@ def setup_task(data, overrides=None, task="multiscale_translation", arch="transf
     return tasks.setup_task(cfg.task)
 
 
-def build_model(arch, overrides=None, task="multiscale_translation", vocab=60, seed=0, dictionary=None):
-    """(model, task) for a registered arch; ``overrides`` maps argparse dests to values."""
+def _built(arch, overrides, task, vocab, seed, dictionary=None):
+    """(cfg, task, model) from one parsed config, the model built after ``torch.manual_seed(seed)``."""
     cfg = config_of(parse_args(arch, overrides, task))
     d = dictionary if dictionary is not None else make_dictionary(vocab)
     task_obj = tasks.TASK_REGISTRY[task](cfg.task, d, d)
     torch.manual_seed(seed)
-    model = task_obj.build_model(cfg.model)
+    return cfg, task_obj, task_obj.build_model(cfg.model)
+
+
+def build_model(arch, overrides=None, task="multiscale_translation", vocab=60, seed=0, dictionary=None):
+    """(model, task) for a registered arch; ``overrides`` maps argparse dests to values."""
+    _, task_obj, model = _built(arch, overrides, task, vocab, seed, dictionary)
     return model, task_obj
 
 
@@ -72,11 +77,7 @@ def training_parts(arch, overrides=None, task="multiscale_translation", vocab=60
     not yet compiled, moved or wrapped: the Trainer does that), on a synthetic vocabulary. Pass
     ``no_save=True`` in ``overrides`` unless a test wants a save_dir: a Trainer with ``--compile`` keeps inductor's
     caches in SAVE_DIR/compile_cache, and fairseq's default is ./checkpoints, in the checkout."""
-    cfg = config_of(parse_args(arch, overrides, task))
-    d = make_dictionary(vocab)
-    task_obj = tasks.TASK_REGISTRY[task](cfg.task, d, d)
-    torch.manual_seed(seed)
-    model = task_obj.build_model(cfg.model)
+    cfg, task_obj, model = _built(arch, overrides, task, vocab, seed)
     return cfg, task_obj, model, task_obj.build_criterion(cfg.criterion)
 
 
