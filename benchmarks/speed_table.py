@@ -952,13 +952,17 @@ def warm_up_order(rows, known):
     return sorted(rows, key=lambda r: -seconds(r))
 
 
-def warm_up(rows, work, env, timeout, card_gib=None, order=None):
+WARM_UP_COMMAND = (sys.executable, "-m", "benchmarks.speed_table")  # a warm-up's process: warm_up_child
+
+
+def warm_up(rows, work, env, timeout, card_gib=None, order=None, child_command=None):
     """Compile every compiled row once, each in a process of its own that trains the row (:func:`warm_up_child`)
     into the shared inductor cache (``env``'s TORCHINDUCTOR_CACHE_DIR), as many at once as :func:`warm_up_slots`
     gives, the longest compiles first (``order``: :func:`compile_seconds_known`): {"name tokens": dict(seconds of
-    compiling, graphs,
-    losses with other dropout masks, error)}. Processes still running at ``timeout`` are stopped, and those not
-    started by then are not (their rows compile the rest when they run)."""
+    compiling, graphs, losses with other dropout masks, error)}. Processes still running at ``timeout`` are stopped,
+    and those not started by then are not (their rows compile the rest when they run). ``child_command``: the
+    program a warm-up runs, given ``--warm-up-row SPEC --warm-up-out OUT`` (default: this module's
+    :func:`warm_up_child`; the scheduling's tests give one that sleeps)."""
     if not rows:
         return {}
     pending = warm_up_order(rows, order or {})
@@ -981,7 +985,7 @@ def warm_up(rows, work, env, timeout, card_gib=None, order=None):
         if card_gib:
             proc_env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
         running.append((key, out, log, subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.speed_table", "--warm-up-row", spec, "--warm-up-out", out],
+            list(child_command or WARM_UP_COMMAND) + ["--warm-up-row", spec, "--warm-up-out", out],
             stdout=log, stderr=subprocess.STDOUT, env=proc_env, cwd=ROOT, start_new_session=True), time.time()))
 
     def collect(key, out, log, proc, started, capped=False):
@@ -1227,6 +1231,63 @@ def rows_done(earlier, plan_rows):
     return [r for r in earlier.get("rows", []) if wanted.get(row_key(r)) == r.get("argv") and not r.get("error")]
 
 
+def record_name(card, commit, tiny=False, cudagraphs=None):
+    """The record's file name: gpu-speed-<card>-<commit>.json on a card, speed-cpu[-tiny]-<commit>.json on a CPU;
+    the CUDA graph plan's (``cudagraphs``) a record of its own beside the table's, speed-cudagraphs-..."""
+    name = f"gpu-speed-{slug(card)}" if card else f"speed-cpu{'-tiny' if tiny else ''}"
+    if cudagraphs:
+        name = name.replace("speed-", "speed-cudagraphs-", 1)
+    return f"{name}-{commit}.json"
+
+
+def resume(record, earlier, plan_rows):
+    """Start ``record`` (the call's, its ``started`` this call's start) from ``earlier``, the record the same command
+    wrote before (``{}`` where none): the rows of the same plan it finished (:func:`rows_done`), its first call's
+    start and a line per call, this one's last. Returns ``earlier``, or ``{}`` where none of its rows is kept
+    (another plan's record): its warm-ups are kept only with its rows."""
+    record["rows"] = rows_done(earlier, plan_rows)
+    if not record["rows"]:
+        earlier = {}
+    # a call that resumes keeps the first call's start, the warm-ups it made (cold compile seconds, the losses the
+    # loss check's dropout noise comes from) and a line per call
+    now = record["started"]
+    record["started"] = earlier.get("started", now)
+    record["calls"] = earlier.get("calls", []) + [dict(started=now, command=record["command"],
+                                                       install_s=record.get("install_s"))]
+    return earlier
+
+
+def warm_up_rows(plugin_rows, first_max_tokens, kept):
+    """The rows a warm-up compiles: the compiled rows at the first batch size, but those whose warm-up an earlier
+    call finished here (``kept``: :func:`warm_ups_kept`). A compiled row at another size compiles in its own run."""
+    return [r for r in plugin_rows if r["compiled"] and r["max_tokens"] == first_max_tokens
+            and f"{r['name']} {r['max_tokens']}" not in kept]
+
+
+def settings(args, table, work):
+    """What the command line asks for, its defaults filled in: the rows' archs and compiled archs (``table``: the
+    arch table, :func:`harness.table`; ValueError naming an unknown arch), the batch sizes in order, the updates
+    and log interval of a row, and the data-bin."""
+    measured = harness.recipe_rows(table)
+    arch_list = args.archs if args.archs is not None else CUDAGRAPH_ARCHS if args.cudagraphs else ",".join(measured)
+    archs = [a for a in arch_list.split(",") if a]
+    compile_default = "transformer" if args.tiny else ",".join(measured)
+    compile_archs = [a for a in (args.compile_archs if args.compile_archs is not None else compile_default).split(",")
+                     if a]
+    unknown = sorted(set(archs + compile_archs) - set(table))
+    if unknown:
+        raise ValueError(f"unknown arch(s) {', '.join(unknown)}; choices: {', '.join(table)}")
+    max_tokens = [int(t) for t in (args.max_tokens or (TINY_MAX_TOKENS if args.tiny else
+                                                       f"{RECIPE_MAX_TOKENS},{CONTRAST_MAX_TOKENS}")).split(",")]
+    if args.cudagraphs:  # the recipe batch alone (no stock rows: plan's), updates enough that replays outnumber recordings
+        max_tokens = max_tokens[:1]
+    return argparse.Namespace(
+        archs=archs, compile_archs=compile_archs, max_tokens=max_tokens,
+        updates=args.updates or (8 if args.tiny else CUDAGRAPH_UPDATES if args.cudagraphs else 24),
+        log_interval=args.log_interval or (2 if args.tiny else 4),
+        data=args.data or os.path.join(work, "corpus", "data-bin"))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1294,25 +1355,12 @@ def main(argv=None):
         return 0
     # the arch table is the plugin's registry: read where fairseq imports (a child, after an install)
     rows = harness.table_from_child(env) if paths else harness.table()
-    measured = harness.recipe_rows(rows)
-    if args.cudagraphs and args.archs is None:
-        args.archs = CUDAGRAPH_ARCHS
-    archs = [a for a in (args.archs if args.archs is not None else ",".join(measured)).split(",") if a]
-    compile_default = "transformer" if args.tiny else ",".join(measured)
-    compile_archs = [a for a in (args.compile_archs if args.compile_archs is not None else compile_default).split(",")
-                     if a]
-    unknown = sorted(set(archs + compile_archs) - set(rows))
-    if unknown:
-        p.error(f"unknown arch(s) {', '.join(unknown)}; choices: {', '.join(rows)}")
-    max_tokens = [int(t) for t in (args.max_tokens or (TINY_MAX_TOKENS if args.tiny else
-                                                       f"{RECIPE_MAX_TOKENS},{CONTRAST_MAX_TOKENS}")).split(",")]
-    if args.cudagraphs:  # the recipe batch alone (no stock rows: plan's), updates enough that replays outnumber recordings
-        max_tokens = max_tokens[:1]
-    args.updates = args.updates or (8 if args.tiny else CUDAGRAPH_UPDATES if args.cudagraphs else 24)
-    args.log_interval = args.log_interval or (2 if args.tiny else 4)
-    data = args.data or os.path.join(work, "corpus", "data-bin")
-    stock, plugin = plan(data, max_tokens, args.updates, args.log_interval, archs, compile_archs, args.tiny, rows,
-                         cudagraph_buckets=args.cudagraphs)
+    try:
+        how = settings(args, rows, work)
+    except ValueError as e:
+        p.error(str(e))
+    stock, plugin = plan(how.data, how.max_tokens, how.updates, how.log_interval, how.archs, how.compile_archs,
+                         args.tiny, rows, cudagraph_buckets=args.cudagraphs)
     if args.no_stock:
         stock = []
     if args.dry_run:
@@ -1327,24 +1375,14 @@ def main(argv=None):
 
     info = device_info()
     commit = args.commit or git_commit()
-    name = f"gpu-speed-{slug(info['card'])}" if info["card"] else f"speed-cpu{'-tiny' if args.tiny else ''}"
-    if args.cudagraphs:  # another plan: a record of its own, beside the table's
-        name = name.replace("speed-", "speed-cudagraphs-", 1)
-    record_path = os.path.join(args.out, f"{name}-{commit}.json")
+    record_path = os.path.join(args.out, record_name(info["card"], commit, args.tiny, args.cudagraphs))
     command = "python -m benchmarks speed-table " + shlex.join(sys.argv[1:] if argv is None else argv)
     now = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    record = dict(commit=commit, **info, command=command.strip(), max_tokens=max_tokens, updates=args.updates,
-                  log_interval=args.log_interval, started=now, install_s=install_s,
+    record = dict(commit=commit, **info, command=command.strip(), max_tokens=how.max_tokens, updates=how.updates,
+                  log_interval=how.log_interval, started=now, install_s=install_s,
                   plan=[{k: r[k] for k in ("name", "precision", "compiled", "max_tokens")} for r in stock + plugin])
-    earlier = read_record(record_path)
-    record["rows"] = rows_done(earlier, stock + plugin)
+    earlier = resume(record, read_record(record_path), stock + plugin)
     done = {row_key(r) for r in record["rows"]}
-    if not done:  # another plan's record (or none): nothing of it is kept
-        earlier = {}
-    # a call that resumes keeps the first call's start, the warm-ups it made (cold compile seconds, the losses the
-    # loss check's dropout noise comes from) and a line per call
-    record["started"] = earlier.get("started", now)
-    record["calls"] = earlier.get("calls", []) + [dict(started=now, command=record["command"], install_s=install_s)]
     if done:
         print(f"[speed] {len(done)} rows kept from {record_path} (the same plan); running the rest", flush=True)
     stock = [r for r in stock if row_key(r) not in done]
@@ -1357,15 +1395,14 @@ def main(argv=None):
                                          f"(log-normal, mean {WMT14_MEAN:.0f} source tokens, tail to 250), "
                                          f"{sizes['vocab']:,}-entry joined dictionary") if not args.data else args.data)
     write_record(record_path, finish(record))
-    compiled = [r for r in plugin if r["compiled"] and r["max_tokens"] == max_tokens[0]]
     kept = warm_ups_kept(earlier.get("warm_up", {}), env["TORCHINDUCTOR_CACHE_DIR"])
-    compiled = [r for r in compiled if f"{r['name']} {r['max_tokens']}" not in kept]
+    compiled = warm_up_rows(plugin, how.max_tokens[0], kept)
     warm_timeout = min(args.warm_up_timeout, (deadline - time.time()) * 0.4) if deadline else args.warm_up_timeout
     fresh = warm_up(compiled, work, env, warm_timeout, info.get("memory_gib"), compile_seconds_known(args.out, RESULTS))
     record["warm_up"] = merge_warm_ups(earlier.get("warm_up", {}), fresh)
     record["warm_up_s"] = round(time.time() - start, 1)
     write_record(record_path, finish(record))
-    measured_from = args.log_interval
+    measured_from = how.log_interval
     run_child(stock, "stock", work, record_path, env, deadline, measured_from)
     run_child(plugin, "plugin", work, record_path, env, deadline, measured_from)
     with open(record_path) as f:

@@ -1,7 +1,10 @@
 """umst_dev/flip_sweep.py, the flip sweep (``python -m umst_dev.flip_sweep FILE TESTS``: minutes, not run in the
 suite): what it flips, and a sweep of a small repository whose test pins one flip and misses another."""
+import re
 import subprocess
 import sys
+
+import pytest
 
 from umst_dev import flip_sweep
 
@@ -67,6 +70,24 @@ def test_a_sweep_finds_the_flip_no_test_pins_and_leaves_the_file_as_it_was(tmp_p
     assert verdicts == {(2, ">= -> >"): "survived", (6, "+ 1 -> - 1"): "caught"}, (verdicts, lines)
     assert lines[-1] == "[flip-sweep] 1 of 2 flips survived"
     assert (repo / "pkg" / "numbers.py").read_text() == module  # the checkout is never written
+
+
+def test_lines_limit_the_sweep_to_their_ranges(tmp_path):
+    """``--lines``: only the flips on the lines named (next_one's here); a range that is not one is refused."""
+    module = "def at_least(x, low):\n    return x >= low\n\n\ndef next_one(x):\n    return x + 1\n"
+    repo = small_repository(tmp_path, module, {
+        "test_numbers.py": "from pkg.numbers import next_one\n\n\ndef test_numbers():\n"
+                           "    assert next_one(2) == 3\n"})
+    record = flip_sweep.sweep(str(repo), "pkg/numbers.py", ["tests/test_numbers.py"], timeout=120,
+                              log=lambda _: None, lines=flip_sweep.parse_lines("3-6"))
+    assert [(r["line"], r["verdict"]) for r in record["results"]] == [(6, "caught")] and record["lines"] == [[3, 6]]
+    assert flip_sweep.parse_lines("1-2, 7,9-9") == [(1, 2), (7, 7), (9, 9)]
+    for bad in ("2-1", "0", "a-b", "3-"):
+        with pytest.raises(ValueError, match=re.escape(repr(bad))):
+            flip_sweep.parse_lines(bad)
+    proc = subprocess.run([sys.executable, "-m", "umst_dev.flip_sweep", "umst_dev/flip_sweep.py", "tests/x.py",
+                           "--lines", "5-4"], cwd=flip_sweep.mutation.ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and "--lines: '5-4': lines count from 1" in proc.stderr, proc.stderr
 
 
 def test_the_command_refuses_a_file_that_is_not_there():

@@ -1,5 +1,6 @@
 """The speed table (benchmarks/speed_table.py, scripts/gpu-speed.sh): its CPU run at tiny sizes, the same plan a
 lent GPU runs, and the record's arithmetic (loss checks, MFU, targets) on rows of known figures."""
+import argparse
 import hashlib
 import json
 import os
@@ -1063,3 +1064,217 @@ def test_the_probed_trainer_keeps_fairseqs_defaults_and_the_compile_state_is_rea
     state = speed_table._compile_state()
     assert set(state) == {"seconds", "graphs", "fallbacks", "graph_shapes", "cache"}
     assert set(state["cache"]) == {name for _, name in speed_table.CACHE_COUNTERS}
+
+
+# ---- the call's own steps, without training: the plan's settings, resuming, the warm-ups' scheduling, the row
+# process; what only the tiny run drove (its tests take minutes), checked here in seconds
+
+def _args(**given):
+    args = dict(archs=None, compile_archs=None, max_tokens=None, updates=None, log_interval=None, data=None,
+                tiny=False, cudagraphs=None)
+    args.update(given)
+    return argparse.Namespace(**args)
+
+
+@pytest.fixture(scope="module")
+def arch_table():
+    from benchmarks import harness
+
+    return harness.table()
+
+
+def test_the_settings_default_to_the_recipe_rows_and_batches_and_take_what_is_given(arch_table):
+    from benchmarks import harness
+
+    recipe = harness.recipe_rows(arch_table)
+    how = speed_table.settings(_args(), arch_table, "/w")
+    assert how.archs == how.compile_archs == recipe and "transformer_sf" in recipe
+    assert how.max_tokens == [speed_table.RECIPE_MAX_TOKENS, speed_table.CONTRAST_MAX_TOKENS] == [38400, 4096]
+    assert (how.updates, how.log_interval, how.data) == (24, 4, "/w/corpus/data-bin")
+    tiny = speed_table.settings(_args(tiny=True), arch_table, "/w")
+    assert tiny.archs == recipe and tiny.compile_archs == ["transformer"]
+    assert (tiny.max_tokens, tiny.updates, tiny.log_interval) == ([1024, 256], 8, 2)
+    graphs = speed_table.settings(_args(cudagraphs=8, max_tokens="2048,512"), arch_table, "/w")
+    assert graphs.archs == speed_table.CUDAGRAPH_ARCHS.split(",") and graphs.max_tokens == [2048]
+    assert graphs.updates == speed_table.CUDAGRAPH_UPDATES
+    given = speed_table.settings(_args(archs="msc,,prime", compile_archs="", max_tokens="512", updates=6,
+                                       log_interval=3, data="/d", tiny=True, cudagraphs=4), arch_table, "/w")
+    assert (given.archs, given.compile_archs, given.max_tokens) == (["msc", "prime"], [], [512])
+    assert (given.updates, given.log_interval, given.data) == (6, 3, "/d")
+    with pytest.raises(ValueError, match=r"unknown arch\(s\) nope, zz; choices: transformer, "):
+        speed_table.settings(_args(archs="zz,msc", compile_archs="nope"), arch_table, "/w")
+
+
+def test_a_dry_run_prints_the_plan_and_an_unknown_arch_is_a_usage_error(arch_table, capsys):
+    assert speed_table.main(["--dry-run", "--tiny", "--archs", "msc", "--no-stock", "--work", "/w"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0].strip() for line in out] == ["msc bf16 1,024 tokens", "msc bf16 256 tokens"]
+    assert "fairseq-train /w/corpus/data-bin --arch" in out[0]
+    with pytest.raises(SystemExit) as stop:
+        speed_table.main(["--dry-run", "--archs", "nope"])
+    assert stop.value.code == 2 and "unknown arch(s) nope" in capsys.readouterr().err
+
+
+def test_the_record_is_named_by_card_or_cpu_and_the_cuda_graph_plan_apart():
+    assert speed_table.record_name("NVIDIA H200", "abc") == "gpu-speed-nvidia-h200-abc.json"
+    assert speed_table.record_name(None, "abc") == "speed-cpu-abc.json"
+    assert speed_table.record_name(None, "abc", tiny=True) == "speed-cpu-tiny-abc.json"
+    assert speed_table.record_name("NVIDIA H200", "abc", cudagraphs=8) == "gpu-speed-cudagraphs-nvidia-h200-abc.json"
+    assert speed_table.record_name(None, "abc", tiny=True, cudagraphs=8) == "speed-cudagraphs-cpu-tiny-abc.json"
+
+
+def test_a_resumed_call_keeps_the_same_plans_finished_rows_its_start_and_its_calls():
+    a = dict(_row("transformer", "bf16", False, [9.5]), argv=["data-bin", "--arch", "transformer"])
+    b = dict(_row("umst", "bf16", False, [9.6]), argv=["data-bin", "--arch", "umst"])
+    plan_rows = [dict(a), dict(b)]
+
+    def fresh():
+        return dict(started="now", command="cmd", install_s=3.0)
+
+    earlier = dict(started="then", calls=[dict(started="then")], warm_up={"x": 1},
+                   rows=[a, dict(b, error="not run (deadline)")])
+    record = fresh()
+    assert speed_table.resume(record, earlier, plan_rows) is earlier
+    assert record["rows"] == [a] and record["started"] == "then"
+    assert record["calls"] == [dict(started="then"), dict(started="now", command="cmd", install_s=3.0)]
+    # another plan's record (a row's command differs) or none: nothing kept, this call's start
+    for other in (dict(earlier, rows=[dict(a, argv=a["argv"] + ["--seed", "2"])]), {}):
+        record = fresh()
+        assert speed_table.resume(record, other, plan_rows) == {}
+        assert record["rows"] == [] and record["started"] == "now"
+        assert record["calls"] == [dict(started="now", command="cmd", install_s=3.0)]
+
+
+def test_the_warm_ups_compile_the_compiled_rows_of_the_first_batch_not_kept_ones():
+    rows = [dict(name=n, compiled=c, max_tokens=t) for n, c, t in (
+        ("transformer", True, 38400), ("transformer", False, 38400), ("umst", True, 38400), ("umst", True, 4096),
+        ("msc", True, 38400))]
+    picked = speed_table.warm_up_rows(rows, 38400, kept={"umst 38400": {}})
+    assert [(r["name"], r["max_tokens"]) for r in picked] == [("transformer", 38400), ("msc", 38400)]
+    assert speed_table.warm_up_rows(rows, 4096, kept={}) == [rows[3]]
+
+
+# a warm-up's process for the scheduling tests: what warm_up_child does before and after its training (the stack
+# handler, the thread line, the result file), a sleep in its place; it logs its start, end and environment
+SLEEPING_WARM_UP = """
+import faulthandler, json, os, signal, sys, threading, time
+args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+row = json.load(open(args["--warm-up-row"]))
+faulthandler.register(signal.Signals[row["signal"]], file=sys.stdout, all_threads=True)
+print(row["thread_line"] + f" 0x{threading.get_ident():016x}", flush=True)
+started = time.time()
+time.sleep(row["sleep"])
+with open(row["events"], "a") as f:
+    f.write(json.dumps([row["name"], started, time.time(), os.environ.get("TORCHINDUCTOR_COMPILE_THREADS"),
+                        os.environ.get("PYTORCH_CUDA_ALLOC_CONF")]) + "\\n")
+if "result" in row:
+    json.dump(row["result"], open(args["--warm-up-out"], "w"))
+sys.exit(row.get("rc", 0))
+"""
+
+
+def _sleeping_rows(tmp_path, *specs):
+    script = tmp_path / "sleeping_warm_up.py"
+    script.write_text(SLEEPING_WARM_UP)
+    common = dict(max_tokens=1000, signal=speed_table.STACK_SIGNAL.name, thread_line=speed_table.MAIN_THREAD_LINE,
+                  events=str(tmp_path / "events.jsonl"))
+    return [sys.executable, str(script)], [dict(common, name=name, **spec) for name, spec in specs]
+
+
+def _events(tmp_path):
+    path = tmp_path / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_warm_ups_run_the_longest_first_no_more_at_once_than_the_slots_and_each_reports(tmp_path, capsys):
+    command, rows = _sleeping_rows(
+        tmp_path, ("short", dict(sleep=0.1, result=dict(seconds=5.0))),
+        ("long", dict(sleep=5.0, result=dict(seconds=7.0, graphs=3))),
+        ("last", dict(sleep=0.1, result=dict(seconds=1.0))),
+        ("silent", dict(sleep=0.1, rc=3)))  # ends without a result
+    stale = tmp_path / "warm-up-silent-1000.json"
+    stale.write_text(json.dumps(dict(seconds=99.0)))  # an earlier call's: not this call's result
+    assert speed_table.warm_up_slots(rows, card_gib=2.0) == 2  # 1.9 GiB over 0.8 GiB a warm-up at 1,000 tokens
+    results = speed_table.warm_up(rows, str(tmp_path), dict(os.environ), timeout=60, card_gib=2.0,
+                                  order={"long 1000": 50.0, "short 1000": 10.0}, child_command=command)
+    concurrent = "2 compiled rows at a time"
+    assert results["long 1000"] == dict(seconds=7.0, graphs=3, concurrent=concurrent)
+    assert results["short 1000"] == dict(seconds=5.0, concurrent=concurrent)
+    assert results["last 1000"] == dict(seconds=1.0, concurrent=concurrent)
+    silent = results["silent 1000"]
+    assert silent["seconds"] is None and silent["compile_log"] == []
+    assert silent["error"] == f"no result (rc 3; see {tmp_path / 'warm-up-silent-1000-log.txt'})"
+    events = _events(tmp_path)
+    starts = sorted(events, key=lambda e: e[1])
+    assert [e[0] for e in starts[:2]] == ["long", "short"]  # the longest known first, then the plan's order
+    for name, start, end, threads, alloc in events:  # never more than two at once: at any start, two running
+        assert sum(1 for e in events if e[1] <= start < e[2]) <= 2, events
+        assert threads == str(max(1, (os.cpu_count() or 2) // 2)) and alloc == "expandable_segments:True"
+    long_end = next(e[2] for e in events if e[0] == "long")
+    assert all(e[1] < long_end for e in events if e[0] in ("short", "last"))  # the second slot's, meanwhile
+    out = capsys.readouterr().out
+    assert "[speed] compile warm-up long 1000: 7 s of compiling" in out
+    assert "[speed] compile warm-up silent 1000: no result (rc 3;" in out
+    assert json.loads((tmp_path / "warm-up-long-1000-row.json").read_text())["name"] == "long"
+    assert speed_table.warm_up([], str(tmp_path), {}, timeout=1) == {}
+
+
+def test_warm_ups_on_a_cpu_all_start_at_once_with_the_cores_shared(tmp_path):
+    command, rows = _sleeping_rows(tmp_path, *[(f"r{i}", dict(sleep=0.5, result=dict(seconds=1.0)))
+                                               for i in range(3)])
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}
+    results = speed_table.warm_up(rows, str(tmp_path), env, timeout=60, child_command=command)
+    assert {r["concurrent"] for r in results.values()} == {"all compiled rows at once"}
+    events = _events(tmp_path)
+    assert len(events) == 3 and max(e[1] for e in events) < min(e[2] for e in events)  # all running together
+    assert {e[3] for e in events} == {str(max(1, (os.cpu_count() or 2) // 3))} and {e[4] for e in events} == {None}
+
+
+def test_a_warm_up_running_at_the_cap_is_stopped_with_its_stack_and_one_not_started_says_so(tmp_path, capsys):
+    command, rows = _sleeping_rows(tmp_path, ("stuck", dict(sleep=120, result=dict(seconds=1.0))),
+                                   ("waiting", dict(sleep=0.1, result=dict(seconds=1.0))))
+    start = time.time()
+    results = speed_table.warm_up(rows, str(tmp_path), dict(os.environ), timeout=2, card_gib=1.0,
+                                  child_command=command)
+    assert time.time() - start < 2 + speed_table.STACK_WAIT_S  # stopped at the cap, not waited for
+    stuck = results["stuck 1000"]
+    assert stuck["seconds"] is None and 1.5 <= stuck["ran_s"] <= 2.5, stuck
+    stack = stuck["stack_at_cap"]
+    assert stack and stack["frames"][0].endswith(" in <module>") and "sleeping_warm_up.py" in stack["frames"][0]
+    assert stuck["error"] == (f"stopped at the warm-up cap (2 s; it had run {stuck['ran_s']:.0f} s), still running "
+                              f"in {stack['where']}; see {tmp_path / 'warm-up-stuck-1000-log.txt'}")
+    assert results["waiting 1000"] == dict(seconds=None, error="not started (warm-up timeout)")
+    assert _events(tmp_path) == []  # the stuck one was killed in its sleep, the other never ran
+    out = capsys.readouterr().out
+    assert "[speed] compile warm-up waiting 1000: not started (timeout)" in out
+    assert "[speed] compile warm-up stuck 1000: stopped at the warm-up cap" in out
+
+
+def test_the_row_process_relays_its_lines_records_its_rows_and_is_stopped_at_the_deadline(tmp_path, capsys):
+    """run_child: the plan goes to WORK/TAG-plan.json, the process's ``[speed]`` lines reach this output and its
+    whole output WORK/TAG-log.txt; a process still running at the deadline is killed and says where its finished
+    rows are; one that fails says its rc."""
+    stock, plugin = speed_table.plan(str(tmp_path / "no-data-bin"), [1024], 4, 2, ["transformer"], [], tiny=True)
+    record = tmp_path / "record.json"
+    record.write_text(json.dumps(dict(rows=[], plan=stock + plugin, max_tokens=[1024])))
+    env = speed_table.process_env()
+    # under MIN_ROW_SECONDS left: both rows "not run", and the process ends before the deadline
+    speed_table.run_child(stock, "stock", str(tmp_path), str(record), env,
+                          time.time() + speed_table.MIN_ROW_SECONDS - 2, measured_from=2)
+    plan = json.loads((tmp_path / "stock-plan.json").read_text())
+    assert plan == dict(stock=True, rows=stock, measured_from=2)
+    assert [r["error"] for r in json.loads(record.read_text())["rows"]] == ["not run (deadline)"] * 2
+    out = capsys.readouterr().out
+    assert out.splitlines() == [f"[speed] stock transformer {p} 1,024 tokens: not run (deadline)"
+                                for p in ("fp16", "fp16-amp")]
+    assert "[speed] stock transformer fp16 1,024 tokens: not run (deadline)" in (tmp_path / "stock-log.txt").read_text()
+    start = time.time()  # the plugin's process is still importing at the deadline
+    speed_table.run_child(plugin, "plugin", str(tmp_path), str(record), env, time.time() + 1, measured_from=2)
+    assert time.time() - start < 10
+    assert f"[speed] the plugin process stopped at the deadline; its finished rows are in {record}" in \
+        capsys.readouterr().out
+    speed_table.run_child(stock, "stock", str(tmp_path), str(tmp_path / "no-record.json"), env, 0, measured_from=2)
+    assert f"[speed] the stock process ended with rc 1 (see {tmp_path / 'stock-log.txt'})" in capsys.readouterr().out
+    assert "FileNotFoundError" in (tmp_path / "stock-log.txt").read_text()
+    speed_table.run_child([], "none", str(tmp_path), str(record), env, 0, measured_from=2)
+    assert not (tmp_path / "none-plan.json").exists()

@@ -94,9 +94,28 @@ def survivors_of(record, rel_path, candidates):
     return chosen
 
 
-def sweep(root, rel_path, tests, timeout=900, log=print, only_survivors_of=None, json_path=None):
+def parse_lines(text):
+    """``--lines``' ranges, "A-B,C,D-E" (inclusive, 1-based) -> [(A, B), (C, C), (D, E)]; ValueError on a range
+    that is not one."""
+    ranges = []
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        try:
+            low = int(first)
+            high = int(last) if dash else low
+        except ValueError:
+            raise ValueError(f"{part.strip()!r} is not a line or a range of lines (A-B)") from None
+        if not 1 <= low <= high:
+            raise ValueError(f"{part.strip()!r}: lines count from 1, the first of a range before the last")
+        ranges.append((low, high))
+    return ranges
+
+
+def sweep(root, rel_path, tests, timeout=900, log=print, only_survivors_of=None, json_path=None, lines=None):
     """Run every flip of ``rel_path`` against ``tests`` on a copy of ``root``; returns the record (``--json``).
     With ``only_survivors_of`` (an earlier record of the same file), only the flips that survived there. With
+    ``lines`` (:func:`parse_lines`' ranges), only the flips on those lines (a part of a file whose other parts
+    other tests judge, or code written since an earlier sweep). With
     ``json_path``, the record is written there after every flip (``"finished": false`` until the last), so a sweep
     stopped part way keeps the verdicts it reached."""
     started, start = time.strftime("%Y-%m-%d %H:%M:%S"), time.monotonic()
@@ -109,6 +128,8 @@ def sweep(root, rel_path, tests, timeout=900, log=print, only_survivors_of=None,
                      commit=commit, file=rel_path, tests=list(tests), finished=finished, results=results)
         if only_survivors_of is not None:
             found["survivors_of"] = dict(commit=only_survivors_of.get("commit"), tests=only_survivors_of.get("tests"))
+        if lines is not None:
+            found["lines"] = [list(r) for r in lines]
         if json_path:
             with open(json_path + ".tmp", "w") as f:
                 json.dump(found, f, indent=1)
@@ -126,6 +147,8 @@ def sweep(root, rel_path, tests, timeout=900, log=print, only_survivors_of=None,
             if only_survivors_of.get("finished") is False:
                 log(f"[flip-sweep] the earlier record was stopped part way: its "
                     f"{len(only_survivors_of['results'])} judged flips only")
+        if lines is not None:
+            candidates = [c for c in candidates if any(low <= c[0] <= high for low, high in lines)]
         status, seconds, _, tail = mutation.run_tests(copy, tests, timeout)
         log(f"[flip-sweep] {len(candidates)} flips in {rel_path}; unchanged code: pytest status {status} in "
             f"{seconds:.0f} s")
@@ -162,7 +185,13 @@ def main(argv=None):
     parser.add_argument("--timeout", type=float, default=900, help="seconds per pytest run (default 900)")
     parser.add_argument("--survivors-of", metavar="RECORD",
                         help="only the flips that survived in this earlier record (--json) of the same file")
+    parser.add_argument("--lines", metavar="A-B,C",
+                        help="only the flips on these lines (inclusive ranges, comma-separated)")
     args = parser.parse_args(argv)
+    try:
+        lines = parse_lines(args.lines) if args.lines else None
+    except ValueError as e:
+        parser.error(f"--lines: {e}")
     if not os.path.isfile(os.path.join(mutation.ROOT, args.file)):
         parser.error(f"{args.file}: no such file in {mutation.ROOT}")
     earlier = None
@@ -174,7 +203,7 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         sweep(mutation.ROOT, args.file, args.tests, args.timeout, log=lambda line: print(line, flush=True),
-              only_survivors_of=earlier, json_path=args.json)
+              only_survivors_of=earlier, json_path=args.json, lines=lines)
     except RecordMismatch as e:
         parser.error(f"{args.survivors_of}: {e}")
     except KeyboardInterrupt:
