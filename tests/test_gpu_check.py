@@ -151,18 +151,60 @@ def test_the_source_archive_unpacks_only_inside_its_destination(tmp_path, monkey
             assert not any(dest.rglob("*")), list(dest.rglob("*"))
 
 
-@pytest.mark.slow
-def test_dry_run_installs_from_the_wheelhouse_alone_and_every_command_parses(tmp_path):
-    """What CI runs: bash scripts/gpu-check.sh --dry-run (builds a wheelhouse for this Python from PyPI)."""
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    """bash scripts/gpu-check.sh --dry-run: its output and its work folder (the wheelhouse, the fresh venv)."""
+    work = tmp_path_factory.mktemp("gpu-check") / "work"
     proc = subprocess.run(["bash", os.path.join(e2e.ROOT, "scripts", "gpu-check.sh"), "--dry-run", "--work",
-                           str(tmp_path / "work")], env={**e2e.cli_env(), "PYTHON": os.path.join(e2e.BIN, "python")},
+                           str(work)], env={**e2e.cli_env(), "PYTHON": os.path.join(e2e.BIN, "python")},
                           cwd=e2e.ROOT, capture_output=True, text=True, timeout=1500)
+    return proc, work
+
+
+@pytest.mark.slow
+def test_dry_run_installs_from_the_wheelhouse_alone_and_every_command_parses(dry_run):
+    """What CI runs: bash scripts/gpu-check.sh --dry-run (builds a wheelhouse for this Python from PyPI)."""
+    proc, _ = dry_run
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     for name, _, _ in gpu_check.STEPS:
         assert f"  {name}" in out
     assert "installed from" in out and "alone (--no-index)" in out
     assert "every command parses; the fresh environment imports fairseq and the plugin" in out
+
+
+@pytest.mark.slow
+def test_the_speed_table_installs_from_the_wheelhouse_into_a_python_without_fairseq_and_trains(dry_run, tmp_path):
+    """What a lent GPU's first call runs, on a CPU: scripts/gpu-speed.sh in a Python that has torch and nothing
+    else (the dry run's fresh venv), given the wheelhouse: it installs fairseq and the plugin's needs from it
+    alone, reads the arch table in a child, and its warm-up and row processes train with what it installed."""
+    proc, work = dry_run
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    py = str(work / "venv" / "bin" / "python")
+    assert subprocess.run([py, "-c", "import fairseq"], capture_output=True).returncode != 0  # torch alone
+    out = tmp_path / "results"
+    env = {k: v for k, v in e2e.cli_env().items() if k not in ("PYTHONPATH", "TORCHINDUCTOR_CACHE_DIR")}
+    command = ["bash", os.path.join(e2e.ROOT, "scripts", "gpu-speed.sh"), "--wheelhouse", str(work / "wheelhouse"),
+               "--tiny", "--archs", "transformer", "--no-stock", "--max-tokens", "256", "--updates", "4", "--work",
+               str(tmp_path / "speed"), "--out", str(out), "--commit", "abc1234"]
+    run = subprocess.run(command, env=dict(env, PYTHON=py), cwd=e2e.ROOT, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    assert f"[speed] installed from {work / 'wheelhouse'} in " in run.stdout
+    record = json.loads((out / "speed-cpu-tiny-abc1234.json").read_text())
+    assert record["calls"][0]["install_s"] > 0
+    rows = {(r["precision"], r["compiled"]): r for r in record["rows"] if r["name"] == "transformer"}
+    assert set(rows) == {("bf16", False), ("bf16", True), ("tf32", False)}, record["rows"]
+    for r in rows.values():
+        assert "error" not in r and r["words_per_s"] > 0, r
+    warm = record["warm_up"]["transformer 256"]
+    assert warm["seconds"] > 0 and warm["losses_dropout_shifted"] and rows[("bf16", True)]["compile_s"] > 0
+    # the same command again on the same machine (a lent GPU's second call): it installs into the same work folder
+    # and keeps the rows done
+    again = subprocess.run(command, env=dict(env, PYTHON=py), cwd=e2e.ROOT, capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+    assert "3 rows kept" in again.stdout and "tokens: fairseq-train" not in again.stdout, again.stdout[-3000:]
+    assert len(json.loads((out / "speed-cpu-tiny-abc1234.json").read_text())["calls"]) == 2
 
 
 def test_a_step_that_runs_out_of_time_stops_its_whole_process_group(tmp_path):
