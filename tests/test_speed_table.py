@@ -1227,8 +1227,6 @@ def test_warm_ups_run_the_longest_first_no_more_at_once_than_the_slots_and_each_
     assert silent["seconds"] is None and silent["compile_log"] == []
     assert silent["error"] == f"no result (rc 3; see {tmp_path / 'warm-up-silent-1000-log.txt'})"
     events = _events(tmp_path)
-    starts = sorted(events, key=lambda e: e[1])
-    assert [e[0] for e in starts[:2]] == ["long", "short"]  # the longest known first, then the plan's order
     for name, start, end, threads, alloc in events:  # never more than two at once: at any start, two running
         assert sum(1 for e in events if e[1] <= start < e[2]) <= 2, events
         assert threads == str(max(1, (os.cpu_count() or 2) // 2)) and alloc == "expandable_segments:True"
@@ -1239,6 +1237,16 @@ def test_warm_ups_run_the_longest_first_no_more_at_once_than_the_slots_and_each_
     assert "[speed] compile warm-up silent 1000: no result (rc 3;" in out
     assert json.loads((tmp_path / "warm-up-long-1000-row.json").read_text())["name"] == "long"
     assert speed_table.warm_up([], str(tmp_path), {}, timeout=1) == {}
+
+
+def test_warm_ups_one_at_a_time_start_with_the_longest_known_compile(tmp_path):
+    """(One slot: each starts once the one before has ended, so their starts show the order.)"""
+    command, rows = _sleeping_rows(tmp_path, *[(name, dict(sleep=0.1, result=dict(seconds=1.0)))
+                                               for name in ("unknown", "second", "first", "also-unknown")])
+    speed_table.warm_up(rows, str(tmp_path), dict(os.environ), timeout=60, card_gib=1.0,
+                        order={"first 1000": 50.0, "second 1000": 10.0}, child_command=command)
+    assert [e[0] for e in sorted(_events(tmp_path), key=lambda e: e[1])] == [
+        "first", "second", "unknown", "also-unknown"]  # the longest known first, then the plan's order
 
 
 def test_warm_ups_on_a_cpu_all_start_at_once_with_the_cores_shared(tmp_path):
