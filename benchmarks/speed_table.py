@@ -588,6 +588,11 @@ def row_key(row):
     return (row["name"], row["precision"], row["compiled"], row["max_tokens"])
 
 
+def warm_up_key(row):
+    """A compiled row's key in the record's ``warm_up`` (and in an earlier record's compile seconds): "name tokens"."""
+    return f"{row['name']} {row['max_tokens']}"
+
+
 # ---- the record ---------------------------------------------------------------------------------------------------
 
 def update_record(path, row):
@@ -637,7 +642,7 @@ def finish(record):
             if plugin and plugin.get("flops_per_token") and r.get("words_per_s"):
                 r["flops_per_token"] = plugin["flops_per_token"]
                 r["mfu"] = round(r["words_per_s"] * r["flops_per_token"] / peak, 4) if peak else None
-        warm = record.get("warm_up", {}).get(f"{r['name']} {r['max_tokens']}", {})
+        warm = record.get("warm_up", {}).get(warm_up_key(r), {})
         if r["compiled"] and warm.get("seconds") is not None:
             r["compile_s"] = warm["seconds"]  # the cold compile, by the warm-up the record keeps
         r.setdefault("compile_s", None)
@@ -688,7 +693,7 @@ def loss_check(row, by, warm_up):
     diff = max_loss_gap(reference.get("losses") if reference else None, row.get("losses"))
     if diff is None:
         return dict(ok=None, why=f"no {row.get('loss_reference') or 'eager'} row's losses to compare with")
-    dropout = max_loss_gap(row.get("losses"), warm_up.get(f"{row['name']} {row['max_tokens']}", {}).get(
+    dropout = max_loss_gap(row.get("losses"), warm_up.get(warm_up_key(row), {}).get(
         "losses_dropout_shifted"))
     precision = 0.0 if row.get("loss_reference") else max_loss_gap(  # a reference row of the same precision: none
         *(by.get(("transformer", p, False, row["max_tokens"]), {}).get("losses") for p in ("bf16", "tf32")))
@@ -948,7 +953,7 @@ def warm_up_order(rows, known):
     """The rows by their known compile seconds, longest first; a row not known by name by its arch's (another row
     of the same arch, at another shape: the same layer classes to compile), else last, in the plan's order."""
     def seconds(r):
-        return known.get(f"{r['name']} {r['max_tokens']}", known.get(f"arch {r.get('arch')} {r['max_tokens']}", 0.0))
+        return known.get(warm_up_key(r), known.get(f"arch {r.get('arch')} {r['max_tokens']}", 0.0))
     return sorted(rows, key=lambda r: -seconds(r))
 
 
@@ -973,7 +978,7 @@ def warm_up(rows, work, env, timeout, card_gib=None, order=None, child_command=N
     running, results = [], {}
 
     def start(row):
-        key = f"{row['name']} {row['max_tokens']}"
+        key = warm_up_key(row)
         out = os.path.join(work, f"warm-up-{slug(key)}.json")
         spec = os.path.join(work, f"warm-up-{slug(key)}-row.json")
         if os.path.exists(out):  # an earlier call's result: a warm-up stopped at the cap must not report it
@@ -1027,7 +1032,7 @@ def warm_up(rows, work, env, timeout, card_gib=None, order=None, child_command=N
         else:
             time.sleep(0.5)
     for row in pending:
-        key = f"{row['name']} {row['max_tokens']}"
+        key = warm_up_key(row)
         results[key] = dict(seconds=None, error="not started (warm-up timeout)")
         print(f"[speed] compile warm-up {key}: not started (timeout)", flush=True)
     return results
@@ -1261,7 +1266,7 @@ def warm_up_rows(plugin_rows, first_max_tokens, kept):
     """The rows a warm-up compiles: the compiled rows at the first batch size, but those whose warm-up an earlier
     call finished here (``kept``: :func:`warm_ups_kept`). A compiled row at another size compiles in its own run."""
     return [r for r in plugin_rows if r["compiled"] and r["max_tokens"] == first_max_tokens
-            and f"{r['name']} {r['max_tokens']}" not in kept]
+            and warm_up_key(r) not in kept]
 
 
 def settings(args, table, work):
@@ -1288,7 +1293,8 @@ def settings(args, table, work):
         data=args.data or os.path.join(work, "corpus", "data-bin"))
 
 
-def main(argv=None):
+def build_parser():
+    """The command line of ``python -m benchmarks speed-table`` (:func:`main`)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=RESULTS, help="where the record goes")
@@ -1328,6 +1334,11 @@ def main(argv=None):
     p.add_argument("--deadline-at", type=float, default=0, help=argparse.SUPPRESS)
     p.add_argument("--warm-up-row", help=argparse.SUPPRESS)
     p.add_argument("--warm-up-out", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     if args.child:
         return child(args.child, args.record, args.deadline_at or None)

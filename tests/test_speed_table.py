@@ -1,6 +1,5 @@
 """The speed table (benchmarks/speed_table.py, scripts/gpu-speed.sh): its CPU run at tiny sizes, the same plan a
 lent GPU runs, and the record's arithmetic (loss checks, MFU, targets) on rows of known figures."""
-import argparse
 import hashlib
 import json
 import os
@@ -1091,11 +1090,8 @@ def test_the_probed_trainer_keeps_fairseqs_defaults_and_the_compile_state_is_rea
 # ---- the call's own steps, without training: the plan's settings, resuming, the warm-ups' scheduling, the row
 # process; what only the tiny run drove (its tests take minutes), checked here in seconds
 
-def _args(**given):
-    args = dict(archs=None, compile_archs=None, max_tokens=None, updates=None, log_interval=None, data=None,
-                tiny=False, cudagraphs=None)
-    args.update(given)
-    return argparse.Namespace(**args)
+def _args(*argv):
+    return speed_table.build_parser().parse_args(list(argv))
 
 
 @pytest.fixture(scope="module")
@@ -1113,18 +1109,18 @@ def test_the_settings_default_to_the_recipe_rows_and_batches_and_take_what_is_gi
     assert how.archs == how.compile_archs == recipe and "transformer_sf" in recipe
     assert how.max_tokens == [speed_table.RECIPE_MAX_TOKENS, speed_table.CONTRAST_MAX_TOKENS] == [38400, 4096]
     assert (how.updates, how.log_interval, how.data) == (24, 4, "/w/corpus/data-bin")
-    tiny = speed_table.settings(_args(tiny=True), arch_table, "/w")
+    tiny = speed_table.settings(_args("--tiny"), arch_table, "/w")
     assert tiny.archs == recipe and tiny.compile_archs == ["transformer"]
     assert (tiny.max_tokens, tiny.updates, tiny.log_interval) == ([1024, 256], 8, 2)
-    graphs = speed_table.settings(_args(cudagraphs=8, max_tokens="2048,512"), arch_table, "/w")
+    graphs = speed_table.settings(_args("--cudagraphs", "8", "--max-tokens", "2048,512"), arch_table, "/w")
     assert graphs.archs == speed_table.CUDAGRAPH_ARCHS.split(",") and graphs.max_tokens == [2048]
     assert graphs.updates == speed_table.CUDAGRAPH_UPDATES
-    given = speed_table.settings(_args(archs="msc,,prime", compile_archs="", max_tokens="512", updates=6,
-                                       log_interval=3, data="/d", tiny=True, cudagraphs=4), arch_table, "/w")
+    given = speed_table.settings(_args("--archs", "msc,,prime", "--compile-archs", "", "--max-tokens", "512", "--updates",
+                                       "6", "--log-interval", "3", "--data", "/d", "--tiny", "--cudagraphs", "4"), arch_table, "/w")
     assert (given.archs, given.compile_archs, given.max_tokens) == (["msc", "prime"], [], [512])
     assert (given.updates, given.log_interval, given.data) == (6, 3, "/d")
     with pytest.raises(ValueError, match=r"unknown arch\(s\) nope, zz; choices: transformer, "):
-        speed_table.settings(_args(archs="zz,msc", compile_archs="nope"), arch_table, "/w")
+        speed_table.settings(_args("--archs", "zz,msc", "--compile-archs", "nope"), arch_table, "/w")
 
 
 def test_a_dry_run_prints_the_plan_and_an_unknown_arch_is_a_usage_error(arch_table, capsys):
